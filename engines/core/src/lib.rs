@@ -1,0 +1,107 @@
+//! The engine trait of xinf and the types that cross it.
+//!
+//! An engine turns a [`GenerateRequest`] into a stream of [`TokenEvent`]s. Besides ordinary
+//! generation it offers the two hooks that prefill/decode disaggregation needs: run a prompt
+//! and keep its KV cache pinned for export ([`Engine::prefill_pinned`]), and admit a request
+//! whose prompt KV arrives from elsewhere ([`Engine::submit_imported`]). The KV crosses the
+//! boundary as canonical pages (`[layers][K, V][64][kv_heads][head_dim]`), so the two sides
+//! may keep their caches in different layouts.
+
+mod contract;
+mod error;
+mod request;
+
+pub use contract::{KvDtype, ModelContract};
+pub use error::{EngineError, ErrorClass};
+pub use request::{
+    ChatMessage, FinishReason, GenerateRequest, Prompt, SamplingParams, TokenEvent, Usage,
+};
+
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use xinf_transfer::LayoutDescriptor;
+
+/// Tokens per canonical page.
+pub const PAGE_TOKENS: usize = 64;
+
+/// The events of one request, ending with [`TokenEvent::Finished`] or an error.
+pub type TokenStream = BoxStream<'static, Result<TokenEvent, EngineError>>;
+
+/// A prompt whose KV cache an engine holds pinned for export.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PinnedPrefill {
+    /// The request id the KV is pinned under; [`Engine::release_pinned`] frees it.
+    pub request_id: String,
+    /// The prompt token ids whose KV is held.
+    pub prompt_ids: Vec<u32>,
+    /// The first token the engine sampled after the prompt.
+    pub first_token: u32,
+}
+
+/// Prompt KV handed to a decode engine, in canonical pages.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImportedKv {
+    /// Prompt token ids; the KV covers every one of them.
+    pub prompt_ids: Vec<u32>,
+    /// The prefill side's first sampled token. An engine that does not recompute the last
+    /// prompt token emits it as its first output.
+    pub first_token: u32,
+    /// `ceil(prompt_len / 64)` canonical pages, back to back, as raw words of the KV dtype.
+    pub pages: Vec<u8>,
+}
+
+/// Load figures of an engine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Requests being computed.
+    pub running: usize,
+    /// Requests waiting for admission.
+    pub queued: usize,
+    /// KV blocks in use (including pinned ones).
+    pub used_blocks: usize,
+    /// KV blocks held for export.
+    pub pinned_blocks: usize,
+    /// Blocks in the cache, less the reserved block 0.
+    pub total_blocks: usize,
+    /// Prompt tokens computed since start.
+    pub prompt_tokens: u64,
+    /// Tokens generated since start.
+    pub generated_tokens: u64,
+}
+
+/// An inference engine: one model replica's compute.
+pub trait Engine: Send + Sync {
+    /// What a peer must agree with to exchange KV with this engine.
+    fn contract(&self) -> &ModelContract;
+
+    /// How this engine's KV cache is laid out in memory.
+    fn kv_layout(&self) -> &LayoutDescriptor;
+
+    /// Starts a request. Validation and admission errors come back at once; later errors
+    /// arrive on the stream. Dropping the stream aborts the request.
+    fn submit(&self, request: GenerateRequest) -> Result<TokenStream, EngineError>;
+
+    /// Aborts a running or queued request; `false` when no such request exists.
+    fn abort(&self, request_id: &str) -> bool;
+
+    /// Computes the prompt of `request` (its sampling settings give the first token) and keeps
+    /// the prompt KV pinned under the request id until [`release_pinned`](Self::release_pinned).
+    fn prefill_pinned(&self, request: GenerateRequest) -> BoxFuture<'static, Result<PinnedPrefill, EngineError>>;
+
+    /// Copies canonical pages `first_page..first_page + count` of a pinned prompt.
+    fn export_pages(
+        &self,
+        request_id: &str,
+        first_page: usize,
+        count: usize,
+    ) -> BoxFuture<'static, Result<Vec<u8>, EngineError>>;
+
+    /// Frees a pinned prompt's KV; `false` when nothing was pinned under that id.
+    fn release_pinned(&self, request_id: &str) -> bool;
+
+    /// Starts a request whose prompt KV is `kv` instead of computing it.
+    fn submit_imported(&self, request: GenerateRequest, kv: ImportedKv) -> Result<TokenStream, EngineError>;
+
+    /// Current load.
+    fn stats(&self) -> EngineStats;
+}

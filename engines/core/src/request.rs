@@ -1,0 +1,197 @@
+//! Requests, sampling settings and the events a request produces.
+
+use crate::EngineError;
+use serde::{Deserialize, Serialize};
+
+/// One chat message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+impl ChatMessage {
+    /// A message with the given role and text.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self { role: role.into(), content: content.into() }
+    }
+}
+
+/// What to generate from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Prompt {
+    /// Raw text, tokenized with the tokenizer's special-token rules (BOS where the model wants
+    /// one).
+    Text(String),
+    /// Token ids, used as they are.
+    Tokens(Vec<u32>),
+    /// Chat messages, rendered with the model's chat template and a generation prompt.
+    Chat(Vec<ChatMessage>),
+}
+
+/// Sampling settings, with OpenAI/vLLM semantics.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SamplingParams {
+    /// Tokens to generate at most; `None` means until the context is full.
+    pub max_tokens: Option<usize>,
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// Nucleus mass in (0, 1].
+    pub top_p: f32,
+    /// Keep the `k` most likely tokens; 0 keeps all.
+    pub top_k: usize,
+    /// Drop tokens whose probability is below `min_p` times the top one; 0 disables.
+    pub min_p: f32,
+    /// Seed of the request's own random generator (reproducible sampling).
+    pub seed: Option<u64>,
+    /// Stop strings; the output ends before the first of them.
+    pub stop: Vec<String>,
+    /// Token ids that end the output (besides the model's end-of-sequence tokens).
+    pub stop_token_ids: Vec<u32>,
+    /// Keep generating past end-of-sequence tokens.
+    pub ignore_eos: bool,
+    /// OpenAI presence penalty, in [-2, 2].
+    pub presence_penalty: f32,
+    /// OpenAI frequency penalty, in [-2, 2].
+    pub frequency_penalty: f32,
+    /// Multiplicative repetition penalty (1 disables), over prompt and output tokens.
+    pub repetition_penalty: f32,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            max_tokens: Some(16),
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            seed: None,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding of at most `max_tokens` tokens.
+    pub fn greedy(max_tokens: usize) -> Self {
+        Self { max_tokens: Some(max_tokens), temperature: 0.0, ..Self::default() }
+    }
+
+    /// Whether sampling reduces to argmax.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0 || self.top_k == 1
+    }
+
+    /// Checks every field; the error names the first bad one.
+    pub fn validate(&self) -> Result<(), EngineError> {
+        let finite = |name: &str, v: f32| {
+            if v.is_finite() { Ok(()) } else { Err(EngineError::invalid(name, "must be a finite number")) }
+        };
+        finite("temperature", self.temperature)?;
+        finite("top_p", self.top_p)?;
+        finite("min_p", self.min_p)?;
+        finite("presence_penalty", self.presence_penalty)?;
+        finite("frequency_penalty", self.frequency_penalty)?;
+        finite("repetition_penalty", self.repetition_penalty)?;
+        if self.max_tokens == Some(0) {
+            return Err(EngineError::invalid("max_tokens", "must be at least 1"));
+        }
+        if !(0.0..=2.0).contains(&self.temperature) {
+            return Err(EngineError::invalid("temperature", "must be between 0 and 2"));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(EngineError::invalid("top_p", "must be in (0, 1]"));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(EngineError::invalid("min_p", "must be in [0, 1]"));
+        }
+        if !(-2.0..=2.0).contains(&self.presence_penalty) {
+            return Err(EngineError::invalid("presence_penalty", "must be between -2 and 2"));
+        }
+        if !(-2.0..=2.0).contains(&self.frequency_penalty) {
+            return Err(EngineError::invalid("frequency_penalty", "must be between -2 and 2"));
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty <= 2.0) {
+            return Err(EngineError::invalid("repetition_penalty", "must be in (0, 2]"));
+        }
+        if self.stop.iter().any(String::is_empty) {
+            return Err(EngineError::invalid("stop", "stop strings must not be empty"));
+        }
+        if self.stop.len() > 16 {
+            return Err(EngineError::invalid("stop", "at most 16 stop strings"));
+        }
+        Ok(())
+    }
+}
+
+/// A generation request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GenerateRequest {
+    /// Unique among running requests of the engine.
+    pub request_id: String,
+    /// What to generate from.
+    pub prompt: Prompt,
+    /// How to sample.
+    pub sampling: SamplingParams,
+}
+
+/// Why a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An end-of-sequence token, a stop token or a stop string.
+    Stop,
+    /// `max_tokens` or the context length was reached.
+    Length,
+    /// The request was aborted.
+    Abort,
+}
+
+impl FinishReason {
+    /// The OpenAI name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::Abort => "abort",
+        }
+    }
+}
+
+/// Token counts of a request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens.
+    pub completion_tokens: usize,
+}
+
+/// What a running request reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TokenEvent {
+    /// A new token and the text it completes (possibly empty while a multi-byte character or a
+    /// possible stop string is pending).
+    Delta {
+        /// The token id.
+        token_id: u32,
+        /// New text.
+        text: String,
+    },
+    /// The request ended.
+    Finished {
+        /// Why.
+        reason: FinishReason,
+        /// Token counts.
+        usage: Usage,
+    },
+}

@@ -1,0 +1,555 @@
+//! Chat templates: the Jinja programs that Hugging Face models ship (in
+//! `tokenizer_config.json` or `chat_template.jinja`) to turn a list of messages into the
+//! model's prompt text.
+//!
+//! Templates are written against Python's Jinja2 as configured by `transformers`, so the
+//! environment here reproduces that configuration on top of minijinja: `trim_blocks` and
+//! `lstrip_blocks` on, no trailing newline kept, `raise_exception` and `strftime_now` as
+//! globals, a `tojson` filter that formats like Python's `json.dumps`, and Python string,
+//! dict and list methods (`.strip()`, `.startswith()`, `.items()`, ...) through
+//! `minijinja_contrib::pycompat`. A prompt that differs by a single space or newline from what
+//! the model was trained on degrades its output, which is why these details matter.
+
+use std::fmt::{self, Write as _};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use minijinja::value::{Enumerator, Kwargs, Object, Value, ValueKind};
+use minijinja::{Environment, ErrorKind, context};
+use xinf_engine::ChatMessage;
+
+use crate::ModelError;
+
+#[cfg(test)]
+mod tests;
+
+/// The name the template is registered under; it appears in error locations.
+const TEMPLATE_NAME: &str = "chat_template";
+
+/// A compiled Hugging Face chat template.
+///
+/// Cheap to share: it is `Send + Sync` and rendering takes `&self`, so one instance serves every
+/// request of a model.
+pub struct ChatTemplate {
+    /// The environment owns the compiled template (and its source), so it is `'static`.
+    env: Environment<'static>,
+    /// The template text, kept for [`ChatTemplate::source`] (diagnostics, `/v1/models`).
+    source: String,
+    /// `bos_token` of the tokenizer; undefined in the template when the model has none.
+    bos_token: Option<String>,
+    /// `eos_token` of the tokenizer; undefined in the template when the model has none.
+    eos_token: Option<String>,
+}
+
+impl fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("source", &self.source)
+            .field("bos_token", &self.bos_token)
+            .field("eos_token", &self.eos_token)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ChatTemplate {
+    /// Compiles `source` with the tokenizer's special tokens.
+    ///
+    /// Syntax errors are reported here, once per model, rather than on every request.
+    pub fn new(
+        source: &str,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+    ) -> Result<Self, ModelError> {
+        let mut env = Environment::new();
+        // transformers: `ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+        // extensions=[AttributeExtension, loopcontrols])`; Jinja2 drops the final newline.
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_keep_trailing_newline(false);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", tojson);
+        env.add_template_owned(TEMPLATE_NAME, source.to_owned()).map_err(template_error)?;
+        Ok(Self { env, source: source.to_owned(), bos_token, eos_token })
+    }
+
+    /// The template text as given to [`ChatTemplate::new`].
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Renders `messages` into prompt text; with `add_generation_prompt` the text ends with the
+    /// header that makes the model answer as the assistant.
+    ///
+    /// Fails with [`ModelError::Template`] when the template raises (its own
+    /// `raise_exception`, e.g. on roles that do not alternate) or hits an evaluation error.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ModelError> {
+        let template = self.env.get_template(TEMPLATE_NAME).map_err(template_error)?;
+        // transformers passes `tools=None` and `documents=None` when the request has none, so
+        // templates test them with `is none` / `is not none` as well as `is defined`.
+        let ctx = context! {
+            messages => messages.iter().map(|m| Value::from_object(Message(m.clone()))).collect::<Vec<_>>(),
+            add_generation_prompt => add_generation_prompt,
+            bos_token => special_token(self.bos_token.as_deref()),
+            eos_token => special_token(self.eos_token.as_deref()),
+            tools => Value::from(()),
+            documents => Value::from(()),
+        };
+        template.render(ctx).map_err(template_error)
+    }
+}
+
+/// A message as the template sees it: a mapping with `role` then `content`.
+///
+/// A serialized struct would become a key-sorted map (`content` before `role`) and change the
+/// text of `messages | tojson` and `message.items()`; transformers passes the dicts in the
+/// order the client wrote them, which is `role` first in practice.
+#[derive(Debug)]
+struct Message(ChatMessage);
+
+impl Object for Message {
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        match key.as_str()? {
+            "role" => Some(Value::from(self.0.role.as_str())),
+            "content" => Some(Value::from(self.0.content.as_str())),
+            _ => None,
+        }
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Str(&["role", "content"])
+    }
+}
+
+/// A special token as a template value: transformers only passes tokens the tokenizer defines,
+/// so a missing one is undefined (renders as nothing), not `none`.
+fn special_token(token: Option<&str>) -> Value {
+    token.map_or(Value::UNDEFINED, Value::from)
+}
+
+/// Marks an error raised by the template itself, so that its message reaches the user verbatim
+/// instead of wrapped in minijinja's "invalid operation ... (in chat_template:3)".
+#[derive(Debug)]
+struct Raised(String);
+
+impl fmt::Display for Raised {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Raised {}
+
+/// Converts a minijinja error, keeping the template's own message when it raised one and the
+/// whole cause chain otherwise.
+fn template_error(err: minijinja::Error) -> ModelError {
+    let mut message = err.to_string();
+    let mut source = std::error::Error::source(&err);
+    while let Some(cause) = source {
+        if let Some(raised) = cause.downcast_ref::<Raised>() {
+            return ModelError::Template(raised.0.clone());
+        }
+        // A cause chain of a few links at most; quadratic growth is not a concern.
+        let _ = write!(message, ": {cause}");
+        source = cause.source();
+    }
+    ModelError::Template(message)
+}
+
+/// `raise_exception(message)`: how templates reject conversations they cannot format.
+fn raise_exception(message: String) -> Result<Value, minijinja::Error> {
+    Err(minijinja::Error::new(ErrorKind::InvalidOperation, message.clone()).with_source(Raised(message)))
+}
+
+/// `strftime_now(format)`: the current time, formatted like Python's `strftime`. Llama 3.x
+/// templates put today's date in the system prompt with it.
+///
+/// transformers uses the local time zone; servers run in UTC as a rule, and UTC keeps the
+/// prompt independent of the host's configuration, so UTC is used here.
+fn strftime_now(format: &str) -> String {
+    let secs = match SystemTime::now().duration_since(UNIX_EPOCH) {
+        Ok(elapsed) => i64::try_from(elapsed.as_secs()).unwrap_or(i64::MAX),
+        Err(before) => i64::try_from(before.duration().as_secs()).map_or(i64::MIN, |s| -s),
+    };
+    format_time(format, secs)
+}
+
+/// English names, as the C locale that `strftime` uses by default.
+const WEEKDAYS: [&str; 7] = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"];
+const MONTHS: [&str; 12] = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+];
+
+/// A broken-down UTC time.
+struct CivilTime {
+    year: i64,
+    /// 1..=12.
+    month: u32,
+    /// 1..=31.
+    day: u32,
+    /// 0 = Sunday.
+    weekday: u32,
+    /// 1..=366.
+    day_of_year: u32,
+    hour: u32,
+    minute: u32,
+    second: u32,
+}
+
+impl CivilTime {
+    /// Splits seconds since the Unix epoch (UTC); no time-zone or leap-second data is needed.
+    fn from_unix(secs: i64) -> Self {
+        let days = secs.div_euclid(86_400);
+        let rem = secs.rem_euclid(86_400);
+        let (year, month, day) = civil_from_days(days);
+        let day_of_year = days - days_from_civil(year, 1, 1) + 1;
+        Self {
+            year,
+            month,
+            day,
+            // 1970-01-01 was a Thursday.
+            weekday: to_u32((days + 4).rem_euclid(7)),
+            day_of_year: to_u32(day_of_year),
+            hour: to_u32(rem / 3600),
+            minute: to_u32(rem / 60 % 60),
+            second: to_u32(rem % 60),
+        }
+    }
+}
+
+/// Narrows a value that is in range by construction (a calendar field).
+fn to_u32(v: i64) -> u32 {
+    u32::try_from(v).unwrap_or(0)
+}
+
+/// Howard Hinnant's `civil_from_days`: proleptic Gregorian date of a day count since 1970-01-01.
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, to_u32(month), to_u32(day))
+}
+
+/// The inverse of [`civil_from_days`].
+fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let m = i64::from(month);
+    let mp = if m > 2 { m - 3 } else { m + 9 };
+    let doy = (153 * mp + 2) / 5 + i64::from(day) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Python/C `strftime` in the C locale for the directives templates use; `%-d` style flags
+/// (glibc) drop the padding. Unknown directives are copied as they are, like glibc does.
+fn format_time(format: &str, unix_secs: i64) -> String {
+    let t = CivilTime::from_unix(unix_secs);
+    let mut out = String::with_capacity(format.len() + 16);
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let mut spec = chars.next();
+        let pad = if spec == Some('-') {
+            spec = chars.next();
+            false
+        } else {
+            true
+        };
+        let num = |out: &mut String, v: i64, width: usize| {
+            let _ = if pad { write!(out, "{v:0width$}") } else { write!(out, "{v}") };
+        };
+        let weekday = WEEKDAYS[t.weekday as usize % 7];
+        let month = MONTHS[(t.month as usize + 11) % 12];
+        let hour12 = if t.hour % 12 == 0 { 12 } else { t.hour % 12 };
+        match spec {
+            Some('a') => out.push_str(&weekday[..3]),
+            Some('A') => out.push_str(weekday),
+            Some('b' | 'h') => out.push_str(&month[..3]),
+            Some('B') => out.push_str(month),
+            Some('d') => num(&mut out, t.day.into(), 2),
+            Some('e') => {
+                let _ = if pad { write!(out, "{:2}", t.day) } else { write!(out, "{}", t.day) };
+            }
+            Some('H') => num(&mut out, t.hour.into(), 2),
+            Some('I') => num(&mut out, hour12.into(), 2),
+            Some('j') => num(&mut out, t.day_of_year.into(), 3),
+            Some('m') => num(&mut out, t.month.into(), 2),
+            Some('M') => num(&mut out, t.minute.into(), 2),
+            Some('S') => num(&mut out, t.second.into(), 2),
+            Some('p') => out.push_str(if t.hour < 12 { "AM" } else { "PM" }),
+            Some('y') => num(&mut out, t.year.rem_euclid(100), 2),
+            Some('Y') => {
+                let _ = write!(out, "{}", t.year);
+            }
+            Some('u') => {
+                let _ = write!(out, "{}", if t.weekday == 0 { 7 } else { t.weekday });
+            }
+            Some('w') => {
+                let _ = write!(out, "{}", t.weekday);
+            }
+            Some('F') => out.push_str(&format_time("%Y-%m-%d", unix_secs)),
+            Some('D' | 'x') => out.push_str(&format_time("%m/%d/%y", unix_secs)),
+            Some('T' | 'X') => out.push_str(&format_time("%H:%M:%S", unix_secs)),
+            Some('R') => out.push_str(&format_time("%H:%M", unix_secs)),
+            Some('c') => out.push_str(&format_time("%a %b %e %H:%M:%S %Y", unix_secs)),
+            Some('Z') => out.push_str("UTC"),
+            Some('z') => out.push_str("+0000"),
+            Some('n') => out.push('\n'),
+            Some('t') => out.push('\t'),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                if !pad {
+                    out.push('-');
+                }
+                out.push(other);
+            }
+            None => {
+                out.push('%');
+                if !pad {
+                    out.push('-');
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `tojson`, as transformers defines it: `json.dumps(x, ensure_ascii=False, indent=indent,
+/// separators=separators, sort_keys=sort_keys)`.
+///
+/// minijinja's own `tojson` is compact (`{"a":1}`) and HTML-escapes `<`, `>`, `&` and `'`;
+/// Python writes `{"a": 1}` and leaves those characters alone. Tool schemas rendered into a
+/// prompt must match the text the model was trained on, hence this replacement.
+fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, minijinja::Error> {
+    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
+    let indent: Option<Value> = kwargs.get("indent")?;
+    let separators: Option<Value> = kwargs.get("separators")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    kwargs.assert_all_used()?;
+
+    let indent = match indent {
+        None => None,
+        Some(v) if v.is_none() || v.is_undefined() => None,
+        Some(v) => match v.as_str() {
+            Some(s) => Some(s.to_owned()),
+            None => {
+                let n = usize::try_from(v)
+                    .map_err(|_| invalid("tojson: indent must be a non-negative integer or a string"))?;
+                Some(" ".repeat(n))
+            }
+        },
+    };
+    // Python's defaults depend on whether the output is indented.
+    let (item_sep, key_sep) = match separators {
+        Some(seps) if !seps.is_none() && !seps.is_undefined() => {
+            let parts: Vec<Value> = seps.try_iter()?.collect();
+            match parts.as_slice() {
+                [item, key] => match (item.as_str(), key.as_str()) {
+                    (Some(item), Some(key)) => (item.to_owned(), key.to_owned()),
+                    _ => return Err(invalid("tojson: separators must be two strings")),
+                },
+                _ => return Err(invalid("tojson: separators must be two strings")),
+            }
+        }
+        _ if indent.is_some() => (",".to_owned(), ": ".to_owned()),
+        _ => (", ".to_owned(), ": ".to_owned()),
+    };
+    let style = JsonStyle {
+        ensure_ascii: ensure_ascii.unwrap_or(false),
+        indent,
+        item_sep,
+        key_sep,
+        sort_keys: sort_keys.unwrap_or(false),
+    };
+    let mut out = String::new();
+    write_json(&mut out, value, &style, 0)?;
+    Ok(Value::from_safe_string(out))
+}
+
+/// Shorthand for an invalid-operation template error.
+fn invalid(detail: &'static str) -> minijinja::Error {
+    minijinja::Error::new(ErrorKind::InvalidOperation, detail)
+}
+
+/// The `json.dumps` options of [`tojson`].
+struct JsonStyle {
+    ensure_ascii: bool,
+    /// The text of one indentation level; `None` writes everything on one line.
+    indent: Option<String>,
+    item_sep: String,
+    key_sep: String,
+    sort_keys: bool,
+}
+
+/// Deepest nesting [`write_json`] follows; template values are not cyclic, but a bound keeps a
+/// pathological value from exhausting the stack.
+const MAX_JSON_DEPTH: usize = 256;
+
+/// Writes `value` the way Python's `json.dumps` does.
+fn write_json(
+    out: &mut String,
+    value: &Value,
+    style: &JsonStyle,
+    depth: usize,
+) -> Result<(), minijinja::Error> {
+    if depth > MAX_JSON_DEPTH {
+        return Err(invalid("tojson: value is nested too deeply"));
+    }
+    match value.kind() {
+        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+        ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
+        ValueKind::Number => write_number(out, value),
+        ValueKind::String => write_json_str(out, value.as_str().unwrap_or_default(), style.ensure_ascii),
+        ValueKind::Seq | ValueKind::Iterable => {
+            let items: Vec<Value> = value.try_iter()?.collect();
+            write_container(out, style, depth, '[', ']', &items, |out, item, depth| {
+                write_json(out, item, style, depth)
+            })?;
+        }
+        ValueKind::Map => {
+            let mut entries = Vec::new();
+            for key in value.try_iter()? {
+                let item = value.get_item(&key)?;
+                entries.push((json_key(&key)?, item));
+            }
+            if style.sort_keys {
+                entries.sort_by(|a, b| a.0.cmp(&b.0));
+            }
+            write_container(out, style, depth, '{', '}', &entries, |out, (key, item), depth| {
+                write_json_str(out, key, style.ensure_ascii);
+                out.push_str(&style.key_sep);
+                write_json(out, item, style, depth)
+            })?;
+        }
+        ValueKind::Bytes | ValueKind::Plain | ValueKind::Invalid => {
+            return Err(invalid("tojson: value is not JSON serializable"));
+        }
+        // `ValueKind` is non-exhaustive.
+        _ => return Err(invalid("tojson: value is not JSON serializable")),
+    }
+    Ok(())
+}
+
+/// Writes the items of an array or object with Python's separators and indentation.
+fn write_container<T>(
+    out: &mut String,
+    style: &JsonStyle,
+    depth: usize,
+    open: char,
+    close: char,
+    items: &[T],
+    mut write_item: impl FnMut(&mut String, &T, usize) -> Result<(), minijinja::Error>,
+) -> Result<(), minijinja::Error> {
+    out.push(open);
+    if items.is_empty() {
+        out.push(close);
+        return Ok(());
+    }
+    let newline = |out: &mut String, level: usize| {
+        if let Some(indent) = &style.indent {
+            out.push('\n');
+            for _ in 0..level {
+                out.push_str(indent);
+            }
+        }
+    };
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push_str(&style.item_sep);
+        }
+        newline(out, depth + 1);
+        write_item(out, item, depth + 1)?;
+    }
+    newline(out, depth);
+    out.push(close);
+    Ok(())
+}
+
+/// A number as Python prints it in JSON: integers as they are, floats with a fraction
+/// (`1.0`), and Python's non-standard `NaN` / `Infinity`.
+fn write_number(out: &mut String, value: &Value) {
+    if !value.is_integer() {
+        if let Ok(f) = f64::try_from(value.clone()) {
+            if f.is_nan() {
+                out.push_str("NaN");
+                return;
+            }
+            if f.is_infinite() {
+                out.push_str(if f > 0.0 { "Infinity" } else { "-Infinity" });
+                return;
+            }
+        }
+    }
+    // minijinja already prints integers plainly and finite floats with a `.0`.
+    let _ = write!(out, "{value}");
+}
+
+/// The string form of a map key: Python converts `True`, `None` and numbers to strings and
+/// rejects everything else.
+fn json_key(key: &Value) -> Result<String, minijinja::Error> {
+    match key.kind() {
+        ValueKind::String => Ok(key.as_str().unwrap_or_default().to_owned()),
+        ValueKind::Bool => Ok(if key.is_true() { "true" } else { "false" }.to_owned()),
+        ValueKind::None => Ok("null".to_owned()),
+        ValueKind::Number => {
+            let mut s = String::new();
+            write_number(&mut s, key);
+            Ok(s)
+        }
+        _ => Err(invalid("tojson: keys must be strings, numbers, booleans or none")),
+    }
+}
+
+/// A JSON string literal with Python's escapes: `\"`, `\\`, the short forms of control
+/// characters and `\u00XX` for the rest; with `ensure_ascii` everything outside printable
+/// ASCII becomes `\uXXXX` (surrogate pairs beyond the BMP).
+fn write_json_str(out: &mut String, s: &str, ensure_ascii: bool) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            c if u32::from(c) < 0x20 || (ensure_ascii && !(' '..='~').contains(&c)) => {
+                let mut units = [0u16; 2];
+                for unit in c.encode_utf16(&mut units) {
+                    let _ = write!(out, "\\u{unit:04x}");
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}

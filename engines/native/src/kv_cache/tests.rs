@@ -1,0 +1,99 @@
+use super::*;
+use xinf_transfer::{KvLayout, KvLayoutKind, KvOrder};
+
+fn layouts() -> Vec<KvLayout> {
+    let mut v = Vec::new();
+    for kind in [KvLayoutKind::PagedKvFirst, KvLayoutKind::PagedBlockFirst] {
+        for order in [KvOrder::Nhd, KvOrder::Hnd] {
+            for block_size in [16, 32, 64] {
+                v.push(KvLayout { kind, order, block_size });
+            }
+        }
+    }
+    v.push(KvLayout { kind: KvLayoutKind::TokenPool, order: KvOrder::Nhd, block_size: 1 });
+    v.push(KvLayout { kind: KvLayoutKind::TokenPool, order: KvOrder::Nhd, block_size: 64 });
+    v
+}
+
+fn cache(layout: KvLayout, dtype: KvDtype) -> KvCache {
+    let blocks = 256 / layout.block_size + 8;
+    KvCache::new(layout.describe(2, 2, 8, blocks).expect("valid"), dtype)
+}
+
+fn rows(len: usize, salt: f32) -> Vec<f32> {
+    (0..len * 2 * 8).map(|i| (i as f32 * 0.37 + salt).sin()).collect()
+}
+
+#[test]
+fn block_zero_is_never_allocated() {
+    for layout in layouts() {
+        let mut c = cache(layout, KvDtype::F32);
+        let mut table = Vec::new();
+        assert!(c.ensure(&mut table, c.capacity_blocks() * layout.block_size));
+        assert!(!table.contains(&0));
+        assert_eq!(c.free_blocks(), 0);
+        let mut more = Vec::new();
+        assert!(!c.ensure(&mut more, 1), "no memory left");
+        c.release(&mut table);
+        assert_eq!(c.free_blocks(), c.capacity_blocks());
+    }
+}
+
+/// What is written through one layout reads back identically, and canonical pages exported
+/// from one layout import bit-exactly into every other.
+#[test]
+fn write_gather_and_pages_round_trip_across_layouts() {
+    for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
+        for len in [1usize, 63, 64, 65, 130] {
+            let mut reference: Option<Vec<u8>> = None;
+            for src_layout in layouts() {
+                let mut src = cache(src_layout, dtype);
+                let mut table = Vec::new();
+                // Burn a few blocks so the table is not the identity.
+                let mut junk = Vec::new();
+                assert!(src.ensure(&mut junk, 3 * src_layout.block_size));
+                assert!(src.ensure(&mut table, len));
+                for layer in 0..2 {
+                    for kv in 0..2 {
+                        src.write(layer, kv, &table, 0, &rows(len, (layer * 2 + kv) as f32));
+                    }
+                }
+                let mut out = Vec::new();
+                src.gather(1, 1, &table, len, &mut out);
+                let expect = rows(len, 3.0);
+                for t in 0..len {
+                    for head in 0..2 {
+                        for e in 0..8 {
+                            let got = out[(head * len + t) * 8 + e];
+                            let want = KvElemOf::round(dtype, expect[(t * 2 + head) * 8 + e]);
+                            assert_eq!(got.to_bits(), want.to_bits(), "{src_layout} {dtype}");
+                        }
+                    }
+                }
+                let pages = src.export_pages(&table, len, 0, len.div_ceil(PAGE_TOKENS));
+                match &reference {
+                    None => reference = Some(pages.clone()),
+                    Some(r) => assert_eq!(r, &pages, "{src_layout}: pages differ"),
+                }
+                for dst_layout in layouts() {
+                    let mut dst = cache(dst_layout, dtype);
+                    let mut t2 = Vec::new();
+                    assert!(dst.ensure(&mut t2, len));
+                    dst.import_pages(&t2, len, &pages);
+                    assert_eq!(dst.export_pages(&t2, len, 0, len.div_ceil(PAGE_TOKENS)), pages);
+                }
+            }
+        }
+    }
+}
+
+struct KvElemOf;
+impl KvElemOf {
+    fn round(dtype: KvDtype, v: f32) -> f32 {
+        match dtype {
+            KvDtype::F32 => v,
+            KvDtype::F16 => f16::from_f32(v).to_f32(),
+            KvDtype::Bf16 => bf16::from_f32(v).to_f32(),
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! The transformer forward pass on CPU (candle), over a batch of sequence chunks that read and
+//! write the paged KV cache.
+//!
+//! One step carries any mix of prompt chunks and single decode tokens. The projections and the
+//! MLP run once over all the step's tokens; attention runs per chunk, on K and V gathered from
+//! the cache through the layout descriptor, so every layout is exercised by every forward.
+
+use crate::config::{ModelConfig, RopeScaling};
+use crate::kv_cache::KvCache;
+use crate::weights::Weights;
+use candle_core::{DType, Device, Tensor};
+
+/// One sequence's part of a step.
+pub(crate) struct Chunk<'a> {
+    /// Tokens to compute, at positions `start..start + tokens.len()`.
+    pub(crate) tokens: &'a [u32],
+    /// Position of the first token.
+    pub(crate) start: usize,
+    /// The sequence's blocks, covering at least `start + tokens.len()` tokens.
+    pub(crate) block_table: &'a [u32],
+    /// Whether the logits of the last token are wanted.
+    pub(crate) want_logits: bool,
+}
+
+/// Something that computes a step: the seam where a GPU backend slots in.
+pub(crate) trait ComputeBackend: Send {
+    /// Runs one step, writing K and V of every token into the cache, and returns the logits of
+    /// the chunks that asked for them, in order.
+    fn forward(&mut self, chunks: &[Chunk<'_>], cache: &mut KvCache) -> candle_core::Result<Vec<Vec<f32>>>;
+}
+
+/// The CPU backend: weights in F32 and candle's CPU kernels.
+pub(crate) struct CpuModel {
+    cfg: ModelConfig,
+    w: Weights,
+    cos: Tensor,
+    sin: Tensor,
+    scratch_k: Vec<f32>,
+    scratch_v: Vec<f32>,
+}
+
+/// Inverse frequencies as Hugging Face computes them (in f32), with scaling applied.
+pub(crate) fn inv_freq(cfg: &ModelConfig) -> Vec<f32> {
+    let d = cfg.head_dim;
+    let base = cfg.rope_theta as f32;
+    let raw: Vec<f32> = (0..d / 2).map(|i| 1.0 / base.powf((2 * i) as f32 / d as f32)).collect();
+    match cfg.rope_scaling {
+        RopeScaling::None => raw,
+        RopeScaling::Linear { factor } => raw.iter().map(|f| f / factor as f32).collect(),
+        RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
+            let (factor, lo, hi, old) =
+                (factor as f32, low_freq_factor as f32, high_freq_factor as f32, original_max_position_embeddings as f32);
+            let low_wavelen = old / lo;
+            let high_wavelen = old / hi;
+            raw.iter()
+                .map(|&f| {
+                    let wavelen = 2.0 * std::f32::consts::PI / f;
+                    let scaled = if wavelen > low_wavelen { f / factor } else { f };
+                    let medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+                    if medium {
+                        let smooth = (old / wavelen - lo) / (hi - lo);
+                        (1.0 - smooth) * scaled / factor + smooth * scaled
+                    } else {
+                        scaled
+                    }
+                })
+                .collect()
+        }
+    }
+}
+
+impl CpuModel {
+    /// Builds the model and its RoPE tables for positions `0..max_positions`.
+    pub(crate) fn new(cfg: ModelConfig, w: Weights, max_positions: usize) -> candle_core::Result<Self> {
+        let inv = inv_freq(&cfg);
+        let half = inv.len();
+        let mut cos = Vec::with_capacity(max_positions * half);
+        let mut sin = Vec::with_capacity(max_positions * half);
+        for p in 0..max_positions {
+            for f in &inv {
+                let a = p as f32 * f;
+                cos.push(a.cos());
+                sin.push(a.sin());
+            }
+        }
+        let cos = Tensor::from_vec(cos, (max_positions, half), &Device::Cpu)?;
+        let sin = Tensor::from_vec(sin, (max_positions, half), &Device::Cpu)?;
+        Ok(Self { cfg, w, cos, sin, scratch_k: Vec::new(), scratch_v: Vec::new() })
+    }
+
+    fn attention(
+        &mut self,
+        layer: usize,
+        q: &Tensor,
+        chunks: &[Chunk<'_>],
+        cache: &KvCache,
+    ) -> candle_core::Result<Tensor> {
+        let (h, kvh, d) = (self.cfg.num_heads, self.cfg.kv_heads, self.cfg.head_dim);
+        let g = h / kvh;
+        let scale = 1.0 / (d as f64).sqrt();
+        let mut outs = Vec::with_capacity(chunks.len());
+        let mut offset = 0;
+        for c in chunks {
+            let n = c.tokens.len();
+            let len = c.start + n;
+            cache.gather(layer, 0, c.block_table, len, &mut self.scratch_k);
+            cache.gather(layer, 1, c.block_table, len, &mut self.scratch_v);
+            let k = Tensor::from_slice(&self.scratch_k, (kvh, len, d), &Device::Cpu)?;
+            let v = Tensor::from_slice(&self.scratch_v, (kvh, len, d), &Device::Cpu)?;
+            // [n, H, D] -> [H, n, D] -> [KVH, g * n, D]: heads of one group share a KV head.
+            let qc = q.narrow(0, offset, n)?.transpose(0, 1)?.contiguous()?.reshape((kvh, g * n, d))?;
+            let mut scores = (qc.matmul(&k.t()?)? * scale)?;
+            if n > 1 {
+                let mask: Vec<f32> = (0..n)
+                    .flat_map(|i| (0..len).map(move |j| if j > c.start + i { f32::NEG_INFINITY } else { 0.0 }))
+                    .collect();
+                let mask = Tensor::from_vec(mask, (1, 1, n, len), &Device::Cpu)?;
+                scores = scores.reshape((kvh, g, n, len))?.broadcast_add(&mask)?.reshape((kvh, g * n, len))?;
+            }
+            let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+            let o = probs.matmul(&v)?.reshape((h, n, d))?.transpose(0, 1)?.reshape((n, h * d))?;
+            outs.push(o);
+            offset += n;
+        }
+        Tensor::cat(&outs, 0)
+    }
+}
+
+impl ComputeBackend for CpuModel {
+    fn forward(&mut self, chunks: &[Chunk<'_>], cache: &mut KvCache) -> candle_core::Result<Vec<Vec<f32>>> {
+        let cfg = self.cfg.clone();
+        let (h, kvh, d) = (cfg.num_heads, cfg.kv_heads, cfg.head_dim);
+        let eps = cfg.rms_norm_eps as f32;
+        let ids: Vec<u32> = chunks.iter().flat_map(|c| c.tokens.iter().copied()).collect();
+        let positions: Vec<u32> =
+            chunks.iter().flat_map(|c| (c.start..c.start + c.tokens.len()).map(|p| p as u32)).collect();
+        let t = ids.len();
+        if t == 0 {
+            return Ok(Vec::new());
+        }
+        let ids = Tensor::from_vec(ids, t, &Device::Cpu)?;
+        let pos = Tensor::from_vec(positions, t, &Device::Cpu)?;
+        let cos = self.cos.index_select(&pos, 0)?;
+        let sin = self.sin.index_select(&pos, 0)?;
+        let mut x = self.w.embed.index_select(&ids, 0)?;
+        for layer in 0..cfg.num_layers {
+            let lw = &self.w.layers[layer];
+            let hn = candle_nn::ops::rms_norm(&x, &lw.attn_norm, eps)?;
+            let mut qkv = hn.matmul(&lw.wqkv.t()?)?;
+            if let Some(b) = &lw.bqkv {
+                qkv = qkv.broadcast_add(b)?;
+            }
+            let mut q = qkv.narrow(1, 0, h * d)?.reshape((t, h, d))?;
+            let mut k = qkv.narrow(1, h * d, kvh * d)?.reshape((t, kvh, d))?;
+            let v = qkv.narrow(1, (h + kvh) * d, kvh * d)?.contiguous()?;
+            if let Some(qn) = &lw.q_norm {
+                q = candle_nn::ops::rms_norm(&q.contiguous()?, qn, eps)?;
+            }
+            if let Some(kn) = &lw.k_norm {
+                k = candle_nn::ops::rms_norm(&k.contiguous()?, kn, eps)?;
+            }
+            let q = candle_nn::rotary_emb::rope_thd(&q.contiguous()?.unsqueeze(0)?, &cos, &sin)?.squeeze(0)?;
+            let k = candle_nn::rotary_emb::rope_thd(&k.contiguous()?.unsqueeze(0)?, &cos, &sin)?.squeeze(0)?;
+            let k_rows = k.flatten_all()?.to_vec1::<f32>()?;
+            let v_rows = v.flatten_all()?.to_vec1::<f32>()?;
+            let mut off = 0;
+            for c in chunks {
+                let n = c.tokens.len() * kvh * d;
+                cache.write(layer, 0, c.block_table, c.start, &k_rows[off..off + n]);
+                cache.write(layer, 1, c.block_table, c.start, &v_rows[off..off + n]);
+                off += n;
+            }
+            let attn = self.attention(layer, &q, chunks, cache)?;
+            let lw = &self.w.layers[layer];
+            x = (x + attn.matmul(&lw.wo.t()?)?)?;
+            let hn = candle_nn::ops::rms_norm(&x, &lw.mlp_norm, eps)?;
+            let gu = hn.matmul(&lw.w_gate_up.t()?)?;
+            let i = cfg.intermediate_size;
+            let act = (gu.narrow(1, 0, i)?.silu()? * gu.narrow(1, i, i)?)?;
+            x = (x + act.matmul(&lw.w_down.t()?)?)?;
+        }
+        let mut rows = Vec::new();
+        let mut end = 0;
+        for c in chunks {
+            end += c.tokens.len();
+            if c.want_logits {
+                rows.push((end - 1) as u32);
+            }
+        }
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = rows.len();
+        let sel = x.index_select(&Tensor::from_vec(rows, n, &Device::Cpu)?, 0)?;
+        let hn = candle_nn::ops::rms_norm(&sel, &self.w.final_norm, eps)?;
+        let logits = hn.matmul(&self.w.lm_head.t()?)?.to_dtype(DType::F32)?;
+        logits.to_vec2::<f32>()
+    }
+}

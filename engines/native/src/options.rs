@@ -1,0 +1,146 @@
+//! Engine options, as given per replica in `engine_config`.
+
+use serde_json::Value;
+use xinf_engine::{EngineError, KvDtype};
+use xinf_transfer::{KvLayout, KvLayoutKind, KvOrder};
+
+/// How a native engine instance is set up.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineOptions {
+    /// KV cache layout (`kv_layout`, `kv_order`, `block_size`).
+    pub kv_layout: KvLayout,
+    /// KV element type (`kv_dtype`); `None` follows the weights (F32 for GGUF and F32 weights).
+    pub kv_dtype: Option<KvDtype>,
+    /// Tokens the KV cache holds across all sequences (`kv_cache_tokens`).
+    pub kv_cache_tokens: usize,
+    /// Sequences computed together at most (`max_num_seqs`).
+    pub max_num_seqs: usize,
+    /// Tokens per step at most; prompts are computed in chunks of this (`max_batch_tokens`).
+    pub max_batch_tokens: usize,
+    /// Requests waiting for admission at most; more are refused as overloaded (`max_queue`).
+    pub max_queue: usize,
+    /// Caps the model's context length (`context_length`).
+    pub context_length: Option<usize>,
+    /// Recompute the last prompt token when decoding imported KV, as vLLM does
+    /// (`recompute_last_token`); otherwise the prefill side's first token is used, as SGLang does.
+    pub recompute_last_token: bool,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            kv_layout: KvLayout { kind: KvLayoutKind::PagedKvFirst, order: KvOrder::Nhd, block_size: 16 },
+            kv_dtype: None,
+            kv_cache_tokens: 8_192,
+            max_num_seqs: 64,
+            max_batch_tokens: 512,
+            max_queue: 256,
+            context_length: None,
+            recompute_last_token: false,
+        }
+    }
+}
+
+/// Keys `engine_config` accepts for the native engine.
+pub const ENGINE_CONFIG_KEYS: &[&str] = &[
+    "kv_layout",
+    "kv_order",
+    "block_size",
+    "kv_dtype",
+    "kv_cache_tokens",
+    "max_num_seqs",
+    "max_batch_tokens",
+    "max_queue",
+    "context_length",
+    "recompute_last_token",
+];
+
+fn field(key: &str) -> String {
+    format!("engine_config.{key}")
+}
+
+fn uint(key: &str, v: &Value, min: usize) -> Result<usize, EngineError> {
+    match v.as_u64() {
+        Some(n) if n as usize >= min => Ok(n as usize),
+        _ => Err(EngineError::invalid(field(key), format!("must be an integer ≥ {min}"))),
+    }
+}
+
+impl EngineOptions {
+    /// Reads options from an `engine_config` JSON object; unknown keys and bad values are
+    /// refused with the key named. The token-pool layout defaults to pages of 1 token, as
+    /// SGLang does, unless `block_size` is given.
+    pub fn from_engine_config(config: &Value) -> Result<Self, EngineError> {
+        let mut o = Self::default();
+        let map = match config {
+            Value::Null => return Ok(o),
+            Value::Object(m) => m,
+            _ => return Err(EngineError::invalid("engine_config", "must be a JSON object")),
+        };
+        if let Some(k) = map.keys().find(|k| !ENGINE_CONFIG_KEYS.contains(&k.as_str())) {
+            return Err(EngineError::invalid(
+                field(k),
+                format!("unknown key for the native engine (known: {})", ENGINE_CONFIG_KEYS.join(", ")),
+            ));
+        }
+        let string = |key: &str| -> Result<Option<&str>, EngineError> {
+            match map.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) => Ok(Some(s.as_str())),
+                Some(_) => Err(EngineError::invalid(field(key), "must be a string")),
+            }
+        };
+        if let Some(s) = string("kv_layout")? {
+            o.kv_layout.kind = s.parse().map_err(|e: xinf_transfer::LayoutError| {
+                EngineError::invalid(field("kv_layout"), e.to_string())
+            })?;
+            if o.kv_layout.kind == KvLayoutKind::TokenPool {
+                o.kv_layout.block_size = 1;
+            }
+        }
+        if let Some(s) = string("kv_order")? {
+            o.kv_layout.order = s
+                .parse()
+                .map_err(|e: xinf_transfer::LayoutError| EngineError::invalid(field("kv_order"), e.to_string()))?;
+        }
+        if let Some(v) = map.get("block_size") {
+            o.kv_layout.block_size = uint("block_size", v, 1)?;
+        }
+        o.kv_layout.validate().map_err(|e| {
+            let key = match e {
+                xinf_transfer::LayoutError::PoolOrder => "kv_order",
+                _ => "block_size",
+            };
+            EngineError::invalid(field(key), e.to_string())
+        })?;
+        if let Some(s) = string("kv_dtype")? {
+            o.kv_dtype = match s {
+                "auto" => None,
+                "f32" | "float32" => Some(KvDtype::F32),
+                "f16" | "float16" => Some(KvDtype::F16),
+                "bf16" | "bfloat16" => Some(KvDtype::Bf16),
+                _ => return Err(EngineError::invalid(field("kv_dtype"), "must be auto, f32, f16 or bf16")),
+            };
+        }
+        if let Some(v) = map.get("kv_cache_tokens") {
+            o.kv_cache_tokens = uint("kv_cache_tokens", v, 64)?;
+        }
+        if let Some(v) = map.get("max_num_seqs") {
+            o.max_num_seqs = uint("max_num_seqs", v, 1)?;
+        }
+        if let Some(v) = map.get("max_batch_tokens") {
+            o.max_batch_tokens = uint("max_batch_tokens", v, 16)?;
+        }
+        if let Some(v) = map.get("max_queue") {
+            o.max_queue = uint("max_queue", v, 1)?;
+        }
+        if let Some(v) = map.get("context_length") {
+            o.context_length = Some(uint("context_length", v, 2)?);
+        }
+        if let Some(v) = map.get("recompute_last_token") {
+            o.recompute_last_token =
+                v.as_bool().ok_or_else(|| EngineError::invalid(field("recompute_last_token"), "must be a boolean"))?;
+        }
+        Ok(o)
+    }
+}

@@ -1,0 +1,7 @@
+//! The `xinf` command.
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    xinf::cli::main()
+}

@@ -1,0 +1,32 @@
+//! Turning typed errors into localized text.
+
+use xinf_engine::EngineError;
+use xinf_i18n::Catalog;
+
+/// The localized text of an engine error.
+pub fn engine_error_text(cat: &Catalog, e: &EngineError) -> String {
+    match e {
+        EngineError::InvalidRequest { field, reason } => {
+            cat.text("error-invalid-request", &[("field", field), ("reason", reason)])
+        }
+        EngineError::ContextLength { prompt_tokens, max_tokens, context_length } => cat.text(
+            "error-context-length",
+            &[
+                ("prompt", &prompt_tokens.to_string()),
+                ("max", &max_tokens.to_string()),
+                ("context", &context_length.to_string()),
+            ],
+        ),
+        EngineError::Overloaded { queued, limit } => {
+            cat.text("error-overloaded", &[("queued", &queued.to_string()), ("limit", &limit.to_string())])
+        }
+        EngineError::DuplicateRequest(id) => cat.text("error-duplicate-request", &[("id", id)]),
+        EngineError::UnknownRequest(id) => cat.text("error-unknown-request", &[("id", id)]),
+        EngineError::Aborted => cat.text("error-aborted", &[]),
+        EngineError::Model(detail) => cat.text("error-model", &[("detail", detail)]),
+        EngineError::Stopped => cat.text("error-engine-stopped", &[]),
+        EngineError::Import(detail) => cat.text("error-kv-import", &[("detail", detail)]),
+        EngineError::Internal(detail) => cat.text("error-internal", &[("detail", detail)]),
+        other => cat.text("error-internal", &[("detail", &other.to_string())]),
+    }
+}

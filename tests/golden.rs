@@ -1,0 +1,88 @@
+//! The native engine against Hugging Face transformers on the same weights (CPU, float32):
+//! last-position logits of a 100+ token prompt within a stated tolerance, 32 greedy tokens
+//! identical, tokenization and chat template identical.
+
+use crate::util;
+use xinf::engine::Engine;
+use xinf::models::ResolvedModel;
+
+/// Largest allowed |logit difference| relative to the logits' spread. Both sides compute in
+/// float32; differences come from summation order only (SmolLM2: observed ~1e-5 relative).
+const REL_TOL: f32 = 1e-3;
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array().expect("id list").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+}
+
+fn check_model(model: &ResolvedModel, key: &str) {
+    let reference = util::reference(model, key);
+    let engine = util::engine(model, serde_json::json!({}));
+    let prompt_ids = ids(&reference["prompt_ids"]);
+    assert!(prompt_ids.len() >= 100, "the golden prompt must have 100+ tokens");
+
+    // Tokenization of the plain prompt.
+    let text = reference["prompt_text"].as_str().expect("prompt text");
+    let ours = engine.tokenizer().encode(text, true).expect("encode");
+    assert_eq!(ours, prompt_ids, "{key}: prompt tokenization differs from transformers");
+
+    // Last-position logits.
+    let rt = util::rt();
+    let logits = rt.block_on(engine.prompt_logits(prompt_ids.clone())).expect("logits");
+    let want: Vec<f32> =
+        reference["last_logits"].as_array().expect("logits").iter().map(|x| x.as_f64().expect("f") as f32).collect();
+    assert_eq!(logits.len(), want.len(), "{key}: vocabulary size");
+    let spread = want.iter().cloned().fold(f32::MIN, f32::max) - want.iter().cloned().fold(f32::MAX, f32::min);
+    let max_diff = logits.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    eprintln!("{key}: max |Δlogit| = {max_diff:.3e} (spread {spread:.2}, relative {:.3e})", max_diff / spread);
+    assert!(max_diff <= REL_TOL * spread, "{key}: logits differ by {max_diff} (spread {spread})");
+
+    // 32 greedy tokens.
+    let greedy = rt.block_on(util::greedy_ids(engine.as_ref(), "golden", prompt_ids, 32));
+    assert_eq!(greedy, ids(&reference["greedy_ids"]), "{key}: greedy tokens differ from transformers");
+
+    // Chat template and chat greedy output (stops at EOS like transformers).
+    for variant in ["chat", "chat_no_system"] {
+        let r = &reference[variant];
+        let messages: Vec<xinf::engine::ChatMessage> = if variant == "chat" {
+            vec![
+                xinf::engine::ChatMessage::new("system", "You are a helpful assistant."),
+                xinf::engine::ChatMessage::new("user", "What is the capital of France?"),
+            ]
+        } else {
+            vec![xinf::engine::ChatMessage::new("user", "What is the capital of France?")]
+        };
+        let rendered = engine.tokenizer().render_chat(&messages).expect("render");
+        assert_eq!(rendered, r["chat_text"].as_str().expect("chat_text"), "{key}/{variant}: chat template");
+        let chat_ids = engine.tokenizer().encode_chat(&messages).expect("encode chat");
+        assert_eq!(chat_ids, ids(&r["chat_ids"]), "{key}/{variant}: chat token ids");
+        let out = rt.block_on(util::run(
+            engine.as_ref(),
+            variant,
+            xinf::engine::Prompt::Chat(messages),
+            xinf::engine::SamplingParams::greedy(24),
+        ));
+        assert_eq!(out.ids, ids(&r["chat_greedy_ids"]), "{key}/{variant}: chat greedy ids");
+        assert_eq!(out.text, r["chat_greedy_text"].as_str().expect("text"), "{key}/{variant}: chat text");
+    }
+    let _ = engine.contract();
+}
+
+#[test]
+fn smollm2_gguf_matches_transformers() {
+    check_model(&util::smollm2(), "smollm2");
+}
+
+#[test]
+fn tiny_llama_matches_transformers() {
+    check_model(&util::tiny("tiny-llama"), "tiny-llama");
+}
+
+#[test]
+fn tiny_qwen2_matches_transformers() {
+    check_model(&util::tiny("tiny-qwen2"), "tiny-qwen2");
+}
+
+#[test]
+fn tiny_qwen3_matches_transformers() {
+    check_model(&util::tiny("tiny-qwen3"), "tiny-qwen3");
+}

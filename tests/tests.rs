@@ -1,0 +1,9 @@
+//! End-to-end tests of xinf: real model weights, real processes, checked against Hugging Face
+#![allow(unreachable_pub, missing_docs)]
+//! transformers where numbers are involved.
+
+mod util;
+
+mod cli;
+mod engine;
+mod golden;

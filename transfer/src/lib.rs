@@ -1,0 +1,14 @@
+//! KV-cache layout descriptors and (later) the canonical page format that moves KV between
+//! prefill and decode replicas.
+//!
+//! Every engine xinf talks to keeps its KV cache in its own memory layout: vLLM FlashAttention
+//! `(2, NB, B, H, D)`, FlashInfer/Triton `(NB, 2, B, H, D)`, their HND variants, SGLang's
+//! per-layer token pools `[slots, H, D]`. A [`KvLayout`] names one of them and a
+//! [`LayoutDescriptor`] turns it into plane offsets and strides, so that one gather/scatter
+//! routine can address any of them: element `(layer, kv, token)` of a sequence lives at
+//! `plane(layer, kv) + blk * s_blk + off * s_tok + head * s_head + d` with
+//! `blk = block_table[token / B]` and `off = token % B`.
+
+mod layout;
+
+pub use layout::{KvLayout, KvLayoutKind, KvOrder, LayoutDescriptor, LayoutError, Plane};
