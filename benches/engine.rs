@@ -32,14 +32,20 @@ fn prompts(engine: &NativeEngine, batch: usize) -> Vec<Vec<u32>> {
 }
 
 /// Runs a batch; returns (time to the last first token, time from there to the end).
-async fn run_batch(engine: &Arc<NativeEngine>, batch: usize, new_tokens: usize, round: u64) -> (Duration, Duration) {
+async fn run_batch(
+    engine: &Arc<NativeEngine>,
+    batch: usize,
+    new_tokens: usize,
+    round: u64,
+) -> (Duration, Duration) {
     let start = Instant::now();
     let mut tasks = Vec::new();
     for (i, p) in prompts(engine, batch).into_iter().enumerate() {
         let e = engine.clone();
         tasks.push(tokio::spawn(async move {
             let sampling = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(new_tokens) };
-            let req = GenerateRequest { request_id: format!("b{round}-{i}"), prompt: Prompt::Tokens(p), sampling };
+            let req =
+                GenerateRequest { request_id: format!("b{round}-{i}"), prompt: Prompt::Tokens(p), sampling };
             let mut s = match e.submit(req) {
                 Ok(s) => s,
                 Err(_) => return (Instant::now(), Instant::now()),
@@ -65,7 +71,8 @@ async fn run_batch(engine: &Arc<NativeEngine>, batch: usize, new_tokens: usize, 
 }
 
 fn bench(c: &mut Criterion) {
-    let Ok(model) = resolve(&ModelRequest { model_name: "smollm2-instruct".into(), ..Default::default() }) else {
+    let Ok(model) = resolve(&ModelRequest { model_name: "smollm2-instruct".into(), ..Default::default() })
+    else {
         eprintln!("SKIPPED: the default model cannot be fetched here");
         return;
     };

@@ -149,7 +149,12 @@ fn engine_options(layout: &LayoutArgs) -> Result<EngineOptions, EngineError> {
     EngineOptions::from_engine_config(&serde_json::Value::Object(cfg))
 }
 
-fn load(model: &ModelArgs, layout: &LayoutArgs, cat: &Catalog, verbose: bool) -> Result<NativeEngine, EngineError> {
+fn load(
+    model: &ModelArgs,
+    layout: &LayoutArgs,
+    cat: &Catalog,
+    verbose: bool,
+) -> Result<NativeEngine, EngineError> {
     let options = engine_options(layout)?;
     if verbose {
         eprintln!("{}", cat.text("cli-resolving", &[("name", &model.model_name)]));
@@ -165,7 +170,10 @@ fn load(model: &ModelArgs, layout: &LayoutArgs, cat: &Catalog, verbose: bool) ->
     if verbose {
         eprintln!(
             "{}",
-            cat.text("cli-loading", &[("path", &resolved.path.display().to_string()), ("origin", &resolved.origin)])
+            cat.text(
+                "cli-loading",
+                &[("path", &resolved.path.display().to_string()), ("origin", &resolved.origin)]
+            )
         );
     }
     let t = Instant::now();

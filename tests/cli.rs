@@ -38,10 +38,7 @@ fn generate_reports_errors_in_the_users_language() {
         .expect("run xinf");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("错误"), "{err}");
-    let out = xinf()
-        .args(["generate", "--prompt", "hi", "--kv-layout", "ring"])
-        .output()
-        .expect("run xinf");
+    let out = xinf().args(["generate", "--prompt", "hi", "--kv-layout", "ring"]).output().expect("run xinf");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("kv_layout"), "{err}");
 }

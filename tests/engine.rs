@@ -50,10 +50,12 @@ fn greedy_output_is_identical_across_layouts() {
 #[test]
 fn concurrent_requests_match_single_requests() {
     let rt = util::rt();
-    let e = util::engine(&util::smollm2(), serde_json::json!({"kv_layout": "paged-block-first", "block_size": 32}));
-    let prompts: Vec<String> = (0..8)
-        .map(|i| format!("{} {}", "Tell me a story about a dragon".repeat(i + 1), i))
-        .collect();
+    let e = util::engine(
+        &util::smollm2(),
+        serde_json::json!({"kv_layout": "paged-block-first", "block_size": 32}),
+    );
+    let prompts: Vec<String> =
+        (0..8).map(|i| format!("{} {}", "Tell me a story about a dragon".repeat(i + 1), i)).collect();
     let alone: Vec<Vec<u32>> = prompts
         .iter()
         .enumerate()
@@ -94,10 +96,16 @@ fn concurrent_requests_match_single_requests() {
 fn pinned_prefill_exports_pages_that_another_layout_decodes() {
     let rt = util::rt();
     let model = util::smollm2();
-    let prefill = util::engine(&model, serde_json::json!({"kv_layout": "paged-kv-first", "kv_order": "HND", "block_size": 16}));
+    let prefill = util::engine(
+        &model,
+        serde_json::json!({"kv_layout": "paged-kv-first", "kv_order": "HND", "block_size": 16}),
+    );
     for (decode_cfg, recompute) in [
         (serde_json::json!({"kv_layout": "token-pool"}), false),
-        (serde_json::json!({"kv_layout": "paged-block-first", "block_size": 64, "recompute_last_token": true}), true),
+        (
+            serde_json::json!({"kv_layout": "paged-block-first", "block_size": 64, "recompute_last_token": true}),
+            true,
+        ),
     ] {
         let decode = util::engine(&model, decode_cfg.clone());
         for len in [2usize, 63, 64, 65, 129] {
@@ -109,7 +117,8 @@ fn pinned_prefill_exports_pages_that_another_layout_decodes() {
             let want = rt.block_on(util::greedy_ids(prefill.as_ref(), "ordinary", ids.clone(), 10));
             let rid = format!("pd-{len}-{recompute}");
             let sampling = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(10) };
-            let req = GenerateRequest { request_id: rid.clone(), prompt: Prompt::Tokens(ids.clone()), sampling };
+            let req =
+                GenerateRequest { request_id: rid.clone(), prompt: Prompt::Tokens(ids.clone()), sampling };
             let pinned = rt.block_on(prefill.prefill_pinned(req.clone())).expect("prefill");
             assert_eq!(pinned.first_token, want[0], "first token, {len} tokens");
             assert!(prefill.stats().pinned_blocks > 0);
@@ -152,10 +161,16 @@ fn seeded_sampling_is_reproducible_and_stop_strings_cut_text() {
     let a = rt.block_on(util::run(e.as_ref(), "seed-a", Prompt::Text(PROMPT.into()), sampling.clone()));
     let b = rt.block_on(util::run(e.as_ref(), "seed-b", Prompt::Text(PROMPT.into()), sampling.clone()));
     assert_eq!(a, b, "same seed, same output");
-    let c = rt.block_on(util::run(e.as_ref(), "seed-c", Prompt::Text(PROMPT.into()), SamplingParams { seed: Some(8), ..sampling }));
+    let c = rt.block_on(util::run(
+        e.as_ref(),
+        "seed-c",
+        Prompt::Text(PROMPT.into()),
+        SamplingParams { seed: Some(8), ..sampling },
+    ));
     assert_ne!(a.ids, c.ids, "another seed, another output");
 
-    let greedy = rt.block_on(util::run(e.as_ref(), "g", Prompt::Text(PROMPT.into()), SamplingParams::greedy(20)));
+    let greedy =
+        rt.block_on(util::run(e.as_ref(), "g", Prompt::Text(PROMPT.into()), SamplingParams::greedy(20)));
     let words: Vec<&str> = greedy.text.split_whitespace().collect();
     assert!(words.len() >= 3, "{greedy:?}");
     let stop = words[2].to_owned();
@@ -187,11 +202,23 @@ fn bad_requests_get_typed_errors() {
         other => panic!("unexpected {other:?}"),
     };
     assert_eq!(field(submit_err(&e, text(), SamplingParams { top_p: 0.0, ..Default::default() })), "top_p");
-    assert_eq!(field(submit_err(&e, text(), SamplingParams { temperature: -1.0, ..Default::default() })), "temperature");
-    assert_eq!(field(submit_err(&e, text(), SamplingParams { temperature: f32::NAN, ..Default::default() })), "temperature");
-    assert_eq!(field(submit_err(&e, text(), SamplingParams { max_tokens: Some(0), ..Default::default() })), "max_tokens");
+    assert_eq!(
+        field(submit_err(&e, text(), SamplingParams { temperature: -1.0, ..Default::default() })),
+        "temperature"
+    );
+    assert_eq!(
+        field(submit_err(&e, text(), SamplingParams { temperature: f32::NAN, ..Default::default() })),
+        "temperature"
+    );
+    assert_eq!(
+        field(submit_err(&e, text(), SamplingParams { max_tokens: Some(0), ..Default::default() })),
+        "max_tokens"
+    );
     assert_eq!(field(submit_err(&e, text(), SamplingParams { min_p: 2.0, ..Default::default() })), "min_p");
-    assert_eq!(field(submit_err(&e, text(), SamplingParams { repetition_penalty: 0.0, ..Default::default() })), "repetition_penalty");
+    assert_eq!(
+        field(submit_err(&e, text(), SamplingParams { repetition_penalty: 0.0, ..Default::default() })),
+        "repetition_penalty"
+    );
     assert_eq!(field(submit_err(&e, Prompt::Tokens(vec![]), SamplingParams::default())), "prompt");
     assert_eq!(field(submit_err(&e, Prompt::Tokens(vec![u32::MAX]), SamplingParams::default())), "prompt");
     assert_eq!(field(submit_err(&e, Prompt::Chat(vec![]), SamplingParams::default())), "messages");
@@ -203,10 +230,18 @@ fn bad_requests_get_typed_errors() {
     // A duplicate running id is refused; the engine keeps serving.
     let rt = util::rt();
     let s = e
-        .submit(GenerateRequest { request_id: "dup".into(), prompt: text(), sampling: SamplingParams::greedy(30) })
+        .submit(GenerateRequest {
+            request_id: "dup".into(),
+            prompt: text(),
+            sampling: SamplingParams::greedy(30),
+        })
         .expect("first");
     assert!(matches!(
-        e.submit(GenerateRequest { request_id: "dup".into(), prompt: text(), sampling: SamplingParams::greedy(3) }),
+        e.submit(GenerateRequest {
+            request_id: "dup".into(),
+            prompt: text(),
+            sampling: SamplingParams::greedy(3)
+        }),
         Err(EngineError::DuplicateRequest(_))
     ));
     drop(s);

@@ -28,12 +28,20 @@ fn check_model(model: &ResolvedModel, key: &str) {
     // Last-position logits.
     let rt = util::rt();
     let logits = rt.block_on(engine.prompt_logits(prompt_ids.clone())).expect("logits");
-    let want: Vec<f32> =
-        reference["last_logits"].as_array().expect("logits").iter().map(|x| x.as_f64().expect("f") as f32).collect();
+    let want: Vec<f32> = reference["last_logits"]
+        .as_array()
+        .expect("logits")
+        .iter()
+        .map(|x| x.as_f64().expect("f") as f32)
+        .collect();
     assert_eq!(logits.len(), want.len(), "{key}: vocabulary size");
-    let spread = want.iter().cloned().fold(f32::MIN, f32::max) - want.iter().cloned().fold(f32::MAX, f32::min);
+    let spread =
+        want.iter().cloned().fold(f32::MIN, f32::max) - want.iter().cloned().fold(f32::MAX, f32::min);
     let max_diff = logits.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-    eprintln!("{key}: max |Δlogit| = {max_diff:.3e} (spread {spread:.2}, relative {:.3e})", max_diff / spread);
+    eprintln!(
+        "{key}: max |Δlogit| = {max_diff:.3e} (spread {spread:.2}, relative {:.3e})",
+        max_diff / spread
+    );
     assert!(max_diff <= REL_TOL * spread, "{key}: logits differ by {max_diff} (spread {spread})");
 
     // 32 greedy tokens.

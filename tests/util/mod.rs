@@ -149,10 +149,10 @@ pub async fn run(engine: &dyn Engine, id: &str, prompt: Prompt, sampling: Sampli
     use futures::StreamExt;
     let mut s = engine
         .submit(GenerateRequest { request_id: id.into(), prompt, sampling })
-        .expect("submit");
+        .unwrap_or_else(|e| panic!("submit {id}: {e:?}"));
     let mut out = Output { ids: Vec::new(), text: String::new(), finish: None };
     while let Some(ev) = s.next().await {
-        match ev.expect("token event") {
+        match ev.unwrap_or_else(|e| panic!("request {id}: {e:?}")) {
             TokenEvent::Delta { token_id, text } => {
                 out.ids.push(token_id);
                 out.text.push_str(&text);

@@ -262,14 +262,28 @@ impl LayoutDescriptor {
     /// Element offset inside the plane's region of `(block, offset in block, head)`; the
     /// `head_dim` elements of that head follow contiguously.
     #[inline]
-    pub fn row_offset(&self, layer: usize, kv: usize, block: usize, off: usize, head: usize) -> (usize, usize) {
+    pub fn row_offset(
+        &self,
+        layer: usize,
+        kv: usize,
+        block: usize,
+        off: usize,
+        head: usize,
+    ) -> (usize, usize) {
         let p = self.planes[layer][kv];
         (p.region, p.offset + block * self.s_blk + off * self.s_tok + head * self.s_head)
     }
 
     /// Same as [`row_offset`](Self::row_offset) for token `t` of a sequence with `block_table`.
     #[inline]
-    pub fn token_offset(&self, block_table: &[u32], layer: usize, kv: usize, t: usize, head: usize) -> (usize, usize) {
+    pub fn token_offset(
+        &self,
+        block_table: &[u32],
+        layer: usize,
+        kv: usize,
+        t: usize,
+        head: usize,
+    ) -> (usize, usize) {
         let b = self.layout.block_size;
         self.row_offset(layer, kv, block_table[t / b] as usize, t % b, head)
     }

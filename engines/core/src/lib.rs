@@ -13,9 +13,7 @@ mod request;
 
 pub use contract::{KvDtype, ModelContract};
 pub use error::{EngineError, ErrorClass};
-pub use request::{
-    ChatMessage, FinishReason, GenerateRequest, Prompt, SamplingParams, TokenEvent, Usage,
-};
+pub use request::{ChatMessage, FinishReason, GenerateRequest, Prompt, SamplingParams, TokenEvent, Usage};
 
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
@@ -86,7 +84,10 @@ pub trait Engine: Send + Sync {
 
     /// Computes the prompt of `request` (its sampling settings give the first token) and keeps
     /// the prompt KV pinned under the request id until [`release_pinned`](Self::release_pinned).
-    fn prefill_pinned(&self, request: GenerateRequest) -> BoxFuture<'static, Result<PinnedPrefill, EngineError>>;
+    fn prefill_pinned(
+        &self,
+        request: GenerateRequest,
+    ) -> BoxFuture<'static, Result<PinnedPrefill, EngineError>>;
 
     /// Copies canonical pages `first_page..first_page + count` of a pinned prompt.
     fn export_pages(

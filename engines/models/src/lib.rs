@@ -13,5 +13,5 @@ pub use chat_template::ChatTemplate;
 pub use digest::{weights_digest, xinf_home};
 pub use error::ModelError;
 pub use hub::{ModelRequest, ResolvedModel, WeightsFormat, resolve};
-pub use tokenizer::TextTokenizer;
 pub use registry::{ModelFamily, ModelSpec, families, find_family};
+pub use tokenizer::TextTokenizer;

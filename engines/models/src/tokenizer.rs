@@ -37,7 +37,11 @@ fn token_string(v: Option<&serde_json::Value>) -> Option<String> {
 }
 
 impl TextTokenizer {
-    fn finish(inner: Tokenizer, chat_template: Option<ChatTemplate>, mut eos: Vec<u32>) -> Result<Self, ModelError> {
+    fn finish(
+        inner: Tokenizer,
+        chat_template: Option<ChatTemplate>,
+        mut eos: Vec<u32>,
+    ) -> Result<Self, ModelError> {
         eos.sort_unstable();
         eos.dedup();
         let json = inner.to_string(false).map_err(tok_err)?;
@@ -55,15 +59,20 @@ impl TextTokenizer {
     pub fn from_hf_dir(dir: &Path, extra_eos: &[u32]) -> Result<Self, ModelError> {
         let file = dir.join("tokenizer.json");
         if !file.is_file() {
-            return Err(ModelError::MissingFile { dir: dir.display().to_string(), file: "tokenizer.json".into() });
+            return Err(ModelError::MissingFile {
+                dir: dir.display().to_string(),
+                file: "tokenizer.json".into(),
+            });
         }
         let inner = Tokenizer::from_file(&file)
             .map_err(|e| ModelError::Corrupt { file: file.display().to_string(), reason: e.to_string() })?;
         let cfg_path = dir.join("tokenizer_config.json");
         let cfg: serde_json::Value = if cfg_path.is_file() {
             let text = std::fs::read_to_string(&cfg_path).map_err(|e| ModelError::io(&cfg_path, e))?;
-            serde_json::from_str(&text)
-                .map_err(|e| ModelError::Corrupt { file: cfg_path.display().to_string(), reason: e.to_string() })?
+            serde_json::from_str(&text).map_err(|e| ModelError::Corrupt {
+                file: cfg_path.display().to_string(),
+                reason: e.to_string(),
+            })?
         } else {
             serde_json::Value::Null
         };
@@ -79,7 +88,9 @@ impl TextTokenizer {
                 .and_then(|t| t.get("template"))
                 .and_then(|t| t.as_str())
                 .map(str::to_owned),
-            _ if jinja.is_file() => Some(std::fs::read_to_string(&jinja).map_err(|e| ModelError::io(&jinja, e))?),
+            _ if jinja.is_file() => {
+                Some(std::fs::read_to_string(&jinja).map_err(|e| ModelError::io(&jinja, e))?)
+            }
             _ => None,
         };
         let chat_template = source.map(|s| ChatTemplate::new(&s, bos.clone(), eos.clone())).transpose()?;
@@ -93,7 +104,9 @@ impl TextTokenizer {
         {
             match v.get("eos_token_id") {
                 Some(serde_json::Value::Number(n)) => eos_ids.extend(n.as_u64().map(|x| x as u32)),
-                Some(serde_json::Value::Array(a)) => eos_ids.extend(a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32)),
+                Some(serde_json::Value::Array(a)) => {
+                    eos_ids.extend(a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32))
+                }
                 _ => {}
             }
         }
@@ -130,7 +143,9 @@ impl TextTokenizer {
         let chat_template = md
             .get("tokenizer.chat_template")
             .and_then(|v| v.to_string().ok())
-            .map(|s| ChatTemplate::new(s, bos.as_ref().map(|b| b.1.clone()), eos.as_ref().map(|e| e.1.clone())))
+            .map(|s| {
+                ChatTemplate::new(s, bos.as_ref().map(|b| b.1.clone()), eos.as_ref().map(|e| e.1.clone()))
+            })
             .transpose()?;
         let eos_ids = eos.map(|e| vec![e.0]).unwrap_or_default();
         Self::finish(inner, chat_template, eos_ids)

@@ -136,7 +136,9 @@ fn ids(v: &Option<serde_json::Value>) -> Vec<u32> {
 fn f64_field(v: &serde_json::Value, key: &str, default: f64) -> Result<f64, ModelError> {
     match v.get(key) {
         None => Ok(default),
-        Some(x) => x.as_f64().ok_or_else(|| unsupported(&format!("rope_scaling.{key}"), x, "expected a number")),
+        Some(x) => {
+            x.as_f64().ok_or_else(|| unsupported(&format!("rope_scaling.{key}"), x, "expected a number"))
+        }
     }
 }
 
@@ -202,7 +204,9 @@ impl ModelConfig {
         let rope_params = raw.rope_scaling.as_ref().or(raw.rope_parameters.as_ref());
         let rope_theta = raw
             .rope_theta
-            .or_else(|| raw.rope_parameters.as_ref().and_then(|p| p.get("rope_theta")).and_then(|t| t.as_f64()))
+            .or_else(|| {
+                raw.rope_parameters.as_ref().and_then(|p| p.get("rope_theta")).and_then(|t| t.as_f64())
+            })
             .unwrap_or(10_000.0);
         let config = Self {
             architecture,
@@ -231,16 +235,21 @@ impl ModelConfig {
     }
 
     /// Reads the configuration from GGUF metadata (llama.cpp key names).
-    pub(crate) fn from_gguf(content: &candle_core::quantized::gguf_file::Content) -> Result<Self, ModelError> {
+    pub(crate) fn from_gguf(
+        content: &candle_core::quantized::gguf_file::Content,
+    ) -> Result<Self, ModelError> {
         use candle_core::quantized::gguf_file::Value;
         let md = &content.metadata;
         let get = |k: &str| md.get(k);
-        let arch_name = get("general.architecture").and_then(|v| v.to_string().ok()).cloned().unwrap_or_default();
+        let arch_name =
+            get("general.architecture").and_then(|v| v.to_string().ok()).cloned().unwrap_or_default();
         let architecture = match arch_name.as_str() {
             "llama" => Architecture::Llama,
             "qwen2" => Architecture::Qwen2,
             "qwen3" => Architecture::Qwen3,
-            other => return Err(unsupported("general.architecture", other, "supported: llama, qwen2, qwen3")),
+            other => {
+                return Err(unsupported("general.architecture", other, "supported: llama, qwen2, qwen3"));
+            }
         };
         let num = |k: &str| -> Result<Option<u64>, ModelError> {
             let key = format!("{arch_name}.{k}");
@@ -255,7 +264,8 @@ impl ModelConfig {
             }
         };
         let float = |k: &str| -> Option<f64> {
-            md.get(&format!("{arch_name}.{k}")).and_then(|v| v.to_f32().ok().map(f64::from).or(v.to_f64().ok()))
+            md.get(&format!("{arch_name}.{k}"))
+                .and_then(|v| v.to_f32().ok().map(f64::from).or(v.to_f64().ok()))
         };
         let need = |k: &str| -> Result<usize, ModelError> {
             num(k)?.map(|v| v as usize).ok_or_else(|| ModelError::Corrupt {
@@ -266,7 +276,8 @@ impl ModelConfig {
         let hidden_size = need("embedding_length")?;
         let num_heads = need("attention.head_count")?;
         let kv_heads = num("attention.head_count_kv")?.map(|v| v as usize).unwrap_or(num_heads);
-        let head_dim = num("attention.key_length")?.map(|v| v as usize).unwrap_or(hidden_size / num_heads.max(1));
+        let head_dim =
+            num("attention.key_length")?.map(|v| v as usize).unwrap_or(hidden_size / num_heads.max(1));
         if let Some(w) = num("attention.sliding_window")?
             && w > 0
         {
@@ -280,16 +291,21 @@ impl ModelConfig {
             Some(Value::Array(a)) => a.len(),
             _ => need("vocab_size")?,
         };
-        let rope_scaling = match md.get(&format!("{arch_name}.rope.scaling.type")).and_then(|v| v.to_string().ok()) {
-            None => RopeScaling::None,
-            Some(t) if t == "none" => RopeScaling::None,
-            Some(t) if t == "linear" => {
-                RopeScaling::Linear { factor: float("rope.scaling.factor").unwrap_or(1.0) }
-            }
-            Some(t) => {
-                return Err(unsupported(&format!("{arch_name}.rope.scaling.type"), t, "supported: none, linear"));
-            }
-        };
+        let rope_scaling =
+            match md.get(&format!("{arch_name}.rope.scaling.type")).and_then(|v| v.to_string().ok()) {
+                None => RopeScaling::None,
+                Some(t) if t == "none" => RopeScaling::None,
+                Some(t) if t == "linear" => {
+                    RopeScaling::Linear { factor: float("rope.scaling.factor").unwrap_or(1.0) }
+                }
+                Some(t) => {
+                    return Err(unsupported(
+                        &format!("{arch_name}.rope.scaling.type"),
+                        t,
+                        "supported: none, linear",
+                    ));
+                }
+            };
         let tensor_names = &content.tensor_infos;
         let config = Self {
             architecture,
@@ -308,7 +324,10 @@ impl ModelConfig {
             qkv_bias: tensor_names.contains_key("blk.0.attn_q.bias"),
             qk_norm: tensor_names.contains_key("blk.0.attn_q_norm.weight"),
             bos_token_id: get("tokenizer.ggml.bos_token_id").and_then(|v| v.to_u32().ok()),
-            eos_token_ids: get("tokenizer.ggml.eos_token_id").and_then(|v| v.to_u32().ok()).into_iter().collect(),
+            eos_token_ids: get("tokenizer.ggml.eos_token_id")
+                .and_then(|v| v.to_u32().ok())
+                .into_iter()
+                .collect(),
         };
         config.check()?;
         Ok(config)
@@ -330,11 +349,7 @@ impl ModelConfig {
             }
         }
         if self.num_heads % self.kv_heads != 0 {
-            return Err(unsupported(
-                "num_key_value_heads",
-                self.kv_heads,
-                "must divide num_attention_heads",
-            ));
+            return Err(unsupported("num_key_value_heads", self.kv_heads, "must divide num_attention_heads"));
         }
         if self.head_dim % 2 != 0 {
             return Err(unsupported("head_dim", self.head_dim, "RoPE needs an even head dimension"));

@@ -137,7 +137,8 @@ impl NativeEngine {
                         ModelError::io(&cfg_path, e)
                     })
                 })?;
-                let cfg = ModelConfig::from_hf_json(&text, &cfg_path.display().to_string()).map_err(model_err)?;
+                let cfg =
+                    ModelConfig::from_hf_json(&text, &cfg_path.display().to_string()).map_err(model_err)?;
                 let tok = TextTokenizer::from_hf_dir(dir, &cfg.eos_token_ids).map_err(model_err)?;
                 let files = weights::safetensors_files(dir).map_err(model_err)?;
                 let w = weights::load_safetensors(dir, &cfg, DType::F32).map_err(model_err)?;
@@ -153,12 +154,16 @@ impl NativeEngine {
             return Err(model_err(ModelError::Unsupported {
                 field: "vocab_size".into(),
                 value: cfg.vocab_size.to_string(),
-                reason: format!("the tokenizer has {} tokens, more than the model's vocabulary", tokenizer.vocab_size()),
+                reason: format!(
+                    "the tokenizer has {} tokens, more than the model's vocabulary",
+                    tokenizer.vocab_size()
+                ),
             }));
         }
         let digest = xinf_models::weights_digest(&files).map_err(model_err)?;
-        let context_length =
-            options.context_length.map_or(cfg.max_position_embeddings, |c| c.min(cfg.max_position_embeddings));
+        let context_length = options
+            .context_length
+            .map_or(cfg.max_position_embeddings, |c| c.min(cfg.max_position_embeddings));
         let block_size = options.kv_layout.block_size;
         let num_blocks = options.kv_cache_tokens.div_ceil(block_size) + 1;
         let layout = options
@@ -226,7 +231,10 @@ impl NativeEngine {
     /// KV blocks. A test and diagnosis hook: golden tests compare it with transformers.
     pub async fn prompt_logits(&self, ids: Vec<u32>) -> Result<Vec<f32>, EngineError> {
         if ids.is_empty() || ids.len() > self.max_seq_len {
-            return Err(EngineError::invalid("prompt", format!("must have 1 to {} tokens", self.max_seq_len)));
+            return Err(EngineError::invalid(
+                "prompt",
+                format!("must have 1 to {} tokens", self.max_seq_len),
+            ));
         }
         let (reply, rx) = oneshot::channel();
         self.tx.send(Command::Logits { ids, reply }).map_err(|_| EngineError::Stopped)?;
@@ -260,7 +268,11 @@ impl NativeEngine {
         Ok(ids)
     }
 
-    fn build_seq(&self, request: GenerateRequest, mode: Mode) -> Result<(Box<Seq>, TokenStream), EngineError> {
+    fn build_seq(
+        &self,
+        request: GenerateRequest,
+        mode: Mode,
+    ) -> Result<(Box<Seq>, TokenStream), EngineError> {
         request.sampling.validate()?;
         if request.request_id.is_empty() {
             return Err(EngineError::invalid("request_id", "must not be empty"));
@@ -365,14 +377,16 @@ impl Engine for NativeEngine {
         known
     }
 
-    fn prefill_pinned(&self, mut request: GenerateRequest) -> BoxFuture<'static, Result<PinnedPrefill, EngineError>> {
+    fn prefill_pinned(
+        &self,
+        mut request: GenerateRequest,
+    ) -> BoxFuture<'static, Result<PinnedPrefill, EngineError>> {
         request.sampling.max_tokens = Some(1);
         let (reply, rx) = oneshot::channel();
-        let submitted =
-            self.build_seq(request, Mode::Pinned(Some(reply))).and_then(|(seq, stream)| {
-                self.enqueue(seq)?;
-                Ok(stream)
-            });
+        let submitted = self.build_seq(request, Mode::Pinned(Some(reply))).and_then(|(seq, stream)| {
+            self.enqueue(seq)?;
+            Ok(stream)
+        });
         Box::pin(async move {
             // The stream only carries errors for a pinned prefill; keep it alive until the reply.
             let _stream = submitted?;
@@ -387,7 +401,8 @@ impl Engine for NativeEngine {
         count: usize,
     ) -> BoxFuture<'static, Result<Vec<u8>, EngineError>> {
         let (reply, rx) = oneshot::channel();
-        let sent = self.tx.send(Command::Export { id: request_id.to_owned(), first: first_page, count, reply });
+        let sent =
+            self.tx.send(Command::Export { id: request_id.to_owned(), first: first_page, count, reply });
         Box::pin(async move {
             sent.map_err(|_| EngineError::Stopped)?;
             rx.await.map_err(|_| EngineError::Stopped)?
@@ -416,7 +431,10 @@ impl Engine for NativeEngine {
             )));
         }
         if kv.first_token as usize >= self.contract.vocab_size {
-            return Err(EngineError::Import(format!("first token {} is outside the vocabulary", kv.first_token)));
+            return Err(EngineError::Import(format!(
+                "first token {} is outside the vocabulary",
+                kv.first_token
+            )));
         }
         seq.import = Some(kv.pages);
         if !self.options.recompute_last_token {
@@ -452,6 +470,8 @@ struct Worker {
     rx: std_mpsc::Receiver<Command>,
     shared: Arc<Shared>,
     waiting: VecDeque<Box<Seq>>,
+    /// Boxed like `waiting`: sequences move between the two as pointers (preemption, admission).
+    #[allow(clippy::vec_box)]
     running: Vec<Box<Seq>>,
     /// Prompts held for export: (blocks, prompt length).
     pinned: HashMap<String, (Vec<u32>, usize)>,
@@ -528,7 +548,10 @@ impl Worker {
                         if first + count > pages {
                             Err(EngineError::invalid(
                                 "pages",
-                                format!("pages {first}..{} requested of a {pages}-page prompt", first + count),
+                                format!(
+                                    "pages {first}..{} requested of a {pages}-page prompt",
+                                    first + count
+                                ),
                             ))
                         } else {
                             Ok(self.cache.export_pages(table, *len, first, count))
@@ -544,7 +567,9 @@ impl Worker {
                     self.backend
                         .forward(&[chunk], &mut self.cache)
                         .map_err(|e| EngineError::Internal(e.to_string()))
-                        .and_then(|mut rows| rows.pop().ok_or_else(|| EngineError::Internal("no logits".into())))
+                        .and_then(|mut rows| {
+                            rows.pop().ok_or_else(|| EngineError::Internal("no logits".into()))
+                        })
                 } else {
                     Err(EngineError::Overloaded { queued: self.waiting.len(), limit: self.options.max_queue })
                 };
@@ -572,6 +597,11 @@ impl Worker {
     fn finish(&mut self, mut s: Box<Seq>, reason: Option<FinishReason>, error: Option<EngineError>) {
         let usage = Usage { prompt_tokens: s.prompt_len, completion_tokens: s.tokens.len() - s.prompt_len };
         lock(&self.shared.active).remove(&s.id);
+        // Free before reporting, and publish the counters before the client hears the end.
+        if !matches!(s.mode, Mode::Pinned(_)) || error.is_some() || reason == Some(FinishReason::Abort) {
+            self.cache.release(&mut s.table);
+            self.publish();
+        }
         match (&mut s.mode, error) {
             (Mode::Pinned(reply), None) if reason != Some(FinishReason::Abort) => {
                 let first_token = s.tokens.get(s.prompt_len).copied().unwrap_or_default();
@@ -583,6 +613,8 @@ impl Worker {
                 let table = std::mem::take(&mut s.table);
                 lock(&self.shared.pinned).insert(s.id.clone());
                 self.pinned.insert(s.id.clone(), (table, s.prompt_len));
+                // Counters first: whoever gets the reply may look at them at once.
+                self.publish();
                 if let Some(r) = reply.take()
                     && r.send(Ok(pinned)).is_err()
                 {
@@ -594,23 +626,22 @@ impl Worker {
                 }
             }
             (Mode::Pinned(reply), error) => {
-                self.cache.release(&mut s.table);
                 if let Some(r) = reply.take() {
                     let _ = r.send(Err(error.unwrap_or(EngineError::Aborted)));
                 }
             }
             (Mode::Generate, Some(e)) => {
-                self.cache.release(&mut s.table);
                 let _ = s.tx.send(Err(e));
             }
             (Mode::Generate, None) => {
-                self.cache.release(&mut s.table);
                 let tail = s.stop.flush();
                 if !tail.is_empty() && reason != Some(FinishReason::Stop) {
                     let last = s.tokens.last().copied().unwrap_or_default();
                     let _ = s.tx.send(Ok(TokenEvent::Delta { token_id: last, text: tail }));
                 }
-                let _ = s.tx.send(Ok(TokenEvent::Finished { reason: reason.unwrap_or(FinishReason::Stop), usage }));
+                let _ = s
+                    .tx
+                    .send(Ok(TokenEvent::Finished { reason: reason.unwrap_or(FinishReason::Stop), usage }));
             }
         }
     }
@@ -619,7 +650,11 @@ impl Worker {
     fn admit(&mut self) {
         while self.running.len() < self.options.max_num_seqs {
             let Some(mut s) = self.waiting.pop_front() else { break };
-            let need = if s.import.is_some() { s.prompt_len } else { (s.tokens.len()).min(self.options.max_batch_tokens) };
+            let need = if s.import.is_some() {
+                s.prompt_len
+            } else {
+                (s.tokens.len()).min(self.options.max_batch_tokens)
+            };
             if !self.cache.ensure(&mut s.table, need) {
                 if self.running.is_empty() && self.cache.free_blocks() == self.cache.capacity_blocks() {
                     self.shared.queued.fetch_sub(1, Ordering::Relaxed);
@@ -747,7 +782,7 @@ impl Worker {
                 finished.push((idx, reason));
             }
         }
-        finished.sort_by(|a, b| b.0.cmp(&a.0));
+        finished.sort_by_key(|f| std::cmp::Reverse(f.0));
         for (idx, reason) in finished {
             let s = self.running.remove(idx);
             self.finish(s, Some(reason), None);

@@ -47,16 +47,25 @@ pub(crate) fn inv_freq(cfg: &ModelConfig) -> Vec<f32> {
     match cfg.rope_scaling {
         RopeScaling::None => raw,
         RopeScaling::Linear { factor } => raw.iter().map(|f| f / factor as f32).collect(),
-        RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
-            let (factor, lo, hi, old) =
-                (factor as f32, low_freq_factor as f32, high_freq_factor as f32, original_max_position_embeddings as f32);
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => {
+            let (factor, lo, hi, old) = (
+                factor as f32,
+                low_freq_factor as f32,
+                high_freq_factor as f32,
+                original_max_position_embeddings as f32,
+            );
             let low_wavelen = old / lo;
             let high_wavelen = old / hi;
             raw.iter()
                 .map(|&f| {
                     let wavelen = 2.0 * std::f32::consts::PI / f;
                     let scaled = if wavelen > low_wavelen { f / factor } else { f };
-                    let medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+                    let medium = wavelen >= high_wavelen && wavelen <= low_wavelen;
                     if medium {
                         let smooth = (old / wavelen - lo) / (hi - lo);
                         (1.0 - smooth) * scaled / factor + smooth * scaled
@@ -112,10 +121,13 @@ impl CpuModel {
             let mut scores = (qc.matmul(&k.t()?)? * scale)?;
             if n > 1 {
                 let mask: Vec<f32> = (0..n)
-                    .flat_map(|i| (0..len).map(move |j| if j > c.start + i { f32::NEG_INFINITY } else { 0.0 }))
+                    .flat_map(|i| {
+                        (0..len).map(move |j| if j > c.start + i { f32::NEG_INFINITY } else { 0.0 })
+                    })
                     .collect();
                 let mask = Tensor::from_vec(mask, (1, 1, n, len), &Device::Cpu)?;
-                scores = scores.reshape((kvh, g, n, len))?.broadcast_add(&mask)?.reshape((kvh, g * n, len))?;
+                scores =
+                    scores.reshape((kvh, g, n, len))?.broadcast_add(&mask)?.reshape((kvh, g * n, len))?;
             }
             let probs = candle_nn::ops::softmax_last_dim(&scores)?;
             let o = probs.matmul(&v)?.reshape((h, n, d))?.transpose(0, 1)?.reshape((n, h * d))?;
@@ -159,8 +171,10 @@ impl ComputeBackend for CpuModel {
             if let Some(kn) = &lw.k_norm {
                 k = candle_nn::ops::rms_norm(&k.contiguous()?, kn, eps)?;
             }
-            let q = candle_nn::rotary_emb::rope_thd(&q.contiguous()?.unsqueeze(0)?, &cos, &sin)?.squeeze(0)?;
-            let k = candle_nn::rotary_emb::rope_thd(&k.contiguous()?.unsqueeze(0)?, &cos, &sin)?.squeeze(0)?;
+            let q =
+                candle_nn::rotary_emb::rope_thd(&q.contiguous()?.unsqueeze(0)?, &cos, &sin)?.squeeze(0)?;
+            let k =
+                candle_nn::rotary_emb::rope_thd(&k.contiguous()?.unsqueeze(0)?, &cos, &sin)?.squeeze(0)?;
             let k_rows = k.flatten_all()?.to_vec1::<f32>()?;
             let v_rows = v.flatten_all()?.to_vec1::<f32>()?;
             let mut off = 0;

@@ -99,9 +99,9 @@ impl EngineOptions {
             }
         }
         if let Some(s) = string("kv_order")? {
-            o.kv_layout.order = s
-                .parse()
-                .map_err(|e: xinf_transfer::LayoutError| EngineError::invalid(field("kv_order"), e.to_string()))?;
+            o.kv_layout.order = s.parse().map_err(|e: xinf_transfer::LayoutError| {
+                EngineError::invalid(field("kv_order"), e.to_string())
+            })?;
         }
         if let Some(v) = map.get("block_size") {
             o.kv_layout.block_size = uint("block_size", v, 1)?;
@@ -138,8 +138,9 @@ impl EngineOptions {
             o.context_length = Some(uint("context_length", v, 2)?);
         }
         if let Some(v) = map.get("recompute_last_token") {
-            o.recompute_last_token =
-                v.as_bool().ok_or_else(|| EngineError::invalid(field("recompute_last_token"), "must be a boolean"))?;
+            o.recompute_last_token = v
+                .as_bool()
+                .ok_or_else(|| EngineError::invalid(field("recompute_last_token"), "must be a boolean"))?;
         }
         Ok(o)
     }

@@ -57,7 +57,10 @@ impl Source<'_> {
             .remove(name)
             .ok_or_else(|| corrupt(self.file, format!("tensor `{name}` is missing")))?;
         if t.dims() != shape {
-            return Err(corrupt(self.file, format!("tensor `{name}` has shape {:?}, expected {shape:?}", t.dims())));
+            return Err(corrupt(
+                self.file,
+                format!("tensor `{name}` has shape {:?}, expected {shape:?}", t.dims()),
+            ));
         }
         t.to_dtype(self.dtype).map_err(|e| corrupt(self.file, e))
     }
@@ -165,11 +168,8 @@ fn build(cfg: &ModelConfig, src: &mut Source<'_>, names: &Names) -> Result<Weigh
         });
     }
     let final_norm = src.take(names.final_norm, &[h])?;
-    let lm_head = if cfg.tie_word_embeddings {
-        embed.clone()
-    } else {
-        src.take(names.lm_head, &[cfg.vocab_size, h])?
-    };
+    let lm_head =
+        if cfg.tie_word_embeddings { embed.clone() } else { src.take(names.lm_head, &[cfg.vocab_size, h])? };
     Ok(Weights { embed, layers, final_norm, lm_head })
 }
 
@@ -201,7 +201,8 @@ pub(crate) fn safetensors_files(dir: &Path) -> Result<Vec<std::path::PathBuf>, M
     }
     let text = std::fs::read_to_string(&index).map_err(|e| ModelError::io(&index, e))?;
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| corrupt(&index, e))?;
-    let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| corrupt(&index, "no weight_map"))?;
+    let map =
+        v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| corrupt(&index, "no weight_map"))?;
     let mut shards: Vec<String> = map.values().filter_map(|s| s.as_str().map(str::to_owned)).collect();
     shards.sort();
     shards.dedup();

@@ -263,7 +263,6 @@ fn civil_date_round_trips() {
 /// `{% continue %}` behind its `loop_controls` cargo feature, which the workspace does not
 /// enable yet.
 #[test]
-#[ignore = "needs minijinja's `loop_controls` feature in the workspace Cargo.toml"]
 fn loop_controls_work() {
     let source = "{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}\
                   {{ m.content }}{% if loop.index == 2 %}{% break %}{% endif %}{% endfor %}";
