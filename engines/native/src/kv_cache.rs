@@ -180,6 +180,75 @@ impl KvCache {
         })
     }
 
+    /// Attention of one query token over positions `0..len` of a sequence, reading K and V
+    /// straight from the cache through the layout's strides (no copies).
+    ///
+    /// `q` is `[num_heads][head_dim]` (after RoPE), `out` receives `[num_heads][head_dim]`;
+    /// query heads are grouped over KV heads as in GQA. `scores` is scratch space. This is the
+    /// decode path: one token per sequence per step, where building tensors would cost more
+    /// than the arithmetic.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attend_one(
+        &self,
+        layer: usize,
+        table: &[u32],
+        len: usize,
+        q: &[f32],
+        num_heads: usize,
+        scale: f32,
+        scores: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        let (kvh, d) = (self.desc.kv_heads, self.desc.head_dim);
+        let g = num_heads / kvh;
+        scores.clear();
+        scores.resize(num_heads * len, 0.0);
+        out.fill(0.0);
+        let desc = &self.desc;
+        with_regions!(self, regions => {
+            for kh in 0..kvh {
+                for t in 0..len {
+                    let (r, o) = desc.token_offset(table, layer, 0, t, kh);
+                    let k = &regions[r][o..o + d];
+                    for h in kh * g..(kh + 1) * g {
+                        let qh = &q[h * d..(h + 1) * d];
+                        let mut acc = 0.0f32;
+                        for (a, b) in qh.iter().zip(k) {
+                            acc += a * b.to_f32();
+                        }
+                        scores[h * len + t] = acc * scale;
+                    }
+                }
+            }
+            for h in 0..num_heads {
+                let row = &mut scores[h * len..(h + 1) * len];
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut sum = 0.0f32;
+                for x in row.iter_mut() {
+                    *x = (*x - max).exp();
+                    sum += *x;
+                }
+                let inv = 1.0 / sum;
+                for x in row.iter_mut() {
+                    *x *= inv;
+                }
+            }
+            for kh in 0..kvh {
+                for t in 0..len {
+                    let (r, o) = desc.token_offset(table, layer, 1, t, kh);
+                    let v = &regions[r][o..o + d];
+                    for h in kh * g..(kh + 1) * g {
+                        let p = scores[h * len + t];
+                        let oh = &mut out[h * d..(h + 1) * d];
+                        for (acc, x) in oh.iter_mut().zip(v) {
+                            *acc += p * x.to_f32();
+                        }
+                    }
+                }
+            }
+        })
+    }
+
     /// Copies canonical pages (`[layers][K, V][64][kv_heads][head_dim]`, raw little-endian
     /// words) of a sequence of `len` tokens out of the cache. Positions past `len` are zero.
     pub(crate) fn export_pages(&self, table: &[u32], len: usize, first_page: usize, count: usize) -> Vec<u8> {

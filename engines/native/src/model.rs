@@ -37,6 +37,7 @@ pub(crate) struct CpuModel {
     sin: Tensor,
     scratch_k: Vec<f32>,
     scratch_v: Vec<f32>,
+    scratch_scores: Vec<f32>,
 }
 
 /// Inverse frequencies as Hugging Face computes them (in f32), with scaling applied.
@@ -94,7 +95,7 @@ impl CpuModel {
         }
         let cos = Tensor::from_vec(cos, (max_positions, half), &Device::Cpu)?;
         let sin = Tensor::from_vec(sin, (max_positions, half), &Device::Cpu)?;
-        Ok(Self { cfg, w, cos, sin, scratch_k: Vec::new(), scratch_v: Vec::new() })
+        Ok(Self { cfg, w, cos, sin, scratch_k: Vec::new(), scratch_v: Vec::new(), scratch_scores: Vec::new() })
     }
 
     fn attention(
@@ -109,9 +110,31 @@ impl CpuModel {
         let scale = 1.0 / (d as f64).sqrt();
         let mut outs = Vec::with_capacity(chunks.len());
         let mut offset = 0;
+        // Decode tokens (chunks of one) attend straight from the cache; build their rows first.
+        let q_rows = if chunks.iter().any(|c| c.tokens.len() == 1) {
+            q.flatten_all()?.to_vec1::<f32>()?
+        } else {
+            Vec::new()
+        };
         for c in chunks {
             let n = c.tokens.len();
             let len = c.start + n;
+            if n == 1 {
+                let mut o = vec![0.0f32; h * d];
+                cache.attend_one(
+                    layer,
+                    c.block_table,
+                    len,
+                    &q_rows[offset * h * d..(offset + 1) * h * d],
+                    h,
+                    scale as f32,
+                    &mut self.scratch_scores,
+                    &mut o,
+                );
+                outs.push(Tensor::from_vec(o, (1, h * d), &Device::Cpu)?);
+                offset += 1;
+                continue;
+            }
             cache.gather(layer, 0, c.block_table, len, &mut self.scratch_k);
             cache.gather(layer, 1, c.block_table, len, &mut self.scratch_v);
             let k = Tensor::from_slice(&self.scratch_k, (kvh, len, d), &Device::Cpu)?;
