@@ -95,7 +95,15 @@ impl CpuModel {
         }
         let cos = Tensor::from_vec(cos, (max_positions, half), &Device::Cpu)?;
         let sin = Tensor::from_vec(sin, (max_positions, half), &Device::Cpu)?;
-        Ok(Self { cfg, w, cos, sin, scratch_k: Vec::new(), scratch_v: Vec::new(), scratch_scores: Vec::new() })
+        Ok(Self {
+            cfg,
+            w,
+            cos,
+            sin,
+            scratch_k: Vec::new(),
+            scratch_v: Vec::new(),
+            scratch_scores: Vec::new(),
+        })
     }
 
     fn attention(
