@@ -386,3 +386,39 @@ fn bad_engine_config_names_the_key() {
         }
     }
 }
+
+/// A full waiting queue refuses new requests with a typed "overloaded" error, and the engine
+/// serves again once the queue drains.
+#[test]
+fn a_full_queue_refuses_with_overloaded() {
+    let rt = util::rt();
+    let e = util::engine(&util::smollm2(), serde_json::json!({"max_queue": 2, "max_num_seqs": 1}));
+    let mut streams = Vec::new();
+    let mut refused = None;
+    for i in 0..16 {
+        let req = GenerateRequest {
+            request_id: format!("q{i}"),
+            prompt: Prompt::Text(PROMPT.into()),
+            sampling: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(16) },
+        };
+        match e.submit(req) {
+            Ok(s) => streams.push(s),
+            Err(err) => {
+                refused = Some(err);
+                break;
+            }
+        }
+    }
+    assert!(matches!(refused, Some(EngineError::Overloaded { limit: 2, .. })), "{refused:?}");
+    drop(streams);
+    let ok = rt.block_on(async {
+        for _ in 0..1000 {
+            if e.stats().queued == 0 && e.stats().running == 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        util::run(e.as_ref(), "after", Prompt::Text("hi".into()), SamplingParams::greedy(2)).await
+    });
+    assert_eq!(ok.ids.len(), 2);
+}

@@ -15,8 +15,12 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
 }
 
 fn check_model(model: &ResolvedModel, key: &str) {
+    check_model_with(model, key, serde_json::json!({}));
+}
+
+fn check_model_with(model: &ResolvedModel, key: &str, config: serde_json::Value) {
     let reference = util::reference(model, key);
-    let engine = util::engine(model, serde_json::json!({}));
+    let engine = util::engine(model, config);
     let prompt_ids = ids(&reference["prompt_ids"]);
     assert!(prompt_ids.len() >= 100, "the golden prompt must have 100+ tokens");
 
@@ -93,4 +97,17 @@ fn tiny_qwen2_matches_transformers() {
 #[test]
 fn tiny_qwen3_matches_transformers() {
     check_model(&util::tiny("tiny-qwen3"), "tiny-qwen3");
+}
+
+/// F16 and BF16 safetensors load (upcast for compute). The KV cache is kept in F32 here so
+/// that only the weight loading is compared; by default it follows the weights' dtype.
+#[test]
+fn half_precision_checkpoints_match_transformers() {
+    for (name, dtype) in [("tiny-llama-f16", "f16"), ("tiny-qwen3-bf16", "bf16")] {
+        let model = util::tiny(name);
+        let auto = util::engine(&model, serde_json::json!({"kv_cache_tokens": 256}));
+        assert_eq!(auto.contract().dtype.to_string(), dtype, "{name}: KV dtype follows the weights");
+        drop(auto);
+        check_model_with(&model, name, serde_json::json!({"kv_dtype": "f32"}));
+    }
 }

@@ -15,12 +15,14 @@ config.json rope formats (on purpose, so both parsers get exercised):
 Each file is reloaded with transformers and checked to mean the same rope.
 """
 import argparse
+import shutil
 import json
 import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # never touch the network
 
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import (AutoConfig, AutoTokenizer, LlamaConfig, LlamaForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
@@ -110,6 +112,17 @@ def main():
         # chat template inline in tokenizer_config.json (no chat_template.jinja)
         tok.save_pretrained(path, save_jinja_files=False)
         print(f"wrote {path} ({sum(p.numel() for p in model.parameters())} params)")
+    # Half-precision copies: the same folders with F16 / BF16 weights, to check that those
+    # load (the reference then runs on exactly the rounded weights, upcast to float32).
+    for src, dst, dtype in [("tiny-llama", "tiny-llama-f16", torch.float16),
+                            ("tiny-qwen3", "tiny-qwen3-bf16", torch.bfloat16)]:
+        sp, dp = os.path.join(a.out, src), os.path.join(a.out, dst)
+        shutil.rmtree(dp, ignore_errors=True)
+        shutil.copytree(sp, dp)
+        w = load_file(os.path.join(sp, "model.safetensors"))
+        save_file({k: v.to(dtype).contiguous() for k, v in w.items()},
+                  os.path.join(dp, "model.safetensors"), metadata={"format": "pt"})
+        print(f"wrote {dp} ({dtype})")
 
 
 if __name__ == "__main__":
