@@ -1,5 +1,5 @@
-//! KV-cache layout descriptors and (later) the canonical page format that moves KV between
-//! prefill and decode replicas.
+//! KV-cache layout descriptors and the canonical page format that moves KV between prefill and
+//! decode replicas.
 //!
 //! Every engine xinf talks to keeps its KV cache in its own memory layout: vLLM FlashAttention
 //! `(2, NB, B, H, D)`, FlashInfer/Triton `(NB, 2, B, H, D)`, their HND variants, SGLang's
@@ -10,5 +10,9 @@
 //! `blk = block_table[token / B]` and `off = token % B`.
 
 mod layout;
+mod page;
 
 pub use layout::{KvLayout, KvLayoutKind, KvOrder, LayoutDescriptor, LayoutError, Plane};
+pub use page::{
+    Direction, PAGE_LAYOUT_VERSION, PAGE_TOKENS, PageDtype, PageHeader, PageShape, copy_pages, pages_for,
+};

@@ -9,7 +9,7 @@
 use half::{bf16, f16};
 use std::collections::VecDeque;
 use xinf_engine::{KvDtype, PAGE_TOKENS};
-use xinf_transfer::LayoutDescriptor;
+use xinf_transfer::{Direction, LayoutDescriptor, copy_pages};
 
 /// An element type the cache can hold.
 pub(crate) trait KvElem: Copy + Default + Send + Sync + 'static {
@@ -251,31 +251,22 @@ impl KvCache {
 
     /// Copies canonical pages (`[layers][K, V][64][kv_heads][head_dim]`, raw little-endian
     /// words) of a sequence of `len` tokens out of the cache. Positions past `len` are zero.
-    pub(crate) fn export_pages(&self, table: &[u32], len: usize, first_page: usize, count: usize) -> Vec<u8> {
-        let (l, h, d) = (self.desc.num_layers, self.desc.kv_heads, self.desc.head_dim);
-        let mut out = Vec::with_capacity(count * l * 2 * PAGE_TOKENS * h * d * self.dtype.size());
+    pub(crate) fn export_pages(
+        &mut self,
+        table: &[u32],
+        len: usize,
+        first_page: usize,
+        count: usize,
+    ) -> Vec<u8> {
         let desc = &self.desc;
-        with_regions!(self, regions => {
-            for page in first_page..first_page + count {
-                for layer in 0..l {
-                    for kv in 0..2 {
-                        for o in 0..PAGE_TOKENS {
-                            let t = page * PAGE_TOKENS + o;
-                            for head in 0..h {
-                                if t < len {
-                                    let (r, off) = desc.token_offset(table, layer, kv, t, head);
-                                    for x in &regions[r][off..off + d] {
-                                        x.write_le(&mut out);
-                                    }
-                                } else {
-                                    for _ in 0..d {
-                                        zero_of(regions).write_le(&mut out);
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
+        let elems = count * page_elems(desc);
+        let mut out = Vec::with_capacity(elems * self.dtype.size());
+        with_regions!(mut self, regions => {
+            let mut views: Vec<&mut [_]> = regions.iter_mut().map(|r| r.as_mut_slice()).collect();
+            let mut words = vec![Default::default(); elems];
+            copy_pages(Direction::Gather, desc, &mut views, table, len, first_page..first_page + count, &mut words);
+            for w in words {
+                w.write_le(&mut out);
             }
         });
         out
@@ -283,32 +274,20 @@ impl KvCache {
 
     /// Scatters canonical pages covering positions `0..len` into the sequence's blocks.
     pub(crate) fn import_pages(&mut self, table: &[u32], len: usize, pages: &[u8]) {
-        let (l, h, d) = (self.desc.num_layers, self.desc.kv_heads, self.desc.head_dim);
-        let es = self.dtype.size();
-        let page_elems = l * 2 * PAGE_TOKENS * h * d;
         let desc = &self.desc;
+        let es = self.dtype.size();
+        let count = len.div_ceil(PAGE_TOKENS);
         with_regions!(mut self, regions => {
-            for t in 0..len {
-                let (page, o) = (t / PAGE_TOKENS, t % PAGE_TOKENS);
-                for layer in 0..l {
-                    for kv in 0..2 {
-                        for head in 0..h {
-                            let c = page * page_elems + (((layer * 2 + kv) * PAGE_TOKENS + o) * h + head) * d;
-                            let (r, off) = desc.token_offset(table, layer, kv, t, head);
-                            for (i, x) in regions[r][off..off + d].iter_mut().enumerate() {
-                                *x = KvElem::read_le(&pages[(c + i) * es..(c + i + 1) * es]);
-                            }
-                        }
-                    }
-                }
-            }
+            let mut views: Vec<&mut [_]> = regions.iter_mut().map(|r| r.as_mut_slice()).collect();
+            let mut words: Vec<_> = pages.chunks_exact(es).map(KvElem::read_le).collect();
+            copy_pages(Direction::Scatter, desc, &mut views, table, len, 0..count, &mut words);
         })
     }
 }
 
-/// The zero of the regions' element type.
-fn zero_of<T: Default>(_: &[Vec<T>]) -> T {
-    T::default()
+/// Elements of one canonical page.
+fn page_elems(desc: &LayoutDescriptor) -> usize {
+    desc.num_layers * 2 * PAGE_TOKENS * desc.kv_heads * desc.head_dim
 }
 
 #[cfg(test)]
