@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Runs every test of xinf. Sets up the Python reference environment the golden tests compare
-# against (Hugging Face transformers on CPU, from PyPI; about 6 GB, once), then runs cargo test.
+# against (Hugging Face transformers on CPU, from PyPI; about 6 GB, once) and the official `openai`
+# client the REST API tests drive, then runs cargo test.
 # The default model is fetched by xinf itself on first use (into $XINF_HOME, default ~/.xinf).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV="${XINF_VENV:-$HOME/.cache/xinf-venv}"
-if ! "$VENV/bin/python" -c "import torch, transformers, gguf" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "import torch, transformers, gguf, openai" 2>/dev/null; then
     echo "setting up the reference Python environment in $VENV" >&2
     python3 -m venv "$VENV"
-    "$VENV/bin/pip" install --quiet torch transformers gguf accelerate numpy
+    "$VENV/bin/pip" install --quiet torch transformers gguf accelerate numpy openai
 fi
 export XINF_TEST_PYTHON="$VENV/bin/python"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/xinf-target}"

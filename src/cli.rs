@@ -1,11 +1,13 @@
 //! The `xinf` command line.
 
+use crate::api::{self, ApiConfig, LocalService};
 use crate::engine_error_text;
 use clap::{Args, Parser, Subcommand};
 use futures::StreamExt;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Instant;
 use xinf_engine::{ChatMessage, Engine, EngineError, GenerateRequest, Prompt, SamplingParams, TokenEvent};
 use xinf_engine_native::{EngineOptions, NativeEngine};
@@ -24,6 +26,8 @@ pub struct Cli {
 enum Command {
     /// Generate text with a model on this machine and stream it to stdout.
     Generate(GenerateArgs),
+    /// Load one model on this machine and serve it over the OpenAI-compatible REST API.
+    Serve(ServeArgs),
 }
 
 /// Which model to load.
@@ -102,6 +106,35 @@ struct GenerateArgs {
     verbose: bool,
 }
 
+#[derive(Debug, Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    layout: LayoutArgs,
+    /// The id clients pass as `model` (default: the model name).
+    #[arg(short = 'u', long, env = "XINF_MODEL_UID")]
+    model_uid: Option<String>,
+    /// Address to listen on.
+    #[arg(short = 'H', long, env = "XINF_HOST", default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on; 0 picks a free one (printed on start).
+    #[arg(short = 'p', long, env = "XINF_PORT", default_value_t = 9997)]
+    port: u16,
+    /// Require `Authorization: Bearer KEY` on every /v1 route.
+    #[arg(long, env = "XINF_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Largest request body in bytes; larger ones get 413.
+    #[arg(long, env = "XINF_MAX_BODY_BYTES", default_value_t = 4 << 20)]
+    max_body_bytes: usize,
+    /// HTTP worker threads (default: one per CPU core).
+    #[arg(long, env = "XINF_HTTP_WORKERS")]
+    http_workers: Option<usize>,
+    /// Print load figures to stderr.
+    #[arg(short, long)]
+    verbose: bool,
+}
+
 /// Runs the command line and returns the process exit code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -115,12 +148,15 @@ pub fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Generate(args) => runtime.block_on(generate(args, &cat)),
+        Command::Generate(args) => {
+            runtime.block_on(generate(args, &cat)).map_err(|e| engine_error_text(&cat, &e))
+        }
+        Command::Serve(args) => runtime.block_on(serve(args, &cat)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("{}: {}", cat.text("error-prefix", &[]), engine_error_text(&cat, &e));
+        Err(text) => {
+            eprintln!("{}: {text}", cat.text("error-prefix", &[]));
             ExitCode::FAILURE
         }
     }
@@ -250,4 +286,59 @@ async fn generate(args: GenerateArgs, cat: &Catalog) -> Result<(), EngineError> 
         }
     }
     Ok(())
+}
+
+/// Loads the model and serves it until Ctrl-C (or SIGTERM); errors come back as text.
+async fn serve(args: ServeArgs, cat: &Catalog) -> Result<(), String> {
+    let engine =
+        load(&args.model, &args.layout, cat, args.verbose).map_err(|e| engine_error_text(cat, &e))?;
+    let uid = args.model_uid.clone().unwrap_or_else(|| args.model.model_name.clone());
+    let service =
+        LocalService::new().with_model(uid.clone(), args.model.model_name.clone(), Arc::new(engine));
+    let config = ApiConfig {
+        host: args.host.clone(),
+        port: args.port,
+        api_key: args.api_key.clone(),
+        max_body_bytes: args.max_body_bytes,
+        workers: args.http_workers,
+        ..ApiConfig::default()
+    };
+    let mut server = api::serve(config, Arc::new(service)).await.map_err(|e| {
+        let addr = format!("{}:{}", args.host, args.port);
+        cat.text("cli-bind-failed", &[("addr", &addr), ("detail", &e.to_string())])
+    })?;
+    let addr = server.local_addr().to_string();
+    eprintln!(
+        "{}",
+        cat.text("cli-serving", &[("model", &args.model.model_name), ("uid", &uid), ("addr", &addr)])
+    );
+    tokio::select! {
+        result = server.stopped() => return result.map_err(|e| cat.text("error-internal", &[("detail", &e.to_string())])),
+        () = shutdown_signal() => {}
+    }
+    eprintln!("{}", cat.text("cli-stopping", &[]));
+    server.stop(true).await;
+    Ok(())
+}
+
+/// Resolves on Ctrl-C or, on Unix, SIGTERM.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

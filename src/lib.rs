@@ -1,8 +1,8 @@
 //! xinf: prefill/decode disaggregated LLM serving across heterogeneous engines.
 //!
-//! This crate is the assembly: the `xinf` command line and the embedding facade. The engine
-//! trait, the native engine, the model hubs and the KV layouts live in their own crates and are
-//! re-exported here.
+//! This crate is the assembly: the `xinf` command line, the OpenAI-compatible REST API
+//! ([`api`]) and the embedding facade. The engine trait, the native engine, the model hubs and
+//! the KV layouts live in their own crates and are re-exported here.
 //!
 //! ```no_run
 //! use futures::StreamExt;
@@ -26,10 +26,11 @@
 //! # Ok(()) }
 //! ```
 
+pub mod api;
 pub mod cli;
 mod messages;
 
-pub use messages::engine_error_text;
+pub use messages::{engine_error_text, service_error_text};
 pub use xinf_engine as engine;
 pub use xinf_engine_native as native;
 pub use xinf_i18n as i18n;

@@ -1,5 +1,6 @@
 //! Turning typed errors into localized text.
 
+use crate::api::ServiceError;
 use xinf_engine::EngineError;
 use xinf_i18n::Catalog;
 
@@ -28,5 +29,15 @@ pub fn engine_error_text(cat: &Catalog, e: &EngineError) -> String {
         EngineError::Import(detail) => cat.text("error-kv-import", &[("detail", detail)]),
         EngineError::Internal(detail) => cat.text("error-internal", &[("detail", detail)]),
         other => cat.text("error-internal", &[("detail", &other.to_string())]),
+    }
+}
+
+/// The localized text of a model service error.
+pub fn service_error_text(cat: &Catalog, e: &ServiceError) -> String {
+    match e {
+        ServiceError::NotFound(uid) => cat.text("api-model-not-found", &[("model", uid)]),
+        ServiceError::NotReady(uid) => cat.text("api-model-not-ready", &[("model", uid)]),
+        ServiceError::Engine(e) => engine_error_text(cat, e),
+        ServiceError::Unavailable(detail) => cat.text("api-unavailable", &[("detail", detail)]),
     }
 }

@@ -4,6 +4,7 @@
 
 mod util;
 
+mod api;
 mod cli;
 mod engine;
 mod golden;

@@ -84,6 +84,11 @@ struct Shared {
     pinned: Mutex<HashSet<String>>,
 }
 
+/// One request left the queue; saturating, so a miscount can never wrap to "overloaded".
+fn dequeued(queued: &AtomicUsize) {
+    let _ = queued.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| Some(q.saturating_sub(1)));
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -330,6 +335,7 @@ impl NativeEngine {
         self.shared.queued.fetch_add(1, Ordering::Relaxed);
         let id = seq.id.clone();
         self.tx.send(Command::Submit(seq)).map_err(|_| {
+            dequeued(&self.shared.queued);
             lock(&self.shared.active).remove(&id);
             EngineError::Stopped
         })
@@ -515,7 +521,8 @@ impl Worker {
     fn publish(&self) {
         let s = &self.shared;
         s.running.store(self.running.len(), Ordering::Relaxed);
-        s.queued.store(self.waiting.len(), Ordering::Relaxed);
+        // `queued` is counted by its submitters and by admission, not stored here: a request
+        // in the command channel is queued but not yet in `waiting`.
         s.used_blocks.store(self.cache.capacity_blocks() - self.cache.free_blocks(), Ordering::Relaxed);
         s.pinned_blocks.store(self.pinned.values().map(|p| p.0.len()).sum(), Ordering::Relaxed);
     }
@@ -529,7 +536,7 @@ impl Worker {
                     self.finish(s, Some(FinishReason::Abort), None);
                 } else if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
                     if let Some(s) = self.waiting.remove(i) {
-                        self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+                        dequeued(&self.shared.queued);
                         self.finish(s, Some(FinishReason::Abort), None);
                     }
                 }
@@ -657,7 +664,7 @@ impl Worker {
             };
             if !self.cache.ensure(&mut s.table, need) {
                 if self.running.is_empty() && self.cache.free_blocks() == self.cache.capacity_blocks() {
-                    self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+                    dequeued(&self.shared.queued);
                     let e = EngineError::invalid("prompt", "the prompt does not fit in the KV cache");
                     self.finish(s, None, Some(e));
                     continue;
@@ -665,7 +672,7 @@ impl Worker {
                 self.waiting.push_front(s);
                 break;
             }
-            self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+            dequeued(&self.shared.queued);
             if let Some(pages) = s.import.take() {
                 self.cache.import_pages(&s.table, s.prompt_len, &pages);
                 s.computed = if self.options.recompute_last_token { s.prompt_len - 1 } else { s.prompt_len };

@@ -1,0 +1,268 @@
+//! Errors of the actor layer: classified once, where they arise, with a stable code.
+//!
+//! Every error can cross a node boundary (it is serde-serializable and travels inside replies),
+//! so a caller on the supervisor node sees the same typed error a worker raised.
+
+use serde::{Deserialize, Serialize};
+use xinf_engine::{EngineError, ErrorClass};
+
+#[cfg(test)]
+mod tests;
+
+/// Which launch-validation rule a request broke. Each rule has a stable code, so the REST layer
+/// and tests can tell rules apart without parsing message text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum LaunchRule {
+    /// A field has a value outside its range (`replica` 0, an empty `model_uid`, …).
+    InvalidField,
+    /// `replica_config length (N) must equal replica (M).`
+    ReplicaCountMismatch,
+    /// `Each replica_config entry must have exactly one device …`
+    DeviceCount,
+    /// `n_gpu (x) must equal len(gpu_idx) (y), or be 'auto'`
+    GpuCountMismatch,
+    /// `gpu_idx must not contain duplicate indexes`
+    DuplicateGpuIdx,
+    /// `replica_uid … must not be empty or whitespace-only`
+    EmptyReplicaUid,
+    /// `replica_uid '…' collides with a reserved internal replica/rank identifier`
+    ReservedReplicaUid,
+    /// `Duplicate replica_uid '…'`
+    DuplicateReplicaUid,
+    /// `… worker_ip '…' is not in the cluster. Registered workers: […]`
+    UnknownWorker,
+    /// `gpu_idx … is not visible on worker …`
+    GpuNotVisible,
+    /// `GPU conflict …`
+    GpuConflict,
+    /// A worker has fewer free GPUs than `n_gpu` asks for.
+    NotEnoughGpus,
+    /// No worker is registered, so nothing can be placed.
+    NoWorkers,
+    /// `Cannot specify worker_ip / n_gpu / gpu_idx together with replica_config.`
+    LegacyPlacementConflict,
+    /// `replica_config is incompatible with n_worker>1 (sharded launch).`
+    ShardedLaunch,
+    /// `Reserved replica engine_config keys: …`
+    ReservedEngineConfigKey,
+    /// `Per-replica engine settings require explicit PD roles`
+    PerReplicaEngineSettings,
+    /// `PD separation requires model_type=LLM and model_engine=native`
+    PdEngine,
+    /// `PD separation requires both prefill and decode replicas, without hybrid replicas`
+    PdTopology,
+    /// An engine other than `native` was asked for.
+    EngineNotAvailable,
+    /// A `model_type` other than LLM was asked for.
+    ModelTypeNotSupported,
+    /// `Unknown transfer backend: '…'; use xavier or nixl`
+    UnknownTransferBackend,
+    /// `NIXL requires explicit prefill and decode replica roles`
+    NixlRoles,
+    /// `xavier_gpu_cache_bytes` / `xavier_cache_bytes` rules.
+    CacheBudget,
+    /// An engine option (`engine_config` or a top-level engine keyword) is invalid.
+    EngineConfig,
+    /// The model name is not in the registry and no `model_path` was given.
+    UnknownModel,
+}
+
+impl LaunchRule {
+    /// The stable code of this rule.
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::InvalidField => "invalid_launch_field",
+            Self::ReplicaCountMismatch => "replica_config_length_mismatch",
+            Self::DeviceCount => "replica_device_count",
+            Self::GpuCountMismatch => "n_gpu_gpu_idx_mismatch",
+            Self::DuplicateGpuIdx => "duplicate_gpu_idx",
+            Self::EmptyReplicaUid => "empty_replica_uid",
+            Self::ReservedReplicaUid => "reserved_replica_uid",
+            Self::DuplicateReplicaUid => "duplicate_replica_uid",
+            Self::UnknownWorker => "unknown_worker",
+            Self::GpuNotVisible => "gpu_not_visible",
+            Self::GpuConflict => "gpu_conflict",
+            Self::NotEnoughGpus => "not_enough_gpus",
+            Self::NoWorkers => "no_workers",
+            Self::LegacyPlacementConflict => "replica_config_with_legacy_placement",
+            Self::ShardedLaunch => "sharded_launch",
+            Self::ReservedEngineConfigKey => "reserved_engine_config_key",
+            Self::PerReplicaEngineSettings => "per_replica_engine_settings_need_pd_roles",
+            Self::PdEngine => "pd_engine",
+            Self::PdTopology => "pd_topology",
+            Self::EngineNotAvailable => "engine_not_available",
+            Self::ModelTypeNotSupported => "model_type_not_supported",
+            Self::UnknownTransferBackend => "unknown_transfer_backend",
+            Self::NixlRoles => "nixl_requires_pd_roles",
+            Self::CacheBudget => "cache_budget",
+            Self::EngineConfig => "invalid_engine_config",
+            Self::UnknownModel => "unknown_model",
+        }
+    }
+}
+
+/// Why an actor-level operation failed.
+///
+/// The variants say what the caller can do about it: fix the request (`InvalidLaunch`), wait
+/// (`NotReady`), retry elsewhere (`NoReplica`, `Unreachable`), or report a bug (`Internal`).
+#[derive(Debug, Clone, PartialEq, thiserror::Error, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum ActorError {
+    /// A launch request broke a validation rule; nothing was created.
+    #[error("{message}")]
+    InvalidLaunch {
+        /// The rule.
+        rule: LaunchRule,
+        /// The reference text, with the offending values filled in.
+        message: String,
+    },
+    /// No model with this uid.
+    #[error("model `{0}` is not running")]
+    ModelNotFound(String),
+    /// A model with this uid exists already.
+    #[error("model `{0}` is already running; terminate it first or choose another model_uid")]
+    ModelExists(String),
+    /// The model exists but cannot serve yet (launching, terminating).
+    #[error("model `{model_uid}` is not ready ({status})")]
+    NotReady {
+        /// The model.
+        model_uid: String,
+        /// Its status, in words.
+        status: String,
+    },
+    /// The model has no alive replica to route to.
+    #[error("model `{0}` has no alive replica")]
+    NoReplica(String),
+    /// A request with this id is running already.
+    #[error("Request {0} is already running")]
+    DuplicateRequest(String),
+    /// The launch asks for prefill/decode roles, which this version cannot run yet.
+    #[error("P/D separation is not available yet: launch the model with hybrid replicas (the default role)")]
+    PdNotAvailable,
+    /// A P/D deployment cannot change its replica set.
+    #[error("PD topology cannot be resized in place; terminate and relaunch the model")]
+    TopologyFixed,
+    /// Changing the replica count of a running model is not implemented.
+    #[error("scaling a running model is not available yet; terminate and relaunch model `{0}`")]
+    ScaleNotSupported(String),
+    /// The engine refused or failed.
+    #[error(transparent)]
+    Engine(EngineError),
+    /// A peer did not answer in time.
+    #[error("{what} did not answer within {after_ms} ms")]
+    Timeout {
+        /// The peer (`worker 10.0.0.2:4000`, `replica m-0`).
+        what: String,
+        /// The time limit.
+        after_ms: u64,
+    },
+    /// A peer is gone (stopped, or its node disconnected).
+    #[error("{what} is unreachable: {reason}")]
+    Unreachable {
+        /// The peer.
+        what: String,
+        /// Why.
+        reason: String,
+    },
+    /// A cluster setting is unusable.
+    #[error("invalid cluster setting `{field}`: {reason}")]
+    InvalidConfig {
+        /// The setting (`host`, `secret`, `supervisor_addr`).
+        field: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A node could not be started (address in use, …).
+    #[error("cannot start the cluster node: {0}")]
+    Node(String),
+    /// A worker could not join the cluster.
+    #[error("cannot join the cluster at {addr}: {reason}")]
+    Join {
+        /// The supervisor address.
+        addr: String,
+        /// Why.
+        reason: String,
+    },
+    /// A message could not be encoded or decoded (version skew between nodes?).
+    #[error("cluster message encoding failed: {0}")]
+    Wire(String),
+    /// The cluster is shutting down.
+    #[error("the cluster is shutting down")]
+    ShuttingDown,
+    /// A bug or an unexpected fault.
+    #[error("internal actor error: {0}")]
+    Internal(String),
+}
+
+impl ActorError {
+    /// Shorthand for [`ActorError::InvalidLaunch`].
+    pub fn launch(rule: LaunchRule, message: impl Into<String>) -> Self {
+        Self::InvalidLaunch { rule, message: message.into() }
+    }
+
+    /// The launch rule, for [`ActorError::InvalidLaunch`].
+    pub fn launch_rule(&self) -> Option<LaunchRule> {
+        match self {
+            Self::InvalidLaunch { rule, .. } => Some(*rule),
+            _ => None,
+        }
+    }
+
+    /// The class of this error; the REST layer maps it to an HTTP status.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Self::InvalidLaunch { rule: LaunchRule::NoWorkers, .. } => ErrorClass::Unavailable,
+            Self::InvalidLaunch { .. } | Self::InvalidConfig { .. } => ErrorClass::InvalidInput,
+            Self::ModelNotFound(_) => ErrorClass::NotFound,
+            Self::ModelExists(_) | Self::DuplicateRequest(_) | Self::TopologyFixed => ErrorClass::Conflict,
+            Self::PdNotAvailable | Self::ScaleNotSupported(_) => ErrorClass::InvalidInput,
+            Self::NotReady { .. }
+            | Self::NoReplica(_)
+            | Self::Timeout { .. }
+            | Self::Unreachable { .. }
+            | Self::Join { .. }
+            | Self::ShuttingDown => ErrorClass::Unavailable,
+            Self::Engine(e) => e.class(),
+            Self::Node(_) | Self::Wire(_) | Self::Internal(_) => ErrorClass::Internal,
+        }
+    }
+
+    /// A stable, machine-readable reason code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidLaunch { rule, .. } => rule.code(),
+            Self::ModelNotFound(_) => "model_not_found",
+            Self::ModelExists(_) => "model_exists",
+            Self::NotReady { .. } => "model_not_ready",
+            Self::NoReplica(_) => "no_replica",
+            Self::DuplicateRequest(_) => "duplicate_request_id",
+            Self::PdNotAvailable => "pd_not_available",
+            Self::TopologyFixed => "pd_topology_fixed",
+            Self::ScaleNotSupported(_) => "scale_not_supported",
+            Self::Engine(e) => e.code(),
+            Self::Timeout { .. } => "timeout",
+            Self::Unreachable { .. } => "unreachable",
+            Self::InvalidConfig { .. } => "invalid_cluster_config",
+            Self::Node(_) => "node_start_failed",
+            Self::Join { .. } => "cluster_join_failed",
+            Self::Wire(_) => "wire_error",
+            Self::ShuttingDown => "shutting_down",
+            Self::Internal(_) => "internal_error",
+        }
+    }
+
+    /// The error to put on a token stream: streams carry [`EngineError`]s.
+    pub(crate) fn into_engine_error(self) -> EngineError {
+        match self {
+            Self::Engine(e) => e,
+            other => EngineError::Model(other.to_string()),
+        }
+    }
+}
+
+impl From<EngineError> for ActorError {
+    fn from(e: EngineError) -> Self {
+        Self::Engine(e)
+    }
+}

@@ -1,0 +1,74 @@
+//! The actors of xinf: a supervisor per cluster, a worker per node, a replica per model
+//! replica, a router and a block tracker per model. They run in one process (`xinf local`) or
+//! across nodes (ractor_cluster, nodes authenticated by a shared secret); callers see the same
+//! typed [`Cluster`] handle either way.
+//!
+//! ```no_run
+//! use futures::StreamExt;
+//! use xinf_actors::{Cluster, LaunchRequest};
+//! use xinf_engine::{GenerateRequest, Prompt, SamplingParams, TokenEvent};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let cluster = Cluster::start_local().await?;
+//! let uid = cluster
+//!     .launch(LaunchRequest { model_name: "smollm2-instruct".into(), replica: Some(2), ..Default::default() })
+//!     .await?;
+//! let mut stream = cluster
+//!     .generate(&uid, GenerateRequest {
+//!         request_id: String::new(), // generated
+//!         prompt: Prompt::Text("The capital of France is".into()),
+//!         sampling: SamplingParams::greedy(8),
+//!     })
+//!     .await?;
+//! while let Some(event) = stream.next().await {
+//!     if let TokenEvent::Delta { text, .. } = event? {
+//!         print!("{text}");
+//!     }
+//! }
+//! cluster.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
+//! Design notes:
+//! - Every actor is a thin shell around a pure state machine (`supervisor/state.rs`,
+//!   `router/policy.rs`, `block_tracker/state.rs`, `replica/requests.rs`) that is unit-tested.
+//! - Message enums are crate-private; callers use [`Cluster`], [`WorkerNode`] and
+//!   [`BlockTrackerHandle`]. Every call has a time limit and every failure is an
+//!   [`ActorError`] with a stable [`code`](ActorError::code).
+//! - Tokens cross nodes by pulling (see `replica.rs`): actor references cannot travel inside
+//!   cluster messages, so a replica cannot be handed a place to push to.
+//!
+//! Supervision (nothing restarts by itself yet):
+//! - The supervisor links each model's router and block tracker; the worker links its
+//!   replicas. A replica that stops unasked is reported by its worker and marked dead.
+//! - A worker that misses heartbeats for `heartbeat_timeout`, or whose node disconnects, is
+//!   lost: its replicas are marked dead and leave their routers, their in-flight requests end
+//!   with an error at once, their blocks leave the block tracker, and a model left without an
+//!   alive replica turns to `error`. Other models keep serving.
+//! - A launch that fails at any step destroys everything it created and leaves no state; a
+//!   terminate stops the router and tracker first (no new requests), then the replicas.
+
+mod block_tracker;
+mod cluster;
+mod error;
+mod handle;
+mod launch;
+mod pull;
+mod replica;
+mod router;
+mod supervisor;
+mod wire;
+mod worker;
+
+pub use block_tracker::BlockTrackerHandle;
+pub use block_tracker::state::BlockLocation;
+pub use error::{ActorError, LaunchRule};
+pub use handle::{
+    Cluster, ClusterOptions, ModelInfo, ModelStatus, ReplicaInfo, ReplicaStats, ReplicaStatus, WorkerInfo,
+    WorkerNode, WorkerStatus,
+};
+pub use launch::{
+    DeviceConfig, GpuCount, GpuIdx, LaunchRequest, ModelSize, RESERVED_ENGINE_CONFIG_KEYS, ReplicaConfig,
+    Role,
+};
+pub use xinf_engine::{ErrorClass, TokenStream};

@@ -1,0 +1,216 @@
+//! The replica: one per model replica, on a worker node. It owns one engine and serves the
+//! pull protocol:
+//!
+//! 1. `Generate` starts a request on the engine and returns at once; a task drains the
+//!    engine's stream into the request's buffer.
+//! 2. The caller pulls with `NextEvents` (a long poll): the reply comes as soon as at least one
+//!    event is buffered, or after the long-poll time with an empty batch. A batch with `done`
+//!    is the last.
+//! 3. A caller that stops pulling (it went away, or its node did) is noticed by the sweep: the
+//!    request is aborted after the idle time. `Abort` ends a request at once.
+//!
+//! Pulling instead of pushing keeps every message serializable: an actor reference cannot
+//! travel inside a cluster message, so the replica cannot be handed a place to push to.
+
+pub(crate) mod requests;
+
+use crate::error::ActorError;
+use crate::handle::ReplicaStats;
+use crate::launch::{ModelSource, Role};
+use crate::wire::{Wire, answer};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor_cluster::RactorClusterMessage;
+use requests::{EventBatch, RequestTable};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use xinf_engine::{Engine, EngineError, GenerateRequest};
+use xinf_engine_native::{EngineOptions, NativeEngine};
+
+/// Everything a worker needs to start a replica; sent by the supervisor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ReplicaSpec {
+    pub(crate) model_uid: String,
+    pub(crate) replica_uid: String,
+    pub(crate) role: Role,
+    pub(crate) source: ModelSource,
+    /// Engine options as JSON text.
+    pub(crate) engine_config: String,
+    /// GPU indexes on the worker; empty means the CPU.
+    pub(crate) gpus: Vec<u32>,
+}
+
+/// Messages of a replica; every one may cross nodes.
+#[derive(RactorClusterMessage)]
+pub(crate) enum ReplicaMsg {
+    /// Start a request; the reply comes once the engine accepted it.
+    #[rpc]
+    Generate { request: Wire<GenerateRequest>, reply: RpcReplyPort<Wire<()>> },
+    /// Pull the next events of a request (long poll).
+    #[rpc]
+    NextEvents { request_id: String, reply: RpcReplyPort<Wire<EventBatch>> },
+    /// Abort a request; `true` when it was running here.
+    #[rpc]
+    Abort { request_id: String, reply: RpcReplyPort<Wire<bool>> },
+    /// Load figures.
+    #[rpc]
+    Stats { reply: RpcReplyPort<Wire<ReplicaStats>> },
+    /// Abort requests nobody pulls any more (sent by the replica to itself).
+    Sweep,
+}
+
+/// Time limits of the pull protocol.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PullTimes {
+    /// How long a `NextEvents` waits for an event before answering with an empty batch.
+    pub(crate) long_poll: Duration,
+    /// How long a request may go unpulled before it is aborted.
+    pub(crate) idle_abort: Duration,
+}
+
+/// What a replica starts with.
+pub(crate) struct ReplicaArgs {
+    pub(crate) spec: ReplicaSpec,
+    pub(crate) times: PullTimes,
+    /// The process group the replica joins once its engine is loaded, so the router finds it.
+    pub(crate) group: String,
+    pub(crate) worker_id: String,
+}
+
+/// The replica actor.
+pub(crate) struct Replica;
+
+/// A loaded replica.
+pub(crate) struct ReplicaState {
+    engine: Arc<dyn Engine>,
+    requests: Arc<RequestTable>,
+    replica_uid: String,
+    worker_id: String,
+    times: PullTimes,
+    served: u64,
+}
+
+/// Resolves the weights and loads the engine (blocking: file reads, maybe a download).
+fn load_engine(spec: &ReplicaSpec) -> Result<Arc<dyn Engine>, ActorError> {
+    let config: serde_json::Value = serde_json::from_str(&spec.engine_config)
+        .map_err(|e| ActorError::Wire(format!("engine_config: {e}")))?;
+    let options = EngineOptions::from_engine_config(&config)?;
+    let model = xinf_models::resolve(&spec.source.to_request())
+        .map_err(|e| ActorError::Engine(EngineError::Model(e.to_string())))?;
+    let engine = NativeEngine::load(&model, options)?;
+    Ok(Arc::new(engine))
+}
+
+impl Actor for Replica {
+    type Msg = ReplicaMsg;
+    type State = ReplicaState;
+    type Arguments = ReplicaArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: ReplicaArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let spec = args.spec;
+        tracing::info!(model_uid = %spec.model_uid, replica_uid = %spec.replica_uid, gpus = ?spec.gpus, "loading replica");
+        let loader = spec.clone();
+        let engine = tokio::task::spawn_blocking(move || load_engine(&loader))
+            .await
+            .map_err(|e| ActorError::Internal(format!("the loading thread failed: {e}")))??;
+        ractor::pg::join(args.group, vec![myself.get_cell()]);
+        myself.send_interval(Duration::from_millis(500).min(args.times.idle_abort), || ReplicaMsg::Sweep);
+        Ok(ReplicaState {
+            engine,
+            requests: Arc::new(RequestTable::default()),
+            replica_uid: spec.replica_uid,
+            worker_id: args.worker_id,
+            times: args.times,
+            served: 0,
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        for id in state.requests.drain_all() {
+            state.engine.abort(&id);
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        message: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            ReplicaMsg::Generate { request, reply } => {
+                let outcome = request.0.and_then(|request| start(state, request));
+                answer(reply, Wire(outcome));
+            }
+            ReplicaMsg::NextEvents { request_id, reply } => match state.requests.get(&request_id) {
+                None => answer(reply, Wire(Err(ActorError::Engine(EngineError::UnknownRequest(request_id))))),
+                Some(slot) => {
+                    let table = state.requests.clone();
+                    let long_poll = state.times.long_poll;
+                    // Wait off the mailbox, so one slow request never holds up the others.
+                    tokio::spawn(async move {
+                        let batch = slot.next_batch(long_poll).await;
+                        if batch.done {
+                            table.remove(&request_id);
+                        }
+                        answer(reply, Wire::ok(batch));
+                    });
+                }
+            },
+            ReplicaMsg::Abort { request_id, reply } => {
+                let known = state.engine.abort(&request_id);
+                answer(reply, Wire::ok(known));
+            }
+            ReplicaMsg::Stats { reply } => {
+                let s = state.engine.stats();
+                answer(
+                    reply,
+                    Wire::ok(ReplicaStats {
+                        replica_uid: state.replica_uid.clone(),
+                        worker_id: state.worker_id.clone(),
+                        running: s.running as u64,
+                        queued: s.queued as u64,
+                        requests_served: state.served,
+                        prompt_tokens: s.prompt_tokens,
+                        generated_tokens: s.generated_tokens,
+                    }),
+                );
+            }
+            ReplicaMsg::Sweep => {
+                for id in state.requests.expire(Instant::now(), state.times.idle_abort) {
+                    tracing::info!(request_id = %id, replica_uid = %state.replica_uid, "nobody pulls the request any more; aborting it");
+                    state.engine.abort(&id);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Starts a request on the engine and a task that buffers its events.
+fn start(state: &mut ReplicaState, request: GenerateRequest) -> Result<(), ActorError> {
+    let id = request.request_id.clone();
+    if state.requests.get(&id).is_some() {
+        return Err(ActorError::Engine(EngineError::DuplicateRequest(id)));
+    }
+    let mut stream = state.engine.submit(request)?;
+    let slot = state.requests.insert(&id, Instant::now());
+    state.served += 1;
+    tokio::spawn(async move {
+        use futures::StreamExt;
+        while let Some(event) = stream.next().await {
+            slot.push(event);
+        }
+        slot.finish();
+    });
+    Ok(())
+}

@@ -1,0 +1,189 @@
+//! The router: one per model, on the supervisor node. A thin actor around
+//! [`policy::RouterPolicy`]; it picks replicas and keeps the running-request table, while the
+//! caller drives each request's stream itself (see [`crate::pull`]), so a slow or dead replica
+//! never blocks the router's mailbox.
+
+pub(crate) mod policy;
+
+use crate::error::ActorError;
+use crate::launch::Role;
+use crate::replica::ReplicaMsg;
+use crate::wire::{answer, call};
+use policy::{RouteError, RouterPolicy};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor_cluster::RactorMessage;
+use std::collections::HashMap;
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+/// A request the router placed on a replica.
+pub(crate) struct Routed {
+    pub(crate) request_id: String,
+    pub(crate) replica_uid: String,
+    pub(crate) replica: ActorRef<ReplicaMsg>,
+    /// Resolves with a reason when the replica is lost or the model terminated: the request
+    /// cannot complete and its stream must end with an error at once.
+    pub(crate) lost: oneshot::Receiver<String>,
+}
+
+/// The replicas in rotation, by uid.
+pub(crate) type ReplicaList = Vec<(String, ActorRef<ReplicaMsg>)>;
+
+/// Messages of the router (local only: they carry actor references and channels).
+#[derive(RactorMessage)]
+pub(crate) enum RouterMsg {
+    /// Pick a replica for a new request.
+    Route { request_id: String, reply: RpcReplyPort<Result<Routed, ActorError>> },
+    /// A request's stream ended.
+    Finished { request_id: String },
+    /// Abort a request on every replica.
+    Abort { request_id: String, reply: RpcReplyPort<Result<bool, ActorError>> },
+    /// A replica is lost: take it out of rotation and fail its requests.
+    RemoveReplica { replica_uid: String, reason: String },
+    /// The replicas in rotation.
+    Replicas { reply: RpcReplyPort<Result<ReplicaList, ActorError>> },
+}
+
+/// What the router starts with.
+pub(crate) struct RouterArgs {
+    pub(crate) replicas: Vec<(String, Role, ActorRef<ReplicaMsg>)>,
+}
+
+/// The router actor of one model.
+pub(crate) struct Router {
+    pub(crate) model_uid: String,
+    pub(crate) call_timeout: Duration,
+}
+
+/// The router's state: the pure policy plus the references and kill switches it cannot hold.
+pub(crate) struct RouterState {
+    policy: RouterPolicy,
+    refs: HashMap<String, ActorRef<ReplicaMsg>>,
+    kills: HashMap<String, oneshot::Sender<String>>,
+}
+
+impl RouterState {
+    fn kill(&mut self, request_id: &str, reason: &str) {
+        if let Some(kill) = self.kills.remove(request_id) {
+            // The stream may have ended already; nothing to tell then.
+            let _ = kill.send(reason.to_owned());
+        }
+    }
+}
+
+impl Actor for Router {
+    type Msg = RouterMsg;
+    type State = RouterState;
+    type Arguments = RouterArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: RouterArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let mut policy = RouterPolicy::default();
+        let mut refs = HashMap::new();
+        for (uid, role, actor) in args.replicas {
+            policy.add(&uid, role);
+            refs.insert(uid, actor);
+        }
+        Ok(RouterState { policy, refs, kills: HashMap::new() })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let reason = format!("model `{}` was terminated", self.model_uid);
+        let ids: Vec<String> = state.kills.keys().cloned().collect();
+        for id in ids {
+            state.kill(&id, &reason);
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        message: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            RouterMsg::Route { request_id, reply } => {
+                let routed = match state.policy.begin(&request_id, Role::Hybrid) {
+                    Err(RouteError::Duplicate) => Err(ActorError::DuplicateRequest(request_id.clone())),
+                    Err(RouteError::NoReplica) => Err(ActorError::NoReplica(self.model_uid.clone())),
+                    Ok(replica_uid) => match state.refs.get(&replica_uid) {
+                        Some(replica) => {
+                            let (kill, lost) = oneshot::channel();
+                            state.kills.insert(request_id.clone(), kill);
+                            Ok(Routed {
+                                request_id: request_id.clone(),
+                                replica_uid,
+                                replica: replica.clone(),
+                                lost,
+                            })
+                        }
+                        None => {
+                            state.policy.finish(&request_id);
+                            Err(ActorError::Internal(format!("replica `{replica_uid}` has no reference")))
+                        }
+                    },
+                };
+                if reply.send(routed).is_err() {
+                    // The caller gave up: the request will never run.
+                    state.policy.finish(&request_id);
+                    state.kills.remove(&request_id);
+                }
+            }
+            RouterMsg::Finished { request_id } => {
+                state.policy.finish(&request_id);
+                state.kills.remove(&request_id);
+            }
+            RouterMsg::Abort { request_id, reply } => {
+                let replicas: Vec<(String, ActorRef<ReplicaMsg>)> =
+                    state.refs.iter().map(|(uid, r)| (uid.clone(), r.clone())).collect();
+                let timeout = self.call_timeout;
+                // Fan out off the mailbox: a dead replica must not stall routing.
+                tokio::spawn(async move {
+                    let calls = replicas.iter().map(|(uid, replica)| {
+                        let request_id = request_id.clone();
+                        async move {
+                            call(replica, &format!("replica `{uid}`"), timeout, |reply| ReplicaMsg::Abort {
+                                request_id,
+                                reply,
+                            })
+                            .await
+                        }
+                    });
+                    let results = futures::future::join_all(calls).await;
+                    let found = results.iter().any(|r| matches!(r, Ok(true)));
+                    let outcome = match results.into_iter().find_map(Result::err) {
+                        Some(e) if !found => Err(e),
+                        _ => Ok(found),
+                    };
+                    answer(reply, outcome);
+                });
+            }
+            RouterMsg::RemoveReplica { replica_uid, reason } => {
+                state.refs.remove(&replica_uid);
+                for id in state.policy.remove(&replica_uid) {
+                    state.kill(&id, &reason);
+                }
+                tracing::info!(model_uid = %self.model_uid, %replica_uid, %reason, "replica taken out of rotation");
+            }
+            RouterMsg::Replicas { reply } => {
+                let mut list: Vec<(String, ActorRef<ReplicaMsg>)> = state
+                    .policy
+                    .replicas()
+                    .into_iter()
+                    .filter_map(|(uid, _)| state.refs.get(&uid).map(|r| (uid, r.clone())))
+                    .collect();
+                list.sort_by(|a, b| a.0.cmp(&b.0));
+                answer(reply, Ok(list));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,103 @@
+//! The router's choices, as a pure state machine: round-robin per role among alive replicas,
+//! and the table of running requests (duplicate ids refused; a lost replica names the requests
+//! it takes down).
+
+use crate::launch::Role;
+use std::collections::{BTreeMap, HashMap};
+
+#[cfg(test)]
+mod tests;
+
+/// Why a request could not be routed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RouteError {
+    /// A request with this id is running.
+    Duplicate,
+    /// No alive replica has the role.
+    NoReplica,
+}
+
+/// Round-robin over a changing set of members.
+#[derive(Debug, Default)]
+struct RoundRobin {
+    members: Vec<String>,
+    next: usize,
+}
+
+impl RoundRobin {
+    fn pick(&mut self) -> Option<&str> {
+        if self.members.is_empty() {
+            return None;
+        }
+        let i = self.next % self.members.len();
+        self.next = (i + 1) % self.members.len();
+        Some(&self.members[i])
+    }
+
+    fn remove(&mut self, uid: &str) -> bool {
+        let Some(at) = self.members.iter().position(|m| m == uid) else { return false };
+        self.members.remove(at);
+        // Keep the turn of the member that would have come next.
+        if at < self.next {
+            self.next -= 1;
+        }
+        if self.members.is_empty() {
+            self.next = 0;
+        } else {
+            self.next %= self.members.len();
+        }
+        true
+    }
+}
+
+/// Replicas per role and the requests running on them.
+#[derive(Debug, Default)]
+pub(crate) struct RouterPolicy {
+    pools: BTreeMap<Role, RoundRobin>,
+    running: HashMap<String, String>,
+}
+
+impl RouterPolicy {
+    /// Adds an alive replica to its role's rotation.
+    pub(crate) fn add(&mut self, replica_uid: &str, role: Role) {
+        let pool = self.pools.entry(role).or_default();
+        if !pool.members.iter().any(|m| m == replica_uid) {
+            pool.members.push(replica_uid.to_owned());
+        }
+    }
+
+    /// Takes a replica out of rotation; returns the ids of the requests running on it, which
+    /// are forgotten too.
+    pub(crate) fn remove(&mut self, replica_uid: &str) -> Vec<String> {
+        for pool in self.pools.values_mut() {
+            pool.remove(replica_uid);
+        }
+        let ids: Vec<String> =
+            self.running.iter().filter(|(_, r)| *r == replica_uid).map(|(id, _)| id.clone()).collect();
+        for id in &ids {
+            self.running.remove(id);
+        }
+        ids
+    }
+
+    /// Picks the next replica of `role` for a new request and records the request as running.
+    pub(crate) fn begin(&mut self, request_id: &str, role: Role) -> Result<String, RouteError> {
+        if self.running.contains_key(request_id) {
+            return Err(RouteError::Duplicate);
+        }
+        let replica = self.pools.get_mut(&role).and_then(RoundRobin::pick).ok_or(RouteError::NoReplica)?;
+        let replica = replica.to_owned();
+        self.running.insert(request_id.to_owned(), replica.clone());
+        Ok(replica)
+    }
+
+    /// A request ended; returns the replica it ran on, if it was running.
+    pub(crate) fn finish(&mut self, request_id: &str) -> Option<String> {
+        self.running.remove(request_id)
+    }
+
+    /// Every replica in rotation, with its role.
+    pub(crate) fn replicas(&self) -> Vec<(String, Role)> {
+        self.pools.iter().flat_map(|(role, p)| p.members.iter().map(|m| (m.clone(), *role))).collect()
+    }
+}

@@ -1,0 +1,69 @@
+//! Round-robin per role, duplicate ids, and what a lost replica takes down.
+
+use super::*;
+
+fn policy(replicas: &[(&str, Role)]) -> RouterPolicy {
+    let mut p = RouterPolicy::default();
+    for (uid, role) in replicas {
+        p.add(uid, *role);
+    }
+    p
+}
+
+#[test]
+fn requests_alternate_between_replicas() {
+    let mut p = policy(&[("a", Role::Hybrid), ("b", Role::Hybrid)]);
+    let picks: Vec<String> = (0..5).map(|i| p.begin(&format!("r{i}"), Role::Hybrid).expect("pick")).collect();
+    assert_eq!(picks, ["a", "b", "a", "b", "a"]);
+}
+
+#[test]
+fn each_role_has_its_own_rotation() {
+    let mut p =
+        policy(&[("p1", Role::Prefill), ("d1", Role::Decode), ("p2", Role::Prefill), ("d2", Role::Decode)]);
+    assert_eq!(p.begin("1", Role::Prefill), Ok("p1".into()));
+    assert_eq!(p.begin("2", Role::Decode), Ok("d1".into()));
+    assert_eq!(p.begin("3", Role::Prefill), Ok("p2".into()));
+    assert_eq!(p.begin("4", Role::Prefill), Ok("p1".into()));
+    assert_eq!(p.begin("5", Role::Decode), Ok("d2".into()));
+    assert_eq!(p.begin("6", Role::Hybrid), Err(RouteError::NoReplica));
+}
+
+#[test]
+fn a_running_id_is_refused_until_it_finishes() {
+    let mut p = policy(&[("a", Role::Hybrid)]);
+    assert_eq!(p.begin("r", Role::Hybrid), Ok("a".into()));
+    assert_eq!(p.begin("r", Role::Hybrid), Err(RouteError::Duplicate));
+    assert_eq!(p.finish("r"), Some("a".into()));
+    assert_eq!(p.finish("r"), None);
+    assert_eq!(p.begin("r", Role::Hybrid), Ok("a".into()));
+}
+
+#[test]
+fn removing_a_replica_names_its_requests_and_keeps_the_rotation_fair() {
+    let mut p = policy(&[("a", Role::Hybrid), ("b", Role::Hybrid), ("c", Role::Hybrid)]);
+    assert_eq!(p.begin("1", Role::Hybrid), Ok("a".into()));
+    assert_eq!(p.begin("2", Role::Hybrid), Ok("b".into()));
+    // Next would be c; losing a must not skip it.
+    let mut lost = p.remove("a");
+    lost.sort();
+    assert_eq!(lost, ["1"]);
+    assert_eq!(p.begin("3", Role::Hybrid), Ok("c".into()));
+    assert_eq!(p.begin("4", Role::Hybrid), Ok("b".into()));
+    let mut gone = p.remove("b");
+    gone.sort();
+    assert_eq!(gone, ["2", "4"]);
+    assert_eq!(p.begin("5", Role::Hybrid), Ok("c".into()));
+    assert_eq!(p.begin("6", Role::Hybrid), Ok("c".into()));
+    p.remove("c");
+    assert_eq!(p.begin("7", Role::Hybrid), Err(RouteError::NoReplica));
+    assert!(p.replicas().is_empty());
+}
+
+#[test]
+fn adding_twice_is_harmless() {
+    let mut p = policy(&[("a", Role::Hybrid), ("a", Role::Hybrid)]);
+    assert_eq!(p.replicas(), [("a".to_owned(), Role::Hybrid)]);
+    assert_eq!(p.begin("1", Role::Hybrid), Ok("a".into()));
+    assert_eq!(p.begin("2", Role::Hybrid), Ok("a".into()));
+}

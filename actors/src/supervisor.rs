@@ -1,0 +1,433 @@
+//! The supervisor: one per cluster. A thin actor around [`state::SupervisorState`].
+//!
+//! Launches and terminations take seconds (engines load, workers answer over the network), so
+//! the actor only validates and reserves in its state, then hands the slow part to a task that
+//! reports back with `LaunchDone`/`TerminateDone`. The mailbox stays free for heartbeats, so a
+//! long model load never makes a worker look lost.
+
+pub(crate) mod state;
+
+use crate::block_tracker::{BlockTracker, BlockTrackerMsg};
+use crate::cluster::{Namespace, wait_for_member};
+use crate::error::ActorError;
+use crate::handle::{ModelInfo, WorkerInfo, WorkerStatus};
+use crate::launch::{self, LaunchRequest, ModelSource, Placement};
+use crate::replica::{ReplicaMsg, ReplicaSpec};
+use crate::router::{Router, RouterArgs, RouterMsg};
+use crate::wire::{JsonWire, Wire, answer, call};
+use crate::worker::WorkerMsg;
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use ractor_cluster::RactorClusterMessage;
+use state::{LostReplica, SupervisorState};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Messages of the supervisor; every one may cross nodes (workers send heartbeats, and any
+/// node may ask for the model list).
+#[derive(RactorClusterMessage)]
+pub(crate) enum SupervisorMsg {
+    /// Validate, place and launch a model; the reply is its uid, once it serves.
+    #[rpc]
+    Launch { request: JsonWire<Box<LaunchRequest>>, reply: RpcReplyPort<Wire<String>> },
+    /// Terminate a model: router, tracker and replicas.
+    #[rpc]
+    Terminate { model_uid: String, reply: RpcReplyPort<Wire<()>> },
+    /// One model's status and replicas.
+    #[rpc]
+    GetModel { model_uid: String, reply: RpcReplyPort<Wire<ModelInfo>> },
+    /// Every model.
+    #[rpc]
+    ListModels { reply: RpcReplyPort<Wire<Vec<ModelInfo>>> },
+    /// Every worker.
+    #[rpc]
+    ListWorkers { reply: RpcReplyPort<Wire<Vec<WorkerStatus>>> },
+    /// Change a model's replica count (refused for now).
+    #[rpc]
+    Scale { model_uid: String, reply: RpcReplyPort<Wire<()>> },
+    /// A worker is alive (and registers with its devices).
+    Heartbeat { info: Wire<WorkerInfo> },
+    /// A replica's actor stopped unexpectedly.
+    ReplicaDied { model_uid: String, replica_uid: String },
+    /// A launch task finished (internal).
+    #[rpc]
+    LaunchDone { model_uid: String, outcome: Wire<()>, reply: RpcReplyPort<Wire<()>> },
+    /// A terminate task finished (internal).
+    #[rpc]
+    TerminateDone { model_uid: String, reply: RpcReplyPort<Wire<()>> },
+    /// Check heartbeats (sent by the supervisor to itself).
+    Tick,
+}
+
+/// The local actors of a serving model. They live on the supervisor node and never cross
+/// nodes, so they are kept here rather than in messages.
+#[derive(Clone)]
+pub(crate) struct ModelActors {
+    pub(crate) router: ActorRef<RouterMsg>,
+    pub(crate) tracker: ActorRef<BlockTrackerMsg>,
+}
+
+/// Serving models' local actors, shared by the supervisor and the [`crate::Cluster`] handle
+/// (which routes requests without a round trip through the supervisor).
+#[derive(Default)]
+pub(crate) struct ModelTable(Mutex<HashMap<String, ModelActors>>);
+
+impl ModelTable {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, ModelActors>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn get(&self, uid: &str) -> Option<ModelActors> {
+        self.lock().get(uid).cloned()
+    }
+
+    fn insert(&self, uid: &str, actors: ModelActors) {
+        self.lock().insert(uid.to_owned(), actors);
+    }
+
+    fn remove(&self, uid: &str) -> Option<ModelActors> {
+        self.lock().remove(uid)
+    }
+}
+
+/// Time settings of the supervisor.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SupervisorTimes {
+    pub(crate) heartbeat_check: Duration,
+    pub(crate) heartbeat_timeout: Duration,
+    pub(crate) call: Duration,
+    pub(crate) load: Duration,
+    pub(crate) stop: Duration,
+}
+
+/// The supervisor actor.
+pub(crate) struct Supervisor {
+    pub(crate) ns: Namespace,
+    pub(crate) local_mode: bool,
+    pub(crate) models: Arc<ModelTable>,
+    pub(crate) times: SupervisorTimes,
+}
+
+/// Everything a launch or terminate task needs.
+#[derive(Clone)]
+struct TaskCtx {
+    ns: Namespace,
+    models: Arc<ModelTable>,
+    times: SupervisorTimes,
+    sup: ActorRef<SupervisorMsg>,
+}
+
+/// A worker, found through its process group.
+fn worker_ref(ns: &Namespace, worker_id: &str) -> Option<ActorRef<WorkerMsg>> {
+    ractor::pg::get_members(&ns.worker_group(worker_id)).into_iter().next().map(Into::into)
+}
+
+impl Supervisor {
+    fn task_ctx(&self, myself: &ActorRef<SupervisorMsg>) -> TaskCtx {
+        TaskCtx { ns: self.ns.clone(), models: self.models.clone(), times: self.times, sup: myself.clone() }
+    }
+
+    /// Takes lost replicas out of their routers and block trackers.
+    fn drop_replicas(&self, lost: Vec<LostReplica>, reason: &str) {
+        for l in lost {
+            tracing::warn!(model_uid = %l.model_uid, replica_uid = %l.replica_uid, %reason, "replica lost");
+            if let Some(actors) = self.models.get(&l.model_uid) {
+                let why =
+                    format!("replica `{}` of model `{}` was lost: {reason}", l.replica_uid, l.model_uid);
+                if actors
+                    .router
+                    .cast(RouterMsg::RemoveReplica { replica_uid: l.replica_uid.clone(), reason: why })
+                    .is_err()
+                {
+                    tracing::debug!("the router is gone");
+                }
+                if actors
+                    .tracker
+                    .cast(BlockTrackerMsg::UnregisterReplica { replica_uid: l.replica_uid })
+                    .is_err()
+                {
+                    tracing::debug!("the block tracker is gone");
+                }
+            }
+        }
+    }
+
+    /// Workers whose process group emptied (their node disconnected) are lost.
+    fn check_worker_groups(&self, state: &mut SupervisorState) {
+        for id in state.alive_workers() {
+            if ractor::pg::get_members(&self.ns.worker_group(&id)).is_empty() {
+                let lost = state.lose_worker(&id);
+                self.drop_replicas(lost, &format!("worker {id} disconnected"));
+            }
+        }
+    }
+}
+
+impl Actor for Supervisor {
+    type Msg = SupervisorMsg;
+    type State = SupervisorState;
+    type Arguments = ();
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        _args: (),
+    ) -> Result<Self::State, ActorProcessingErr> {
+        ractor::pg::join(self.ns.supervisor_group(), vec![myself.get_cell()]);
+        ractor::pg::monitor(self.ns.workers_group(), myself.get_cell());
+        myself.send_interval(self.times.heartbeat_check, || SupervisorMsg::Tick);
+        Ok(SupervisorState::new(self.local_mode))
+    }
+
+    async fn post_stop(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        _state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        ractor::pg::demonitor(self.ns.workers_group(), myself.get_id());
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        message: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            SupervisorMsg::Launch { request, reply } => {
+                let started = request.0.and_then(|req| {
+                    let spec = launch::validate(&req, self.local_mode)?;
+                    let (uid, placements) = state
+                        .begin_launch(&spec, &req.model_name, || format!("{:08x}", rand::random::<u32>()))?;
+                    Ok((uid, placements, spec.source))
+                });
+                match started {
+                    Err(e) => answer(reply, Wire(Err(e))),
+                    Ok((uid, placements, source)) => {
+                        tracing::info!(model_uid = %uid, replicas = placements.len(), "launching");
+                        let ctx = self.task_ctx(&myself);
+                        tokio::spawn(async move {
+                            let outcome = run_launch(&ctx, &uid, &source, &placements).await;
+                            let recorded = call(&ctx.sup, "supervisor", ctx.times.call, |reply| {
+                                SupervisorMsg::LaunchDone {
+                                    model_uid: uid.clone(),
+                                    outcome: Wire(outcome.clone()),
+                                    reply,
+                                }
+                            })
+                            .await;
+                            if outcome.is_ok() && recorded.is_err() {
+                                rollback(&ctx, &uid, &placements).await;
+                            }
+                            answer(reply, Wire(outcome.and(recorded).map(|()| uid)));
+                        });
+                    }
+                }
+            }
+            SupervisorMsg::LaunchDone { model_uid, outcome, reply } => {
+                match outcome.0 {
+                    Ok(()) => {
+                        let dead = state.finish_launch(&model_uid);
+                        self.drop_replicas(dead, "it died while the model launched");
+                        tracing::info!(%model_uid, "model ready");
+                    }
+                    Err(e) => {
+                        state.abort_launch(&model_uid);
+                        tracing::warn!(%model_uid, error = %e, "launch failed and was rolled back");
+                    }
+                }
+                answer(reply, Wire::ok(()));
+            }
+            SupervisorMsg::Terminate { model_uid, reply } => match state.begin_terminate(&model_uid) {
+                Err(e) => answer(reply, Wire(Err(e))),
+                Ok(replicas) => {
+                    let actors = self.models.remove(&model_uid);
+                    let ctx = self.task_ctx(&myself);
+                    tokio::spawn(async move {
+                        teardown(&ctx, actors, &replicas).await;
+                        let done = call(&ctx.sup, "supervisor", ctx.times.call, |reply| {
+                            SupervisorMsg::TerminateDone { model_uid: model_uid.clone(), reply }
+                        })
+                        .await;
+                        tracing::info!(%model_uid, "model terminated");
+                        answer(reply, Wire(done));
+                    });
+                }
+            },
+            SupervisorMsg::TerminateDone { model_uid, reply } => {
+                state.finish_terminate(&model_uid);
+                answer(reply, Wire::ok(()));
+            }
+            SupervisorMsg::GetModel { model_uid, reply } => {
+                let info = state.model(&model_uid).cloned().ok_or(ActorError::ModelNotFound(model_uid));
+                answer(reply, Wire(info));
+            }
+            SupervisorMsg::ListModels { reply } => answer(reply, Wire::ok(state.models())),
+            SupervisorMsg::ListWorkers { reply } => answer(reply, Wire::ok(state.workers(Instant::now()))),
+            SupervisorMsg::Scale { model_uid, reply } => answer(reply, Wire(state.check_scale(&model_uid))),
+            SupervisorMsg::Heartbeat { info } => match info.0 {
+                Ok(info) => {
+                    let id = info.worker_id.clone();
+                    if state.heartbeat(info, Instant::now()) {
+                        tracing::info!(worker_id = %id, "worker registered");
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "an unreadable heartbeat"),
+            },
+            SupervisorMsg::ReplicaDied { model_uid, replica_uid } => {
+                if let Some(lost) = state.replica_dead(&model_uid, &replica_uid) {
+                    self.drop_replicas(vec![lost], "its actor stopped");
+                }
+            }
+            SupervisorMsg::Tick => {
+                let lost = state.expire(Instant::now(), self.times.heartbeat_timeout);
+                self.drop_replicas(lost, "its worker stopped sending heartbeats");
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match event {
+            SupervisionEvent::ProcessGroupChanged(_) => self.check_worker_groups(state),
+            SupervisionEvent::ActorFailed(cell, e) => {
+                tracing::error!(actor = ?cell.get_name(), error = %e, "a model actor failed");
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// Creates a model's actors in the reference order (block tracker, replicas in parallel,
+/// router last: the model is ready once its router exists). On any failure everything created
+/// so far is destroyed before the error is returned.
+async fn run_launch(
+    ctx: &TaskCtx,
+    uid: &str,
+    source: &ModelSource,
+    placements: &[Placement],
+) -> Result<(), ActorError> {
+    let result = build(ctx, uid, source, placements).await;
+    if result.is_err() {
+        rollback(ctx, uid, placements).await;
+    }
+    result
+}
+
+fn spawn_failed(what: &str, e: ractor::SpawnErr) -> ActorError {
+    ActorError::Internal(format!("starting the {what}: {e}"))
+}
+
+async fn build(
+    ctx: &TaskCtx,
+    uid: &str,
+    source: &ModelSource,
+    placements: &[Placement],
+) -> Result<(), ActorError> {
+    let sup: ActorCell = ctx.sup.get_cell();
+    let (tracker, _) = Actor::spawn_linked(Some(ctx.ns.tracker_name(uid)), BlockTracker, (), sup.clone())
+        .await
+        .map_err(|e| spawn_failed("block tracker", e))?;
+    let starts = placements.iter().map(|p| start_replica(ctx, uid, source, p));
+    let results = futures::future::join_all(starts).await;
+    let mut replicas = Vec::with_capacity(placements.len());
+    let mut failure = None;
+    for (p, r) in placements.iter().zip(results) {
+        match r {
+            Ok(actor) => replicas.push((p.replica_uid.clone(), p.role, actor)),
+            Err(e) => {
+                tracing::warn!(model_uid = %uid, replica_uid = %p.replica_uid, error = %e, "replica failed to start");
+                failure.get_or_insert(e);
+            }
+        }
+    }
+    let stop_tracker = |tracker: ActorRef<BlockTrackerMsg>| async move {
+        if let Err(e) = tracker.stop_and_wait(Some("launch failed".into()), Some(ctx.times.stop)).await {
+            tracing::warn!(error = %e, "the block tracker did not stop in time");
+        }
+    };
+    if let Some(e) = failure {
+        stop_tracker(tracker).await;
+        return Err(e);
+    }
+    let router = Router { model_uid: uid.to_owned(), call_timeout: ctx.times.call };
+    match Actor::spawn_linked(Some(ctx.ns.router_name(uid)), router, RouterArgs { replicas }, sup).await {
+        Ok((router, _)) => {
+            ctx.models.insert(uid, ModelActors { router, tracker });
+            Ok(())
+        }
+        Err(e) => {
+            stop_tracker(tracker).await;
+            Err(spawn_failed("router", e))
+        }
+    }
+}
+
+/// Has a worker start one replica and finds the replica through its process group.
+async fn start_replica(
+    ctx: &TaskCtx,
+    uid: &str,
+    source: &ModelSource,
+    p: &Placement,
+) -> Result<ActorRef<ReplicaMsg>, ActorError> {
+    let what = format!("worker {}", p.worker_id);
+    let worker = worker_ref(&ctx.ns, &p.worker_id).ok_or_else(|| ActorError::Unreachable {
+        what: what.clone(),
+        reason: "it left the cluster".into(),
+    })?;
+    let spec = ReplicaSpec {
+        model_uid: uid.to_owned(),
+        replica_uid: p.replica_uid.clone(),
+        role: p.role,
+        source: source.clone(),
+        engine_config: p.engine_config.clone(),
+        gpus: p.gpus.clone(),
+    };
+    call(&worker, &what, ctx.times.load, |reply| WorkerMsg::SpawnReplica { spec: Wire::ok(spec), reply })
+        .await?;
+    // The group membership of a remote replica arrives over the node connection shortly after.
+    wait_for_member(&ctx.ns.replica_group(&p.replica_uid), ctx.times.call).await.map(Into::into).ok_or_else(
+        || ActorError::Unreachable {
+            what: format!("replica `{}`", p.replica_uid),
+            reason: "it started but never appeared in its process group".into(),
+        },
+    )
+}
+
+/// Destroys whatever a failed launch created: its local actors and every replica placed.
+async fn rollback(ctx: &TaskCtx, uid: &str, placements: &[Placement]) {
+    let actors = ctx.models.remove(uid);
+    let replicas: Vec<(String, String)> =
+        placements.iter().map(|p| (p.worker_id.clone(), p.replica_uid.clone())).collect();
+    teardown(ctx, actors, &replicas).await;
+}
+
+/// Stops a model's router and tracker, then its replicas, each within the stop time.
+async fn teardown(ctx: &TaskCtx, actors: Option<ModelActors>, replicas: &[(String, String)]) {
+    if let Some(actors) = actors {
+        for cell in [actors.router.get_cell(), actors.tracker.get_cell()] {
+            if let Err(e) = cell.stop_and_wait(Some("model terminated".into()), Some(ctx.times.stop)).await {
+                tracing::warn!(error = %e, "a model actor did not stop in time");
+            }
+        }
+    }
+    let stops = replicas.iter().map(|(worker_id, replica_uid)| async move {
+        let Some(worker) = worker_ref(&ctx.ns, worker_id) else { return };
+        let stopped =
+            call(&worker, &format!("worker {worker_id}"), ctx.times.call + ctx.times.stop, |reply| {
+                WorkerMsg::StopReplica { replica_uid: replica_uid.clone(), reply }
+            })
+            .await;
+        if let Err(e) = stopped {
+            tracing::warn!(%replica_uid, error = %e, "could not stop a replica");
+        }
+    });
+    futures::future::join_all(stops).await;
+}

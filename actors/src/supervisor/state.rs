@@ -1,0 +1,282 @@
+//! The supervisor's registry, as a pure state machine: workers with their devices and last
+//! heartbeat, models with their replicas, placement, and what a lost worker takes down.
+//!
+//! Time comes in as an argument, so every transition is unit-tested without clocks or actors.
+
+use crate::error::ActorError;
+use crate::handle::{ModelInfo, ModelStatus, ReplicaInfo, ReplicaStatus, WorkerInfo, WorkerStatus};
+use crate::launch::{self, ClusterView, LaunchSpec, Placement, WorkerSlot};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+#[cfg(test)]
+mod tests;
+
+/// A replica that stopped serving.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LostReplica {
+    pub(crate) model_uid: String,
+    pub(crate) replica_uid: String,
+}
+
+#[derive(Debug, Clone)]
+struct WorkerRecord {
+    info: WorkerInfo,
+    last_seen: Instant,
+    alive: bool,
+}
+
+/// Workers and models of one cluster.
+#[derive(Debug)]
+pub(crate) struct SupervisorState {
+    local_mode: bool,
+    workers: BTreeMap<String, WorkerRecord>,
+    models: BTreeMap<String, ModelInfo>,
+    round_robin: usize,
+}
+
+impl SupervisorState {
+    /// An empty registry.
+    pub(crate) fn new(local_mode: bool) -> Self {
+        Self { local_mode, workers: BTreeMap::new(), models: BTreeMap::new(), round_robin: 0 }
+    }
+
+    /// Records a heartbeat; `true` when the worker is new or comes back after being lost.
+    pub(crate) fn heartbeat(&mut self, info: WorkerInfo, now: Instant) -> bool {
+        match self.workers.get_mut(&info.worker_id) {
+            Some(w) => {
+                let revived = !w.alive;
+                w.info = info;
+                w.last_seen = now;
+                w.alive = true;
+                revived
+            }
+            None => {
+                self.workers
+                    .insert(info.worker_id.clone(), WorkerRecord { info, last_seen: now, alive: true });
+                true
+            }
+        }
+    }
+
+    /// Ids of the workers believed alive.
+    pub(crate) fn alive_workers(&self) -> Vec<String> {
+        self.workers.values().filter(|w| w.alive).map(|w| w.info.worker_id.clone()).collect()
+    }
+
+    /// Declares lost every alive worker not heard from for longer than `timeout`.
+    pub(crate) fn expire(&mut self, now: Instant, timeout: Duration) -> Vec<LostReplica> {
+        let late: Vec<String> = self
+            .workers
+            .values()
+            .filter(|w| w.alive && now.saturating_duration_since(w.last_seen) > timeout)
+            .map(|w| w.info.worker_id.clone())
+            .collect();
+        late.iter().flat_map(|id| self.lose_worker(id)).collect()
+    }
+
+    /// Marks a worker lost and every replica on it dead. A model left without an alive replica
+    /// turns to `Error`; models elsewhere are untouched.
+    pub(crate) fn lose_worker(&mut self, worker_id: &str) -> Vec<LostReplica> {
+        match self.workers.get_mut(worker_id) {
+            Some(w) if w.alive => w.alive = false,
+            _ => return Vec::new(),
+        }
+        let mut lost = Vec::new();
+        for model in self.models.values_mut() {
+            for r in model.replicas.iter_mut().filter(|r| r.worker_id == worker_id) {
+                if r.status != ReplicaStatus::Dead {
+                    r.status = ReplicaStatus::Dead;
+                    lost.push(LostReplica {
+                        model_uid: model.model_uid.clone(),
+                        replica_uid: r.replica_uid.clone(),
+                    });
+                }
+            }
+            settle(model);
+        }
+        lost
+    }
+
+    /// Marks one replica dead (its actor failed); `None` when it was not alive.
+    pub(crate) fn replica_dead(&mut self, model_uid: &str, replica_uid: &str) -> Option<LostReplica> {
+        let model = self.models.get_mut(model_uid)?;
+        let r = model.replicas.iter_mut().find(|r| r.replica_uid == replica_uid)?;
+        if r.status == ReplicaStatus::Dead {
+            return None;
+        }
+        r.status = ReplicaStatus::Dead;
+        settle(model);
+        Some(LostReplica { model_uid: model_uid.to_owned(), replica_uid: replica_uid.to_owned() })
+    }
+
+    /// The cluster as placement sees it.
+    pub(crate) fn view(&self) -> ClusterView {
+        let mut occupied: BTreeMap<&str, BTreeMap<u32, String>> = BTreeMap::new();
+        let mut replica_uids = BTreeMap::new();
+        for model in self.models.values() {
+            for r in &model.replicas {
+                replica_uids.insert(r.replica_uid.clone(), model.model_uid.clone());
+                if r.status != ReplicaStatus::Dead {
+                    let slot = occupied.entry(r.worker_id.as_str()).or_default();
+                    for g in &r.gpus {
+                        slot.insert(*g, model.model_uid.clone());
+                    }
+                }
+            }
+        }
+        let workers = self
+            .workers
+            .values()
+            .filter(|w| w.alive)
+            .map(|w| WorkerSlot {
+                worker_id: w.info.worker_id.clone(),
+                gpus: w.info.gpus.clone(),
+                allow_gpu_sharing: w.info.allow_gpu_sharing,
+                occupied: occupied.get(w.info.worker_id.as_str()).cloned().unwrap_or_default(),
+            })
+            .collect();
+        ClusterView { local_mode: self.local_mode, workers, replica_uids, round_robin: self.round_robin }
+    }
+
+    /// Validates a launch against the cluster, places it and records the model as `Launching`,
+    /// which reserves its uid, replica uids and GPUs. `suffix` makes a uid when the request
+    /// gives none and the model name is taken.
+    pub(crate) fn begin_launch(
+        &mut self,
+        spec: &LaunchSpec,
+        model_name: &str,
+        suffix: impl FnOnce() -> String,
+    ) -> Result<(String, Vec<Placement>), ActorError> {
+        let uid = match &spec.model_uid {
+            Some(uid) if self.models.contains_key(uid) => return Err(ActorError::ModelExists(uid.clone())),
+            Some(uid) => uid.clone(),
+            None if self.models.contains_key(model_name) => format!("{model_name}-{}", suffix()),
+            None => model_name.to_owned(),
+        };
+        if self.models.contains_key(&uid) {
+            return Err(ActorError::ModelExists(uid));
+        }
+        let (placements, next) = launch::place(spec, &uid, &self.view())?;
+        if spec.pd {
+            // Everything about the request is valid; only the P/D launch path is missing.
+            tracing::info!(model_uid = %uid, transfer = ?spec.transfer, "a P/D launch was refused");
+            return Err(ActorError::PdNotAvailable);
+        }
+        self.round_robin = next;
+        let replicas = placements
+            .iter()
+            .map(|p| ReplicaInfo {
+                replica_uid: p.replica_uid.clone(),
+                role: p.role,
+                worker_id: p.worker_id.clone(),
+                gpus: p.gpus.clone(),
+                status: ReplicaStatus::Loading,
+            })
+            .collect();
+        self.models.insert(
+            uid.clone(),
+            ModelInfo {
+                model_uid: uid.clone(),
+                model_name: model_name.to_owned(),
+                status: ModelStatus::Launching,
+                pd: spec.pd,
+                replicas,
+            },
+        );
+        Ok((uid, placements))
+    }
+
+    /// A launch finished: the model serves. Returns the replicas that died while it launched,
+    /// which the router must drop.
+    pub(crate) fn finish_launch(&mut self, uid: &str) -> Vec<LostReplica> {
+        let Some(model) = self.models.get_mut(uid) else { return Vec::new() };
+        let mut dead = Vec::new();
+        for r in &mut model.replicas {
+            match r.status {
+                ReplicaStatus::Loading => r.status = ReplicaStatus::Alive,
+                ReplicaStatus::Dead => {
+                    dead.push(LostReplica { model_uid: uid.to_owned(), replica_uid: r.replica_uid.clone() })
+                }
+                ReplicaStatus::Alive => {}
+            }
+        }
+        model.status = ModelStatus::Ready;
+        settle(model);
+        dead
+    }
+
+    /// A launch failed and was rolled back: forget the model entirely.
+    pub(crate) fn abort_launch(&mut self, uid: &str) {
+        self.models.remove(uid);
+    }
+
+    /// Starts terminating a model; returns its replicas as `(worker, replica)` pairs.
+    pub(crate) fn begin_terminate(&mut self, uid: &str) -> Result<Vec<(String, String)>, ActorError> {
+        let model = self.models.get_mut(uid).ok_or_else(|| ActorError::ModelNotFound(uid.to_owned()))?;
+        match model.status {
+            ModelStatus::Launching | ModelStatus::Terminating => {
+                return Err(ActorError::NotReady {
+                    model_uid: uid.to_owned(),
+                    status: model.status.to_string(),
+                });
+            }
+            ModelStatus::Ready | ModelStatus::Error => {}
+        }
+        model.status = ModelStatus::Terminating;
+        Ok(model.replicas.iter().map(|r| (r.worker_id.clone(), r.replica_uid.clone())).collect())
+    }
+
+    /// A model's actors are gone: forget it.
+    pub(crate) fn finish_terminate(&mut self, uid: &str) {
+        self.models.remove(uid);
+    }
+
+    /// Whether the replica count of a model may change.
+    pub(crate) fn check_scale(&self, uid: &str) -> Result<(), ActorError> {
+        let model = self.models.get(uid).ok_or_else(|| ActorError::ModelNotFound(uid.to_owned()))?;
+        if model.pd {
+            return Err(ActorError::TopologyFixed);
+        }
+        Err(ActorError::ScaleNotSupported(uid.to_owned()))
+    }
+
+    /// One model.
+    pub(crate) fn model(&self, uid: &str) -> Option<&ModelInfo> {
+        self.models.get(uid)
+    }
+
+    /// Every model, by uid.
+    pub(crate) fn models(&self) -> Vec<ModelInfo> {
+        self.models.values().cloned().collect()
+    }
+
+    /// Every worker ever registered (lost ones marked), by id.
+    pub(crate) fn workers(&self, now: Instant) -> Vec<WorkerStatus> {
+        self.workers
+            .values()
+            .map(|w| WorkerStatus {
+                info: w.info.clone(),
+                alive: w.alive,
+                last_heartbeat_ms: now.saturating_duration_since(w.last_seen).as_millis() as u64,
+                replicas: self
+                    .models
+                    .values()
+                    .flat_map(|m| &m.replicas)
+                    .filter(|r| r.worker_id == w.info.worker_id && r.status != ReplicaStatus::Dead)
+                    .map(|r| r.replica_uid.clone())
+                    .collect(),
+            })
+            .collect()
+    }
+}
+
+/// A serving model with no alive replica is in error; one that has some again is ready.
+fn settle(model: &mut ModelInfo) {
+    let alive = model.replicas.iter().any(|r| r.status == ReplicaStatus::Alive);
+    match model.status {
+        ModelStatus::Ready if !alive => model.status = ModelStatus::Error,
+        ModelStatus::Error if alive => model.status = ModelStatus::Ready,
+        _ => {}
+    }
+}

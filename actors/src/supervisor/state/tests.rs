@@ -1,0 +1,212 @@
+//! The registry's transitions: registration, launch bookkeeping, lost workers, terminate.
+
+use super::*;
+use crate::launch::{LaunchRequest, validate};
+use serde_json::json;
+
+fn info(id: &str, gpus: &[u32]) -> WorkerInfo {
+    WorkerInfo {
+        worker_id: id.into(),
+        host: "127.0.0.1".into(),
+        gpus: gpus.to_vec(),
+        allow_gpu_sharing: false,
+    }
+}
+
+fn spec(v: serde_json::Value) -> LaunchSpec {
+    let req: LaunchRequest = serde_json::from_value(v).expect("request");
+    validate(&req, false).expect("valid")
+}
+
+fn launched(state: &mut SupervisorState, v: serde_json::Value) -> (String, Vec<Placement>) {
+    let s = spec(v);
+    let out = state.begin_launch(&s, "smollm2-instruct", || "abcd".into()).expect("placed");
+    state.finish_launch(&out.0);
+    out
+}
+
+#[test]
+fn heartbeats_register_and_revive_workers() {
+    let t0 = Instant::now();
+    let mut s = SupervisorState::new(false);
+    assert!(s.heartbeat(info("a:1", &[]), t0));
+    assert!(!s.heartbeat(info("a:1", &[]), t0 + Duration::from_millis(500)));
+    assert_eq!(s.alive_workers(), ["a:1"]);
+    assert!(s.expire(t0 + Duration::from_secs(6), Duration::from_secs(5)).is_empty());
+    assert!(s.alive_workers().is_empty());
+    let listed = s.workers(t0 + Duration::from_secs(6));
+    assert!(!listed[0].alive);
+    assert_eq!(listed[0].last_heartbeat_ms, 5500);
+    // It comes back.
+    assert!(s.heartbeat(info("a:1", &[]), t0 + Duration::from_secs(7)));
+    assert_eq!(s.alive_workers(), ["a:1"]);
+}
+
+#[test]
+fn a_launch_reserves_its_uid_and_replicas() {
+    let mut s = SupervisorState::new(false);
+    s.heartbeat(info("a:1", &[]), Instant::now());
+    let sp = spec(json!({"model_name": "smollm2-instruct", "replica": 2}));
+    let (uid, placed) = s.begin_launch(&sp, "smollm2-instruct", || "abcd".into()).expect("placed");
+    assert_eq!(uid, "smollm2-instruct");
+    assert_eq!(placed.len(), 2);
+    let m = s.model(&uid).expect("recorded");
+    assert_eq!(m.status, ModelStatus::Launching);
+    assert!(m.replicas.iter().all(|r| r.status == ReplicaStatus::Loading));
+    // The name is taken: a generated suffix.
+    let (uid2, _) = s.begin_launch(&sp, "smollm2-instruct", || "abcd".into()).expect("placed");
+    assert_eq!(uid2, "smollm2-instruct-abcd");
+    // An explicit uid that exists is refused.
+    let sp3 = spec(json!({"model_name": "smollm2-instruct", "model_uid": "smollm2-instruct"}));
+    assert_eq!(
+        s.begin_launch(&sp3, "smollm2-instruct", || "x".into()),
+        Err(ActorError::ModelExists("smollm2-instruct".into()))
+    );
+    assert!(s.finish_launch(&uid).is_empty());
+    assert_eq!(s.model(&uid).map(|m| m.status), Some(ModelStatus::Ready));
+    assert!(s.model(&uid).expect("model").replicas.iter().all(|r| r.status == ReplicaStatus::Alive));
+}
+
+#[test]
+fn a_failed_launch_leaves_no_state() {
+    let mut s = SupervisorState::new(false);
+    s.heartbeat(info("a:1", &[0]), Instant::now());
+    let sp = spec(json!({"model_name": "smollm2-instruct", "model_uid": "m", "n_gpu": 1}));
+    s.begin_launch(&sp, "smollm2-instruct", || "x".into()).expect("placed");
+    assert_eq!(s.view().workers[0].occupied.len(), 1);
+    s.abort_launch("m");
+    assert!(s.model("m").is_none());
+    assert!(s.models().is_empty());
+    // Its GPU and uids are free again.
+    assert!(s.view().workers[0].occupied.is_empty());
+    assert!(s.view().replica_uids.is_empty());
+    s.begin_launch(&sp, "smollm2-instruct", || "x".into()).expect("placed again");
+}
+
+#[test]
+fn pd_launches_are_refused_after_full_validation() {
+    let mut s = SupervisorState::new(false);
+    s.heartbeat(info("a:1", &[]), Instant::now());
+    let sp = spec(json!({"model_name": "smollm2-instruct", "replica_config": [
+        {"role": "prefill", "devices": [{"worker_ip": "a:1"}]},
+        {"role": "decode", "devices": [{"worker_ip": "a:1"}]}
+    ]}));
+    assert_eq!(s.begin_launch(&sp, "smollm2-instruct", || "x".into()), Err(ActorError::PdNotAvailable));
+    assert!(s.models().is_empty());
+    // A placement error still wins over the P/D refusal.
+    let sp = spec(json!({"model_name": "smollm2-instruct", "replica_config": [
+        {"role": "prefill", "devices": [{"worker_ip": "b:1"}]},
+        {"role": "decode", "devices": [{"worker_ip": "a:1"}]}
+    ]}));
+    let e = s.begin_launch(&sp, "smollm2-instruct", || "x".into()).expect_err("unknown worker");
+    assert_eq!(e.launch_rule(), Some(crate::LaunchRule::UnknownWorker));
+}
+
+#[test]
+fn placement_round_robin_continues_across_launches() {
+    let mut s = SupervisorState::new(false);
+    let now = Instant::now();
+    s.heartbeat(info("a:1", &[]), now);
+    s.heartbeat(info("b:1", &[]), now);
+    let (_, first) = launched(&mut s, json!({"model_name": "smollm2-instruct", "model_uid": "m1"}));
+    let (_, second) =
+        launched(&mut s, json!({"model_name": "smollm2-instruct", "model_uid": "m2", "replica": 2}));
+    assert_eq!(first[0].worker_id, "a:1");
+    let on: Vec<&str> = second.iter().map(|p| p.worker_id.as_str()).collect();
+    assert_eq!(on, ["b:1", "a:1"]);
+}
+
+#[test]
+fn a_lost_worker_marks_its_replicas_dead_and_spares_other_models() {
+    let t0 = Instant::now();
+    let mut s = SupervisorState::new(false);
+    s.heartbeat(info("a:1", &[]), t0);
+    s.heartbeat(info("b:1", &[]), t0);
+    // m1 has one replica on each worker; m2 only on b.
+    launched(&mut s, json!({"model_name": "smollm2-instruct", "model_uid": "m1", "replica": 2}));
+    launched(&mut s, json!({"model_name": "smollm2-instruct", "model_uid": "m2", "worker_ip": "b:1"}));
+    // a goes quiet, b keeps beating.
+    s.heartbeat(info("b:1", &[]), t0 + Duration::from_secs(4));
+    let lost = s.expire(t0 + Duration::from_secs(6), Duration::from_secs(5));
+    assert_eq!(lost, vec![LostReplica { model_uid: "m1".into(), replica_uid: "m1-0".into() }]);
+    let m1 = s.model("m1").expect("m1");
+    assert_eq!(m1.status, ModelStatus::Ready, "one replica is left");
+    let status: Vec<ReplicaStatus> = m1.replicas.iter().map(|r| r.status).collect();
+    assert_eq!(status, [ReplicaStatus::Dead, ReplicaStatus::Alive]);
+    assert_eq!(s.model("m2").map(|m| m.status), Some(ModelStatus::Ready));
+    // Losing b too leaves both models without replicas.
+    let lost = s.lose_worker("b:1");
+    assert_eq!(lost.len(), 2);
+    assert_eq!(s.model("m1").map(|m| m.status), Some(ModelStatus::Error));
+    assert_eq!(s.model("m2").map(|m| m.status), Some(ModelStatus::Error));
+    // Losing it again changes nothing; new launches avoid lost workers.
+    assert!(s.lose_worker("b:1").is_empty());
+    let e = s
+        .begin_launch(
+            &spec(json!({"model_name": "smollm2-instruct", "model_uid": "m3"})),
+            "smollm2-instruct",
+            || "x".into(),
+        )
+        .expect_err("no alive worker");
+    assert_eq!(e.launch_rule(), Some(crate::LaunchRule::NoWorkers));
+}
+
+#[test]
+fn dead_replicas_free_their_gpus() {
+    let t0 = Instant::now();
+    let mut s = SupervisorState::new(false);
+    s.heartbeat(info("a:1", &[0]), t0);
+    launched(&mut s, json!({"model_name": "smollm2-instruct", "model_uid": "m1", "n_gpu": 1}));
+    assert_eq!(s.view().workers[0].occupied.get(&0).map(String::as_str), Some("m1"));
+    assert!(s.replica_dead("m1", "m1-0").is_some());
+    assert!(s.replica_dead("m1", "m1-0").is_none(), "already dead");
+    assert!(s.view().workers[0].occupied.is_empty());
+    assert_eq!(s.model("m1").map(|m| m.status), Some(ModelStatus::Error));
+}
+
+#[test]
+fn a_replica_lost_while_launching_is_reported_at_the_end() {
+    let t0 = Instant::now();
+    let mut s = SupervisorState::new(false);
+    s.heartbeat(info("a:1", &[]), t0);
+    s.heartbeat(info("b:1", &[]), t0);
+    let sp = spec(json!({"model_name": "smollm2-instruct", "model_uid": "m", "replica": 2}));
+    s.begin_launch(&sp, "smollm2-instruct", || "x".into()).expect("placed");
+    let lost = s.lose_worker("a:1");
+    assert_eq!(lost.len(), 1);
+    assert_eq!(s.model("m").map(|m| m.status), Some(ModelStatus::Launching));
+    let dead = s.finish_launch("m");
+    assert_eq!(dead, vec![LostReplica { model_uid: "m".into(), replica_uid: "m-0".into() }]);
+    assert_eq!(s.model("m").map(|m| m.status), Some(ModelStatus::Ready));
+}
+
+#[test]
+fn terminate_moves_through_terminating() {
+    let mut s = SupervisorState::new(false);
+    s.heartbeat(info("a:1", &[]), Instant::now());
+    let sp = spec(json!({"model_name": "smollm2-instruct", "model_uid": "m"}));
+    s.begin_launch(&sp, "smollm2-instruct", || "x".into()).expect("placed");
+    assert!(matches!(s.begin_terminate("m"), Err(ActorError::NotReady { .. })), "still launching");
+    s.finish_launch("m");
+    assert_eq!(s.begin_terminate("m"), Ok(vec![("a:1".to_owned(), "m-0".to_owned())]));
+    assert_eq!(s.model("m").map(|m| m.status), Some(ModelStatus::Terminating));
+    assert!(matches!(s.begin_terminate("m"), Err(ActorError::NotReady { .. })));
+    s.finish_terminate("m");
+    assert_eq!(s.begin_terminate("m"), Err(ActorError::ModelNotFound("m".into())));
+}
+
+#[test]
+fn scaling_is_refused() {
+    let mut s = SupervisorState::new(false);
+    s.heartbeat(info("a:1", &[]), Instant::now());
+    launched(&mut s, json!({"model_name": "smollm2-instruct", "model_uid": "m"}));
+    assert_eq!(s.check_scale("m"), Err(ActorError::ScaleNotSupported("m".into())));
+    assert_eq!(s.check_scale("x"), Err(ActorError::ModelNotFound("x".into())));
+    // A P/D deployment (recorded directly: its launch path is not wired yet).
+    if let Some(m) = s.models.get_mut("m") {
+        m.pd = true;
+    }
+    let e = s.check_scale("m").expect_err("fixed topology");
+    assert_eq!(e, ActorError::TopologyFixed);
+    assert_eq!(e.to_string(), "PD topology cannot be resized in place; terminate and relaunch the model");
+}

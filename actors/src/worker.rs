@@ -1,0 +1,326 @@
+//! The worker: one per node. It owns the node's devices, starts and stops replicas, and
+//! heartbeats to the supervisor (which finds it, and it the supervisor, through process
+//! groups, the only registry ractor_cluster shares between nodes).
+
+use crate::cluster::Namespace;
+use crate::error::ActorError;
+use crate::handle::WorkerInfo;
+use crate::replica::{PullTimes, Replica, ReplicaArgs, ReplicaMsg, ReplicaSpec};
+use crate::supervisor::SupervisorMsg;
+use crate::wire::{Wire, answer};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr, SupervisionEvent};
+use ractor_cluster::RactorClusterMessage;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+#[cfg(test)]
+mod tests;
+
+/// Messages of a worker; every one may cross nodes.
+#[derive(RactorClusterMessage)]
+pub(crate) enum WorkerMsg {
+    /// Start a replica; the reply comes once its engine is loaded.
+    #[rpc]
+    SpawnReplica { spec: Wire<ReplicaSpec>, reply: RpcReplyPort<Wire<()>> },
+    /// Stop a replica (also one still loading); `true` when it existed.
+    #[rpc]
+    StopReplica { replica_uid: String, reply: RpcReplyPort<Wire<bool>> },
+    /// Send a heartbeat (sent by the worker to itself).
+    Tick,
+}
+
+/// A replica slot on the worker.
+enum Slot {
+    /// Its engine is loading; `cancelled` when a stop arrived meanwhile.
+    Loading { cancelled: bool },
+    /// It serves.
+    Running { model_uid: String, actor: ActorRef<ReplicaMsg> },
+}
+
+type Slots = Arc<Mutex<HashMap<String, Slot>>>;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Time settings of a worker.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WorkerTimes {
+    pub(crate) heartbeat_interval: Duration,
+    pub(crate) stop_timeout: Duration,
+    pub(crate) pull: PullTimes,
+}
+
+/// The worker actor.
+pub(crate) struct Worker {
+    pub(crate) ns: Namespace,
+    pub(crate) info: WorkerInfo,
+    pub(crate) times: WorkerTimes,
+}
+
+/// The worker's state: its replica slots (shared with the tasks that load replicas).
+pub(crate) struct WorkerState {
+    slots: Slots,
+}
+
+/// The supervisor, found through its process group.
+fn supervisor(ns: &Namespace) -> Option<ActorRef<SupervisorMsg>> {
+    ractor::pg::get_members(&ns.supervisor_group()).into_iter().next().map(Into::into)
+}
+
+/// The typed error inside a failed spawn: a replica's `pre_start` fails with an [`ActorError`].
+fn spawn_error(e: SpawnErr) -> ActorError {
+    match e {
+        SpawnErr::StartupFailed(inner) => match inner.downcast_ref::<ActorError>() {
+            Some(e) => e.clone(),
+            None => ActorError::Internal(format!("the replica failed to start: {inner}")),
+        },
+        other => ActorError::Internal(format!("the replica failed to start: {other}")),
+    }
+}
+
+impl Actor for Worker {
+    type Msg = WorkerMsg;
+    type State = WorkerState;
+    type Arguments = ();
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        _args: (),
+    ) -> Result<Self::State, ActorProcessingErr> {
+        ractor::pg::join(self.ns.worker_group(&self.info.worker_id), vec![myself.get_cell()]);
+        ractor::pg::join(self.ns.workers_group(), vec![myself.get_cell()]);
+        myself.send_interval(self.times.heartbeat_interval, || WorkerMsg::Tick);
+        Ok(WorkerState { slots: Arc::new(Mutex::new(HashMap::new())) })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        _state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        // Register at once rather than after the first interval.
+        if myself.cast(WorkerMsg::Tick).is_err() {
+            tracing::debug!("the worker stopped before its first heartbeat");
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let running: Vec<ActorRef<ReplicaMsg>> = lock(&state.slots)
+            .drain()
+            .filter_map(|(_, s)| match s {
+                Slot::Running { actor, .. } => Some(actor),
+                Slot::Loading { .. } => None,
+            })
+            .collect();
+        for actor in running {
+            if let Err(e) =
+                actor.stop_and_wait(Some("worker stopped".into()), Some(self.times.stop_timeout)).await
+            {
+                tracing::warn!(error = %e, "a replica did not stop in time");
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        message: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            WorkerMsg::Tick => match supervisor(&self.ns) {
+                Some(sup) => {
+                    if sup.cast(SupervisorMsg::Heartbeat { info: Wire::ok(self.info.clone()) }).is_err() {
+                        tracing::debug!("the supervisor did not take a heartbeat");
+                    }
+                }
+                None => tracing::debug!("no supervisor in sight for the heartbeat"),
+            },
+            WorkerMsg::SpawnReplica { spec, reply } => match spec.0 {
+                Err(e) => answer(reply, Wire(Err(e))),
+                Ok(spec) => self.spawn_replica(&myself, state, spec, reply),
+            },
+            WorkerMsg::StopReplica { replica_uid, reply } => {
+                let mut slots = lock(&state.slots);
+                match slots.get_mut(&replica_uid) {
+                    None => answer(reply, Wire::ok(false)),
+                    Some(Slot::Loading { cancelled }) => {
+                        // The loading task stops it when its engine is up.
+                        *cancelled = true;
+                        answer(reply, Wire::ok(true));
+                    }
+                    Some(Slot::Running { .. }) => {
+                        if let Some(Slot::Running { actor, .. }) = slots.remove(&replica_uid) {
+                            let timeout = self.times.stop_timeout;
+                            tokio::spawn(async move {
+                                if let Err(e) = actor
+                                    .stop_and_wait(Some("stopped by the supervisor".into()), Some(timeout))
+                                    .await
+                                {
+                                    tracing::warn!(%replica_uid, error = %e, "a replica did not stop in time");
+                                }
+                                answer(reply, Wire::ok(true));
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let (cell, why) = match &event {
+            SupervisionEvent::ActorTerminated(cell, _, reason) => (cell, reason.clone().unwrap_or_default()),
+            SupervisionEvent::ActorFailed(cell, e) => (cell, e.to_string()),
+            _ => return Ok(()),
+        };
+        // A replica stopped without being asked to: tell the supervisor.
+        let id = cell.get_id();
+        let dead = {
+            let mut slots = lock(&state.slots);
+            let uid = slots.iter().find_map(|(uid, s)| match s {
+                Slot::Running { actor, .. } if actor.get_id() == id => Some(uid.clone()),
+                _ => None,
+            });
+            uid.and_then(|uid| match slots.remove(&uid) {
+                Some(Slot::Running { model_uid, .. }) => Some((model_uid, uid)),
+                _ => None,
+            })
+        };
+        if let Some((model_uid, replica_uid)) = dead {
+            tracing::warn!(%model_uid, %replica_uid, reason = %why, "a replica stopped unexpectedly");
+            if let Some(sup) = supervisor(&self.ns) {
+                if sup.cast(SupervisorMsg::ReplicaDied { model_uid, replica_uid }).is_err() {
+                    tracing::warn!("could not report a dead replica to the supervisor");
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Worker {
+    fn spawn_replica(
+        &self,
+        myself: &ActorRef<WorkerMsg>,
+        state: &mut WorkerState,
+        spec: ReplicaSpec,
+        reply: RpcReplyPort<Wire<()>>,
+    ) {
+        let uid = spec.replica_uid.clone();
+        {
+            let mut slots = lock(&state.slots);
+            if slots.contains_key(&uid) {
+                answer(
+                    reply,
+                    Wire(Err(ActorError::Internal(format!(
+                        "replica `{uid}` already exists on worker {}",
+                        self.info.worker_id
+                    )))),
+                );
+                return;
+            }
+            slots.insert(uid.clone(), Slot::Loading { cancelled: false });
+        }
+        let slots = state.slots.clone();
+        let cell = myself.get_cell();
+        let name = self.ns.replica_name(&uid);
+        let model_uid = spec.model_uid.clone();
+        let args = ReplicaArgs {
+            group: self.ns.replica_group(&uid),
+            worker_id: self.info.worker_id.clone(),
+            times: self.times.pull,
+            spec,
+        };
+        let stop_timeout = self.times.stop_timeout;
+        // Load off the mailbox: heartbeats must keep flowing while a model loads.
+        tokio::spawn(async move {
+            let outcome = match Actor::spawn_linked(Some(name), Replica, args, cell).await {
+                Ok((actor, _)) => {
+                    let keep = {
+                        let mut slots = lock(&slots);
+                        match slots.get(&uid) {
+                            Some(Slot::Loading { cancelled: false }) => {
+                                slots.insert(uid.clone(), Slot::Running { model_uid, actor: actor.clone() });
+                                true
+                            }
+                            _ => {
+                                slots.remove(&uid);
+                                false
+                            }
+                        }
+                    };
+                    if keep {
+                        Ok(())
+                    } else {
+                        if let Err(e) = actor
+                            .stop_and_wait(Some("cancelled while loading".into()), Some(stop_timeout))
+                            .await
+                        {
+                            tracing::warn!(replica_uid = %uid, error = %e, "a cancelled replica did not stop in time");
+                        }
+                        Err(ActorError::Internal(format!("replica `{uid}` was stopped while it loaded")))
+                    }
+                }
+                Err(e) => {
+                    lock(&slots).remove(&uid);
+                    Err(spawn_error(e))
+                }
+            };
+            answer(reply, Wire(outcome));
+        });
+    }
+}
+
+/// The GPU indexes a worker may use: `XINF_GPUS` (a comma list of indexes, or `none`), else
+/// as many as `CUDA_VISIBLE_DEVICES` lists (which renumbers them from 0), else none.
+pub(crate) fn visible_gpus(
+    xinf_gpus: Option<&str>,
+    cuda_visible: Option<&str>,
+) -> Result<Vec<u32>, ActorError> {
+    if let Some(list) = xinf_gpus.map(str::trim).filter(|s| !s.is_empty()) {
+        if list.eq_ignore_ascii_case("none") || list == "-1" {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        for part in list.split(',').map(str::trim) {
+            let idx: u32 = part.parse().map_err(|_| ActorError::InvalidConfig {
+                field: "XINF_GPUS".into(),
+                reason: format!("`{part}` is not a GPU index (expected a comma list such as 0,1, or none)"),
+            })?;
+            if out.contains(&idx) {
+                return Err(ActorError::InvalidConfig {
+                    field: "XINF_GPUS".into(),
+                    reason: format!("GPU {idx} is listed twice"),
+                });
+            }
+            out.push(idx);
+        }
+        return Ok(out);
+    }
+    match cuda_visible.map(str::trim) {
+        None | Some("") => Ok(Vec::new()),
+        Some(list) if list.starts_with("-1") => Ok(Vec::new()),
+        Some(list) => Ok((0..list.split(',').filter(|s| !s.trim().is_empty()).count() as u32).collect()),
+    }
+}
+
+/// Whether `XINF_ALLOW_MULTI_REPLICA_PER_GPU` allows several replicas on one GPU.
+pub(crate) fn allow_gpu_sharing(value: Option<&str>) -> bool {
+    value.is_some_and(|v| ["1", "true", "yes"].iter().any(|t| v.trim().eq_ignore_ascii_case(t)))
+}

@@ -1,0 +1,337 @@
+//! The actors with the real default model (SmolLM2-135M, from the xinf cache): local mode with
+//! two replicas, a failed launch, abort, cluster authentication, and a worker in another
+//! process that serves and then dies.
+
+use futures::StreamExt;
+use serde_json::json;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use xinf_actors::{
+    ActorError, Cluster, ClusterOptions, LaunchRequest, LaunchRule, ModelStatus, ReplicaStatus,
+};
+use xinf_engine::{
+    EngineError, FinishReason, GenerateRequest, Prompt, SamplingParams, TokenEvent, TokenStream,
+};
+
+/// Logs to stderr when `RUST_LOG` asks for it (`RUST_LOG=xinf_actors=debug`).
+fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Short time limits so that failures show within seconds.
+fn options() -> ClusterOptions {
+    init_logs();
+    let mut o = ClusterOptions::default();
+    o.heartbeat_interval = Duration::from_millis(200);
+    o.heartbeat_timeout = Duration::from_millis(2_000);
+    o.call_timeout = Duration::from_secs(5);
+    o.load_timeout = Duration::from_secs(120);
+    o.stop_timeout = Duration::from_secs(5);
+    o.long_poll = Duration::from_millis(500);
+    o.idle_abort = Duration::from_secs(3);
+    o.join_timeout = Duration::from_secs(10);
+    o
+}
+
+fn launch_request(v: serde_json::Value) -> LaunchRequest {
+    let mut base = json!({"model_name": "smollm2-instruct", "kv_cache_tokens": 1024});
+    for (k, val) in v.as_object().expect("an object") {
+        base[k] = val.clone();
+    }
+    serde_json::from_value(base).expect("a launch request")
+}
+
+fn request(id: &str, prompt: &str, max_tokens: usize) -> GenerateRequest {
+    GenerateRequest {
+        request_id: id.into(),
+        prompt: Prompt::Text(prompt.into()),
+        sampling: SamplingParams::greedy(max_tokens),
+    }
+}
+
+/// A request that runs to `max_tokens` (end-of-sequence tokens do not end it), so that it is
+/// still running when the test acts on it.
+fn long_request(id: &str, prompt: &str) -> GenerateRequest {
+    let mut r = request(id, prompt, 400);
+    r.sampling.ignore_eos = true;
+    r
+}
+
+/// Everything a stream produced: text, finish reason, first error.
+async fn collect(mut stream: TokenStream) -> (String, Option<FinishReason>, Option<EngineError>) {
+    let mut text = String::new();
+    let read = async {
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(TokenEvent::Delta { text: t, .. }) => text.push_str(&t),
+                Ok(TokenEvent::Finished { reason, .. }) => return (Some(reason), None),
+                Err(e) => return (None, Some(e)),
+            }
+        }
+        (None, None)
+    };
+    let (reason, error) = tokio::time::timeout(Duration::from_secs(60), read).await.expect("the stream ends");
+    (text, reason, error)
+}
+
+/// Polls `check` every 50 ms for at most `limit`.
+async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    while !check().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Local mode: two hybrid replicas take turns, duplicate ids are refused, abort and a dropped
+/// stream end requests, and terminate leaves only the supervisor and the worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_mode_round_robins_over_two_replicas() {
+    let cluster = Cluster::start_local_with(options()).await.expect("start");
+    let base_actors = cluster.debug_actor_names();
+    assert_eq!(base_actors.len(), 2, "supervisor and worker: {base_actors:?}");
+    let workers = cluster.list_workers().await.expect("workers");
+    assert_eq!(workers.len(), 1);
+    assert_eq!(workers[0].info.worker_id, "local");
+
+    let uid = cluster.launch(launch_request(json!({"replica": 2}))).await.expect("launch");
+    assert_eq!(uid, "smollm2-instruct");
+    let info = cluster.get_model(&uid).await.expect("model");
+    assert_eq!(info.status, ModelStatus::Ready);
+    let replicas: Vec<(&str, ReplicaStatus)> =
+        info.replicas.iter().map(|r| (r.replica_uid.as_str(), r.status)).collect();
+    assert_eq!(
+        replicas,
+        [("smollm2-instruct-0", ReplicaStatus::Alive), ("smollm2-instruct-1", ReplicaStatus::Alive)]
+    );
+    assert_eq!(cluster.debug_actor_names().len(), 2 + 2 + 2, "two replicas, a router, a tracker");
+
+    // Four requests alternate; greedy output is the same on both replicas.
+    let mut texts = Vec::new();
+    for _ in 0..4 {
+        let stream =
+            cluster.generate(&uid, request("", "The capital of France is", 6)).await.expect("generate");
+        let (text, reason, error) = collect(stream).await;
+        assert!(error.is_none(), "{error:?}");
+        assert!(matches!(reason, Some(FinishReason::Length | FinishReason::Stop)));
+        assert!(!text.is_empty());
+        texts.push(text);
+    }
+    assert!(texts.windows(2).all(|w| w[0] == w[1]), "{texts:?}");
+    let stats = cluster.stats(&uid).await.expect("stats");
+    let served: Vec<(&str, u64)> =
+        stats.iter().map(|s| (s.replica_uid.as_str(), s.requests_served)).collect();
+    assert_eq!(served, [("smollm2-instruct-0", 2), ("smollm2-instruct-1", 2)]);
+    assert!(stats.iter().all(|s| s.generated_tokens > 0 && s.prompt_tokens > 0));
+
+    // A running id is refused; abort ends it.
+    let long = cluster
+        .generate(&uid, long_request("dup", "Tell me a long story about a dragon."))
+        .await
+        .expect("long");
+    let again = cluster.generate(&uid, request("dup", "Hello", 4)).await.map(|_| ()).expect_err("duplicate");
+    assert_eq!(again, ActorError::DuplicateRequest("dup".into()));
+    assert!(cluster.abort(&uid, "dup").await.expect("abort"), "the request was running");
+    let (_, reason, error) = collect(long).await;
+    assert!(
+        reason == Some(FinishReason::Abort) || error == Some(EngineError::Aborted),
+        "{reason:?} {error:?}"
+    );
+    assert!(!cluster.abort(&uid, "dup").await.expect("abort again"), "nothing left to abort");
+
+    // Dropping a stream aborts its request on the replica.
+    let mut dropped = cluster
+        .generate(&uid, long_request("dropped", "Tell me a long story about a knight."))
+        .await
+        .expect("gen");
+    assert!(dropped.next().await.is_some());
+    drop(dropped);
+    let (c, u) = (&cluster, uid.as_str());
+    eventually(Duration::from_secs(10), "the dropped request to stop", || async move {
+        c.stats(u).await.expect("stats").iter().all(|s| s.running == 0 && s.queued == 0)
+    })
+    .await;
+    // Its id is free again once the pull loop has finished.
+    eventually(Duration::from_secs(5), "the dropped id to be released", || async move {
+        match c.generate(u, request("dropped", "Hi", 1)).await {
+            Ok(s) => {
+                collect(s).await;
+                true
+            }
+            Err(ActorError::DuplicateRequest(_)) => false,
+            Err(e) => panic!("{e}"),
+        }
+    })
+    .await;
+
+    // Unknown models, scaling.
+    let e = cluster.generate("nope", request("", "Hi", 1)).await.map(|_| ()).expect_err("unknown");
+    assert_eq!(e, ActorError::ModelNotFound("nope".into()));
+    assert_eq!(cluster.scale(&uid, 3).await, Err(ActorError::ScaleNotSupported(uid.clone())));
+
+    // The block tracker answers; terminate leaves the supervisor and the worker only.
+    let tracker = cluster.block_tracker(&uid).await.expect("tracker");
+    tracker.register("smollm2-instruct-0", vec![(42, 1)]).expect("register");
+    let found = tracker.query(vec![42, 43], None).await.expect("query");
+    assert_eq!(found.len(), 1);
+    cluster.terminate(&uid).await.expect("terminate");
+    assert_eq!(cluster.debug_actor_names(), base_actors);
+    assert!(cluster.list_models().await.expect("models").is_empty());
+    let e = cluster.generate(&uid, request("", "Hi", 1)).await.map(|_| ()).expect_err("terminated");
+    assert_eq!(e.code(), "model_not_found");
+
+    cluster.shutdown().await;
+    assert!(cluster.debug_actor_names().is_empty());
+    let e = cluster.generate(&uid, request("", "Hi", 1)).await.map(|_| ()).expect_err("closed");
+    assert_eq!(e, ActorError::ShuttingDown);
+    assert!(cluster.list_models().await.is_err(), "the supervisor is gone");
+}
+
+/// A launch whose weights do not load leaves no actor and no state behind, and the same uid
+/// can be launched again; a request that fails validation creates nothing at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_launch_leaves_nothing_behind() {
+    let cluster = Cluster::start_local_with(options()).await.expect("start");
+    let before = cluster.debug_actor_names();
+    let bad = launch_request(json!({
+        "model_uid": "broken", "replica": 2, "model_path": "/nonexistent/xinf-test/model.gguf"
+    }));
+    for _ in 0..2 {
+        let e = cluster.launch(bad.clone()).await.expect_err("the weights do not exist");
+        assert!(
+            matches!(&e, ActorError::Engine(EngineError::Model(m)) if m.contains("/nonexistent/xinf-test")),
+            "{e}"
+        );
+        assert_eq!(cluster.debug_actor_names(), before);
+        assert!(cluster.list_models().await.expect("models").is_empty());
+        assert_eq!(cluster.get_model("broken").await, Err(ActorError::ModelNotFound("broken".into())));
+    }
+    let e = cluster.launch(launch_request(json!({"replica": 0}))).await.expect_err("invalid");
+    assert_eq!(e.launch_rule(), Some(LaunchRule::InvalidField));
+    let e = cluster
+        .launch(launch_request(json!({"replica_config": [{"role": "prefill"}, {"role": "decode"}]})))
+        .await
+        .expect_err("P/D");
+    assert_eq!(e, ActorError::PdNotAvailable);
+    assert_eq!(cluster.debug_actor_names(), before);
+    cluster.shutdown().await;
+}
+
+/// Nodes with different secrets do not join; wildcard listen addresses are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_with_different_secrets_refuse_each_other() {
+    let sup =
+        Cluster::start_supervisor_with("127.0.0.1", 0, "secret-one", options()).await.expect("supervisor");
+    let addr = sup.address().expect("an address").to_owned();
+    let mut o = options();
+    o.join_timeout = Duration::from_secs(3);
+    let e = Cluster::start_worker_with(&addr, "127.0.0.1", "secret-two", o).await.expect_err("wrong secret");
+    assert_eq!(e.code(), "cluster_join_failed", "{e}");
+    assert!(sup.list_workers().await.expect("workers").is_empty());
+
+    let e = Cluster::start_supervisor("0.0.0.0", 0, "s").await.expect_err("wildcard");
+    assert_eq!(e.code(), "invalid_cluster_config");
+    let e = Cluster::start_worker(&addr, "::", "s").await.expect_err("wildcard");
+    assert_eq!(e.code(), "invalid_cluster_config");
+    let e = Cluster::start_supervisor("127.0.0.1", 0, "").await.expect_err("empty secret");
+    assert_eq!(e.code(), "invalid_cluster_config");
+    sup.shutdown().await;
+}
+
+/// Kills the child process when a test ends, however it ends.
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A worker in another process joins with the secret, serves a replica across the process
+/// boundary, and when it dies its replica is marked dead, its in-flight request fails at once,
+/// and the model reports no replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_in_another_process_serves_and_its_loss_is_noticed() {
+    let secret = "secret-cross-process";
+    let sup = Cluster::start_supervisor_with("127.0.0.1", 0, secret, options()).await.expect("supervisor");
+    let addr = sup.address().expect("an address").to_owned();
+    let exe = std::env::current_exe().expect("the test binary");
+    let child = Command::new(exe)
+        .args(["--exact", "child_worker", "--ignored", "--nocapture", "--test-threads=1"])
+        .env("XINF_TEST_SUPERVISOR", &addr)
+        .env("XINF_TEST_SECRET", secret)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start the worker process");
+    let mut guard = ChildGuard(child);
+    // The worker registers with the supervisor once it has joined.
+    let s = &sup;
+    eventually(Duration::from_secs(30), "the worker process to join", || async move {
+        s.list_workers().await.expect("workers").iter().any(|w| w.alive)
+    })
+    .await;
+    let workers = sup.list_workers().await.expect("workers");
+    assert_eq!(workers.len(), 1);
+    let worker_id = workers[0].info.worker_id.clone();
+
+    let uid = sup
+        .launch(launch_request(json!({"model_uid": "remote", "replica_config": [
+            {"replica_uid": "remote-a", "devices": [{"worker_ip": worker_id, "n_gpu": 0}]}
+        ]})))
+        .await
+        .expect("launch on the remote worker");
+    let (text, reason, error) =
+        collect(sup.generate(&uid, request("", "The capital of France is", 6)).await.expect("generate"))
+            .await;
+    assert!(error.is_none() && reason.is_some() && !text.is_empty(), "{text:?} {reason:?} {error:?}");
+    let stats = sup.stats(&uid).await.expect("stats");
+    assert_eq!(stats.len(), 1);
+    assert_eq!((stats[0].worker_id.as_str(), stats[0].requests_served), (worker_id.as_str(), 1));
+
+    // Kill the worker while a request streams.
+    let mut long =
+        sup.generate(&uid, long_request("", "Tell me a long story about a dragon.")).await.expect("long");
+    assert!(long.next().await.is_some());
+    let killed = tokio::time::Instant::now();
+    let _ = guard.0.kill();
+    let (_, reason, error) = collect(long).await;
+    assert!(reason.is_none() && error.is_some(), "the request must fail: {reason:?} {error:?}");
+    assert!(killed.elapsed() < Duration::from_secs(8), "it failed after {:?}", killed.elapsed());
+
+    let (s, u) = (&sup, uid.as_str());
+    eventually(Duration::from_secs(10), "the replica to be marked dead", || async move {
+        s.get_model(u).await.expect("model").status == ModelStatus::Error
+    })
+    .await;
+    let info = sup.get_model(&uid).await.expect("model");
+    assert_eq!(info.replicas[0].status, ReplicaStatus::Dead);
+    let e = sup.generate(&uid, request("", "Hi", 1)).await.map(|_| ()).expect_err("no replica");
+    assert_eq!(e, ActorError::NoReplica(uid.clone()));
+    assert!(!sup.list_workers().await.expect("workers")[0].alive);
+    sup.terminate(&uid).await.expect("terminate");
+    sup.shutdown().await;
+}
+
+/// The worker process of the test above; runs only when that test starts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "started by a_worker_in_another_process_serves_and_its_loss_is_noticed"]
+async fn child_worker() {
+    let (Ok(addr), Ok(secret)) = (std::env::var("XINF_TEST_SUPERVISOR"), std::env::var("XINF_TEST_SECRET"))
+    else {
+        panic!("child_worker is started by another test, with XINF_TEST_SUPERVISOR and XINF_TEST_SECRET");
+    };
+    let node = Cluster::start_worker_with(&addr, "127.0.0.1", &secret, options()).await.expect("join");
+    tracing::info!(worker_id = node.worker_id(), "the test worker joined");
+    // Serve until the parent closes stdin (or kills this process).
+    let _ = tokio::task::spawn_blocking(|| std::io::stdin().read_line(&mut String::new())).await;
+    node.shutdown().await;
+}

@@ -1,0 +1,155 @@
+//! The OpenAI-compatible REST API (actix-web).
+//!
+//! [`serve`] binds `host:port` and serves a [`ModelService`] on the tokio runtime it is
+//! awaited in (actix runs its HTTP workers on threads of their own):
+//!
+//! | route | does |
+//! |---|---|
+//! | `POST /v1/chat/completions` | chat, streaming (SSE) or not |
+//! | `POST /v1/completions` | text completion, streaming or not |
+//! | `GET /v1/models`, `GET /v1/models/{uid}` | the models, OpenAI's shape plus an `xinf` object |
+//! | `GET /v1/models/{uid}/stats` | the model's load figures (JSON) |
+//! | `POST /v1/models/{uid}/requests/{rid}/abort` | `{"msg": "DONE"}` or `{"msg": "NOT_FOUND"}` |
+//! | `GET /health` | `{"status": "ok"}` |
+//! | `GET /metrics` | Prometheus text: running/queued requests, token counters, KV blocks |
+//!
+//! Requests are strict: an unknown field, a field of the wrong type, or a parameter xinf does
+//! not support yet (`n` > 1, `logprobs`, `response_format` other than text, tools, image
+//! content, batches of prompts) is refused with 400 and the field in `param`. Errors use
+//! OpenAI's shape, in the language of `Accept-Language` (see the `error` module for the
+//! status table). When an API key is configured, every `/v1` route needs
+//! `Authorization: Bearer <key>`; `/health` and `/metrics` stay open.
+//!
+//! A client that disconnects from a stream aborts its request: the response body owns the
+//! engine's token stream, and dropping it aborts the request.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use xinf::api::{ApiConfig, LocalService, serve};
+//! # use xinf::engine::Engine;
+//! # async fn demo(engine: Arc<dyn Engine>) -> std::io::Result<()> {
+//! let service = LocalService::new().with_model("smollm2", "smollm2-instruct", engine);
+//! let server = serve(ApiConfig { port: 0, ..ApiConfig::default() }, Arc::new(service)).await?;
+//! println!("listening on http://{}/v1", server.local_addr());
+//! server.stop(true).await;
+//! # Ok(()) }
+//! ```
+
+mod auth;
+mod error;
+mod openai;
+mod routes;
+mod service;
+mod sse;
+
+pub use service::{LocalService, ModelInfo, ModelService, ModelStatus, ServiceError, engine_stats_json};
+
+use actix_web::{App, HttpServer, web};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// How the REST server runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiConfig {
+    /// Address to bind (default `127.0.0.1`).
+    pub host: String,
+    /// Port to bind; 0 picks a free one (see [`ServerHandle::local_addr`]). Default 9997.
+    pub port: u16,
+    /// When set, every `/v1` route needs `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+    /// Largest request body in bytes; larger ones get 413. Default 4 MiB.
+    pub max_body_bytes: usize,
+    /// HTTP worker threads; `None` uses actix's default (one per CPU core).
+    pub workers: Option<usize>,
+    /// Seconds a graceful stop waits for requests in flight. Default 10.
+    pub shutdown_timeout_secs: u64,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 9997,
+            api_key: None,
+            max_body_bytes: 4 << 20,
+            workers: None,
+            shutdown_timeout_secs: 10,
+        }
+    }
+}
+
+/// What every handler reaches through `web::Data`.
+pub(crate) struct AppState {
+    pub(crate) service: Arc<dyn ModelService>,
+    pub(crate) api_key: Option<String>,
+    pub(crate) max_body_bytes: usize,
+}
+
+/// A running server.
+pub struct ServerHandle {
+    addr: SocketAddr,
+    handle: actix_web::dev::ServerHandle,
+    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl std::fmt::Debug for ServerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerHandle").field("addr", &self.addr).finish_non_exhaustive()
+    }
+}
+
+impl ServerHandle {
+    /// The address the server listens on (with the real port when port 0 was asked for).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops the server: `graceful` lets requests in flight finish (up to the shutdown
+    /// timeout). Returns when the server has stopped.
+    pub async fn stop(&self, graceful: bool) {
+        self.handle.stop(graceful).await;
+    }
+
+    /// Waits until the server stops (after [`stop`](Self::stop), or on a fatal error).
+    pub async fn stopped(&mut self) -> std::io::Result<()> {
+        let Some(task) = self.task.as_mut() else { return Ok(()) };
+        let result = task.await;
+        self.task = None;
+        match result {
+            Ok(r) => r,
+            Err(e) => Err(std::io::Error::other(e)),
+        }
+    }
+}
+
+/// Binds `config.host:config.port` and serves `service` until the handle is stopped.
+///
+/// Must be awaited inside a tokio runtime; the server's own task runs on it. Signals are not
+/// handled here: the caller decides when to [`stop`](ServerHandle::stop).
+pub async fn serve(config: ApiConfig, service: Arc<dyn ModelService>) -> std::io::Result<ServerHandle> {
+    let state = web::Data::new(AppState {
+        service,
+        api_key: config.api_key.clone().filter(|k| !k.is_empty()),
+        max_body_bytes: config.max_body_bytes,
+    });
+    let mut server = HttpServer::new(move || {
+        App::new()
+            .app_data(state.clone())
+            .configure(routes::configure)
+            .default_service(web::to(routes::not_found))
+    })
+    .disable_signals()
+    .shutdown_timeout(config.shutdown_timeout_secs);
+    if let Some(n) = config.workers {
+        server = server.workers(n.max(1));
+    }
+    let server = server.bind((config.host.as_str(), config.port))?;
+    let addr = server.addrs().first().copied().ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::AddrNotAvailable, format!("{}:{}", config.host, config.port))
+    })?;
+    let server = server.run();
+    let handle = server.handle();
+    let task = tokio::spawn(server);
+    tracing::info!(target: "xinf::api", %addr, "serving the OpenAI API");
+    Ok(ServerHandle { addr, handle, task: Some(task) })
+}

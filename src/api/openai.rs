@@ -1,0 +1,325 @@
+//! OpenAI wire types: request bodies (strict: unknown fields are refused) and responses.
+//!
+//! Fields that OpenAI defines and xinf does not support yet are still declared, so that a
+//! request using them gets "not supported" naming the field rather than "unknown field".
+
+use serde::de::IgnoredAny;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// `stop`: one string or a list of strings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum StopField {
+    /// One stop string.
+    One(String),
+    /// Several stop strings.
+    Many(Vec<String>),
+}
+
+impl StopField {
+    pub(crate) fn into_vec(self) -> Vec<String> {
+        match self {
+            Self::One(s) => vec![s],
+            Self::Many(v) => v,
+        }
+    }
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StreamOptions {
+    /// Send a last chunk with the token counts (and `choices: []`).
+    #[serde(default)]
+    pub(crate) include_usage: Option<bool>,
+    /// Token counts in every chunk (not supported: only the last chunk has them).
+    #[serde(default, rename = "continuous_usage_stats")]
+    _continuous_usage_stats: Option<IgnoredAny>,
+}
+
+/// One message of a chat request.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct InMessage {
+    /// `system`, `developer`, `user`, `assistant` or `tool`.
+    pub(crate) role: String,
+    /// A string, a list of content parts, or null (assistant messages).
+    #[serde(default)]
+    pub(crate) content: Option<Value>,
+    /// The author's name; ignored.
+    #[serde(default, rename = "name")]
+    _name: Option<IgnoredAny>,
+    /// Tool calls of an assistant message (refused unless empty).
+    #[serde(default)]
+    pub(crate) tool_calls: Option<Value>,
+    /// The tool call a tool message answers; ignored.
+    #[serde(default, rename = "tool_call_id")]
+    _tool_call_id: Option<IgnoredAny>,
+    /// Legacy function call of an assistant message (refused unless null).
+    #[serde(default)]
+    pub(crate) function_call: Option<Value>,
+    /// Echoed back by clients that replay assistant messages; ignored.
+    #[serde(default, rename = "refusal")]
+    _refusal: Option<IgnoredAny>,
+    /// Echoed back by clients that replay assistant messages; ignored.
+    #[serde(default, rename = "annotations")]
+    _annotations: Option<IgnoredAny>,
+    /// Echoed back by clients that replay assistant messages; ignored.
+    #[serde(default, rename = "audio")]
+    _audio: Option<IgnoredAny>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ChatCompletionRequest {
+    pub(crate) model: String,
+    pub(crate) messages: Vec<InMessage>,
+    #[serde(default)]
+    pub(crate) max_tokens: Option<usize>,
+    #[serde(default)]
+    pub(crate) max_completion_tokens: Option<usize>,
+    #[serde(default)]
+    pub(crate) temperature: Option<f32>,
+    #[serde(default)]
+    pub(crate) top_p: Option<f32>,
+    #[serde(default)]
+    pub(crate) top_k: Option<i64>,
+    #[serde(default)]
+    pub(crate) min_p: Option<f32>,
+    #[serde(default)]
+    pub(crate) seed: Option<u64>,
+    #[serde(default)]
+    pub(crate) stop: Option<StopField>,
+    #[serde(default)]
+    pub(crate) stream: Option<bool>,
+    #[serde(default)]
+    pub(crate) stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub(crate) presence_penalty: Option<f32>,
+    #[serde(default)]
+    pub(crate) frequency_penalty: Option<f32>,
+    #[serde(default)]
+    pub(crate) repetition_penalty: Option<f32>,
+    #[serde(default)]
+    pub(crate) n: Option<u64>,
+    #[serde(default)]
+    pub(crate) logprobs: Option<bool>,
+    #[serde(default)]
+    pub(crate) top_logprobs: Option<u64>,
+    #[serde(default)]
+    pub(crate) response_format: Option<Value>,
+    #[serde(default, rename = "user")]
+    _user: Option<IgnoredAny>,
+    #[serde(default)]
+    pub(crate) request_id: Option<String>,
+    #[serde(default)]
+    pub(crate) ignore_eos: Option<bool>,
+    #[serde(default)]
+    pub(crate) stop_token_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    pub(crate) tools: Option<Value>,
+    #[serde(default)]
+    pub(crate) tool_choice: Option<Value>,
+    #[serde(default, rename = "parallel_tool_calls")]
+    _parallel_tool_calls: Option<IgnoredAny>,
+    #[serde(default)]
+    pub(crate) functions: Option<Value>,
+    #[serde(default)]
+    pub(crate) function_call: Option<Value>,
+    #[serde(default)]
+    pub(crate) logit_bias: Option<Value>,
+    #[serde(default, rename = "metadata")]
+    _metadata: Option<IgnoredAny>,
+    #[serde(default, rename = "store")]
+    _store: Option<IgnoredAny>,
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CompletionRequest {
+    pub(crate) model: String,
+    pub(crate) prompt: Value,
+    #[serde(default)]
+    pub(crate) max_tokens: Option<usize>,
+    #[serde(default)]
+    pub(crate) temperature: Option<f32>,
+    #[serde(default)]
+    pub(crate) top_p: Option<f32>,
+    #[serde(default)]
+    pub(crate) top_k: Option<i64>,
+    #[serde(default)]
+    pub(crate) min_p: Option<f32>,
+    #[serde(default)]
+    pub(crate) seed: Option<u64>,
+    #[serde(default)]
+    pub(crate) stop: Option<StopField>,
+    #[serde(default)]
+    pub(crate) stream: Option<bool>,
+    #[serde(default)]
+    pub(crate) stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub(crate) presence_penalty: Option<f32>,
+    #[serde(default)]
+    pub(crate) frequency_penalty: Option<f32>,
+    #[serde(default)]
+    pub(crate) repetition_penalty: Option<f32>,
+    #[serde(default)]
+    pub(crate) n: Option<u64>,
+    #[serde(default)]
+    pub(crate) best_of: Option<u64>,
+    #[serde(default)]
+    pub(crate) logprobs: Option<u64>,
+    #[serde(default)]
+    pub(crate) echo: Option<bool>,
+    #[serde(default)]
+    pub(crate) suffix: Option<String>,
+    #[serde(default)]
+    pub(crate) logit_bias: Option<Value>,
+    #[serde(default, rename = "user")]
+    _user: Option<IgnoredAny>,
+    #[serde(default)]
+    pub(crate) request_id: Option<String>,
+    #[serde(default)]
+    pub(crate) ignore_eos: Option<bool>,
+    #[serde(default)]
+    pub(crate) stop_token_ids: Option<Vec<u32>>,
+}
+
+/// Token counts of a response.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub(crate) struct UsageOut {
+    pub(crate) prompt_tokens: usize,
+    pub(crate) completion_tokens: usize,
+    pub(crate) total_tokens: usize,
+}
+
+impl From<xinf_engine::Usage> for UsageOut {
+    fn from(u: xinf_engine::Usage) -> Self {
+        Self {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+            total_tokens: u.prompt_tokens + u.completion_tokens,
+        }
+    }
+}
+
+/// The assistant message of a chat response.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct OutMessage {
+    pub(crate) role: &'static str,
+    pub(crate) content: String,
+}
+
+/// One choice of a chat response.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ChatChoice {
+    pub(crate) index: u32,
+    pub(crate) message: OutMessage,
+    pub(crate) logprobs: Option<()>,
+    pub(crate) finish_reason: &'static str,
+}
+
+/// A non-streaming chat response (`object: "chat.completion"`).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ChatCompletion {
+    pub(crate) id: String,
+    pub(crate) object: &'static str,
+    pub(crate) created: u64,
+    pub(crate) model: String,
+    pub(crate) choices: Vec<ChatChoice>,
+    pub(crate) usage: UsageOut,
+}
+
+/// What a chat chunk adds.
+#[derive(Debug, Clone, Default, Serialize)]
+pub(crate) struct Delta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) content: Option<String>,
+}
+
+/// One choice of a chat chunk.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ChunkChoice {
+    pub(crate) index: u32,
+    pub(crate) delta: Delta,
+    pub(crate) logprobs: Option<()>,
+    pub(crate) finish_reason: Option<&'static str>,
+}
+
+/// A streamed chat chunk (`object: "chat.completion.chunk"`).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ChatChunk {
+    pub(crate) id: String,
+    pub(crate) object: &'static str,
+    pub(crate) created: u64,
+    pub(crate) model: String,
+    pub(crate) choices: Vec<ChunkChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) usage: Option<UsageOut>,
+}
+
+/// One choice of a completion (or completion chunk).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct TextChoice {
+    pub(crate) index: u32,
+    pub(crate) text: String,
+    pub(crate) logprobs: Option<()>,
+    pub(crate) finish_reason: Option<&'static str>,
+}
+
+/// A completion response or streamed chunk (`object: "text_completion"`).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Completion {
+    pub(crate) id: String,
+    pub(crate) object: &'static str,
+    pub(crate) created: u64,
+    pub(crate) model: String,
+    pub(crate) choices: Vec<TextChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) usage: Option<UsageOut>,
+}
+
+/// The body of every error response: `{"error": {...}}`.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ErrorBody {
+    pub(crate) error: ErrorDetail,
+}
+
+/// OpenAI's error object.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ErrorDetail {
+    pub(crate) message: String,
+    #[serde(rename = "type")]
+    pub(crate) kind: &'static str,
+    pub(crate) param: Option<String>,
+    pub(crate) code: &'static str,
+}
+
+/// One entry of `GET /v1/models`.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ModelObject {
+    pub(crate) id: String,
+    pub(crate) object: &'static str,
+    pub(crate) created: u64,
+    pub(crate) owned_by: &'static str,
+    /// xinf's own description of the model.
+    pub(crate) xinf: crate::api::ModelInfo,
+}
+
+impl From<crate::api::ModelInfo> for ModelObject {
+    fn from(info: crate::api::ModelInfo) -> Self {
+        Self { id: info.uid.clone(), object: "model", created: info.created, owned_by: "xinf", xinf: info }
+    }
+}
+
+/// `GET /v1/models`.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ModelList {
+    pub(crate) object: &'static str,
+    pub(crate) data: Vec<ModelObject>,
+}

@@ -1,0 +1,186 @@
+//! `POST /v1/chat/completions`.
+
+use super::{Generation, SamplingFields, generate, is_set, localized, parse_json, read_body, request_id};
+use crate::api::AppState;
+use crate::api::error::{ApiError, Problem};
+use crate::api::openai::{ChatCompletionRequest, InMessage};
+use crate::api::sse::Flavor;
+use actix_web::{HttpRequest, HttpResponse, web};
+use serde_json::Value;
+use xinf_engine::{ChatMessage, GenerateRequest, Prompt};
+
+/// Content part types that carry something other than text.
+const MULTIMODAL_PARTS: &[&str] =
+    &["image_url", "input_image", "image", "input_audio", "audio_url", "video_url", "file", "input_file"];
+
+/// The handler.
+pub(crate) async fn create(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let result = handle(&req, payload, &state).await;
+    localized(&req, result)
+}
+
+async fn handle(req: &HttpRequest, payload: web::Payload, state: &AppState) -> Result<HttpResponse, Problem> {
+    let body = read_body(req, payload, state.max_body_bytes).await?;
+    let r: ChatCompletionRequest = parse_json(&body)?;
+    refuse_unsupported(&r)?;
+    let messages = messages(r.messages)?;
+    let sampling = SamplingFields {
+        max_tokens: r.max_completion_tokens.or(r.max_tokens),
+        temperature: r.temperature,
+        top_p: r.top_p,
+        top_k: r.top_k,
+        min_p: r.min_p,
+        seed: r.seed,
+        stop: r.stop,
+        presence_penalty: r.presence_penalty,
+        frequency_penalty: r.frequency_penalty,
+        repetition_penalty: r.repetition_penalty,
+        ignore_eos: r.ignore_eos,
+        stop_token_ids: r.stop_token_ids,
+        n: r.n,
+    }
+    .into_params()?;
+    let request_id = request_id(req, r.request_id, "chatcmpl")?;
+    let job = Generation {
+        model: r.model,
+        request: GenerateRequest { request_id, prompt: Prompt::Chat(messages), sampling },
+        stream: r.stream.unwrap_or(false),
+        include_usage: r.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+        flavor: Flavor::Chat,
+    };
+    generate(state, req, job).await
+}
+
+fn refuse_unsupported(r: &ChatCompletionRequest) -> Result<(), Problem> {
+    if r.logprobs == Some(true) {
+        return Err(Problem::field("logprobs", "api-logprobs-unsupported", "unsupported_parameter"));
+    }
+    if r.top_logprobs.is_some_and(|k| k > 0) {
+        return Err(Problem::field("top_logprobs", "api-logprobs-unsupported", "unsupported_parameter"));
+    }
+    if let Some(format) = &r.response_format {
+        match format.get("type").and_then(Value::as_str) {
+            Some("text") => {}
+            Some(kind) => {
+                return Err(Problem::field_with(
+                    "response_format",
+                    "api-response-format-unsupported",
+                    "unsupported_parameter",
+                    ("kind", kind.to_owned()),
+                ));
+            }
+            None => {
+                return Err(Problem::field(
+                    "response_format",
+                    "api-response-format-invalid",
+                    "invalid_value",
+                ));
+            }
+        }
+    }
+    let auto = |v: &Option<Value>| v.as_ref().and_then(Value::as_str) == Some("auto");
+    if is_set(&r.tools) {
+        return Err(Problem::field("tools", "api-tools-unsupported", "unsupported_parameter"));
+    }
+    if is_set(&r.tool_choice) && !auto(&r.tool_choice) {
+        return Err(Problem::field("tool_choice", "api-tools-unsupported", "unsupported_parameter"));
+    }
+    if is_set(&r.functions) {
+        return Err(Problem::field("functions", "api-tools-unsupported", "unsupported_parameter"));
+    }
+    if is_set(&r.function_call) && !auto(&r.function_call) {
+        return Err(Problem::field("function_call", "api-tools-unsupported", "unsupported_parameter"));
+    }
+    if is_set(&r.logit_bias) {
+        return Err(Problem::field("logit_bias", "api-logit-bias-unsupported", "unsupported_parameter"));
+    }
+    Ok(())
+}
+
+/// The request's messages as the engine takes them: `developer` becomes `system`, content
+/// parts are joined with newlines.
+fn messages(input: Vec<InMessage>) -> Result<Vec<ChatMessage>, Problem> {
+    if input.is_empty() {
+        return Err(Problem::field("messages", "api-messages-empty", "invalid_value"));
+    }
+    input
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let role = match m.role.as_str() {
+                "system" | "user" | "assistant" | "tool" => m.role.clone(),
+                "developer" => "system".to_owned(),
+                other => {
+                    return Err(Problem::field_with(
+                        format!("messages[{i}].role"),
+                        "api-role-invalid",
+                        "invalid_value",
+                        ("role", other.to_owned()),
+                    ));
+                }
+            };
+            if is_set(&m.tool_calls) {
+                let field = format!("messages[{i}].tool_calls");
+                return Err(Problem::field(field, "api-tools-unsupported", "unsupported_parameter"));
+            }
+            if is_set(&m.function_call) {
+                let field = format!("messages[{i}].function_call");
+                return Err(Problem::field(field, "api-tools-unsupported", "unsupported_parameter"));
+            }
+            let content = content_text(m.content, &format!("messages[{i}].content"))?;
+            Ok(ChatMessage::new(role, content))
+        })
+        .collect()
+}
+
+/// The text of a message's content: a string, or a list of `{"type": "text", "text": ..}`.
+fn content_text(content: Option<Value>, field: &str) -> Result<String, Problem> {
+    let invalid = || Problem::field(field, "api-content-invalid", "invalid_value");
+    match content {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s),
+        Some(Value::Array(parts)) => {
+            let mut texts = Vec::with_capacity(parts.len());
+            for part in &parts {
+                match part.get("type").and_then(Value::as_str) {
+                    Some("text") => texts.push(part.get("text").and_then(Value::as_str).ok_or_else(invalid)?),
+                    Some(kind) if MULTIMODAL_PARTS.contains(&kind) => {
+                        return Err(Problem::field(field, "api-multimodal", "unsupported_parameter"));
+                    }
+                    _ => return Err(invalid()),
+                }
+            }
+            Ok(texts.join("\n"))
+        }
+        Some(_) => Err(invalid()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn field_of(p: Problem) -> String {
+        match p {
+            Problem::Field { field, key, .. } => format!("{field} {key}"),
+            other => format!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn content_parts() {
+        let parts = json!([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]);
+        assert_eq!(content_text(Some(parts), "c").ok(), Some("a\nb".to_owned()));
+        let image = json!([{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}]);
+        let err = content_text(Some(image), "messages[0].content").err().map(field_of);
+        assert_eq!(err.as_deref(), Some("messages[0].content api-multimodal"));
+        assert!(content_text(Some(json!(3)), "c").is_err());
+        assert!(content_text(Some(json!([{"type": "text"}])), "c").is_err());
+        assert_eq!(content_text(None, "c").ok(), Some(String::new()));
+    }
+}

@@ -1,0 +1,62 @@
+//! `GET /health` and `GET /metrics` (Prometheus text format). Neither needs the API key.
+
+use crate::api::AppState;
+use actix_web::{HttpResponse, web};
+use std::fmt::Write;
+
+/// Liveness: `{"status": "ok"}`.
+pub(crate) async fn health() -> HttpResponse {
+    HttpResponse::Ok().json(serde_json::json!({ "status": "ok" }))
+}
+
+/// The metrics, one family per stats key; see [`crate::api::ModelService`].
+const FAMILIES: &[(&str, &str, &str, &str)] = &[
+    ("xinf_requests_running", "gauge", "running", "Requests being computed."),
+    ("xinf_requests_queued", "gauge", "queued", "Requests waiting for admission."),
+    ("xinf_prompt_tokens_total", "counter", "prompt_tokens", "Prompt tokens computed since start."),
+    ("xinf_generation_tokens_total", "counter", "generated_tokens", "Tokens generated since start."),
+    ("xinf_kv_blocks_used", "gauge", "used_blocks", "KV cache blocks in use."),
+    ("xinf_kv_blocks_total", "gauge", "total_blocks", "KV cache blocks in all."),
+];
+
+/// A Prometheus label value: backslash, double quote and newline escaped.
+fn label(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// The metrics of every model.
+pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    let models = state.service.list();
+    let stats: Vec<(String, Option<serde_json::Value>)> = models
+        .iter()
+        .map(|m| {
+            let labels = format!("model_uid=\"{}\",model_name=\"{}\"", label(&m.uid), label(&m.model_name));
+            (labels, state.service.stats(&m.uid).ok())
+        })
+        .collect();
+    let mut out = String::new();
+    let _ = writeln!(out, "# HELP xinf_model_ready Whether the model takes requests (1) or not (0).");
+    let _ = writeln!(out, "# TYPE xinf_model_ready gauge");
+    for (m, (labels, _)) in models.iter().zip(&stats) {
+        let ready = u8::from(m.status == crate::api::ModelStatus::Ready);
+        let _ = writeln!(out, "xinf_model_ready{{{labels}}} {ready}");
+    }
+    for (name, kind, key, help) in FAMILIES {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for (labels, s) in &stats {
+            if let Some(v) = s.as_ref().and_then(|s| s.get(*key)).and_then(serde_json::Value::as_f64) {
+                let _ = writeln!(out, "{name}{{{labels}}} {v}");
+            }
+        }
+    }
+    HttpResponse::Ok().content_type("text/plain; version=0.0.4; charset=utf-8").body(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn label_escaping() {
+        assert_eq!(super::label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

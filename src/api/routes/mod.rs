@@ -1,0 +1,272 @@
+//! The routes, and what the generation routes share: reading a bounded JSON body, request
+//! ids, and OpenAI sampling fields turned into [`SamplingParams`].
+
+pub(crate) mod chat;
+pub(crate) mod completions;
+pub(crate) mod health;
+pub(crate) mod models;
+
+use crate::api::AppState;
+use crate::api::error::{ApiError, Problem, request_lang};
+use crate::api::openai::{
+    ChatChoice, ChatCompletion, Completion, OutMessage, StopField, TextChoice, UsageOut,
+};
+use crate::api::sse::{self, Flavor, ResponseMeta};
+use actix_web::http::header;
+use actix_web::web::{self, Bytes, BytesMut};
+use actix_web::{HttpRequest, HttpResponse};
+use futures::StreamExt;
+use serde::de::DeserializeOwned;
+use std::time::{SystemTime, UNIX_EPOCH};
+use tracing::Instrument;
+use xinf_engine::SamplingParams;
+
+/// Registers every route.
+pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.service(resource("/health").route(web::get().to(health::health)))
+        .service(resource("/metrics").route(web::get().to(health::metrics)))
+        .service(
+            web::scope("/v1")
+                .wrap(actix_web::middleware::from_fn(crate::api::auth::require_api_key))
+                .service(resource("/chat/completions").route(web::post().to(chat::create)))
+                .service(resource("/completions").route(web::post().to(completions::create)))
+                .service(resource("/models").route(web::get().to(models::list)))
+                .service(resource("/models/{uid}").route(web::get().to(models::get)))
+                .service(resource("/models/{uid}/stats").route(web::get().to(models::stats)))
+                .service(resource("/models/{uid}/requests/{rid}/abort").route(web::post().to(models::abort)))
+                .default_service(web::to(not_found)),
+        );
+}
+
+/// A resource that answers other methods with 405 in the OpenAI error shape.
+fn resource(path: &str) -> actix_web::Resource {
+    web::resource(path).default_service(web::to(method_not_allowed))
+}
+
+/// A known path asked with a method it does not take.
+pub(crate) async fn method_not_allowed(req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let problem = Problem::MethodNotAllowed { method: req.method().to_string(), path: req.path().to_owned() };
+    Err(ApiError::new(problem, request_lang(&req)))
+}
+
+/// Any path without a route.
+pub(crate) async fn not_found(req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let problem = Problem::RouteNotFound { method: req.method().to_string(), path: req.path().to_owned() };
+    Err(ApiError::new(problem, request_lang(&req)))
+}
+
+/// Bodies past the limit are still read (and dropped) up to this many bytes, so that the
+/// client, which is still sending, sees the 413 answer instead of a reset connection.
+const DRAIN_LIMIT: usize = 64 << 20;
+
+/// Reads the body, refusing more than `limit` bytes.
+pub(crate) async fn read_body(
+    req: &HttpRequest,
+    mut payload: web::Payload,
+    limit: usize,
+) -> Result<Bytes, Problem> {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    let mut body = BytesMut::new();
+    let mut seen = 0usize;
+    let mut too_large = declared.is_some_and(|n| n > limit);
+    while let Some(chunk) = payload.next().await {
+        let chunk = match chunk {
+            Ok(c) => c,
+            Err(_) if too_large => break,
+            Err(e) => return Err(Problem::BadBody(e.to_string())),
+        };
+        seen += chunk.len();
+        if seen > limit {
+            too_large = true;
+        }
+        if too_large {
+            body.clear();
+            if seen > DRAIN_LIMIT {
+                break;
+            }
+            continue;
+        }
+        body.extend_from_slice(&chunk);
+    }
+    if too_large {
+        return Err(Problem::TooLarge { limit });
+    }
+    Ok(body.freeze())
+}
+
+/// Parses a JSON body into a request type; errors name the offending field.
+pub(crate) fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, Problem> {
+    // serde would take an array as the fields in order; refuse it plainly instead.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+        return Err(Problem::field("body", "api-body-not-object", "invalid_type"));
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value: T = serde_path_to_error::deserialize(&mut de).map_err(Problem::from_json)?;
+    de.end().map_err(|e| Problem::InvalidJson(e.to_string()))?;
+    Ok(value)
+}
+
+/// Seconds since the Unix epoch.
+pub(crate) fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default()
+}
+
+/// The request id: the `X-Request-Id` header, else the body's `request_id`, else
+/// `<prefix>-<32 random hex digits>`. A client-supplied id is used unchanged, as the engine's
+/// request id (what the abort route takes) and as the response `id`.
+pub(crate) fn request_id(
+    req: &HttpRequest,
+    body_id: Option<String>,
+    prefix: &str,
+) -> Result<String, Problem> {
+    let header_id = req.headers().get("x-request-id").map(|v| v.to_str().map(str::to_owned));
+    let (id, field) = match header_id {
+        Some(Ok(id)) => (Some(id), "X-Request-Id"),
+        Some(Err(_)) => {
+            return Err(Problem::field("X-Request-Id", "api-request-id-invalid", "invalid_request_id"));
+        }
+        None => (body_id, "request_id"),
+    };
+    match id {
+        Some(id) => {
+            let ok = !id.is_empty() && id.len() <= 256 && id.chars().all(|c| c.is_ascii_graphic());
+            if ok {
+                Ok(id)
+            } else {
+                Err(Problem::field(field, "api-request-id-invalid", "invalid_request_id"))
+            }
+        }
+        None => Ok(format!("{prefix}-{:032x}", rand::random::<u128>())),
+    }
+}
+
+/// The sampling fields both generation APIs share, as the client sent them.
+#[derive(Debug, Default)]
+pub(crate) struct SamplingFields {
+    pub(crate) max_tokens: Option<usize>,
+    pub(crate) temperature: Option<f32>,
+    pub(crate) top_p: Option<f32>,
+    pub(crate) top_k: Option<i64>,
+    pub(crate) min_p: Option<f32>,
+    pub(crate) seed: Option<u64>,
+    pub(crate) stop: Option<StopField>,
+    pub(crate) presence_penalty: Option<f32>,
+    pub(crate) frequency_penalty: Option<f32>,
+    pub(crate) repetition_penalty: Option<f32>,
+    pub(crate) ignore_eos: Option<bool>,
+    pub(crate) stop_token_ids: Option<Vec<u32>>,
+    pub(crate) n: Option<u64>,
+}
+
+impl SamplingFields {
+    /// Engine sampling settings with OpenAI defaults (temperature 1, top_p 1), checked: the
+    /// error names the first bad field.
+    pub(crate) fn into_params(self) -> Result<SamplingParams, Problem> {
+        if let Some(n) = self.n
+            && n != 1
+        {
+            return Err(Problem::field("n", "api-n-unsupported", "unsupported_parameter"));
+        }
+        let d = SamplingParams::default();
+        let top_k = match self.top_k {
+            None | Some(-1) | Some(0) => 0,
+            Some(k) if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
+            Some(_) => return Err(Problem::field("top_k", "api-top-k-invalid", "invalid_value")),
+        };
+        let params = SamplingParams {
+            max_tokens: self.max_tokens,
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_p: self.top_p.unwrap_or(d.top_p),
+            top_k,
+            min_p: self.min_p.unwrap_or(d.min_p),
+            seed: self.seed,
+            stop: self.stop.map(StopField::into_vec).unwrap_or_default(),
+            stop_token_ids: self.stop_token_ids.unwrap_or_default(),
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+            presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
+            frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
+            repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
+        };
+        params.validate()?;
+        Ok(params)
+    }
+}
+
+/// Whether an optional JSON value asks for something (not absent, null, empty or "none").
+pub(crate) fn is_set(v: &Option<serde_json::Value>) -> bool {
+    match v {
+        None | Some(serde_json::Value::Null) => false,
+        Some(serde_json::Value::Array(a)) => !a.is_empty(),
+        Some(serde_json::Value::Object(o)) => !o.is_empty(),
+        Some(serde_json::Value::String(s)) => s != "none",
+        Some(_) => true,
+    }
+}
+
+/// Runs a generation request: the common part of both APIs once the prompt is built.
+pub(crate) async fn generate(
+    state: &AppState,
+    req: &HttpRequest,
+    job: Generation,
+) -> Result<HttpResponse, Problem> {
+    let lang = request_lang(req);
+    let meta = ResponseMeta { id: job.request.request_id.clone(), model: job.model.clone(), created: now() };
+    // The request span is born here; the service call runs inside it.
+    let span = tracing::info_span!(target: "xinf::api", "request", request_id = %meta.id, model = %job.model);
+    tracing::debug!(parent: &span, stream = job.stream, "generate");
+    let tokens = state.service.generate(&job.model, job.request).instrument(span).await?;
+    if job.stream {
+        return Ok(sse::response(tokens, job.flavor, meta, job.include_usage, lang));
+    }
+    let out = sse::collect(tokens).await?;
+    let finish = sse::finish_name(out.finish);
+    let usage = UsageOut::from(out.usage);
+    let mut res = HttpResponse::Ok();
+    res.insert_header(("X-Request-Id", meta.id.clone()));
+    Ok(match job.flavor {
+        Flavor::Chat => res.json(ChatCompletion {
+            id: meta.id,
+            object: "chat.completion",
+            created: meta.created,
+            model: meta.model,
+            choices: vec![ChatChoice {
+                index: 0,
+                message: OutMessage { role: "assistant", content: out.text },
+                logprobs: None,
+                finish_reason: finish,
+            }],
+            usage,
+        }),
+        Flavor::Completion => res.json(Completion {
+            id: meta.id,
+            object: "text_completion",
+            created: meta.created,
+            model: meta.model,
+            choices: vec![TextChoice {
+                index: 0,
+                text: out.text,
+                logprobs: None,
+                finish_reason: Some(finish),
+            }],
+            usage: Some(usage),
+        }),
+    })
+}
+
+/// A validated generation request.
+pub(crate) struct Generation {
+    pub(crate) model: String,
+    pub(crate) request: xinf_engine::GenerateRequest,
+    pub(crate) stream: bool,
+    pub(crate) include_usage: bool,
+    pub(crate) flavor: Flavor,
+}
+
+/// Wraps a handler body: reads the state and language, localizes the failure.
+pub(crate) fn localized<T>(req: &HttpRequest, result: Result<T, Problem>) -> Result<T, ApiError> {
+    result.map_err(|p| ApiError::new(p, request_lang(req)))
+}

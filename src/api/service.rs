@@ -1,0 +1,229 @@
+//! What the REST layer serves: the [`ModelService`] trait and its single-process
+//! implementation, [`LocalService`].
+//!
+//! The REST layer never sees engines or actors. It asks a `ModelService` for models and token
+//! streams; `LocalService` answers from engines held in this process, and the cluster's
+//! supervisor/router will answer through actors behind the same trait.
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+use xinf_engine::{Engine, EngineError, EngineStats, ErrorClass, GenerateRequest, TokenStream};
+
+/// Whether a model can take requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ModelStatus {
+    /// Launching: requests get "not ready" (HTTP 503) until it is ready.
+    Loading,
+    /// Serving.
+    Ready,
+    /// The launch failed or every replica was lost.
+    Failed,
+}
+
+/// A served model, as `GET /v1/models` describes it (under the `xinf` key).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelInfo {
+    /// The id clients pass as `model`.
+    pub uid: String,
+    /// The registry name of the model (`smollm2-instruct`).
+    pub model_name: String,
+    /// Whether it can take requests.
+    pub status: ModelStatus,
+    /// Replicas serving it.
+    pub replicas: usize,
+    /// The engine kind (`native`, `vllm`, ...).
+    pub engine: String,
+    /// Longest prompt plus output, in tokens, where known.
+    pub context_length: Option<usize>,
+    /// When it was launched, in seconds since the Unix epoch.
+    pub created: u64,
+}
+
+/// Why a [`ModelService`] call failed. Classified like engine errors: the REST layer turns
+/// [`class`](Self::class) into an HTTP status and [`code`](Self::code) into the OpenAI error
+/// `code`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServiceError {
+    /// No model with this uid.
+    #[error("model `{0}` not found")]
+    NotFound(String),
+    /// The model exists but cannot take requests yet.
+    #[error("model `{0}` is not ready")]
+    NotReady(String),
+    /// The engine refused or failed the request.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// The service cannot answer (a replica or the cluster is unreachable); the text says why.
+    #[error("service unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl ServiceError {
+    /// The class of this error.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Self::NotFound(_) => ErrorClass::NotFound,
+            Self::NotReady(_) | Self::Unavailable(_) => ErrorClass::Unavailable,
+            Self::Engine(e) => e.class(),
+        }
+    }
+
+    /// A stable, machine-readable reason code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::NotFound(_) => "model_not_found",
+            Self::NotReady(_) => "model_not_ready",
+            Self::Unavailable(_) => "service_unavailable",
+            Self::Engine(e) => e.code(),
+        }
+    }
+}
+
+/// The models the REST layer serves and the operations on them.
+///
+/// Object safe: the server holds an `Arc<dyn ModelService>`. Implementations answer the
+/// synchronous methods from local state (they are called on HTTP worker threads and must not
+/// block for long); anything that crosses a process returns a future.
+///
+/// Stats are a JSON object. `GET /metrics` reads these keys when present (all numbers):
+/// `running`, `queued` (gauges), `prompt_tokens`, `generated_tokens` (counters since start),
+/// `used_blocks`, `total_blocks` (KV cache gauges). Other keys are shown as they are by
+/// `GET /v1/models/{uid}/stats`.
+pub trait ModelService: Send + Sync + 'static {
+    /// Every model, ready or not.
+    fn list(&self) -> Vec<ModelInfo>;
+
+    /// One model; [`ServiceError::NotFound`] when there is none with this uid.
+    fn get(&self, uid: &str) -> Result<ModelInfo, ServiceError>;
+
+    /// Starts a request on model `uid`. Validation and admission errors come back from the
+    /// future; later failures arrive on the stream. Dropping the stream aborts the request.
+    fn generate(
+        &self,
+        uid: &str,
+        req: GenerateRequest,
+    ) -> BoxFuture<'static, Result<TokenStream, ServiceError>>;
+
+    /// Aborts request `request_id` of model `uid`: `true` when it was running or queued.
+    fn abort(&self, uid: &str, request_id: &str) -> BoxFuture<'static, Result<bool, ServiceError>>;
+
+    /// Load figures of model `uid`, as a JSON object (see the trait documentation).
+    fn stats(&self, uid: &str) -> Result<serde_json::Value, ServiceError>;
+}
+
+/// The JSON form of an engine's stats, with the keys [`ModelService::stats`] documents.
+pub fn engine_stats_json(s: &EngineStats) -> serde_json::Value {
+    serde_json::json!({
+        "running": s.running,
+        "queued": s.queued,
+        "used_blocks": s.used_blocks,
+        "pinned_blocks": s.pinned_blocks,
+        "total_blocks": s.total_blocks,
+        "prompt_tokens": s.prompt_tokens,
+        "generated_tokens": s.generated_tokens,
+    })
+}
+
+struct LocalModel {
+    info: ModelInfo,
+    engine: Arc<dyn Engine>,
+}
+
+/// A [`ModelService`] over engines held in this process: one engine (replica) per model uid.
+#[derive(Default)]
+pub struct LocalService {
+    models: RwLock<BTreeMap<String, LocalModel>>,
+}
+
+impl std::fmt::Debug for LocalService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let uids: Vec<String> = self.read().keys().cloned().collect();
+        f.debug_struct("LocalService").field("models", &uids).finish()
+    }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default()
+}
+
+impl LocalService {
+    /// A service without models.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, LocalModel>> {
+        self.models.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Serves `engine` as model `uid` (registry name `model_name`), replacing any model with
+    /// that uid.
+    pub fn insert(&self, uid: impl Into<String>, model_name: impl Into<String>, engine: Arc<dyn Engine>) {
+        let uid = uid.into();
+        let info = ModelInfo {
+            uid: uid.clone(),
+            model_name: model_name.into(),
+            status: ModelStatus::Ready,
+            replicas: 1,
+            engine: "native".into(),
+            context_length: Some(engine.contract().context_length),
+            created: now_secs(),
+        };
+        self.models.write().unwrap_or_else(|p| p.into_inner()).insert(uid, LocalModel { info, engine });
+    }
+
+    /// Like [`insert`](Self::insert), for building a service in one expression.
+    pub fn with_model(
+        self,
+        uid: impl Into<String>,
+        model_name: impl Into<String>,
+        engine: Arc<dyn Engine>,
+    ) -> Self {
+        self.insert(uid, model_name, engine);
+        self
+    }
+
+    /// Stops serving model `uid`; `false` when there was none. Requests already running go on.
+    pub fn remove(&self, uid: &str) -> bool {
+        self.models.write().unwrap_or_else(|p| p.into_inner()).remove(uid).is_some()
+    }
+
+    fn engine(&self, uid: &str) -> Result<Arc<dyn Engine>, ServiceError> {
+        self.read().get(uid).map(|m| m.engine.clone()).ok_or_else(|| ServiceError::NotFound(uid.to_owned()))
+    }
+}
+
+impl ModelService for LocalService {
+    fn list(&self) -> Vec<ModelInfo> {
+        self.read().values().map(|m| m.info.clone()).collect()
+    }
+
+    fn get(&self, uid: &str) -> Result<ModelInfo, ServiceError> {
+        self.read().get(uid).map(|m| m.info.clone()).ok_or_else(|| ServiceError::NotFound(uid.to_owned()))
+    }
+
+    fn generate(
+        &self,
+        uid: &str,
+        req: GenerateRequest,
+    ) -> BoxFuture<'static, Result<TokenStream, ServiceError>> {
+        let result = self.engine(uid).and_then(|e| e.submit(req).map_err(ServiceError::Engine));
+        futures::future::ready(result).boxed()
+    }
+
+    fn abort(&self, uid: &str, request_id: &str) -> BoxFuture<'static, Result<bool, ServiceError>> {
+        let result = self.engine(uid).map(|e| e.abort(request_id));
+        futures::future::ready(result).boxed()
+    }
+
+    fn stats(&self, uid: &str) -> Result<serde_json::Value, ServiceError> {
+        self.engine(uid).map(|e| engine_stats_json(&e.stats()))
+    }
+}

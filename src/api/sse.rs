@@ -1,0 +1,226 @@
+//! Token streams as OpenAI server-sent events, and collected into one response.
+//!
+//! The event stream owns the engine's [`TokenStream`]: when the client goes away, actix drops
+//! the response body, which drops the token stream, which aborts the request in the engine.
+//!
+//! Events: `data: {chunk}\n\n` for every chunk, then `data: [DONE]\n\n`. Chat streams start
+//! with a chunk whose delta is `{"role": "assistant", "content": ""}`; empty text deltas (a
+//! multi-byte character or a possible stop string still pending) are not sent; the last chunk
+//! carries `finish_reason`; with `stream_options.include_usage` a chunk with `choices: []` and
+//! the token counts follows it. An error after the stream started is sent as
+//! `data: {"error": {...}}` followed by `data: [DONE]`.
+
+use crate::api::error::Problem;
+use crate::api::openai::{ChatChunk, ChunkChoice, Completion, Delta, TextChoice, UsageOut};
+use actix_web::HttpResponse;
+use actix_web::http::header;
+use actix_web::web::Bytes;
+use futures::{Stream, StreamExt};
+use serde::Serialize;
+use std::convert::Infallible;
+use xinf_engine::{EngineError, FinishReason, TokenEvent, TokenStream, Usage};
+
+/// Which OpenAI API a stream answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flavor {
+    /// `chat.completion.chunk` events with deltas.
+    Chat,
+    /// `text_completion` events with text.
+    Completion,
+}
+
+/// What every chunk of one response repeats.
+#[derive(Debug, Clone)]
+pub(crate) struct ResponseMeta {
+    pub(crate) id: String,
+    pub(crate) model: String,
+    pub(crate) created: u64,
+}
+
+/// The OpenAI name of a finish reason. An aborted request reports `"abort"`, as vLLM does.
+pub(crate) fn finish_name(reason: FinishReason) -> &'static str {
+    reason.as_str()
+}
+
+enum Phase {
+    Role,
+    Tokens,
+    Usage(Usage),
+    Done,
+    End,
+}
+
+struct EventState {
+    tokens: TokenStream,
+    flavor: Flavor,
+    meta: ResponseMeta,
+    include_usage: bool,
+    lang: &'static str,
+    phase: Phase,
+}
+
+fn event<T: Serialize>(value: &T) -> Bytes {
+    match serde_json::to_string(value) {
+        Ok(json) => Bytes::from(format!("data: {json}\n\n")),
+        // Serializing these plain structs cannot fail; never break the stream over it.
+        Err(e) => Bytes::from(format!("data: {{\"error\": {{\"message\": \"{e}\"}}}}\n\n")),
+    }
+}
+
+impl EventState {
+    fn chat_chunk(&self, delta: Delta, finish: Option<&'static str>) -> Bytes {
+        event(&ChatChunk {
+            id: self.meta.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.meta.created,
+            model: self.meta.model.clone(),
+            choices: vec![ChunkChoice { index: 0, delta, logprobs: None, finish_reason: finish }],
+            usage: None,
+        })
+    }
+
+    fn text_chunk(&self, text: String, finish: Option<&'static str>) -> Bytes {
+        event(&Completion {
+            id: self.meta.id.clone(),
+            object: "text_completion",
+            created: self.meta.created,
+            model: self.meta.model.clone(),
+            choices: vec![TextChoice { index: 0, text, logprobs: None, finish_reason: finish }],
+            usage: None,
+        })
+    }
+
+    fn content(&self, text: String, finish: Option<&'static str>) -> Bytes {
+        match self.flavor {
+            Flavor::Chat => {
+                let content = (!text.is_empty()).then_some(text);
+                self.chat_chunk(Delta { role: None, content }, finish)
+            }
+            Flavor::Completion => self.text_chunk(text, finish),
+        }
+    }
+
+    fn usage_chunk(&self, usage: Usage) -> Bytes {
+        let usage = Some(UsageOut::from(usage));
+        match self.flavor {
+            Flavor::Chat => event(&ChatChunk {
+                id: self.meta.id.clone(),
+                object: "chat.completion.chunk",
+                created: self.meta.created,
+                model: self.meta.model.clone(),
+                choices: Vec::new(),
+                usage,
+            }),
+            Flavor::Completion => event(&Completion {
+                id: self.meta.id.clone(),
+                object: "text_completion",
+                created: self.meta.created,
+                model: self.meta.model.clone(),
+                choices: Vec::new(),
+                usage,
+            }),
+        }
+    }
+
+    fn error(&self, e: EngineError) -> Bytes {
+        tracing::warn!(target: "xinf::api", request_id = %self.meta.id, "request failed mid-stream: {e}");
+        event(&Problem::from(e).body(self.lang))
+    }
+
+    /// The next event, or `None` after `[DONE]`.
+    async fn next_event(&mut self) -> Option<Bytes> {
+        loop {
+            match std::mem::replace(&mut self.phase, Phase::End) {
+                Phase::Role => {
+                    self.phase = Phase::Tokens;
+                    if self.flavor == Flavor::Chat {
+                        let delta = Delta { role: Some("assistant"), content: Some(String::new()) };
+                        return Some(self.chat_chunk(delta, None));
+                    }
+                }
+                Phase::Tokens => match self.tokens.next().await {
+                    Some(Ok(TokenEvent::Delta { text, .. })) => {
+                        self.phase = Phase::Tokens;
+                        if !text.is_empty() {
+                            return Some(self.content(text, None));
+                        }
+                    }
+                    Some(Ok(TokenEvent::Finished { reason, usage })) => {
+                        self.phase = if self.include_usage { Phase::Usage(usage) } else { Phase::Done };
+                        return Some(self.content(String::new(), Some(finish_name(reason))));
+                    }
+                    Some(Err(e)) => {
+                        self.phase = Phase::Done;
+                        return Some(self.error(e));
+                    }
+                    None => {
+                        self.phase = Phase::Done;
+                        return Some(self.error(unfinished()));
+                    }
+                },
+                Phase::Usage(usage) => {
+                    self.phase = Phase::Done;
+                    return Some(self.usage_chunk(usage));
+                }
+                Phase::Done => return Some(Bytes::from_static(b"data: [DONE]\n\n")),
+                Phase::End => return None,
+            }
+        }
+    }
+}
+
+fn unfinished() -> EngineError {
+    EngineError::Internal("the token stream ended without a finish event".into())
+}
+
+/// The SSE events of a token stream.
+pub(crate) fn events(
+    tokens: TokenStream,
+    flavor: Flavor,
+    meta: ResponseMeta,
+    include_usage: bool,
+    lang: &'static str,
+) -> impl Stream<Item = Result<Bytes, Infallible>> + 'static {
+    let state = EventState { tokens, flavor, meta, include_usage, lang, phase: Phase::Role };
+    futures::stream::unfold(state, |mut state| async move {
+        let bytes = state.next_event().await?;
+        Some((Ok(bytes), state))
+    })
+}
+
+/// A `text/event-stream` response over a token stream.
+pub(crate) fn response(
+    tokens: TokenStream,
+    flavor: Flavor,
+    meta: ResponseMeta,
+    include_usage: bool,
+    lang: &'static str,
+) -> HttpResponse {
+    let id = meta.id.clone();
+    HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .insert_header((header::CACHE_CONTROL, "no-cache"))
+        .insert_header(("X-Accel-Buffering", "no"))
+        .insert_header(("X-Request-Id", id))
+        .streaming(events(tokens, flavor, meta, include_usage, lang))
+}
+
+/// A whole request's output.
+#[derive(Debug, Clone)]
+pub(crate) struct Collected {
+    pub(crate) text: String,
+    pub(crate) finish: FinishReason,
+    pub(crate) usage: Usage,
+}
+
+/// Runs a token stream to its end.
+pub(crate) async fn collect(mut tokens: TokenStream) -> Result<Collected, EngineError> {
+    let mut text = String::new();
+    while let Some(event) = tokens.next().await {
+        match event? {
+            TokenEvent::Delta { text: t, .. } => text.push_str(&t),
+            TokenEvent::Finished { reason, usage } => return Ok(Collected { text, finish: reason, usage }),
+        }
+    }
+    Err(unfinished())
+}

@@ -1,0 +1,137 @@
+"""Drives xinf's REST API with the official `openai` Python client (run by tests/api.rs).
+
+Chat and completions, streaming and not, stop strings, max_tokens, seed, usage, and the
+client's error classes for a 404 (unknown model) and 400s (bad fields).
+"""
+
+import argparse
+import sys
+
+import openai
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def check(cond, what):
+    if not cond:
+        print(f"FAILED: {what}", file=sys.stderr)
+        sys.exit(1)
+
+
+def expect_error(cls, needle, call):
+    try:
+        call()
+    except cls as e:
+        check(needle in str(e), f"{cls.__name__} should name {needle!r}: {e}")
+        check(isinstance(e.body, dict) and "message" in e.body, f"error body: {e.body!r}")
+        return
+    except openai.APIError as e:  # any other class is a failure
+        check(False, f"expected {cls.__name__}, got {type(e).__name__}: {e}")
+    check(False, f"expected {cls.__name__}, the call succeeded")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--base-url", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--api-key", default="unused")
+    args = p.parse_args()
+    client = openai.OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=0, timeout=300)
+    model = args.model
+
+    ids = [m.id for m in client.models.list().data]
+    check(model in ids, f"{model} in {ids}")
+    check(client.models.retrieve(model).id == model, "models.retrieve")
+
+    # Chat, not streaming.
+    r = client.chat.completions.create(model=model, messages=QUESTION, temperature=0, max_tokens=40)
+    text = r.choices[0].message.content
+    check(r.object == "chat.completion", r.object)
+    check(r.choices[0].message.role == "assistant", r.choices[0].message.role)
+    check("Paris" in text, text)
+    check(r.choices[0].finish_reason in ("stop", "length"), r.choices[0].finish_reason)
+    u = r.usage
+    check(u.prompt_tokens > 0 and 0 < u.completion_tokens <= 40, u)
+    check(u.total_tokens == u.prompt_tokens + u.completion_tokens, u)
+
+    # Chat, streaming, with usage: the same text and counts.
+    stream = client.chat.completions.create(
+        model=model, messages=QUESTION, temperature=0, max_tokens=40, stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    check(streamed == text, f"{streamed!r} != {text!r}")
+    check(chunks[0].choices[0].delta.role == "assistant", chunks[0])
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    check(finishes == [r.choices[0].finish_reason], finishes)
+    check(chunks[-1].usage is not None and not chunks[-1].choices, chunks[-1])
+    check(chunks[-1].usage.completion_tokens == u.completion_tokens, chunks[-1].usage)
+
+    # max_tokens (with an xinf extra: ignore_eos) and stop strings.
+    r = client.chat.completions.create(
+        model=model, messages=QUESTION, temperature=0, max_tokens=3, extra_body={"ignore_eos": True}
+    )
+    check(r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 3, r)
+    r = client.chat.completions.create(model=model, messages=QUESTION, temperature=0, max_tokens=40, stop=["Paris"])
+    check(r.choices[0].message.content == text[: text.index("Paris")], r.choices[0].message.content)
+    check(r.choices[0].finish_reason == "stop", r.choices[0].finish_reason)
+
+    # A seed makes sampling reproducible.
+    a, b = (
+        client.chat.completions.create(model=model, messages=QUESTION, temperature=1.0, seed=7, max_tokens=16)
+        .choices[0].message.content
+        for _ in range(2)
+    )
+    check(a == b, f"{a!r} != {b!r}")
+
+    # Completions, not streaming and streaming.
+    c = client.completions.create(model=model, prompt="The capital of France is", temperature=0, max_tokens=8)
+    check(c.object == "text_completion" and c.choices[0].text, c)
+    check(0 < c.usage.completion_tokens <= 8, c.usage)
+    parts = list(
+        client.completions.create(
+            model=model, prompt="The capital of France is", temperature=0, max_tokens=8, stream=True
+        )
+    )
+    check("".join(x.choices[0].text for x in parts if x.choices) == c.choices[0].text, parts)
+    s1 = client.completions.create(model=model, prompt="Once upon a time", temperature=1.0, seed=3, max_tokens=10)
+    s2 = client.completions.create(model=model, prompt="Once upon a time", temperature=1.0, seed=3, max_tokens=10)
+    check(s1.choices[0].text == s2.choices[0].text, (s1.choices[0].text, s2.choices[0].text))
+
+    # Errors come back as the client's classes, naming the model or the field.
+    expect_error(
+        openai.NotFoundError,
+        "no-such-model",
+        lambda: client.chat.completions.create(model="no-such-model", messages=QUESTION),
+    )
+    expect_error(
+        openai.NotFoundError,
+        "no-such-model",
+        lambda: client.completions.create(model="no-such-model", prompt="hi"),
+    )
+    expect_error(
+        openai.BadRequestError,
+        "temperature",
+        lambda: client.chat.completions.create(model=model, messages=QUESTION, temperature="hot"),
+    )
+    expect_error(
+        openai.BadRequestError,
+        "top_p",
+        lambda: client.chat.completions.create(model=model, messages=QUESTION, top_p=0),
+    )
+    expect_error(
+        openai.BadRequestError,
+        "`n`",
+        lambda: client.chat.completions.create(model=model, messages=QUESTION, n=2),
+    )
+    expect_error(
+        openai.BadRequestError,
+        "not_a_field",
+        lambda: client.chat.completions.create(model=model, messages=QUESTION, extra_body={"not_a_field": 1}),
+    )
+    print("openai client: ok")
+
+
+if __name__ == "__main__":
+    main()
