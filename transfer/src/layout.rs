@@ -158,6 +158,23 @@ impl KvLayout {
         Ok(())
     }
 
+    /// Every layout [`validate`](Self::validate) accepts: both paged families in NHD and HND
+    /// with blocks of 16, 32 and 64 tokens, and the token pool with pages of 1 and 64.
+    pub fn all_supported() -> Vec<Self> {
+        let mut v = Vec::new();
+        for kind in [KvLayoutKind::PagedKvFirst, KvLayoutKind::PagedBlockFirst] {
+            for order in [KvOrder::Nhd, KvOrder::Hnd] {
+                for block_size in [16, 32, 64] {
+                    v.push(Self { kind, order, block_size });
+                }
+            }
+        }
+        for block_size in [1, 64] {
+            v.push(Self { kind: KvLayoutKind::TokenPool, order: KvOrder::Nhd, block_size });
+        }
+        v
+    }
+
     /// Builds the descriptor of a cache of `num_blocks` blocks for the given model shape.
     pub fn describe(
         &self,

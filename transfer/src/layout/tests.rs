@@ -2,18 +2,7 @@ use super::*;
 use std::collections::HashSet;
 
 fn all_layouts() -> Vec<KvLayout> {
-    let mut v = Vec::new();
-    for kind in [KvLayoutKind::PagedKvFirst, KvLayoutKind::PagedBlockFirst] {
-        for order in [KvOrder::Nhd, KvOrder::Hnd] {
-            for block_size in [16, 32, 64] {
-                v.push(KvLayout { kind, order, block_size });
-            }
-        }
-    }
-    for block_size in [1, 64] {
-        v.push(KvLayout { kind: KvLayoutKind::TokenPool, order: KvOrder::Nhd, block_size });
-    }
-    v
+    KvLayout::all_supported()
 }
 
 /// Every element of every layout maps to a distinct in-bounds address: the strides describe a

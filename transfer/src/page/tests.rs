@@ -1,20 +1,9 @@
 use super::*;
-use crate::{KvLayout, KvLayoutKind, KvOrder};
+use crate::KvLayout;
 use proptest::prelude::*;
 
 fn layouts() -> Vec<KvLayout> {
-    let mut v = Vec::new();
-    for kind in [KvLayoutKind::PagedKvFirst, KvLayoutKind::PagedBlockFirst] {
-        for order in [KvOrder::Nhd, KvOrder::Hnd] {
-            for block_size in [16, 32, 64] {
-                v.push(KvLayout { kind, order, block_size });
-            }
-        }
-    }
-    for block_size in [1, 64] {
-        v.push(KvLayout { kind: KvLayoutKind::TokenPool, order: KvOrder::Nhd, block_size });
-    }
-    v
+    KvLayout::all_supported()
 }
 
 /// An engine cache filled with poison, a shuffled block table for `len` tokens, and the

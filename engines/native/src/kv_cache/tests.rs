@@ -1,18 +1,8 @@
 use super::*;
-use xinf_transfer::{KvLayout, KvLayoutKind, KvOrder};
+use xinf_transfer::KvLayout;
 
 fn layouts() -> Vec<KvLayout> {
-    let mut v = Vec::new();
-    for kind in [KvLayoutKind::PagedKvFirst, KvLayoutKind::PagedBlockFirst] {
-        for order in [KvOrder::Nhd, KvOrder::Hnd] {
-            for block_size in [16, 32, 64] {
-                v.push(KvLayout { kind, order, block_size });
-            }
-        }
-    }
-    v.push(KvLayout { kind: KvLayoutKind::TokenPool, order: KvOrder::Nhd, block_size: 1 });
-    v.push(KvLayout { kind: KvLayoutKind::TokenPool, order: KvOrder::Nhd, block_size: 64 });
-    v
+    KvLayout::all_supported()
 }
 
 fn cache(layout: KvLayout, dtype: KvDtype) -> KvCache {
