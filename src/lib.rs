@@ -31,6 +31,7 @@ pub mod cli;
 mod messages;
 
 pub use messages::{engine_error_text, service_error_text};
+pub use xinf_actors as actors;
 pub use xinf_engine as engine;
 pub use xinf_engine_native as native;
 pub use xinf_i18n as i18n;
