@@ -57,6 +57,7 @@ mod pull;
 mod replica;
 mod router;
 mod supervisor;
+mod sync;
 mod wire;
 mod worker;
 

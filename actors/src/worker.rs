@@ -7,11 +7,12 @@ use crate::error::ActorError;
 use crate::handle::WorkerInfo;
 use crate::replica::{PullTimes, Replica, ReplicaArgs, ReplicaMsg, ReplicaSpec};
 use crate::supervisor::SupervisorMsg;
+use crate::sync::lock;
 use crate::wire::{Wire, answer};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr, SupervisionEvent};
 use ractor_cluster::RactorClusterMessage;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 #[cfg(test)]
@@ -39,10 +40,6 @@ enum Slot {
 }
 
 type Slots = Arc<Mutex<HashMap<String, Slot>>>;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// Time settings of a worker.
 #[derive(Debug, Clone, Copy)]

@@ -1,8 +1,9 @@
 //! The replica's request buffers: events wait here between the engine and the caller's pulls.
 
+use crate::sync::lock;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use xinf_engine::{EngineError, TokenEvent};
@@ -29,10 +30,6 @@ struct SlotInner {
 pub(crate) struct Slot {
     inner: Mutex<SlotInner>,
     notify: Notify,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Slot {
