@@ -1,6 +1,7 @@
 //! Turning typed errors into localized text.
 
 use crate::api::ServiceError;
+use xinf_actors::ActorError;
 use xinf_engine::EngineError;
 use xinf_i18n::Catalog;
 
@@ -39,5 +40,9 @@ pub fn service_error_text(cat: &Catalog, e: &ServiceError) -> String {
         ServiceError::NotReady(uid) => cat.text("api-model-not-ready", &[("model", uid)]),
         ServiceError::Engine(e) => engine_error_text(cat, e),
         ServiceError::Unavailable(detail) => cat.text("api-unavailable", &[("detail", detail)]),
+        // The launch rules keep the reference implementation's exact English texts.
+        ServiceError::Cluster(e @ ActorError::InvalidLaunch { .. }) => e.to_string(),
+        ServiceError::Cluster(e) => cat.text("api-cluster-error", &[("detail", &e.to_string())]),
+        ServiceError::Unsupported(what) => cat.text("api-unsupported", &[("what", what)]),
     }
 }

@@ -6,5 +6,6 @@ mod util;
 
 mod api;
 mod cli;
+mod cluster;
 mod engine;
 mod golden;

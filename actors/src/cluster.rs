@@ -161,21 +161,75 @@ pub(crate) async fn start_node(
     Ok(node)
 }
 
-/// Connects a node to the supervisor's node, retrying while it is not up yet.
+/// What the joining node learns about its session with the supervisor's node.
+enum SessionEvent {
+    Authenticated,
+    Closed,
+}
+
+/// Forwards session events of the node server to the joining task.
+struct SessionWatch(tokio::sync::mpsc::UnboundedSender<SessionEvent>);
+
+impl ractor_cluster::NodeEventSubscription for SessionWatch {
+    fn node_session_opened(&self, _ses: ractor_cluster::node::NodeServerSessionInformation) {}
+
+    fn node_session_disconnected(&self, _ses: ractor_cluster::node::NodeServerSessionInformation) {
+        let _ = self.0.send(SessionEvent::Closed);
+    }
+
+    fn node_session_authenticated(&self, _ses: ractor_cluster::node::NodeServerSessionInformation) {
+        let _ = self.0.send(SessionEvent::Authenticated);
+    }
+}
+
+/// Connects `node` to the node at `addr` and waits until the two have authenticated each
+/// other, retrying the connection for up to `timeout` (the supervisor may still be starting).
+///
+/// A session the peer closes before authenticating means it refused this node's secret:
+/// that is reported at once, not after the timeout.
 pub(crate) async fn connect(
     node: &ActorRef<NodeServerMessage>,
     addr: &str,
     timeout: Duration,
 ) -> Result<(), ActorError> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let id = format!("xinf-join-{:016x}", rand::random::<u64>());
+    node.cast(NodeServerMessage::SubscribeToEvents {
+        id: id.clone(),
+        subscription: Box::new(SessionWatch(tx)),
+    })
+    .map_err(|e| ActorError::Node(format!("the node server is gone: {e}")))?;
+    let result = connect_and_authenticate(node, addr, timeout, &mut rx).await;
+    if node.cast(NodeServerMessage::UnsubscribeToEvents(id)).is_err() {
+        tracing::debug!("the node server is gone");
+    }
+    result
+}
+
+async fn connect_and_authenticate(
+    node: &ActorRef<NodeServerMessage>,
+    addr: &str,
+    timeout: Duration,
+    events: &mut tokio::sync::mpsc::UnboundedReceiver<SessionEvent>,
+) -> Result<(), ActorError> {
     let deadline = tokio::time::Instant::now() + timeout;
+    let join_error = |reason: String| ActorError::Join { addr: addr.to_owned(), reason };
     loop {
         match ractor_cluster::client_connect(node, addr).await {
-            Ok(()) => return Ok(()),
-            Err(e) if tokio::time::Instant::now() >= deadline => {
-                return Err(ActorError::Join { addr: addr.to_owned(), reason: e.to_string() });
-            }
+            Ok(()) => break,
+            Err(e) if tokio::time::Instant::now() >= deadline => return Err(join_error(e.to_string())),
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
+    }
+    match tokio::time::timeout_at(deadline, events.recv()).await {
+        Ok(Some(SessionEvent::Authenticated)) => Ok(()),
+        Ok(Some(SessionEvent::Closed)) | Ok(None) => Err(join_error(
+            "the supervisor closed the connection during authentication: the cluster secrets differ".into(),
+        )),
+        Err(_) => Err(join_error(format!(
+            "no authenticated session within {} ms; check that both sides use the same secret",
+            timeout.as_millis()
+        ))),
     }
 }
 

@@ -88,6 +88,8 @@ pub struct ModelInfo {
     pub pd: bool,
     /// Its replicas.
     pub replicas: Vec<ReplicaInfo>,
+    /// When its launch began, in seconds since the Unix epoch.
+    pub created: u64,
 }
 
 /// What a worker reports about itself.
@@ -443,6 +445,21 @@ impl Cluster {
         let limit = o.load_timeout + 2 * o.call_timeout + 2 * o.stop_timeout;
         call(&self.inner.supervisor, "supervisor", limit, |reply| SupervisorMsg::Launch {
             request: JsonWire(Ok(Box::new(request))),
+            detach: false,
+            reply,
+        })
+        .await
+    }
+
+    /// Validates and places a model, starts loading it, and returns its uid without waiting
+    /// for the replicas: the model is `launching` (requests get [`ActorError::NotReady`]) until
+    /// it serves. A validation failure is returned as from [`launch`](Self::launch); a later
+    /// failure rolls the launch back, and the model disappears from the list.
+    pub async fn launch_detached(&self, request: LaunchRequest) -> Result<String, ActorError> {
+        self.open()?;
+        call(&self.inner.supervisor, "supervisor", self.timeout(), |reply| SupervisorMsg::Launch {
+            request: JsonWire(Ok(Box::new(request))),
+            detach: true,
             reply,
         })
         .await

@@ -307,6 +307,16 @@ pub struct LaunchRequest {
     pub extra: Map<String, Value>,
 }
 
+impl LaunchRequest {
+    /// Checks what can be checked without a cluster: structure, global conflicts, topology
+    /// and engine options, with the messages the supervisor would give. Placement (workers,
+    /// GPUs, uids of other models) is checked by the supervisor. Clients call this to refuse
+    /// a bad request before sending it.
+    pub fn check(&self) -> Result<(), ActorError> {
+        validate(self, true).map(|_| ())
+    }
+}
+
 /// Where the weights come from, as a worker resolves them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct ModelSource {

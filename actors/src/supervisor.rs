@@ -27,9 +27,10 @@ use std::time::{Duration, Instant};
 /// node may ask for the model list).
 #[derive(RactorClusterMessage)]
 pub(crate) enum SupervisorMsg {
-    /// Validate, place and launch a model; the reply is its uid, once it serves.
+    /// Validate, place and launch a model; the reply is its uid, once it serves (or, with
+    /// `detach`, once it is placed and loading).
     #[rpc]
-    Launch { request: JsonWire<Box<LaunchRequest>>, reply: RpcReplyPort<Wire<String>> },
+    Launch { request: JsonWire<Box<LaunchRequest>>, detach: bool, reply: RpcReplyPort<Wire<String>> },
     /// Terminate a model: router, tracker and replicas.
     #[rpc]
     Terminate { model_uid: String, reply: RpcReplyPort<Wire<()>> },
@@ -195,7 +196,7 @@ impl Actor for Supervisor {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            SupervisorMsg::Launch { request, reply } => {
+            SupervisorMsg::Launch { request, detach, reply } => {
                 let started = request.0.and_then(|req| {
                     let spec = launch::validate(&req, self.local_mode)?;
                     let (uid, placements) = state
@@ -207,6 +208,12 @@ impl Actor for Supervisor {
                     Ok((uid, placements, source)) => {
                         tracing::info!(model_uid = %uid, replicas = placements.len(), "launching");
                         let ctx = self.task_ctx(&myself);
+                        let reply = if detach {
+                            answer(reply, Wire::ok(uid.clone()));
+                            None
+                        } else {
+                            Some(reply)
+                        };
                         tokio::spawn(async move {
                             let outcome = run_launch(&ctx, &uid, &source, &placements).await;
                             let recorded = call(&ctx.sup, "supervisor", ctx.times.call, |reply| {
@@ -220,7 +227,15 @@ impl Actor for Supervisor {
                             if outcome.is_ok() && recorded.is_err() {
                                 rollback(&ctx, &uid, &placements).await;
                             }
-                            answer(reply, Wire(outcome.and(recorded).map(|()| uid)));
+                            let result = outcome.and(recorded).map(|()| uid);
+                            match reply {
+                                Some(reply) => answer(reply, Wire(result)),
+                                None => {
+                                    if let Err(e) = result {
+                                        tracing::error!(error = %e, "a detached launch failed");
+                                    }
+                                }
+                            }
                         });
                     }
                 }

@@ -16,7 +16,8 @@
 //! | engine queue full (`Retry-After: 1`) | 429 | `overloaded_error` |
 //! | request cancelled (`EngineError::Aborted`), as Xinference does | 499 | `cancelled_error` |
 //! | bug | 500 | `internal_error` |
-//! | model not ready (`Retry-After: 5`), engine stopped, service unavailable | 503 | `unavailable_error` |
+//! | management route on a server that does not manage models | 501 | `internal_error` |
+//! | model not ready (`Retry-After: 5`), engine stopped, service unavailable, peer lost | 503 | `unavailable_error` |
 //!
 //! A request aborted through the abort route or by its client is not an error: it ends with
 //! `finish_reason: "abort"`, as in vLLM.
@@ -96,6 +97,7 @@ impl Problem {
     fn status(&self) -> StatusCode {
         match self {
             Self::Service(ServiceError::NotFound(_)) => StatusCode::NOT_FOUND,
+            Self::Service(ServiceError::Unsupported(_)) => StatusCode::NOT_IMPLEMENTED,
             Self::Service(e) => class_status(e.class()),
             Self::InvalidJson(_)
             | Self::UnknownField(_)

@@ -8,6 +8,9 @@
 //! | `POST /v1/chat/completions` | chat, streaming (SSE) or not |
 //! | `POST /v1/completions` | text completion, streaming or not |
 //! | `GET /v1/models`, `GET /v1/models/{uid}` | the models, OpenAI's shape plus an `xinf` object |
+//! | `POST /v1/models` (`?wait_ready=false`) | launch a model (Xinference's launch keys) → `{"model_uid"}` |
+//! | `DELETE /v1/models/{uid}` | terminate a model |
+//! | `GET /v1/workers` | the cluster's workers: devices, liveness, replicas |
 //! | `GET /v1/models/{uid}/stats` | the model's load figures (JSON) |
 //! | `POST /v1/models/{uid}/requests/{rid}/abort` | `{"msg": "DONE"}` or `{"msg": "NOT_FOUND"}` |
 //! | `GET /health` | `{"status": "ok"}` |
@@ -36,13 +39,17 @@
 //! ```
 
 mod auth;
+mod cluster;
 mod error;
 mod openai;
 mod routes;
 mod service;
 mod sse;
 
-pub use service::{LocalService, ModelInfo, ModelService, ModelStatus, ServiceError, engine_stats_json};
+pub use cluster::ClusterService;
+pub use service::{
+    LocalService, ModelInfo, ModelService, ModelStatus, ServiceError, ServiceFuture, engine_stats_json,
+};
 
 use actix_web::{App, HttpServer, web};
 use std::net::SocketAddr;

@@ -2,8 +2,9 @@
 //! implementation, [`LocalService`].
 //!
 //! The REST layer never sees engines or actors. It asks a `ModelService` for models and token
-//! streams; `LocalService` answers from engines held in this process, and the cluster's
-//! supervisor/router will answer through actors behind the same trait.
+//! streams; `LocalService` answers from engines held in this process, and
+//! [`ClusterService`](crate::api::ClusterService) answers through the actor cluster
+//! (supervisor, routers, replicas on any node).
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -24,6 +25,8 @@ pub enum ModelStatus {
     Ready,
     /// The launch failed or every replica was lost.
     Failed,
+    /// Being torn down.
+    Terminating,
 }
 
 /// A served model, as `GET /v1/models` describes it (under the `xinf` key).
@@ -35,8 +38,11 @@ pub struct ModelInfo {
     pub model_name: String,
     /// Whether it can take requests.
     pub status: ModelStatus,
-    /// Replicas serving it.
+    /// Replicas serving it (alive or loading).
     pub replicas: usize,
+    /// Each replica: uid, role, worker, GPUs, status. Empty for a single in-process engine.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replica_details: Vec<xinf_actors::ReplicaInfo>,
     /// The engine kind (`native`, `vllm`, ...).
     pub engine: String,
     /// Longest prompt plus output, in tokens, where known.
@@ -63,6 +69,25 @@ pub enum ServiceError {
     /// The service cannot answer (a replica or the cluster is unreachable); the text says why.
     #[error("service unavailable: {0}")]
     Unavailable(String),
+    /// The actor cluster refused or failed the operation (a launch rule, a lost peer, ...).
+    #[error(transparent)]
+    Cluster(xinf_actors::ActorError),
+    /// This service does not manage models (a single engine served as it is).
+    #[error("this server does not support {0}")]
+    Unsupported(&'static str),
+}
+
+impl From<xinf_actors::ActorError> for ServiceError {
+    /// The errors the REST layer already knows keep their own variant.
+    fn from(e: xinf_actors::ActorError) -> Self {
+        use xinf_actors::ActorError as A;
+        match e {
+            A::ModelNotFound(uid) => Self::NotFound(uid),
+            A::NotReady { model_uid, .. } => Self::NotReady(model_uid),
+            A::Engine(e) => Self::Engine(e),
+            other => Self::Cluster(other),
+        }
+    }
 }
 
 impl ServiceError {
@@ -72,6 +97,8 @@ impl ServiceError {
             Self::NotFound(_) => ErrorClass::NotFound,
             Self::NotReady(_) | Self::Unavailable(_) => ErrorClass::Unavailable,
             Self::Engine(e) => e.class(),
+            Self::Cluster(e) => e.class(),
+            Self::Unsupported(_) => ErrorClass::InvalidInput,
         }
     }
 
@@ -82,40 +109,71 @@ impl ServiceError {
             Self::NotReady(_) => "model_not_ready",
             Self::Unavailable(_) => "service_unavailable",
             Self::Engine(e) => e.code(),
+            Self::Cluster(e) => e.code(),
+            Self::Unsupported(_) => "unsupported_operation",
         }
     }
 }
 
+/// A boxed future of a service call.
+pub type ServiceFuture<T> = BoxFuture<'static, Result<T, ServiceError>>;
+
 /// The models the REST layer serves and the operations on them.
 ///
-/// Object safe: the server holds an `Arc<dyn ModelService>`. Implementations answer the
-/// synchronous methods from local state (they are called on HTTP worker threads and must not
-/// block for long); anything that crosses a process returns a future.
+/// Object safe: the server holds an `Arc<dyn ModelService>`. Every method returns a future,
+/// since a cluster answers over actors that may live on other nodes; an in-process service
+/// answers at once with a ready future.
 ///
 /// Stats are a JSON object. `GET /metrics` reads these keys when present (all numbers):
 /// `running`, `queued` (gauges), `prompt_tokens`, `generated_tokens` (counters since start),
 /// `used_blocks`, `total_blocks` (KV cache gauges). Other keys are shown as they are by
 /// `GET /v1/models/{uid}/stats`.
+///
+/// Managing models (launch, terminate, workers) is optional: the default methods answer
+/// [`ServiceError::Unsupported`], which the REST layer turns into 501.
 pub trait ModelService: Send + Sync + 'static {
     /// Every model, ready or not.
-    fn list(&self) -> Vec<ModelInfo>;
+    fn list(&self) -> ServiceFuture<Vec<ModelInfo>>;
 
     /// One model; [`ServiceError::NotFound`] when there is none with this uid.
-    fn get(&self, uid: &str) -> Result<ModelInfo, ServiceError>;
+    fn get(&self, uid: &str) -> ServiceFuture<ModelInfo>;
 
     /// Starts a request on model `uid`. Validation and admission errors come back from the
     /// future; later failures arrive on the stream. Dropping the stream aborts the request.
-    fn generate(
-        &self,
-        uid: &str,
-        req: GenerateRequest,
-    ) -> BoxFuture<'static, Result<TokenStream, ServiceError>>;
+    fn generate(&self, uid: &str, req: GenerateRequest) -> ServiceFuture<TokenStream>;
 
     /// Aborts request `request_id` of model `uid`: `true` when it was running or queued.
-    fn abort(&self, uid: &str, request_id: &str) -> BoxFuture<'static, Result<bool, ServiceError>>;
+    fn abort(&self, uid: &str, request_id: &str) -> ServiceFuture<bool>;
 
     /// Load figures of model `uid`, as a JSON object (see the trait documentation).
-    fn stats(&self, uid: &str) -> Result<serde_json::Value, ServiceError>;
+    fn stats(&self, uid: &str) -> ServiceFuture<serde_json::Value>;
+
+    /// Validates and launches a model from a launch request (`POST /v1/models`); returns its
+    /// uid. With `wait_ready` the future ends when the model serves; without, once the launch
+    /// is validated and placed.
+    fn launch(&self, request: xinf_actors::LaunchRequest, wait_ready: bool) -> ServiceFuture<String> {
+        let _ = (request, wait_ready);
+        unsupported("launching models")
+    }
+
+    /// Terminates a model (`DELETE /v1/models/{uid}`).
+    fn terminate(&self, uid: &str) -> ServiceFuture<()> {
+        let _ = uid;
+        unsupported("terminating models")
+    }
+
+    /// The cluster's workers (`GET /v1/workers`), as a JSON array.
+    fn workers(&self) -> ServiceFuture<serde_json::Value> {
+        unsupported("listing workers")
+    }
+}
+
+fn unsupported<T: Send + 'static>(what: &'static str) -> ServiceFuture<T> {
+    futures::future::ready(Err(ServiceError::Unsupported(what))).boxed()
+}
+
+fn ready<T: Send + 'static>(result: Result<T, ServiceError>) -> ServiceFuture<T> {
+    futures::future::ready(result).boxed()
 }
 
 /// The JSON form of an engine's stats, with the keys [`ModelService::stats`] documents.
@@ -172,6 +230,7 @@ impl LocalService {
             model_name: model_name.into(),
             status: ModelStatus::Ready,
             replicas: 1,
+            replica_details: Vec::new(),
             engine: "native".into(),
             context_length: Some(engine.contract().context_length),
             created: now_secs(),
@@ -201,29 +260,28 @@ impl LocalService {
 }
 
 impl ModelService for LocalService {
-    fn list(&self) -> Vec<ModelInfo> {
-        self.read().values().map(|m| m.info.clone()).collect()
+    fn list(&self) -> ServiceFuture<Vec<ModelInfo>> {
+        ready(Ok(self.read().values().map(|m| m.info.clone()).collect()))
     }
 
-    fn get(&self, uid: &str) -> Result<ModelInfo, ServiceError> {
-        self.read().get(uid).map(|m| m.info.clone()).ok_or_else(|| ServiceError::NotFound(uid.to_owned()))
+    fn get(&self, uid: &str) -> ServiceFuture<ModelInfo> {
+        ready(
+            self.read()
+                .get(uid)
+                .map(|m| m.info.clone())
+                .ok_or_else(|| ServiceError::NotFound(uid.to_owned())),
+        )
     }
 
-    fn generate(
-        &self,
-        uid: &str,
-        req: GenerateRequest,
-    ) -> BoxFuture<'static, Result<TokenStream, ServiceError>> {
-        let result = self.engine(uid).and_then(|e| e.submit(req).map_err(ServiceError::Engine));
-        futures::future::ready(result).boxed()
+    fn generate(&self, uid: &str, req: GenerateRequest) -> ServiceFuture<TokenStream> {
+        ready(self.engine(uid).and_then(|e| e.submit(req).map_err(ServiceError::Engine)))
     }
 
-    fn abort(&self, uid: &str, request_id: &str) -> BoxFuture<'static, Result<bool, ServiceError>> {
-        let result = self.engine(uid).map(|e| e.abort(request_id));
-        futures::future::ready(result).boxed()
+    fn abort(&self, uid: &str, request_id: &str) -> ServiceFuture<bool> {
+        ready(self.engine(uid).map(|e| e.abort(request_id)))
     }
 
-    fn stats(&self, uid: &str) -> Result<serde_json::Value, ServiceError> {
-        self.engine(uid).map(|e| engine_stats_json(&e.stats()))
+    fn stats(&self, uid: &str) -> ServiceFuture<serde_json::Value> {
+        ready(self.engine(uid).map(|e| engine_stats_json(&e.stats())))
     }
 }

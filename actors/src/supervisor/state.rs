@@ -182,6 +182,10 @@ impl SupervisorState {
                 status: ModelStatus::Launching,
                 pd: spec.pd,
                 replicas,
+                created: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or_default(),
             },
         );
         Ok((uid, placements))

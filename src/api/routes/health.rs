@@ -26,12 +26,14 @@ fn label(value: &str) -> String {
 
 /// The metrics of every model.
 pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
-    let models = state.service.list();
+    let models = state.service.list().await.unwrap_or_default();
+    let figures = futures::future::join_all(models.iter().map(|m| state.service.stats(&m.uid))).await;
     let stats: Vec<(String, Option<serde_json::Value>)> = models
         .iter()
-        .map(|m| {
+        .zip(figures)
+        .map(|(m, s)| {
             let labels = format!("model_uid=\"{}\",model_name=\"{}\"", label(&m.uid), label(&m.model_name));
-            (labels, state.service.stats(&m.uid).ok())
+            (labels, s.ok())
         })
         .collect();
     let mut out = String::new();

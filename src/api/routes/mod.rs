@@ -30,8 +30,17 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
                 .wrap(actix_web::middleware::from_fn(crate::api::auth::require_api_key))
                 .service(resource("/chat/completions").route(web::post().to(chat::create)))
                 .service(resource("/completions").route(web::post().to(completions::create)))
-                .service(resource("/models").route(web::get().to(models::list)))
-                .service(resource("/models/{uid}").route(web::get().to(models::get)))
+                .service(
+                    resource("/models")
+                        .route(web::get().to(models::list))
+                        .route(web::post().to(models::launch)),
+                )
+                .service(
+                    resource("/models/{uid}")
+                        .route(web::get().to(models::get))
+                        .route(web::delete().to(models::terminate)),
+                )
+                .service(resource("/workers").route(web::get().to(models::workers)))
                 .service(resource("/models/{uid}/stats").route(web::get().to(models::stats)))
                 .service(resource("/models/{uid}/requests/{rid}/abort").route(web::post().to(models::abort)))
                 .default_service(web::to(not_found)),

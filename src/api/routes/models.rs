@@ -1,16 +1,73 @@
-//! `GET /v1/models`, `GET /v1/models/{uid}`, `GET /v1/models/{uid}/stats` and
-//! `POST /v1/models/{uid}/requests/{rid}/abort`.
+//! The model routes: list, get, launch (`POST /v1/models`), terminate (`DELETE`), stats,
+//! abort, and `GET /v1/workers`.
 
-use super::localized;
+use super::{localized, parse_json, read_body};
 use crate::api::AppState;
 use crate::api::error::{ApiError, Problem};
 use crate::api::openai::{ModelList, ModelObject};
 use actix_web::{HttpRequest, HttpResponse, web};
+use serde::Deserialize;
+use xinf_actors::LaunchRequest;
 
 /// Every model, in OpenAI's list shape.
-pub(crate) async fn list(state: web::Data<AppState>) -> HttpResponse {
-    let data = state.service.list().into_iter().map(ModelObject::from).collect();
-    HttpResponse::Ok().json(ModelList { object: "list", data })
+pub(crate) async fn list(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let result = state.service.list().await.map_err(Problem::from);
+    localized(&req, result).map(|models| {
+        let data = models.into_iter().map(ModelObject::from).collect();
+        HttpResponse::Ok().json(ModelList { object: "list", data })
+    })
+}
+
+/// The query of `POST /v1/models`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LaunchQuery {
+    /// Answer once the model serves (default), or once it is validated and loading.
+    #[serde(default = "yes")]
+    wait_ready: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Launches a model: `{"model_uid": ...}`. The body has the keys of Xinference's launch
+/// request; keys it does not name are engine options.
+pub(crate) async fn launch(
+    req: HttpRequest,
+    query: web::Query<LaunchQuery>,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let result = async {
+        let body = read_body(&req, payload, state.max_body_bytes).await?;
+        let request: LaunchRequest = parse_json(&body)?;
+        let name = request.model_name.clone();
+        tracing::info!(target: "xinf::api", model_name = %name, wait_ready = query.wait_ready, "launch");
+        let uid = state.service.launch(request, query.wait_ready).await?;
+        Ok(HttpResponse::Ok().json(serde_json::json!({ "model_uid": uid })))
+    }
+    .await;
+    localized(&req, result)
+}
+
+/// Terminates a model: OpenAI's delete shape `{"id", "object": "model", "deleted": true}`.
+pub(crate) async fn terminate(
+    req: HttpRequest,
+    uid: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let result = state.service.terminate(&uid).await.map_err(Problem::from);
+    localized(&req, result).map(|()| {
+        tracing::info!(target: "xinf::api", model = %uid, "terminated");
+        HttpResponse::Ok().json(serde_json::json!({ "id": uid.as_str(), "object": "model", "deleted": true }))
+    })
+}
+
+/// The cluster's workers: id, address, GPUs, liveness, replicas.
+pub(crate) async fn workers(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let result = state.service.workers().await.map_err(Problem::from);
+    localized(&req, result).map(|w| HttpResponse::Ok().json(w))
 }
 
 /// One model.
@@ -19,7 +76,7 @@ pub(crate) async fn get(
     uid: web::Path<String>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let result = state.service.get(&uid).map_err(Problem::from);
+    let result = state.service.get(&uid).await.map_err(Problem::from);
     localized(&req, result).map(|info| HttpResponse::Ok().json(ModelObject::from(info)))
 }
 
@@ -29,7 +86,7 @@ pub(crate) async fn stats(
     uid: web::Path<String>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let result = state.service.stats(&uid).map_err(Problem::from);
+    let result = state.service.stats(&uid).await.map_err(Problem::from);
     localized(&req, result).map(|stats| HttpResponse::Ok().json(stats))
 }
 

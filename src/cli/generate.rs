@@ -1,12 +1,14 @@
-//! The `xinf` command line.
+//! `xinf generate` (one prompt, no server) and `xinf serve` (one engine behind the REST API,
+//! without the actor cluster).
 
-use crate::api::{self, ApiConfig, LocalService};
+use super::server::HttpArgs;
+use super::shutdown_signal;
+use crate::api::{self, LocalService};
 use crate::engine_error_text;
-use clap::{Args, Parser, Subcommand};
+use clap::Args;
 use futures::StreamExt;
 use std::io::Write;
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 use xinf_engine::{ChatMessage, Engine, EngineError, GenerateRequest, Prompt, SamplingParams, TokenEvent};
@@ -14,25 +16,9 @@ use xinf_engine_native::{EngineOptions, NativeEngine};
 use xinf_i18n::Catalog;
 use xinf_models::{ModelRequest, resolve};
 
-/// xinf: prefill/decode disaggregated LLM serving.
-#[derive(Debug, Parser)]
-#[command(name = "xinf", version, about, long_about = None)]
-pub struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// Generate text with a model on this machine and stream it to stdout.
-    Generate(GenerateArgs),
-    /// Load one model on this machine and serve it over the OpenAI-compatible REST API.
-    Serve(ServeArgs),
-}
-
 /// Which model to load.
 #[derive(Debug, Args)]
-struct ModelArgs {
+pub(crate) struct ModelArgs {
     /// Model name from the builtin registry (for example smollm2-instruct, qwen2.5-instruct).
     #[arg(short = 'n', long, env = "XINF_MODEL_NAME", default_value = "smollm2-instruct")]
     model_name: String,
@@ -52,7 +38,7 @@ struct ModelArgs {
 
 /// The KV cache layout of the engine.
 #[derive(Debug, Args)]
-struct LayoutArgs {
+pub(crate) struct LayoutArgs {
     /// KV layout: paged-kv-first (vLLM FlashAttention), paged-block-first (FlashInfer) or
     /// token-pool (SGLang).
     #[arg(long)]
@@ -69,7 +55,7 @@ struct LayoutArgs {
 }
 
 #[derive(Debug, Args)]
-struct GenerateArgs {
+pub(crate) struct GenerateArgs {
     #[command(flatten)]
     model: ModelArgs,
     #[command(flatten)]
@@ -107,7 +93,7 @@ struct GenerateArgs {
 }
 
 #[derive(Debug, Args)]
-struct ServeArgs {
+pub(crate) struct ServeArgs {
     #[command(flatten)]
     model: ModelArgs,
     #[command(flatten)]
@@ -115,57 +101,11 @@ struct ServeArgs {
     /// The id clients pass as `model` (default: the model name).
     #[arg(short = 'u', long, env = "XINF_MODEL_UID")]
     model_uid: Option<String>,
-    /// Address to listen on.
-    #[arg(short = 'H', long, env = "XINF_HOST", default_value = "127.0.0.1")]
-    host: String,
-    /// Port to listen on; 0 picks a free one (printed on start).
-    #[arg(short = 'p', long, env = "XINF_PORT", default_value_t = 9997)]
-    port: u16,
-    /// Require `Authorization: Bearer KEY` on every /v1 route.
-    #[arg(long, env = "XINF_API_KEY", hide_env_values = true)]
-    api_key: Option<String>,
-    /// Largest request body in bytes; larger ones get 413.
-    #[arg(long, env = "XINF_MAX_BODY_BYTES", default_value_t = 4 << 20)]
-    max_body_bytes: usize,
-    /// HTTP worker threads (default: one per CPU core).
-    #[arg(long, env = "XINF_HTTP_WORKERS")]
-    http_workers: Option<usize>,
+    #[command(flatten)]
+    http: HttpArgs,
     /// Print load figures to stderr.
     #[arg(short, long)]
     verbose: bool,
-}
-
-/// Runs the command line and returns the process exit code.
-pub fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_tracing();
-    let cat = Catalog::from_env();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("{}: {e}", cat.text("error-prefix", &[]));
-            return ExitCode::FAILURE;
-        }
-    };
-    let result = match cli.command {
-        Command::Generate(args) => {
-            runtime.block_on(generate(args, &cat)).map_err(|e| engine_error_text(&cat, &e))
-        }
-        Command::Serve(args) => runtime.block_on(serve(args, &cat)),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(text) => {
-            eprintln!("{}: {text}", cat.text("error-prefix", &[]));
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("XINF_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }
 
 fn engine_options(layout: &LayoutArgs) -> Result<EngineOptions, EngineError> {
@@ -233,7 +173,7 @@ fn load(
     Ok(engine)
 }
 
-async fn generate(args: GenerateArgs, cat: &Catalog) -> Result<(), EngineError> {
+pub(crate) async fn generate(args: GenerateArgs, cat: &Catalog) -> Result<(), EngineError> {
     let prompt = match (&args.prompt, &args.chat) {
         (Some(p), None) => Prompt::Text(p.clone()),
         (None, Some(c)) => {
@@ -289,22 +229,15 @@ async fn generate(args: GenerateArgs, cat: &Catalog) -> Result<(), EngineError> 
 }
 
 /// Loads the model and serves it until Ctrl-C (or SIGTERM); errors come back as text.
-async fn serve(args: ServeArgs, cat: &Catalog) -> Result<(), String> {
+pub(crate) async fn serve(args: ServeArgs, cat: &Catalog) -> Result<(), String> {
     let engine =
         load(&args.model, &args.layout, cat, args.verbose).map_err(|e| engine_error_text(cat, &e))?;
     let uid = args.model_uid.clone().unwrap_or_else(|| args.model.model_name.clone());
     let service =
         LocalService::new().with_model(uid.clone(), args.model.model_name.clone(), Arc::new(engine));
-    let config = ApiConfig {
-        host: args.host.clone(),
-        port: args.port,
-        api_key: args.api_key.clone(),
-        max_body_bytes: args.max_body_bytes,
-        workers: args.http_workers,
-        ..ApiConfig::default()
-    };
+    let config = args.http.config();
     let mut server = api::serve(config, Arc::new(service)).await.map_err(|e| {
-        let addr = format!("{}:{}", args.host, args.port);
+        let addr = format!("{}:{}", args.http.host, args.http.port);
         cat.text("cli-bind-failed", &[("addr", &addr), ("detail", &e.to_string())])
     })?;
     let addr = server.local_addr().to_string();
@@ -319,26 +252,4 @@ async fn serve(args: ServeArgs, cat: &Catalog) -> Result<(), String> {
     eprintln!("{}", cat.text("cli-stopping", &[]));
     server.stop(true).await;
     Ok(())
-}
-
-/// Resolves on Ctrl-C or, on Unix, SIGTERM.
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-                return;
-            }
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }

@@ -1,0 +1,115 @@
+//! [`ClusterService`]: the REST layer over an actor cluster (`xinf local`, `xinf supervisor`).
+
+use crate::api::service::{ModelInfo, ModelService, ModelStatus, ServiceError, ServiceFuture};
+use futures::FutureExt;
+use xinf_actors::{ActorError, Cluster, LaunchRequest, ReplicaStatus};
+use xinf_engine::{GenerateRequest, TokenStream};
+
+/// A [`ModelService`] that answers through a [`Cluster`]: models are launched on workers,
+/// requests go through each model's router to its replicas, wherever they run.
+#[derive(Debug, Clone)]
+pub struct ClusterService {
+    cluster: Cluster,
+}
+
+impl ClusterService {
+    /// Serves the models of `cluster`.
+    pub fn new(cluster: Cluster) -> Self {
+        Self { cluster }
+    }
+
+    /// The cluster behind the service.
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+}
+
+fn status(s: xinf_actors::ModelStatus) -> ModelStatus {
+    match s {
+        xinf_actors::ModelStatus::Launching => ModelStatus::Loading,
+        xinf_actors::ModelStatus::Ready => ModelStatus::Ready,
+        xinf_actors::ModelStatus::Error => ModelStatus::Failed,
+        xinf_actors::ModelStatus::Terminating => ModelStatus::Terminating,
+    }
+}
+
+fn info(m: xinf_actors::ModelInfo) -> ModelInfo {
+    ModelInfo {
+        replicas: m.replicas.iter().filter(|r| r.status != ReplicaStatus::Dead).count(),
+        uid: m.model_uid,
+        model_name: m.model_name,
+        status: status(m.status),
+        replica_details: m.replicas,
+        engine: "native".into(),
+        context_length: None,
+        created: m.created,
+    }
+}
+
+fn service<T>(r: Result<T, ActorError>) -> Result<T, ServiceError> {
+    r.map_err(ServiceError::from)
+}
+
+impl ModelService for ClusterService {
+    fn list(&self) -> ServiceFuture<Vec<ModelInfo>> {
+        let c = self.cluster.clone();
+        async move { service(c.list_models().await).map(|ms| ms.into_iter().map(info).collect()) }.boxed()
+    }
+
+    fn get(&self, uid: &str) -> ServiceFuture<ModelInfo> {
+        let (c, uid) = (self.cluster.clone(), uid.to_owned());
+        async move { service(c.get_model(&uid).await).map(info) }.boxed()
+    }
+
+    fn generate(&self, uid: &str, req: GenerateRequest) -> ServiceFuture<TokenStream> {
+        let (c, uid) = (self.cluster.clone(), uid.to_owned());
+        async move { service(c.generate(&uid, req).await) }.boxed()
+    }
+
+    fn abort(&self, uid: &str, request_id: &str) -> ServiceFuture<bool> {
+        let (c, uid, rid) = (self.cluster.clone(), uid.to_owned(), request_id.to_owned());
+        async move { service(c.abort(&uid, &rid).await) }.boxed()
+    }
+
+    /// The sum over alive replicas under the keys `/metrics` reads, and each replica under
+    /// `replicas`.
+    fn stats(&self, uid: &str) -> ServiceFuture<serde_json::Value> {
+        let (c, uid) = (self.cluster.clone(), uid.to_owned());
+        async move {
+            let replicas = service(c.stats(&uid).await)?;
+            let sum = |f: fn(&xinf_actors::ReplicaStats) -> u64| replicas.iter().map(f).sum::<u64>();
+            Ok(serde_json::json!({
+                "running": sum(|r| r.running),
+                "queued": sum(|r| r.queued),
+                "requests_served": sum(|r| r.requests_served),
+                "prompt_tokens": sum(|r| r.prompt_tokens),
+                "generated_tokens": sum(|r| r.generated_tokens),
+                "replicas": replicas,
+            }))
+        }
+        .boxed()
+    }
+
+    fn launch(&self, request: LaunchRequest, wait_ready: bool) -> ServiceFuture<String> {
+        let c = self.cluster.clone();
+        async move {
+            let r = if wait_ready { c.launch(request).await } else { c.launch_detached(request).await };
+            service(r)
+        }
+        .boxed()
+    }
+
+    fn terminate(&self, uid: &str) -> ServiceFuture<()> {
+        let (c, uid) = (self.cluster.clone(), uid.to_owned());
+        async move { service(c.terminate(&uid).await) }.boxed()
+    }
+
+    fn workers(&self) -> ServiceFuture<serde_json::Value> {
+        let c = self.cluster.clone();
+        async move {
+            let workers = service(c.list_workers().await)?;
+            serde_json::to_value(workers).map_err(|e| ServiceError::Unavailable(e.to_string()))
+        }
+        .boxed()
+    }
+}

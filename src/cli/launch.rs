@@ -1,0 +1,242 @@
+//! `xinf launch`, and the launch flags `xinf local` shares: flags → a checked
+//! [`LaunchRequest`], then `POST /v1/models` with progress while the model loads.
+
+use super::client::{Client, ClientError};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{Map, Value};
+use std::time::{Duration, Instant};
+use xinf_actors::{GpuCount, GpuIdx, LaunchRequest, ModelSize, ReplicaConfig};
+use xinf_i18n::Catalog;
+
+/// What to launch. The flags mirror Xinference's `launch` command.
+#[derive(Debug, Args, Default)]
+pub(crate) struct LaunchSource {
+    /// Model name from the builtin registry (smollm2-instruct, qwen2.5-instruct, qwen3,
+    /// llama-3.2-instruct), or any name together with --model-path.
+    #[arg(short = 'n', long)]
+    pub(crate) model_name: Option<String>,
+    /// Engine of every replica (also `-en`); `native` is the one available.
+    #[arg(long)]
+    pub(crate) model_engine: Option<String>,
+    /// The uid clients pass as `model` (default: the model name, or the name plus a suffix when
+    /// that is taken).
+    #[arg(short = 'u', long)]
+    pub(crate) model_uid: Option<String>,
+    /// Model size in billions of parameters, as the registry spells it (0_135, 0_5, 7).
+    #[arg(short = 's', long)]
+    pub(crate) size_in_billions: Option<String>,
+    /// Weights format: pytorch (safetensors) or ggufv2.
+    #[arg(short = 'f', long)]
+    pub(crate) model_format: Option<String>,
+    /// Quantization of the weights (none, Q4_1, ...).
+    #[arg(short = 'q', long)]
+    pub(crate) quantization: Option<String>,
+    /// Number of replicas (default 1, or the number of --replica-config entries).
+    #[arg(short = 'r', long)]
+    pub(crate) replica: Option<u32>,
+    /// GPUs per replica: a count, or `auto` (legacy placement; not with --replica-config).
+    #[arg(long)]
+    pub(crate) n_gpu: Option<String>,
+    /// GPU indexes for the replicas, comma-separated (legacy placement).
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) gpu_idx: Vec<u32>,
+    /// Worker for every replica, as `ip:port` from `GET /v1/workers` (legacy placement).
+    #[arg(long)]
+    pub(crate) worker_ip: Option<String>,
+    /// Workers per replica; only 1 is supported (sharded launches are refused).
+    #[arg(long)]
+    pub(crate) n_worker: Option<u32>,
+    /// A Hugging Face folder or GGUF file to load instead of the registry's source.
+    #[arg(long)]
+    pub(crate) model_path: Option<String>,
+    /// Per-replica worker and GPU placement as a non-empty JSON array, one object per replica:
+    /// {"replica_uid", "role" (hybrid, or prefill/decode), "model_engine", "engine_config",
+    /// "devices": [{"worker_ip", "n_gpu", "gpu_idx"}]}. Not with --worker-ip, --gpu-idx,
+    /// --n-gpu or --n-worker.
+    #[arg(long = "replica-config", visible_alias = "replica_config", value_name = "JSON")]
+    pub(crate) replica_config: Option<String>,
+    /// An engine option for every replica, KEY=VALUE (repeatable; VALUE is read as JSON when it
+    /// parses, else as a string), for example --engine-option kv_cache_tokens=16384.
+    #[arg(long = "engine-option", value_name = "KEY=VALUE")]
+    pub(crate) engine_option: Vec<String>,
+}
+
+/// `xinf launch`.
+#[derive(Debug, Args)]
+pub(crate) struct LaunchArgs {
+    #[command(flatten)]
+    pub(crate) source: LaunchSource,
+    #[command(flatten)]
+    pub(crate) endpoint: EndpointArgs,
+    /// Return as soon as the launch is accepted, without waiting for the model to load.
+    #[arg(long)]
+    pub(crate) no_wait: bool,
+}
+
+/// Which server a client command talks to.
+#[derive(Debug, Args)]
+pub(crate) struct EndpointArgs {
+    /// The server's REST endpoint.
+    #[arg(short = 'e', long, env = "XINF_ENDPOINT", default_value = "http://127.0.0.1:9997")]
+    pub(crate) endpoint: String,
+    /// API key of the server (also `-ak`).
+    #[arg(long, env = "XINF_API_KEY", hide_env_values = true)]
+    pub(crate) api_key: Option<String>,
+}
+
+impl EndpointArgs {
+    pub(crate) fn client(&self) -> Client {
+        Client::new(&self.endpoint, self.api_key.clone())
+    }
+}
+
+/// Parses and checks `--replica-config` as the reference CLI does.
+fn replica_config(text: &str, source: &LaunchSource, cat: &Catalog) -> Result<Vec<ReplicaConfig>, String> {
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| cat.text("cli-replica-config-json", &[("detail", &e.to_string())]))?;
+    let Value::Array(entries) = value else {
+        return Err(cat.text("cli-replica-config-array", &[]));
+    };
+    if entries.is_empty() {
+        return Err(cat.text("cli-replica-config-empty", &[]));
+    }
+    let mut out = Vec::with_capacity(entries.len());
+    for (i, entry) in entries.into_iter().enumerate() {
+        let parsed = serde_path_to_error::deserialize::<_, ReplicaConfig>(entry).map_err(|e| {
+            let path = e.path().to_string();
+            let field = if path == "." { format!("[{i}]") } else { format!("[{i}].{path}") };
+            cat.text(
+                "cli-replica-config-entry",
+                &[("field", &field), ("detail", &e.into_inner().to_string())],
+            )
+        })?;
+        out.push(parsed);
+    }
+    if let Some(r) = source.replica
+        && r as usize != out.len()
+    {
+        let (r, n) = (r.to_string(), out.len().to_string());
+        return Err(cat.text("cli-replica-config-count", &[("replica", &r), ("entries", &n)]));
+    }
+    let legacy = source.worker_ip.is_some()
+        || !source.gpu_idx.is_empty()
+        || source.n_gpu.is_some()
+        || source.n_worker.is_some_and(|n| n != 1);
+    if legacy {
+        return Err(cat.text("cli-replica-config-legacy", &[]));
+    }
+    Ok(out)
+}
+
+fn engine_options(options: &[String], cat: &Catalog) -> Result<Map<String, Value>, String> {
+    let mut out = Map::new();
+    for o in options {
+        let Some((key, value)) = o.split_once('=') else {
+            return Err(cat.text("cli-engine-option", &[("option", o)]));
+        };
+        let value = serde_json::from_str(value).unwrap_or_else(|_| Value::String(value.to_owned()));
+        out.insert(key.trim().to_owned(), value);
+    }
+    Ok(out)
+}
+
+impl LaunchSource {
+    /// The launch request these flags describe, checked as far as a client can (the same
+    /// rules and messages as the server's, without the cluster's state).
+    pub(crate) fn request(&self, cat: &Catalog) -> Result<LaunchRequest, String> {
+        let model_name = self.model_name.clone().ok_or_else(|| cat.text("cli-model-name-required", &[]))?;
+        let replica_config = match &self.replica_config {
+            Some(text) => Some(replica_config(text, self, cat)?),
+            None => None,
+        };
+        let n_gpu = match self.n_gpu.as_deref() {
+            None => None,
+            Some(v) if v.eq_ignore_ascii_case("auto") => Some(GpuCount::Auto),
+            Some(v) => Some(GpuCount::Count(v.parse().map_err(|_| cat.text("cli-n-gpu", &[("value", v)]))?)),
+        };
+        let options = engine_options(&self.engine_option, cat)?;
+        let request = LaunchRequest {
+            model_uid: self.model_uid.clone(),
+            model_name,
+            model_engine: self.model_engine.clone(),
+            model_size_in_billions: self.size_in_billions.clone().map(ModelSize),
+            model_format: self.model_format.clone(),
+            quantization: self.quantization.clone(),
+            replica: self.replica,
+            n_gpu,
+            n_worker: self.n_worker,
+            gpu_idx: (!self.gpu_idx.is_empty()).then(|| GpuIdx(self.gpu_idx.clone())),
+            worker_ip: self.worker_ip.clone(),
+            model_path: self.model_path.clone(),
+            replica_config,
+            engine_config: (!options.is_empty()).then_some(options),
+            ..LaunchRequest::default()
+        };
+        request.check().map_err(|e| e.to_string())?;
+        Ok(request)
+    }
+}
+
+/// The progress line of a model that is loading, from `GET /v1/models`.
+fn progress(client: &Client, uid: Option<&str>, name: &str) -> Option<String> {
+    let models = client.get("/v1/models").ok()?;
+    let model = models["data"].as_array()?.iter().map(|m| &m["xinf"]).find(|m| match uid {
+        Some(uid) => m["uid"] == uid,
+        None => m["model_name"] == name && m["status"] == "loading",
+    })?;
+    let replicas = model["replica_details"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let alive = replicas.iter().filter(|r| r["status"] == "alive").count();
+    Some(format!(
+        "{} {}: {alive}/{} replicas",
+        model["uid"].as_str().unwrap_or(name),
+        model["status"].as_str().unwrap_or("?"),
+        replicas.len()
+    ))
+}
+
+/// `xinf launch`: sends the request and shows progress until the model serves. Prints the
+/// model's uid on stdout.
+pub(crate) fn launch(args: LaunchArgs, cat: &Catalog) -> Result<(), String> {
+    let request = args.source.request(cat)?;
+    let client = args.endpoint.client();
+    let body = serde_json::to_value(&request).map_err(|e| e.to_string())?;
+    let name = request.model_name.clone();
+    let path = if args.no_wait { "/v1/models?wait_ready=false" } else { "/v1/models" };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let poster = client.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(poster.post(path, &body));
+    });
+    let bar = ProgressBar::new_spinner();
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")
+            .unwrap_or(ProgressStyle::default_spinner()),
+    );
+    bar.set_message(cat.text("cli-launching", &[("name", &name)]));
+    let started = Instant::now();
+    let result = loop {
+        match rx.recv_timeout(Duration::from_millis(500)) {
+            Ok(result) => break result,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                break Err(ClientError::Invalid {
+                    endpoint: args.endpoint.endpoint.clone(),
+                    detail: "no answer".into(),
+                });
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                bar.tick();
+                if let Some(line) = progress(&client, request.model_uid.as_deref(), &name) {
+                    bar.set_message(line);
+                }
+            }
+        }
+    };
+    bar.finish_and_clear();
+    let answer = result.map_err(|e| e.to_string())?;
+    let uid = answer["model_uid"].as_str().unwrap_or_default();
+    let secs = format!("{:.1}", started.elapsed().as_secs_f64());
+    eprintln!("{}", cat.text("cli-launch-done", &[("uid", uid), ("secs", &secs)]));
+    println!("{uid}");
+    Ok(())
+}

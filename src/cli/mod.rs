@@ -1,0 +1,116 @@
+//! The `xinf` command line.
+
+mod chat;
+mod client;
+mod generate;
+mod launch;
+mod models;
+mod server;
+
+use crate::engine_error_text;
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+use xinf_i18n::Catalog;
+
+/// xinf: prefill/decode disaggregated LLM serving.
+#[derive(Debug, Parser)]
+#[command(name = "xinf", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a whole cluster in this process (supervisor + worker) behind the REST API, and
+    /// optionally launch a model (-n ...) once it is up.
+    Local(server::LocalArgs),
+    /// Run a cluster's supervisor and its REST API; workers join it on the cluster port.
+    Supervisor(server::SupervisorArgs),
+    /// Run a worker that joins a supervisor and hosts the replicas placed on it.
+    Worker(server::WorkerArgs),
+    /// Launch a model on a running server (local or supervisor) and wait until it serves.
+    Launch(launch::LaunchArgs),
+    /// List a server's models (or, with --workers, its workers).
+    List(models::ListArgs),
+    /// Terminate a model on a running server.
+    Terminate(models::TerminateArgs),
+    /// Chat with a served model: one message per line, answers streamed.
+    Chat(chat::ChatArgs),
+    /// Generate text with a model on this machine, without a server, and stream it to stdout.
+    Generate(generate::GenerateArgs),
+    /// Load one model and serve it over the REST API without the actor cluster.
+    Serve(generate::ServeArgs),
+}
+
+/// Xinference's two-letter short flags, which clap cannot express, as their long forms.
+fn expand_short_flags(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    args.map(|a| match a.to_str() {
+        Some("-en") => "--model-engine".into(),
+        Some("-ak") => "--api-key".into(),
+        _ => a,
+    })
+    .collect()
+}
+
+/// Runs the command line and returns the process exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse_from(expand_short_flags(std::env::args_os()));
+    init_tracing();
+    let cat = Catalog::from_env();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("{}: {e}", cat.text("error-prefix", &[]));
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match cli.command {
+        Command::Local(args) => runtime.block_on(server::local(args, &cat)),
+        Command::Supervisor(args) => runtime.block_on(server::supervisor(args, &cat)),
+        Command::Worker(args) => runtime.block_on(server::worker(args, &cat)),
+        Command::Launch(args) => launch::launch(args, &cat),
+        Command::List(args) => models::list(args, &cat),
+        Command::Terminate(args) => models::terminate(args, &cat),
+        Command::Chat(args) => chat::chat(args, &cat),
+        Command::Generate(args) => {
+            runtime.block_on(generate::generate(args, &cat)).map_err(|e| engine_error_text(&cat, &e))
+        }
+        Command::Serve(args) => runtime.block_on(generate::serve(args, &cat)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(text) => {
+            eprintln!("{}: {text}", cat.text("error-prefix", &[]));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("XINF_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+/// Resolves on Ctrl-C or, on Unix, SIGTERM.
+pub(crate) async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

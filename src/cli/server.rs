@@ -1,0 +1,189 @@
+//! The commands that run a cluster: `xinf local`, `xinf supervisor` and `xinf worker`.
+
+use super::launch::LaunchSource;
+use super::shutdown_signal;
+use crate::api::{self, ApiConfig, ClusterService, ModelService};
+use clap::Args;
+use std::sync::Arc;
+use xinf_actors::{ActorError, Cluster};
+use xinf_i18n::Catalog;
+
+/// How the REST API is served.
+#[derive(Debug, Args)]
+pub(crate) struct HttpArgs {
+    /// Address the REST API listens on.
+    #[arg(short = 'H', long, env = "XINF_HOST", default_value = "127.0.0.1")]
+    pub(crate) host: String,
+    /// Port of the REST API; 0 picks a free one (printed on start).
+    #[arg(short = 'p', long, env = "XINF_PORT", default_value_t = 9997)]
+    pub(crate) port: u16,
+    /// Require `Authorization: Bearer KEY` on every /v1 route.
+    #[arg(long, env = "XINF_API_KEY", hide_env_values = true)]
+    pub(crate) api_key: Option<String>,
+    /// Largest request body in bytes; larger ones get 413.
+    #[arg(long, env = "XINF_MAX_BODY_BYTES", default_value_t = 4 << 20)]
+    pub(crate) max_body_bytes: usize,
+    /// HTTP worker threads (default: one per CPU core).
+    #[arg(long, env = "XINF_HTTP_WORKERS")]
+    pub(crate) http_workers: Option<usize>,
+}
+
+impl HttpArgs {
+    pub(crate) fn config(&self) -> ApiConfig {
+        ApiConfig {
+            host: self.host.clone(),
+            port: self.port,
+            api_key: self.api_key.clone(),
+            max_body_bytes: self.max_body_bytes,
+            workers: self.http_workers,
+            ..ApiConfig::default()
+        }
+    }
+}
+
+/// The secret nodes of one cluster share.
+#[derive(Debug, Args)]
+pub(crate) struct SecretArgs {
+    /// Shared secret of the cluster's nodes (at least 8 characters); a node presenting another
+    /// one is refused. Prefer the environment variable: arguments are visible to other users.
+    #[arg(long, env = "XINF_CLUSTER_SECRET", hide_env_values = true)]
+    pub(crate) cluster_secret: Option<String>,
+}
+
+impl SecretArgs {
+    fn get(&self, cat: &Catalog) -> Result<&str, String> {
+        self.cluster_secret.as_deref().ok_or_else(|| cat.text("cli-secret-required", &[]))
+    }
+}
+
+/// `xinf local`.
+#[derive(Debug, Args)]
+pub(crate) struct LocalArgs {
+    #[command(flatten)]
+    http: HttpArgs,
+    /// With --model-name: a model to launch once the server is up (the flags of `xinf launch`).
+    #[command(flatten)]
+    launch: LaunchSource,
+}
+
+/// `xinf supervisor`.
+#[derive(Debug, Args)]
+pub(crate) struct SupervisorArgs {
+    #[command(flatten)]
+    http: HttpArgs,
+    /// Port workers join on (the cluster port); 0 picks a free one (printed on start).
+    #[arg(long, env = "XINF_CLUSTER_PORT", default_value_t = 9998)]
+    cluster_port: u16,
+    #[command(flatten)]
+    secret: SecretArgs,
+}
+
+/// `xinf worker`.
+#[derive(Debug, Args)]
+pub(crate) struct WorkerArgs {
+    /// The supervisor's cluster address, `host:cluster-port`.
+    #[arg(long, env = "XINF_SUPERVISOR")]
+    supervisor: String,
+    /// Address this worker listens on for the supervisor: one the supervisor can reach (not a
+    /// wildcard such as 0.0.0.0).
+    #[arg(short = 'H', long, env = "XINF_WORKER_HOST", default_value = "127.0.0.1")]
+    host: String,
+    #[command(flatten)]
+    secret: SecretArgs,
+}
+
+fn actor_text(cat: &Catalog, e: &ActorError) -> String {
+    crate::service_error_text(cat, &api::ServiceError::from(e.clone()))
+}
+
+/// Serves `cluster` over REST until a signal, then shuts the cluster down.
+async fn serve_cluster(
+    cluster: Cluster,
+    http: &HttpArgs,
+    launch: Option<&LaunchSource>,
+    cat: &Catalog,
+) -> Result<(), String> {
+    let service = Arc::new(ClusterService::new(cluster.clone()));
+    let served = api::serve(http.config(), service.clone()).await;
+    let mut server = match served {
+        Ok(s) => s,
+        Err(e) => {
+            cluster.shutdown().await;
+            let addr = format!("{}:{}", http.host, http.port);
+            return Err(cat.text("cli-bind-failed", &[("addr", &addr), ("detail", &e.to_string())]));
+        }
+    };
+    let addr = server.local_addr().to_string();
+    eprintln!("{}", cat.text("cli-api-listening", &[("addr", &addr)]));
+    if let Some(args) = launch {
+        let request = match args.request(cat) {
+            Ok(r) => r,
+            Err(e) => {
+                server.stop(true).await;
+                cluster.shutdown().await;
+                return Err(e);
+            }
+        };
+        let name = request.model_name.clone();
+        eprintln!("{}", cat.text("cli-launching", &[("name", &name)]));
+        let launched = tokio::select! {
+            r = service.launch(request, true) => Some(r),
+            () = shutdown_signal() => None,
+        };
+        match launched {
+            Some(Ok(uid)) => eprintln!("{}", cat.text("cli-launched", &[("uid", &uid), ("addr", &addr)])),
+            Some(Err(e)) => {
+                server.stop(true).await;
+                cluster.shutdown().await;
+                return Err(crate::service_error_text(cat, &e));
+            }
+            None => {
+                eprintln!("{}", cat.text("cli-stopping", &[]));
+                server.stop(true).await;
+                cluster.shutdown().await;
+                return Ok(());
+            }
+        }
+    }
+    let result = tokio::select! {
+        r = server.stopped() => r.map_err(|e| cat.text("error-internal", &[("detail", &e.to_string())])),
+        () = shutdown_signal() => Ok(()),
+    };
+    eprintln!("{}", cat.text("cli-stopping", &[]));
+    server.stop(true).await;
+    cluster.shutdown().await;
+    result
+}
+
+/// `xinf local`: supervisor and worker in this process, REST in front.
+pub(crate) async fn local(args: LocalArgs, cat: &Catalog) -> Result<(), String> {
+    let cluster = Cluster::start_local().await.map_err(|e| actor_text(cat, &e))?;
+    let launch = args.launch.model_name.is_some().then_some(&args.launch);
+    serve_cluster(cluster, &args.http, launch, cat).await
+}
+
+/// `xinf supervisor`: the cluster's supervisor and the REST API.
+pub(crate) async fn supervisor(args: SupervisorArgs, cat: &Catalog) -> Result<(), String> {
+    let secret = args.secret.get(cat)?;
+    let cluster = Cluster::start_supervisor(&args.http.host, args.cluster_port, secret)
+        .await
+        .map_err(|e| actor_text(cat, &e))?;
+    let cluster_addr = cluster.address().unwrap_or_default().to_owned();
+    eprintln!("{}", cat.text("cli-supervisor-listening", &[("addr", &cluster_addr)]));
+    serve_cluster(cluster, &args.http, None, cat).await
+}
+
+/// `xinf worker`: joins a supervisor and runs the replicas it places here until a signal.
+pub(crate) async fn worker(args: WorkerArgs, cat: &Catalog) -> Result<(), String> {
+    let secret = args.secret.get(cat)?;
+    let node =
+        Cluster::start_worker(&args.supervisor, &args.host, secret).await.map_err(|e| actor_text(cat, &e))?;
+    eprintln!(
+        "{}",
+        cat.text("cli-worker-joined", &[("id", node.worker_id()), ("supervisor", &args.supervisor)])
+    );
+    shutdown_signal().await;
+    eprintln!("{}", cat.text("cli-stopping", &[]));
+    node.shutdown().await;
+    Ok(())
+}

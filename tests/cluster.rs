@@ -1,0 +1,481 @@
+//! The cluster as users run it: `xinf supervisor` and `xinf worker` processes on 127.0.0.1,
+//! models launched over REST and with `xinf launch`, requests routed across processes, a
+//! worker killed mid-stream, a node with the wrong secret, and `xinf local`.
+
+use crate::util::{self, http};
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const SECRET: &str = "test-cluster-secret";
+const QUESTION: &str = "What is the capital of France?";
+
+fn xinf() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_xinf"));
+    c.env("LANG", "C").env_remove("XINF_API_KEY").env_remove("XINF_CLUSTER_SECRET");
+    c
+}
+
+/// A running `xinf` process whose stderr is collected; killed when dropped.
+struct Proc {
+    child: Child,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Proc {
+    fn spawn(mut cmd: Command) -> Self {
+        let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn xinf");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let pipe = child.stderr.take().expect("stderr");
+        let sink = stderr.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                let mut s = sink.lock().unwrap_or_else(|p| p.into_inner());
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
+        Self { child, stderr }
+    }
+
+    fn log(&self) -> String {
+        self.stderr.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The text after `prefix` up to the end of its line, once the process has printed it.
+    fn wait_for(&mut self, prefix: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let log = self.log();
+            if let Some(rest) = log.lines().find_map(|l| l.split_once(prefix).map(|(_, r)| r.to_owned())) {
+                return rest;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("xinf exited ({status}) before printing {prefix:?}:\n{log}");
+            }
+            assert!(Instant::now() < deadline, "no {prefix:?} within 120 s:\n{log}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn supervisor() -> (Proc, SocketAddr, String) {
+    let mut cmd = xinf();
+    cmd.args(["supervisor", "--port", "0", "--cluster-port", "0"]).env("XINF_CLUSTER_SECRET", SECRET);
+    let mut p = Proc::spawn(cmd);
+    let cluster = p.wait_for("Workers join at ").trim().to_owned();
+    let rest = p.wait_for("REST API at http://");
+    let addr = rest.trim().trim_end_matches("/v1").parse().expect("REST address");
+    (p, addr, cluster)
+}
+
+fn worker(cluster: &str, secret: &str) -> (Proc, String) {
+    let mut cmd = xinf();
+    cmd.args(["worker", "--supervisor", cluster]).env("XINF_CLUSTER_SECRET", secret);
+    let mut p = Proc::spawn(cmd);
+    let joined = p.wait_for("Worker ");
+    let id = joined.split_whitespace().next().expect("worker id").to_owned();
+    (p, id)
+}
+
+fn chat_body(model: &str, stream: bool, max_tokens: usize) -> Value {
+    json!({
+        "model": model,
+        "messages": [{"role": "user", "content": QUESTION}],
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "stream": stream,
+    })
+}
+
+/// Requests served so far per replica uid.
+fn served(addr: SocketAddr, model: &str) -> Vec<(String, u64)> {
+    let res = http::get(addr, &format!("/v1/models/{model}/stats"));
+    assert_eq!(res.status, 200, "{}", res.text());
+    let mut out: Vec<(String, u64)> = res.json()["replicas"]
+        .as_array()
+        .expect("replicas")
+        .iter()
+        .map(|r| {
+            (r["replica_uid"].as_str().unwrap_or("").to_owned(), r["requests_served"].as_u64().unwrap_or(0))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The replica whose served count went up between two snapshots.
+fn grew(before: &[(String, u64)], after: &[(String, u64)]) -> String {
+    let grown: Vec<&String> = after
+        .iter()
+        .filter(|(uid, n)| before.iter().any(|(b, m)| b == uid && n > m))
+        .map(|(u, _)| u)
+        .collect();
+    assert_eq!(grown.len(), 1, "exactly one replica serves each request: {before:?} → {after:?}");
+    grown[0].clone()
+}
+
+fn replica_status(addr: SocketAddr, model: &str, replica: &str) -> String {
+    let info = http::get(addr, &format!("/v1/models/{model}")).json();
+    info["xinf"]["replica_details"]
+        .as_array()
+        .expect("replica details")
+        .iter()
+        .find(|r| r["replica_uid"] == replica)
+        .map(|r| r["status"].as_str().unwrap_or("").to_owned())
+        .unwrap_or_default()
+}
+
+fn poll(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !check() {
+        assert!(Instant::now() < deadline, "{what} did not happen within {limit:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Supervisor + two worker processes; one replica per worker through `replica_config`;
+/// requests alternate between them, streaming or not; a worker killed mid-stream fails its
+/// client within seconds, its replica is listed dead, and the other worker keeps serving.
+#[test]
+fn two_workers_alternate_and_survive_a_killed_worker() {
+    let _ = util::smollm2(); // fetched once for all tests
+    let (mut sup, addr, cluster) = supervisor();
+    let (mut w1, id1) = worker(&cluster, SECRET);
+    let (mut w2, id2) = worker(&cluster, SECRET);
+
+    // A node with another secret is refused, promptly, and never listed.
+    let started = Instant::now();
+    let out = xinf()
+        .args(["worker", "--supervisor", &cluster])
+        .env("XINF_CLUSTER_SECRET", "another-secret")
+        .output()
+        .expect("run xinf worker");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a worker with the wrong secret joined: {err}");
+    assert!(err.contains("secret"), "{err}");
+    eprintln!("wrong secret refused in {:?}", started.elapsed());
+
+    let workers = http::get(addr, "/v1/workers").json();
+    let mut ids: Vec<&str> =
+        workers.as_array().expect("workers").iter().filter_map(|w| w["info"]["worker_id"].as_str()).collect();
+    ids.sort_unstable();
+    let mut expected = vec![id1.as_str(), id2.as_str()];
+    expected.sort_unstable();
+    assert_eq!(ids, expected, "{workers}");
+
+    // Launch with the CLI: one replica on each worker.
+    let rc = json!([
+        {"replica_uid": "a", "devices": [{"worker_ip": id1, "n_gpu": 0}]},
+        {"replica_uid": "b", "devices": [{"worker_ip": id2, "n_gpu": 0}]},
+    ]);
+    let endpoint = format!("http://{addr}");
+    let out = xinf()
+        .args([
+            "launch",
+            "-e",
+            &endpoint,
+            "-n",
+            "smollm2-instruct",
+            "-u",
+            "m",
+            "--replica-config",
+            &rc.to_string(),
+        ])
+        .output()
+        .expect("run xinf launch");
+    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stderr), sup.log());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "m");
+    let info = http::get(addr, "/v1/models/m").json();
+    let placed: Vec<(&str, &str)> = info["xinf"]["replica_details"]
+        .as_array()
+        .expect("replicas")
+        .iter()
+        .map(|r| (r["replica_uid"].as_str().unwrap_or(""), r["worker_id"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(placed, vec![("a", id1.as_str()), ("b", id2.as_str())], "{info}");
+
+    // Round robin: each request lands on the other replica, streaming or not.
+    let mut order = Vec::new();
+    let mut before = served(addr, "m");
+    for i in 0..6 {
+        let stream = i % 2 == 1;
+        let res = http::post(addr, "/v1/chat/completions", &chat_body("m", stream, 24));
+        assert_eq!(res.status, 200, "{}", res.text());
+        let text = if stream {
+            let events = res.events();
+            assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{events:?}");
+            events
+                .iter()
+                .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+                .filter_map(|e| e["choices"][0]["delta"]["content"].as_str().map(str::to_owned))
+                .collect::<String>()
+        } else {
+            res.json()["choices"][0]["message"]["content"].as_str().unwrap_or("").to_owned()
+        };
+        assert!(text.contains("Paris"), "{text}");
+        let after = served(addr, "m");
+        order.push(grew(&before, &after));
+        before = after;
+    }
+    assert!(order.windows(2).all(|w| w[0] != w[1]), "requests did not alternate: {order:?}");
+
+    // A long stream; kill the worker that runs it once tokens flow.
+    let mut body = chat_body("m", true, 2000);
+    body["ignore_eos"] = true.into();
+    let mut conn = http::send(addr, "POST", "/v1/chat/completions", &[], body.to_string().as_bytes());
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    let has_token = |raw: &[u8]| {
+        http::sse_data(&String::from_utf8_lossy(raw)).iter().any(|e| {
+            serde_json::from_str::<Value>(e)
+                .is_ok_and(|v| v["choices"][0]["delta"]["content"].as_str().is_some_and(|c| !c.is_empty()))
+        })
+    };
+    while !has_token(&seen) {
+        let n = conn.read(&mut buf).expect("read the stream");
+        assert!(n > 0, "the stream ended early: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let stats = http::get(addr, "/v1/models/m/stats").json();
+    let busy = stats["replicas"]
+        .as_array()
+        .expect("replicas")
+        .iter()
+        .find(|r| r["running"].as_u64().unwrap_or(0) + r["queued"].as_u64().unwrap_or(0) > 0)
+        .map(|r| r["replica_uid"].as_str().unwrap_or("").to_owned())
+        .unwrap_or_else(|| panic!("no replica runs the stream: {stats}\n{}", String::from_utf8_lossy(&seen)));
+    let (victim, other) = if busy == "a" { (&mut w1, "b") } else { (&mut w2, "a") };
+    let killed = Instant::now();
+    victim.kill();
+    conn.read_to_end(&mut seen).expect("read the rest of the stream");
+    let failed_after = killed.elapsed();
+    let text = String::from_utf8_lossy(&seen).into_owned();
+    let events = http::sse_data(&text);
+    assert!(
+        events.iter().any(|e| e.contains("\"error\"")),
+        "the client got no error after its worker died: {}",
+        &text[text.len().saturating_sub(600)..]
+    );
+    assert!(failed_after < Duration::from_secs(15), "the client waited {failed_after:?}");
+    eprintln!("client saw the error {failed_after:?} after the kill");
+
+    poll(Duration::from_secs(15), "the replica being marked dead", || {
+        replica_status(addr, "m", &busy) == "dead"
+    });
+    let workers = http::get(addr, "/v1/workers").json();
+    let lost = workers.as_array().expect("workers").iter().filter(|w| w["alive"] == false).count();
+    assert_eq!(lost, 1, "{workers}");
+    let listed = xinf().args(["list", "-e", &endpoint]).output().expect("run xinf list");
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(listed.contains(&format!("{busy}(hybrid dead")), "{listed}");
+
+    // The other worker serves everything now.
+    let before = served(addr, "m");
+    for _ in 0..3 {
+        let res = http::post(addr, "/v1/chat/completions", &chat_body("m", false, 8));
+        assert_eq!(res.status, 200, "{}", res.text());
+    }
+    let after = served(addr, "m");
+    assert_eq!(after.len(), 1, "only the alive replica reports: {after:?}");
+    assert_eq!(after[0].0, other);
+    assert_eq!(after[0].1, before.iter().find(|(u, _)| u == other).map_or(0, |(_, n)| *n) + 3);
+    assert_eq!(replica_status(addr, "m", other), "alive");
+
+    // Terminate over REST; the model is gone.
+    let res = http::request(addr, "DELETE", "/v1/models/m", &[], b"");
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert_eq!(res.json()["deleted"], true);
+    assert_eq!(http::get(addr, "/v1/models/m").status, 404);
+    sup.kill();
+}
+
+/// `xinf local` with a model launched at start, the management routes, launch validation over
+/// REST (the reference messages), "not ready" while a model loads, and the CLI's own checks.
+#[test]
+fn local_cluster_manages_models_over_rest() {
+    let _ = util::smollm2();
+    let mut cmd = xinf();
+    cmd.args(["local", "--port", "0", "-n", "smollm2-instruct", "-u", "first", "-r", "2"]);
+    let mut p = Proc::spawn(cmd);
+    let rest = p.wait_for("REST API at http://");
+    let addr: SocketAddr = rest.trim().trim_end_matches("/v1").parse().expect("REST address");
+    p.wait_for("Model `first` is ready");
+
+    let models = http::get(addr, "/v1/models").json();
+    assert_eq!(models["data"][0]["id"], "first", "{models}");
+    assert_eq!(models["data"][0]["xinf"]["replicas"], 2, "{models}");
+    let res = http::post(addr, "/v1/chat/completions", &chat_body("first", false, 24));
+    assert!(res.json()["choices"][0]["message"]["content"].as_str().unwrap_or("").contains("Paris"));
+
+    // Launch validation: reference messages, 400 naming the rule; nothing is created.
+    let bad = [
+        (
+            json!({"model_name": "smollm2-instruct", "replica": 2, "replica_config": [{}]}),
+            "replica_config length (1) must equal replica (2).",
+        ),
+        (
+            json!({"model_name": "smollm2-instruct", "replica_config": [{"replica_uid": "x"}, {"replica_uid": "x"}]}),
+            "Duplicate replica_uid",
+        ),
+        (
+            json!({"model_name": "smollm2-instruct", "worker_ip": "local", "replica_config": [{}]}),
+            "Cannot specify worker_ip",
+        ),
+        (
+            json!({"model_name": "smollm2-instruct", "replica_config": [{"role": "prefill"}]}),
+            "PD separation requires both prefill and decode",
+        ),
+        (
+            json!({"model_name": "smollm2-instruct", "replica_config": [{"role": "hybrid", "engine_config": {"kv_layout": "token-pool"}}]}),
+            "Per-replica engine settings require explicit PD roles",
+        ),
+        (
+            json!({"model_name": "smollm2-instruct", "replica_config": [{"devices": []}]}),
+            "exactly one device",
+        ),
+        (
+            json!({"model_name": "smollm2-instruct", "replica_config": [{"replica_uid": "  "}]}),
+            "must not be empty or whitespace-only",
+        ),
+        (json!({"model_name": "smollm2-instruct", "model_uid": "first"}), "already running"),
+    ];
+    for (body, message) in &bad {
+        let res = http::post(addr, "/v1/models", body);
+        let err = res.json();
+        assert!(res.status == 400 || res.status == 409, "{body} → {} {err}", res.status);
+        let text = err["error"]["message"].as_str().unwrap_or("");
+        assert!(text.contains(message), "{body} → {text}");
+    }
+    for (body, field) in [
+        (json!({"model_name": 7}), "model_name"),
+        (json!({"model_name": "smollm2-instruct", "replica": "two"}), "replica"),
+        (
+            json!({"model_name": "smollm2-instruct", "replica_config": [{"role": "leader"}]}),
+            "replica_config[0].role",
+        ),
+        (
+            json!({"model_name": "smollm2-instruct", "replica_config": [{"gpus": 1}]}),
+            "replica_config[0].gpus",
+        ),
+    ] {
+        let res = http::post(addr, "/v1/models", &body);
+        assert_eq!(res.status, 400, "{body} → {}", res.text());
+        assert_eq!(res.json()["error"]["param"], field, "{body} → {}", res.text());
+    }
+    let res = http::request(addr, "POST", "/v1/models", &[], b"{\"model_name\": ");
+    assert_eq!(res.status, 400);
+    assert_eq!(res.json()["error"]["code"], "invalid_json");
+    let models = http::get(addr, "/v1/models").json();
+    assert_eq!(models["data"].as_array().map(Vec::len), Some(1), "a refused launch left a model: {models}");
+
+    // A launch that does not wait: the model answers 503 "not ready" until it serves.
+    let res = http::post(
+        addr,
+        "/v1/models?wait_ready=false",
+        &json!({"model_name": "smollm2-instruct", "model_uid": "second"}),
+    );
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert_eq!(res.json()["model_uid"], "second");
+    let res = http::post(addr, "/v1/chat/completions", &chat_body("second", false, 8));
+    assert_eq!(res.status, 503, "{}", res.text());
+    assert_eq!(res.json()["error"]["code"], "model_not_ready");
+    assert_eq!(res.header("retry-after"), Some("5"));
+    poll(Duration::from_secs(120), "the second model serving", || {
+        http::get(addr, "/v1/models/second").json()["xinf"]["status"] == "ready"
+    });
+    let res = http::post(addr, "/v1/chat/completions", &chat_body("second", false, 8));
+    assert_eq!(res.status, 200, "{}", res.text());
+
+    // Unknown models and terminated models are 404; the server keeps serving.
+    assert_eq!(http::post(addr, "/v1/chat/completions", &chat_body("nope", false, 8)).status, 404);
+    assert_eq!(http::request(addr, "DELETE", "/v1/models/nope", &[], b"").status, 404);
+    let endpoint = format!("http://{addr}");
+    let out = xinf().args(["terminate", "second", "-e", &endpoint]).output().expect("run xinf terminate");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(http::get(addr, "/v1/models/second").status, 404);
+    let workers = http::get(addr, "/v1/workers").json();
+    assert_eq!(workers[0]["replicas"].as_array().map(Vec::len), Some(2), "{workers}");
+
+    // `xinf chat` streams answers and keeps the conversation.
+    let mut chat = xinf()
+        .args(["chat", "-u", "first", "-e", &endpoint, "--temperature", "0", "--max-tokens", "24"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run xinf chat");
+    {
+        use std::io::Write;
+        let mut stdin = chat.stdin.take().expect("stdin");
+        writeln!(stdin, "{QUESTION}").expect("write");
+        writeln!(stdin, "exit").expect("write");
+    }
+    let out = chat.wait_with_output().expect("chat output");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("Paris"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    drop(p);
+}
+
+/// `xinf launch` refuses a bad --replica-config before sending anything, with the reference
+/// CLI's messages.
+#[test]
+fn launch_checks_replica_config_client_side() {
+    // Nothing listens on this endpoint: every case must fail before connecting.
+    let endpoint = "http://127.0.0.1:9";
+    for (args, message) in [
+        (vec!["--replica-config", "{"], "must be valid JSON"),
+        (vec!["--replica-config", "{}"], "must be a JSON array"),
+        (vec!["--replica-config", "[]"], "must be a non-empty JSON array"),
+        (
+            vec!["--replica-config", "[{}, {}]", "-r", "3"],
+            "must match the number of entries in --replica-config",
+        ),
+        (
+            vec!["--replica-config", "[{}]", "--worker-ip", "10.0.0.1:1"],
+            "cannot be used together with --worker-ip",
+        ),
+        (vec!["--replica-config", "[{\"role\": \"leader\"}]"], "--replica-config[0].role"),
+        (vec!["--replica-config", "[{\"roles\": \"prefill\"}]"], "roles"),
+        (
+            vec!["--replica-config", "[{\"role\": \"prefill\"}]"],
+            "PD separation requires both prefill and decode",
+        ),
+        (vec!["--n-gpu", "many"], "--n-gpu"),
+    ] {
+        let out = xinf()
+            .args(["launch", "-e", endpoint, "-n", "smollm2-instruct"])
+            .args(&args)
+            .output()
+            .expect("run xinf launch");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(err.contains(message), "{args:?} → {err}");
+        assert!(!err.contains("cannot reach"), "{args:?} was sent: {err}");
+    }
+    // -en (Xinference's short flag) reaches the request checks.
+    let out = xinf()
+        .args(["launch", "-e", endpoint, "-n", "smollm2-instruct", "-en", "vllm"])
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("vllm"), "{err}");
+}
