@@ -138,8 +138,11 @@ pub enum ActorError {
     #[error("Request {0} is already running")]
     DuplicateRequest(String),
     /// The launch asks for prefill/decode roles, which this version cannot run yet.
-    #[error("P/D separation is not available yet: launch the model with hybrid replicas (the default role)")]
-    PdNotAvailable,
+    #[error(
+        "the NIXL transfer backend is not available in this build yet; use transfer_backend_type \"xavier\" \
+         (pages move in process or over TCP)"
+    )]
+    NixlNotAvailable,
     /// A P/D deployment cannot change its replica set.
     #[error("PD topology cannot be resized in place; terminate and relaunch the model")]
     TopologyFixed,
@@ -216,7 +219,7 @@ impl ActorError {
             Self::InvalidLaunch { .. } | Self::InvalidConfig { .. } => ErrorClass::InvalidInput,
             Self::ModelNotFound(_) => ErrorClass::NotFound,
             Self::ModelExists(_) | Self::DuplicateRequest(_) | Self::TopologyFixed => ErrorClass::Conflict,
-            Self::PdNotAvailable | Self::ScaleNotSupported(_) => ErrorClass::InvalidInput,
+            Self::NixlNotAvailable | Self::ScaleNotSupported(_) => ErrorClass::InvalidInput,
             Self::NotReady { .. }
             | Self::NoReplica(_)
             | Self::Timeout { .. }
@@ -237,7 +240,7 @@ impl ActorError {
             Self::NotReady { .. } => "model_not_ready",
             Self::NoReplica(_) => "no_replica",
             Self::DuplicateRequest(_) => "duplicate_request_id",
-            Self::PdNotAvailable => "pd_not_available",
+            Self::NixlNotAvailable => "nixl_not_available",
             Self::TopologyFixed => "pd_topology_fixed",
             Self::ScaleNotSupported(_) => "scale_not_supported",
             Self::Engine(e) => e.code(),

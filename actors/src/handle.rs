@@ -151,6 +151,10 @@ pub struct ReplicaStats {
     pub prompt_tokens: u64,
     /// Tokens generated since start.
     pub generated_tokens: u64,
+    /// KV blocks held pinned for handoffs.
+    pub pinned_blocks: u64,
+    /// Handoff figures (P/D replicas).
+    pub handoff: crate::HandoffStats,
 }
 
 /// Time limits of a cluster. The defaults suit real deployments; tests shorten them.
@@ -173,6 +177,16 @@ pub struct ClusterOptions {
     pub idle_abort: Duration,
     /// How long a worker tries to join its supervisor.
     pub join_timeout: Duration,
+    /// Time limit of a P/D request's prefill leg (the prompt's computation).
+    pub prefill_timeout: Duration,
+    /// Time limit of fetching one handoff's pages.
+    pub transfer_timeout: Duration,
+    /// A handoff room nobody fetches from is freed after this.
+    pub handoff_lease: Duration,
+    /// A claimed room without progress for this long is freed.
+    pub handoff_idle_lease: Duration,
+    /// How pages may travel: in process where possible (default), or always TCP.
+    pub transport: xinf_transfer::transport::TransportPolicy,
 }
 
 impl Default for ClusterOptions {
@@ -186,6 +200,11 @@ impl Default for ClusterOptions {
             long_poll: Duration::from_secs(1),
             idle_abort: Duration::from_secs(10),
             join_timeout: Duration::from_secs(10),
+            prefill_timeout: Duration::from_secs(300),
+            transfer_timeout: Duration::from_secs(30),
+            handoff_lease: Duration::from_secs(30),
+            handoff_idle_lease: Duration::from_secs(10),
+            transport: xinf_transfer::transport::TransportPolicy::Auto,
         }
     }
 }
@@ -206,6 +225,14 @@ impl ClusterOptions {
             heartbeat_interval: self.heartbeat_interval,
             stop_timeout: self.stop_timeout,
             pull: PullTimes { long_poll: self.long_poll, idle_abort: self.idle_abort },
+            handoff: crate::replica::handoff::HandoffTimes {
+                leases: crate::replica::rooms::Leases {
+                    unclaimed: self.handoff_lease,
+                    claimed_idle: self.handoff_idle_lease,
+                },
+                transfer: self.transfer_timeout,
+                policy: self.transport,
+            },
         }
     }
 }
@@ -543,12 +570,27 @@ impl Cluster {
             reply,
         })
         .await?;
-        let what = format!("replica `{}`", routed.replica_uid);
-        let started = call(&routed.replica, &what, t, |reply| ReplicaMsg::Generate {
-            request: Wire::ok(request),
-            reply,
-        })
-        .await;
+        let mut guard = RequestGuard {
+            router: Some(actors.router.clone()),
+            prefill: routed.prefill.as_ref().map(|(_, r)| r.clone()),
+            request_id: request_id.clone(),
+            timeout: t,
+        };
+        let started = match routed.prefill.clone() {
+            None => {
+                let what = format!("replica `{}`", routed.replica_uid);
+                call(&routed.replica, &what, t, |reply| ReplicaMsg::Generate {
+                    request: Wire::ok(request),
+                    reply,
+                })
+                .await
+            }
+            Some((prefill_uid, prefill)) => {
+                self.handoff(&prefill_uid, &prefill, &routed.replica_uid, &routed.replica, request).await
+            }
+        };
+        guard.router = None;
+        guard.prefill = None;
         if let Err(e) = started {
             if actors.router.cast(RouterMsg::Finished { request_id }).is_err() {
                 tracing::debug!("the router is gone");
@@ -557,6 +599,49 @@ impl Cluster {
         }
         let settings = PullSettings { long_poll: self.inner.options.long_poll, call: t };
         Ok(pull::open(routed, actors.router, settings))
+    }
+
+    /// The P/D start of a request: the prefill replica computes the prompt (one token, the
+    /// request's sampling) and publishes its KV in a room; the decode replica fetches the
+    /// pages, imports them and starts generating; then the room is released. Whatever fails,
+    /// the prefill side is told (release), and a caller that goes away mid-way aborts the
+    /// prefill (the caller's guard); a lost message is covered by the room's lease.
+    async fn handoff(
+        &self,
+        prefill_uid: &str,
+        prefill: &ActorRef<ReplicaMsg>,
+        decode_uid: &str,
+        decode: &ActorRef<ReplicaMsg>,
+        request: GenerateRequest,
+    ) -> Result<(), ActorError> {
+        let o = &self.inner.options;
+        let mut first = request.clone();
+        first.sampling.max_tokens = Some(1);
+        let what = format!("prefill replica `{prefill_uid}`");
+        let handoff = call(prefill, &what, o.prefill_timeout, |reply| ReplicaMsg::Prefill {
+            request: Wire::ok(first),
+            reply,
+        })
+        .await?;
+        let room = handoff.room;
+        let what = format!("decode replica `{decode_uid}`");
+        let limit = o.transfer_timeout + o.call_timeout;
+        let started = call(decode, &what, limit, |reply| ReplicaMsg::GenerateImported {
+            request: Wire::ok(request),
+            handoff: Wire::ok(handoff),
+            reply,
+        })
+        .await;
+        // The pages were read (or will never be): free them on the prefill side, off the
+        // request's path. A lost release is covered by the room's lease.
+        let release = prefill.clone();
+        let (t, what) = (o.call_timeout, format!("prefill replica `{prefill_uid}`"));
+        tokio::spawn(async move {
+            if let Err(e) = call(&release, &what, t, |reply| ReplicaMsg::Release { room, reply }).await {
+                tracing::warn!(room, error = %e, "could not release a handoff room; its lease will");
+            }
+        });
+        started
     }
 
     /// Aborts a request on every replica of the model; `true` when one was running it.
@@ -627,6 +712,39 @@ impl Cluster {
         }
         if let Some(node) = &self.inner.node {
             node.stop(Some("shutdown".into()));
+        }
+    }
+}
+
+/// Cleans up after a request whose caller went away before it started (the client
+/// disconnected while the prompt was computed): the router forgets it and its prefill leg is
+/// aborted, which also frees any room already published for it.
+struct RequestGuard {
+    router: Option<ActorRef<RouterMsg>>,
+    prefill: Option<ActorRef<ReplicaMsg>>,
+    request_id: String,
+    timeout: Duration,
+}
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        if let Some(router) = self.router.take()
+            && router.cast(RouterMsg::Finished { request_id: self.request_id.clone() }).is_err()
+        {
+            tracing::debug!("the router is gone");
+        }
+        let Some(replica) = self.prefill.take() else { return };
+        let (request_id, timeout) = (std::mem::take(&mut self.request_id), self.timeout);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let abort = call(&replica, "prefill replica", timeout, |reply| ReplicaMsg::Abort {
+                    request_id,
+                    reply,
+                });
+                if let Err(e) = abort.await {
+                    tracing::debug!(error = %e, "could not abort a prefill");
+                }
+            });
         }
     }
 }

@@ -39,7 +39,7 @@ pub(crate) fn open(routed: Routed, router: ActorRef<RouterMsg>, settings: PullSe
     // A small buffer: the consumer's pace limits how fast we pull.
     let (tx, rx) = mpsc::channel::<Result<xinf_engine::TokenEvent, EngineError>>(64);
     tokio::spawn(async move {
-        let Routed { request_id, replica_uid, replica, mut lost } = routed;
+        let Routed { request_id, replica_uid, replica, mut lost, .. } = routed;
         let what = format!("replica `{replica_uid}`");
         let pull_limit = settings.long_poll + settings.call;
         let ending = 'pull: loop {

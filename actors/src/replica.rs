@@ -12,17 +12,22 @@
 //! Pulling instead of pushing keeps every message serializable: an actor reference cannot
 //! travel inside a cluster message, so the replica cannot be handed a place to push to.
 
+pub(crate) mod handoff;
 pub(crate) mod requests;
+pub(crate) mod rooms;
 
 use crate::error::ActorError;
 use crate::handle::ReplicaStats;
 use crate::launch::{ModelSource, Role};
 use crate::wire::{Wire, answer};
+use handoff::{Handoff, HandoffSide, HandoffTimes};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::RactorClusterMessage;
 use requests::{EventBatch, RequestTable};
 use serde::{Deserialize, Serialize};
+use std::net::IpAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use xinf_engine::{Engine, EngineError, GenerateRequest};
 use xinf_engine_native::{EngineOptions, NativeEngine};
@@ -55,6 +60,17 @@ pub(crate) enum ReplicaMsg {
     /// Load figures.
     #[rpc]
     Stats { reply: RpcReplyPort<Wire<ReplicaStats>> },
+    /// Compute a prompt and publish its KV in a room (prefill replicas); the reply is the
+    /// handoff a decode replica needs.
+    #[rpc]
+    Prefill { request: Wire<GenerateRequest>, reply: RpcReplyPort<Wire<Handoff>> },
+    /// Fetch a handoff's pages and start the request on them (decode replicas); the reply
+    /// comes once the engine accepted it, and the events are pulled as for `Generate`.
+    #[rpc]
+    GenerateImported { request: Wire<GenerateRequest>, handoff: Wire<Handoff>, reply: RpcReplyPort<Wire<()>> },
+    /// The decode side is done with a room: free its pinned KV. `false` when it was gone.
+    #[rpc]
+    Release { room: u64, reply: RpcReplyPort<Wire<bool>> },
     /// Abort requests nobody pulls any more (sent by the replica to itself).
     Sweep,
 }
@@ -75,6 +91,9 @@ pub(crate) struct ReplicaArgs {
     /// The process group the replica joins once its engine is loaded, so the router finds it.
     pub(crate) group: String,
     pub(crate) worker_id: String,
+    /// The address of the worker's node, where a prefill replica serves its pages.
+    pub(crate) ip: IpAddr,
+    pub(crate) handoff: HandoffTimes,
 }
 
 /// The replica actor.
@@ -87,7 +106,8 @@ pub(crate) struct ReplicaState {
     replica_uid: String,
     worker_id: String,
     times: PullTimes,
-    served: u64,
+    served: Arc<AtomicU64>,
+    handoff: Arc<HandoffSide>,
 }
 
 /// Resolves the weights and loads the engine (blocking: file reads, maybe a download).
@@ -117,6 +137,8 @@ impl Actor for Replica {
         let engine = tokio::task::spawn_blocking(move || load_engine(&loader))
             .await
             .map_err(|e| ActorError::Internal(format!("the loading thread failed: {e}")))??;
+        let serve_pages = spec.role == Role::Prefill;
+        let handoff = Arc::new(HandoffSide::new(engine.clone(), serve_pages, args.ip, args.handoff).await?);
         ractor::pg::join(args.group, vec![myself.get_cell()]);
         myself.send_interval(Duration::from_millis(500).min(args.times.idle_abort), || ReplicaMsg::Sweep);
         Ok(ReplicaState {
@@ -125,7 +147,8 @@ impl Actor for Replica {
             replica_uid: spec.replica_uid,
             worker_id: args.worker_id,
             times: args.times,
-            served: 0,
+            served: Arc::default(),
+            handoff,
         })
     }
 
@@ -168,8 +191,53 @@ impl Actor for Replica {
             },
             ReplicaMsg::Abort { request_id, reply } => {
                 let known = state.engine.abort(&request_id);
+                state.handoff.abort(&request_id);
                 answer(reply, Wire::ok(known));
             }
+            ReplicaMsg::Prefill { request, reply } => match request.0 {
+                Err(e) => answer(reply, Wire(Err(e))),
+                Ok(request) => {
+                    let prefill = state.handoff.prefill(request);
+                    let side = state.handoff.clone();
+                    // Compute off the mailbox: other requests and pulls go on meanwhile.
+                    tokio::spawn(async move {
+                        let result = prefill.await;
+                        let room = result.as_ref().ok().map(|h| h.room);
+                        if reply.send(Wire(result)).is_err()
+                            && let Some(room) = room
+                        {
+                            // Nobody will come for the pages.
+                            side.release(room);
+                        }
+                    });
+                }
+            },
+            ReplicaMsg::GenerateImported { request, handoff, reply } => match (request.0, handoff.0) {
+                (Err(e), _) | (_, Err(e)) => answer(reply, Wire(Err(e))),
+                (Ok(request), Ok(handoff)) => {
+                    if state.requests.get(&request.request_id).is_some() {
+                        let id = request.request_id;
+                        answer(reply, Wire(Err(ActorError::Engine(EngineError::DuplicateRequest(id)))));
+                        return Ok(());
+                    }
+                    let fetch = state.handoff.fetch(&handoff);
+                    let (engine, requests, served) =
+                        (state.engine.clone(), state.requests.clone(), state.served.clone());
+                    let side = state.handoff.clone();
+                    tokio::spawn(async move {
+                        let started = async {
+                            let kv = fetch.await?;
+                            let id = request.request_id.clone();
+                            let stream =
+                                engine.submit_imported(request, kv).inspect_err(|_| side.failed())?;
+                            Ok::<_, ActorError>(drain(&requests, &served, &id, stream))
+                        }
+                        .await;
+                        answer(reply, Wire(started));
+                    });
+                }
+            },
+            ReplicaMsg::Release { room, reply } => answer(reply, Wire::ok(state.handoff.release(room))),
             ReplicaMsg::Stats { reply } => {
                 let s = state.engine.stats();
                 answer(
@@ -179,9 +247,11 @@ impl Actor for Replica {
                         worker_id: state.worker_id.clone(),
                         running: s.running as u64,
                         queued: s.queued as u64,
-                        requests_served: state.served,
+                        requests_served: state.served.load(Ordering::Relaxed),
                         prompt_tokens: s.prompt_tokens,
                         generated_tokens: s.generated_tokens,
+                        pinned_blocks: s.pinned_blocks as u64,
+                        handoff: state.handoff.stats(),
                     }),
                 );
             }
@@ -190,6 +260,7 @@ impl Actor for Replica {
                     tracing::info!(request_id = %id, replica_uid = %state.replica_uid, "nobody pulls the request any more; aborting it");
                     state.engine.abort(&id);
                 }
+                state.handoff.sweep();
             }
         }
         Ok(())
@@ -202,9 +273,15 @@ fn start(state: &mut ReplicaState, request: GenerateRequest) -> Result<(), Actor
     if state.requests.get(&id).is_some() {
         return Err(ActorError::Engine(EngineError::DuplicateRequest(id)));
     }
-    let mut stream = state.engine.submit(request)?;
-    let slot = state.requests.insert(&id, Instant::now());
-    state.served += 1;
+    let stream = state.engine.submit(request)?;
+    drain(&state.requests, &state.served, &id, stream);
+    Ok(())
+}
+
+/// Registers a started request and a task that buffers its events for the pulls.
+fn drain(requests: &RequestTable, served: &AtomicU64, id: &str, mut stream: xinf_engine::TokenStream) {
+    let slot = requests.insert(id, Instant::now());
+    served.fetch_add(1, Ordering::Relaxed);
     tokio::spawn(async move {
         use futures::StreamExt;
         while let Some(event) = stream.next().await {
@@ -212,5 +289,4 @@ fn start(state: &mut ReplicaState, request: GenerateRequest) -> Result<(), Actor
         }
         slot.finish();
     });
-    Ok(())
 }

@@ -21,6 +21,9 @@ pub(crate) struct Routed {
     pub(crate) request_id: String,
     pub(crate) replica_uid: String,
     pub(crate) replica: ActorRef<ReplicaMsg>,
+    /// For a P/D model: the prefill replica, which computes the prompt first (the decode
+    /// replica above then generates).
+    pub(crate) prefill: Option<(String, ActorRef<ReplicaMsg>)>,
     /// Resolves with a reason when the replica is lost or the model terminated: the request
     /// cannot complete and its stream must end with an error at once.
     pub(crate) lost: oneshot::Receiver<String>,
@@ -111,25 +114,39 @@ impl Actor for Router {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             RouterMsg::Route { request_id, reply } => {
-                let routed = match state.policy.begin(&request_id, Role::Hybrid) {
+                let picked = if state.policy.is_pd() {
+                    state.policy.begin_pd(&request_id).map(|(p, d)| (Some(p), d))
+                } else {
+                    state.policy.begin(&request_id, Role::Hybrid).map(|r| (None, r))
+                };
+                let routed = match picked {
                     Err(RouteError::Duplicate) => Err(ActorError::DuplicateRequest(request_id.clone())),
                     Err(RouteError::NoReplica) => Err(ActorError::NoReplica(self.model_uid.clone())),
-                    Ok(replica_uid) => match state.refs.get(&replica_uid) {
-                        Some(replica) => {
-                            let (kill, lost) = oneshot::channel();
-                            state.kills.insert(request_id.clone(), kill);
-                            Ok(Routed {
-                                request_id: request_id.clone(),
-                                replica_uid,
-                                replica: replica.clone(),
-                                lost,
-                            })
+                    Ok((prefill_uid, replica_uid)) => {
+                        let prefill = match prefill_uid {
+                            None => Ok(None),
+                            Some(uid) => {
+                                state.refs.get(&uid).cloned().map(|r| Some((uid.clone(), r))).ok_or(uid)
+                            }
+                        };
+                        match (state.refs.get(&replica_uid).cloned(), prefill) {
+                            (Some(replica), Ok(prefill)) => {
+                                let (kill, lost) = oneshot::channel();
+                                state.kills.insert(request_id.clone(), kill);
+                                Ok(Routed {
+                                    request_id: request_id.clone(),
+                                    replica_uid,
+                                    replica,
+                                    prefill,
+                                    lost,
+                                })
+                            }
+                            (None, _) | (_, Err(_)) => {
+                                state.policy.finish(&request_id);
+                                Err(ActorError::Internal(format!("replica `{replica_uid}` has no reference")))
+                            }
                         }
-                        None => {
-                            state.policy.finish(&request_id);
-                            Err(ActorError::Internal(format!("replica `{replica_uid}` has no reference")))
-                        }
-                    },
+                    }
                 };
                 if reply.send(routed).is_err() {
                     // The caller gave up: the request will never run.

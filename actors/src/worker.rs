@@ -47,6 +47,7 @@ pub(crate) struct WorkerTimes {
     pub(crate) heartbeat_interval: Duration,
     pub(crate) stop_timeout: Duration,
     pub(crate) pull: PullTimes,
+    pub(crate) handoff: crate::replica::handoff::HandoffTimes,
 }
 
 /// The worker actor.
@@ -242,6 +243,8 @@ impl Worker {
             group: self.ns.replica_group(&uid),
             worker_id: self.info.worker_id.clone(),
             times: self.times.pull,
+            ip: self.info.host.parse().unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)),
+            handoff: self.times.handoff,
             spec,
         };
         let stop_timeout = self.times.stop_timeout;

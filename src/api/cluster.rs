@@ -78,12 +78,18 @@ impl ModelService for ClusterService {
         async move {
             let replicas = service(c.stats(&uid).await)?;
             let sum = |f: fn(&xinf_actors::ReplicaStats) -> u64| replicas.iter().map(f).sum::<u64>();
+            let mut handoff = xinf_actors::HandoffStats::default();
+            for r in &replicas {
+                handoff.add(&r.handoff);
+            }
             Ok(serde_json::json!({
                 "running": sum(|r| r.running),
                 "queued": sum(|r| r.queued),
                 "requests_served": sum(|r| r.requests_served),
                 "prompt_tokens": sum(|r| r.prompt_tokens),
                 "generated_tokens": sum(|r| r.generated_tokens),
+                "pinned_blocks": sum(|r| r.pinned_blocks),
+                "handoff": handoff,
                 "replicas": replicas,
             }))
         }

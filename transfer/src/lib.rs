@@ -11,6 +11,7 @@
 
 mod layout;
 mod page;
+pub mod transport;
 
 pub use layout::{KvLayout, KvLayoutKind, KvOrder, LayoutDescriptor, LayoutError, Plane};
 pub use page::{

@@ -17,7 +17,7 @@ fn classes_and_codes() {
     assert_eq!(e.clone().into_engine_error(), EngineError::Aborted);
     let e = ActorError::Timeout { what: "worker w".into(), after_ms: 5 };
     assert!(matches!(e.into_engine_error(), EngineError::Model(m) if m.contains("worker w")));
-    assert!(ActorError::PdNotAvailable.to_string().starts_with("P/D separation is not available yet"));
+    assert!(ActorError::NixlNotAvailable.to_string().contains("NIXL"));
 }
 
 #[test]

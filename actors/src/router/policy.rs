@@ -54,7 +54,8 @@ impl RoundRobin {
 #[derive(Debug, Default)]
 pub(crate) struct RouterPolicy {
     pools: BTreeMap<Role, RoundRobin>,
-    running: HashMap<String, String>,
+    /// Running requests and the replicas they use (one, or a prefill and a decode replica).
+    running: HashMap<String, Vec<String>>,
 }
 
 impl RouterPolicy {
@@ -72,8 +73,12 @@ impl RouterPolicy {
         for pool in self.pools.values_mut() {
             pool.remove(replica_uid);
         }
-        let ids: Vec<String> =
-            self.running.iter().filter(|(_, r)| *r == replica_uid).map(|(id, _)| id.clone()).collect();
+        let ids: Vec<String> = self
+            .running
+            .iter()
+            .filter(|(_, used)| used.iter().any(|r| r == replica_uid))
+            .map(|(id, _)| id.clone())
+            .collect();
         for id in &ids {
             self.running.remove(id);
         }
@@ -87,12 +92,36 @@ impl RouterPolicy {
         }
         let replica = self.pools.get_mut(&role).and_then(RoundRobin::pick).ok_or(RouteError::NoReplica)?;
         let replica = replica.to_owned();
-        self.running.insert(request_id.to_owned(), replica.clone());
+        self.running.insert(request_id.to_owned(), vec![replica.clone()]);
         Ok(replica)
     }
 
-    /// A request ended; returns the replica it ran on, if it was running.
-    pub(crate) fn finish(&mut self, request_id: &str) -> Option<String> {
+    /// Whether the model is deployed with prefill and decode replicas.
+    pub(crate) fn is_pd(&self) -> bool {
+        self.pools.keys().any(|r| *r != Role::Hybrid)
+    }
+
+    /// Picks the next prefill and the next decode replica (round-robin within each role) for a
+    /// new request and records it as running on both.
+    pub(crate) fn begin_pd(&mut self, request_id: &str) -> Result<(String, String), RouteError> {
+        if self.running.contains_key(request_id) {
+            return Err(RouteError::Duplicate);
+        }
+        let has = |p: &BTreeMap<Role, RoundRobin>, r| p.get(&r).is_some_and(|rr| !rr.members.is_empty());
+        if !has(&self.pools, Role::Prefill) || !has(&self.pools, Role::Decode) {
+            return Err(RouteError::NoReplica);
+        }
+        let pick = |p: &mut BTreeMap<Role, RoundRobin>, r| {
+            p.get_mut(&r).and_then(RoundRobin::pick).map(str::to_owned).ok_or(RouteError::NoReplica)
+        };
+        let prefill = pick(&mut self.pools, Role::Prefill)?;
+        let decode = pick(&mut self.pools, Role::Decode)?;
+        self.running.insert(request_id.to_owned(), vec![prefill.clone(), decode.clone()]);
+        Ok((prefill, decode))
+    }
+
+    /// A request ended; returns the replicas it used, if it was running.
+    pub(crate) fn finish(&mut self, request_id: &str) -> Option<Vec<String>> {
         self.running.remove(request_id)
     }
 

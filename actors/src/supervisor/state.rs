@@ -158,10 +158,8 @@ impl SupervisorState {
             return Err(ActorError::ModelExists(uid));
         }
         let (placements, next) = launch::place(spec, &uid, &self.view())?;
-        if spec.pd {
-            // Everything about the request is valid; only the P/D launch path is missing.
-            tracing::info!(model_uid = %uid, transfer = ?spec.transfer, "a P/D launch was refused");
-            return Err(ActorError::PdNotAvailable);
+        if spec.transfer == Some(launch::TransferBackend::Nixl) {
+            return Err(ActorError::NixlNotAvailable);
         }
         self.round_robin = next;
         let replicas = placements

@@ -19,6 +19,28 @@ const FAMILIES: &[(&str, &str, &str, &str)] = &[
     ("xinf_kv_blocks_total", "gauge", "total_blocks", "KV cache blocks in all."),
 ];
 
+/// The P/D handoff metrics, from the stats' `handoff` object.
+const HANDOFF_FAMILIES: &[(&str, &str, &str, &str)] = &[
+    ("xinf_handoff_active_rooms", "gauge", "active_rooms", "Handoff rooms holding pinned KV."),
+    ("xinf_handoff_pages_total", "counter", "pages_transferred", "KV pages moved from prefill to decode."),
+    ("xinf_handoff_bytes_total", "counter", "bytes_transferred", "KV bytes moved from prefill to decode."),
+    ("xinf_handoff_tcp_transfers_total", "counter", "tcp_transfers", "Page fetches over the TCP data plane."),
+    (
+        "xinf_handoff_in_process_transfers_total",
+        "counter",
+        "in_process_transfers",
+        "Page fetches in process.",
+    ),
+    ("xinf_handoff_failed_total", "counter", "failed", "Handoffs that failed."),
+    ("xinf_handoff_expired_leases_total", "counter", "expired_leases", "Rooms freed by an expired lease."),
+    (
+        "xinf_handoff_snapshot_hits_total",
+        "counter",
+        "snapshot_hits",
+        "Prompt pages reused from the snapshot cache.",
+    ),
+];
+
 /// A Prometheus label value: backslash, double quote and newline escaped.
 fn label(value: &str) -> String {
     value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
@@ -48,6 +70,16 @@ pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
         let _ = writeln!(out, "# TYPE {name} {kind}");
         for (labels, s) in &stats {
             if let Some(v) = s.as_ref().and_then(|s| s.get(*key)).and_then(serde_json::Value::as_f64) {
+                let _ = writeln!(out, "{name}{{{labels}}} {v}");
+            }
+        }
+    }
+    for (name, kind, key, help) in HANDOFF_FAMILIES {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for (labels, s) in &stats {
+            let v = s.as_ref().and_then(|s| s.get("handoff")).and_then(|h| h.get(*key));
+            if let Some(v) = v.and_then(serde_json::Value::as_f64) {
                 let _ = writeln!(out, "{name}{{{labels}}} {v}");
             }
         }

@@ -84,20 +84,29 @@ fn a_failed_launch_leaves_no_state() {
 }
 
 #[test]
-fn pd_launches_are_refused_after_full_validation() {
+fn nixl_launches_are_refused_after_full_validation() {
     let mut s = SupervisorState::new(false);
     s.heartbeat(info("a:1", &[]), Instant::now());
+    let sp =
+        spec(json!({"model_name": "smollm2-instruct", "transfer_backend_type": "nixl", "replica_config": [
+            {"role": "prefill", "devices": [{"worker_ip": "a:1"}]},
+            {"role": "decode", "devices": [{"worker_ip": "a:1"}]}
+        ]}));
+    assert_eq!(s.begin_launch(&sp, "smollm2-instruct", || "x".into()), Err(ActorError::NixlNotAvailable));
+    assert!(s.models().is_empty());
+    // A P/D launch over the default transport is placed.
     let sp = spec(json!({"model_name": "smollm2-instruct", "replica_config": [
         {"role": "prefill", "devices": [{"worker_ip": "a:1"}]},
         {"role": "decode", "devices": [{"worker_ip": "a:1"}]}
     ]}));
-    assert_eq!(s.begin_launch(&sp, "smollm2-instruct", || "x".into()), Err(ActorError::PdNotAvailable));
-    assert!(s.models().is_empty());
-    // A placement error still wins over the P/D refusal.
-    let sp = spec(json!({"model_name": "smollm2-instruct", "replica_config": [
-        {"role": "prefill", "devices": [{"worker_ip": "b:1"}]},
-        {"role": "decode", "devices": [{"worker_ip": "a:1"}]}
-    ]}));
+    let (_, placed) = s.begin_launch(&sp, "smollm2-instruct", || "x".into()).expect("P/D placed");
+    assert_eq!(placed.len(), 2);
+    // A placement error still wins over the NIXL refusal.
+    let sp =
+        spec(json!({"model_name": "smollm2-instruct", "transfer_backend_type": "nixl", "replica_config": [
+            {"role": "prefill", "devices": [{"worker_ip": "b:1"}]},
+            {"role": "decode", "devices": [{"worker_ip": "a:1"}]}
+        ]}));
     let e = s.begin_launch(&sp, "smollm2-instruct", || "x".into()).expect_err("unknown worker");
     assert_eq!(e.launch_rule(), Some(crate::LaunchRule::UnknownWorker));
 }

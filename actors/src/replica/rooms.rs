@@ -1,0 +1,169 @@
+//! The prefill side of a handoff, as a pure state machine: rooms, their leases, and the
+//! counters that prove pages moved.
+//!
+//! A prefill publishes a *room* (a random 63-bit id) holding one pinned prompt. The room lives
+//! until the decode side releases it (after importing), the request is aborted, or its lease
+//! expires. Two leases:
+//! - **unclaimed**: nobody has fetched yet — the decode side never came (its caller vanished,
+//!   or it failed before fetching);
+//! - **claimed idle**: a fetch started, renewed by every fetch; it bounds a decode side that
+//!   dies mid-transfer.
+//!
+//! Whatever ends a room hands back its request id exactly once, and the caller frees the
+//! engine's pinned blocks under it.
+
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+#[cfg(test)]
+mod tests;
+
+/// Handoff figures of one replica (a prefill replica counts rooms, a decode replica counts the
+/// pages it received).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct HandoffStats {
+    /// Rooms published and not yet released.
+    pub active_rooms: u64,
+    /// Pages moved (counted by the decode side).
+    pub pages_transferred: u64,
+    /// Bytes moved (counted by the decode side).
+    pub bytes_transferred: u64,
+    /// Fetches that went over TCP.
+    pub tcp_transfers: u64,
+    /// Fetches served in process.
+    pub in_process_transfers: u64,
+    /// Handoffs that failed (prefill, fetch or import).
+    pub failed: u64,
+    /// Rooms freed because their lease ran out.
+    pub expired_leases: u64,
+    /// Prompt pages reused from the snapshot cache.
+    pub snapshot_hits: u64,
+}
+
+impl HandoffStats {
+    /// Field-wise sum, for a model's total over its replicas.
+    pub fn add(&mut self, o: &Self) {
+        self.active_rooms += o.active_rooms;
+        self.pages_transferred += o.pages_transferred;
+        self.bytes_transferred += o.bytes_transferred;
+        self.tcp_transfers += o.tcp_transfers;
+        self.in_process_transfers += o.in_process_transfers;
+        self.failed += o.failed;
+        self.expired_leases += o.expired_leases;
+        self.snapshot_hits += o.snapshot_hits;
+    }
+}
+
+/// Lease lengths of a room.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Leases {
+    /// A room nobody fetched from is freed after this.
+    pub(crate) unclaimed: Duration,
+    /// A claimed room without a fetch for this long is freed.
+    pub(crate) claimed_idle: Duration,
+}
+
+#[derive(Debug)]
+struct Room {
+    request_id: String,
+    pages: u32,
+    claimed: bool,
+    deadline: Instant,
+}
+
+/// Why a fetch cannot read a room.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RoomError {
+    /// No such room (released, aborted, expired, or never published).
+    Unknown,
+    /// The range is outside the room's pages.
+    OutOfRange { pages: u32 },
+}
+
+/// Every open room of a prefill replica.
+#[derive(Debug)]
+pub(crate) struct RoomTable {
+    rooms: HashMap<u64, Room>,
+    leases: Leases,
+    expired: u64,
+    failed: u64,
+}
+
+impl RoomTable {
+    pub(crate) fn new(leases: Leases) -> Self {
+        Self { rooms: HashMap::new(), leases, expired: 0, failed: 0 }
+    }
+
+    /// Opens a room for a pinned prompt of `pages` pages.
+    pub(crate) fn publish(&mut self, room: u64, request_id: &str, pages: u32, now: Instant) {
+        let deadline = now + self.leases.unclaimed;
+        self.rooms.insert(room, Room { request_id: request_id.to_owned(), pages, claimed: false, deadline });
+    }
+
+    /// A fetch of `first .. first + count` starts: the room is claimed and its idle lease
+    /// renewed. Returns the request id whose pinned KV to read.
+    pub(crate) fn claim(
+        &mut self,
+        room: u64,
+        first: u32,
+        count: u32,
+        now: Instant,
+    ) -> Result<String, RoomError> {
+        let r = self.rooms.get_mut(&room).ok_or(RoomError::Unknown)?;
+        if first.checked_add(count).is_none_or(|end| end > r.pages) {
+            return Err(RoomError::OutOfRange { pages: r.pages });
+        }
+        r.claimed = true;
+        r.deadline = now + self.leases.claimed_idle;
+        Ok(r.request_id.clone())
+    }
+
+    /// Closes a room (the decode side is done with it); its request id, once.
+    pub(crate) fn release(&mut self, room: u64) -> Option<String> {
+        self.rooms.remove(&room).map(|r| r.request_id)
+    }
+
+    /// Closes every room of a request (it was aborted); their count.
+    pub(crate) fn abort_request(&mut self, request_id: &str) -> usize {
+        let before = self.rooms.len();
+        self.rooms.retain(|_, r| r.request_id != request_id);
+        before - self.rooms.len()
+    }
+
+    /// Closes the rooms whose lease ran out; their request ids.
+    pub(crate) fn expire(&mut self, now: Instant) -> Vec<String> {
+        let gone: Vec<u64> =
+            self.rooms.iter().filter(|(_, r)| r.deadline <= now).map(|(id, _)| *id).collect();
+        self.expired += gone.len() as u64;
+        gone.into_iter().filter_map(|id| self.rooms.remove(&id)).map(|r| r.request_id).collect()
+    }
+
+    /// Counts a failed handoff.
+    pub(crate) fn fail(&mut self) {
+        self.failed += 1;
+    }
+
+    /// Rooms open now.
+    #[cfg(test)]
+    pub(crate) fn active(&self) -> usize {
+        self.rooms.len()
+    }
+
+    /// Whether a room is claimed (for tests and diagnosis).
+    #[cfg(test)]
+    pub(crate) fn is_claimed(&self, room: u64) -> Option<bool> {
+        self.rooms.get(&room).map(|r| r.claimed)
+    }
+
+    /// This table's part of the handoff figures.
+    pub(crate) fn stats(&self) -> HandoffStats {
+        HandoffStats {
+            active_rooms: self.rooms.len() as u64,
+            expired_leases: self.expired,
+            failed: self.failed,
+            ..HandoffStats::default()
+        }
+    }
+}

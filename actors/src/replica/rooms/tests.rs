@@ -1,0 +1,55 @@
+use super::*;
+
+fn table() -> RoomTable {
+    RoomTable::new(Leases { unclaimed: Duration::from_secs(10), claimed_idle: Duration::from_secs(2) })
+}
+
+#[test]
+fn a_room_ends_once_whatever_ends_it() {
+    let t0 = Instant::now();
+    let mut t = table();
+    t.publish(1, "r1", 3, t0);
+    assert_eq!(t.claim(1, 0, 3, t0), Ok("r1".to_owned()));
+    assert_eq!(t.is_claimed(1), Some(true));
+    assert_eq!(t.release(1), Some("r1".to_owned()));
+    assert_eq!(t.release(1), None, "a second release finds nothing");
+    assert_eq!(t.claim(1, 0, 1, t0), Err(RoomError::Unknown), "a late fetch gets a clear error");
+    t.publish(2, "r2", 1, t0);
+    t.publish(3, "r2", 1, t0);
+    t.publish(4, "r3", 1, t0);
+    assert_eq!(t.abort_request("r2"), 2);
+    assert_eq!(t.active(), 1);
+    assert_eq!(t.release(2), None);
+    assert_eq!(t.stats().active_rooms, 1);
+}
+
+#[test]
+fn ranges_are_checked() {
+    let t0 = Instant::now();
+    let mut t = table();
+    t.publish(1, "r", 2, t0);
+    assert_eq!(t.claim(1, 1, 2, t0), Err(RoomError::OutOfRange { pages: 2 }));
+    assert_eq!(t.claim(1, u32::MAX, 2, t0), Err(RoomError::OutOfRange { pages: 2 }));
+    assert_eq!(t.is_claimed(1), Some(false), "a refused fetch does not claim");
+    assert!(t.claim(1, 1, 1, t0).is_ok());
+}
+
+#[test]
+fn leases_expire_unclaimed_and_idle_rooms() {
+    let t0 = Instant::now();
+    let mut t = table();
+    t.publish(1, "unclaimed", 1, t0);
+    t.publish(2, "claimed", 1, t0);
+    t.publish(3, "busy", 1, t0);
+    let s = |n| t0 + Duration::from_secs(n);
+    assert!(t.claim(2, 0, 1, s(1)).is_ok()); // idle deadline s(3)
+    assert!(t.claim(3, 0, 1, s(1)).is_ok());
+    assert!(t.expire(s(2)).is_empty());
+    assert!(t.claim(3, 0, 1, s(2)).is_ok(), "progress renews the lease"); // deadline s(4)
+    assert_eq!(t.expire(s(3)), vec!["claimed".to_owned()]);
+    assert_eq!(t.expire(s(4)), vec!["busy".to_owned()]);
+    assert!(t.expire(s(9)).is_empty());
+    assert_eq!(t.expire(s(10)), vec!["unclaimed".to_owned()]);
+    assert_eq!(t.stats().expired_leases, 3);
+    assert_eq!(t.active(), 0);
+}

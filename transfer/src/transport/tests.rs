@@ -1,0 +1,82 @@
+use super::*;
+use futures::FutureExt;
+
+/// Serves room 7 only: page `i` is 1000 bytes of `i as u8`.
+struct Pattern;
+
+impl PageProvider for Pattern {
+    fn pages(
+        &self,
+        room: u64,
+        first_page: u32,
+        count: u32,
+    ) -> BoxFuture<'static, Result<Vec<u8>, TransferError>> {
+        let r = if room == 7 {
+            Ok((first_page..first_page + count).flat_map(|i| vec![i as u8; 1000]).collect())
+        } else {
+            Err(TransferError::UnknownRoom(room))
+        };
+        futures::future::ready(r).boxed()
+    }
+}
+
+/// Never answers in time.
+struct Slow;
+
+impl PageProvider for Slow {
+    fn pages(&self, _: u64, _: u32, _: u32) -> BoxFuture<'static, Result<Vec<u8>, TransferError>> {
+        async {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            Ok(Vec::new())
+        }
+        .boxed()
+    }
+}
+
+const T: Duration = Duration::from_secs(5);
+
+#[tokio::test]
+async fn both_paths_move_the_same_bytes() {
+    let server = PageServer::start("127.0.0.1".parse().expect("ip")).await.expect("server");
+    let provider: Arc<dyn PageProvider> = Arc::new(Pattern);
+    let reg = server.register(&provider);
+    let want: Vec<u8> = (2..5u8).flat_map(|i| vec![i; 1000]).collect();
+    let (local, kind) = fetch(reg.endpoint(), 7, 2, 3, TransportPolicy::Auto, T).await.expect("in process");
+    assert_eq!(kind, TransportKind::InProcess);
+    assert_eq!(local, want);
+    let (tcp, kind) = fetch(reg.endpoint(), 7, 2, 3, TransportPolicy::Tcp, T).await.expect("tcp");
+    assert_eq!(kind, TransportKind::Tcp);
+    assert_eq!(tcp, want);
+    // An endpoint of another process goes over TCP even under Auto.
+    let other = Endpoint { process: process_nonce() ^ 1, ..reg.endpoint().clone() };
+    let (_, kind) = fetch(&other, 7, 0, 1, TransportPolicy::Auto, T).await.expect("tcp");
+    assert_eq!(kind, TransportKind::Tcp);
+}
+
+#[tokio::test]
+async fn failures_are_typed() {
+    let server = PageServer::start("127.0.0.1".parse().expect("ip")).await.expect("server");
+    let provider: Arc<dyn PageProvider> = Arc::new(Pattern);
+    let reg = server.register(&provider);
+    for policy in [TransportPolicy::Auto, TransportPolicy::Tcp] {
+        let e = fetch(reg.endpoint(), 8, 0, 1, policy, T).await.expect_err("unknown room");
+        assert_eq!(e, TransferError::UnknownRoom(8), "{policy:?}");
+    }
+    // A provider that went away: its rooms are gone.
+    let endpoint = reg.endpoint().clone();
+    drop(reg);
+    let e = fetch(&endpoint, 7, 0, 1, TransportPolicy::Tcp, T).await.expect_err("unregistered");
+    assert_eq!(e, TransferError::UnknownRoom(7));
+    // A slow provider hits the deadline.
+    let slow: Arc<dyn PageProvider> = Arc::new(Slow);
+    let reg = server.register(&slow);
+    let e = fetch(reg.endpoint(), 1, 0, 1, TransportPolicy::Tcp, Duration::from_millis(200))
+        .await
+        .expect_err("slow");
+    assert!(matches!(e, TransferError::Timeout { .. }), "{e}");
+    // A server that is gone: the connection fails.
+    drop(server);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let e = fetch(&endpoint, 7, 0, 1, TransportPolicy::Tcp, T).await.expect_err("no server");
+    assert!(matches!(e, TransferError::Io { .. }), "{e}");
+}
