@@ -10,23 +10,23 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const SECRET: &str = "test-cluster-secret";
+pub(crate) const SECRET: &str = "test-cluster-secret";
 const QUESTION: &str = "What is the capital of France?";
 
-fn xinf() -> Command {
+pub(crate) fn xinf() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_xinf"));
     c.env("LANG", "C").env_remove("XINF_API_KEY").env_remove("XINF_CLUSTER_SECRET");
     c
 }
 
 /// A running `xinf` process whose stderr is collected; killed when dropped.
-struct Proc {
+pub(crate) struct Proc {
     child: Child,
     stderr: Arc<Mutex<String>>,
 }
 
 impl Proc {
-    fn spawn(mut cmd: Command) -> Self {
+    pub(crate) fn spawn(mut cmd: Command) -> Self {
         let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn xinf");
         let stderr = Arc::new(Mutex::new(String::new()));
         let pipe = child.stderr.take().expect("stderr");
@@ -41,12 +41,12 @@ impl Proc {
         Self { child, stderr }
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         self.stderr.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The text after `prefix` up to the end of its line, once the process has printed it.
-    fn wait_for(&mut self, prefix: &str) -> String {
+    pub(crate) fn wait_for(&mut self, prefix: &str) -> String {
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             let log = self.log();
@@ -61,7 +61,7 @@ impl Proc {
         }
     }
 
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -73,7 +73,7 @@ impl Drop for Proc {
     }
 }
 
-fn supervisor() -> (Proc, SocketAddr, String) {
+pub(crate) fn supervisor() -> (Proc, SocketAddr, String) {
     let mut cmd = xinf();
     cmd.args(["supervisor", "--port", "0", "--cluster-port", "0"]).env("XINF_CLUSTER_SECRET", SECRET);
     let mut p = Proc::spawn(cmd);
@@ -83,7 +83,7 @@ fn supervisor() -> (Proc, SocketAddr, String) {
     (p, addr, cluster)
 }
 
-fn worker(cluster: &str, secret: &str) -> (Proc, String) {
+pub(crate) fn worker(cluster: &str, secret: &str) -> (Proc, String) {
     let mut cmd = xinf();
     cmd.args(["worker", "--supervisor", cluster]).env("XINF_CLUSTER_SECRET", secret);
     let mut p = Proc::spawn(cmd);
@@ -140,7 +140,7 @@ fn replica_status(addr: SocketAddr, model: &str, replica: &str) -> String {
         .unwrap_or_default()
 }
 
-fn poll(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
+pub(crate) fn poll(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !check() {
         assert!(Instant::now() < deadline, "{what} did not happen within {limit:?}");
@@ -235,6 +235,7 @@ fn two_workers_alternate_and_survive_a_killed_worker() {
     assert!(order.windows(2).all(|w| w[0] != w[1]), "requests did not alternate: {order:?}");
 
     // A long stream; kill the worker that runs it once tokens flow.
+    let before = served(addr, "m");
     let mut body = chat_body("m", true, 2000);
     body["ignore_eos"] = true.into();
     let mut conn = http::send(addr, "POST", "/v1/chat/completions", &[], body.to_string().as_bytes());
@@ -251,14 +252,8 @@ fn two_workers_alternate_and_survive_a_killed_worker() {
         assert!(n > 0, "the stream ended early: {}", String::from_utf8_lossy(&seen));
         seen.extend_from_slice(&buf[..n]);
     }
-    let stats = http::get(addr, "/v1/models/m/stats").json();
-    let busy = stats["replicas"]
-        .as_array()
-        .expect("replicas")
-        .iter()
-        .find(|r| r["running"].as_u64().unwrap_or(0) + r["queued"].as_u64().unwrap_or(0) > 0)
-        .map(|r| r["replica_uid"].as_str().unwrap_or("").to_owned())
-        .unwrap_or_else(|| panic!("no replica runs the stream: {stats}\n{}", String::from_utf8_lossy(&seen)));
+    // The replica whose served count went up runs it.
+    let busy = grew(&before, &served(addr, "m"));
     let (victim, other) = if busy == "a" { (&mut w1, "b") } else { (&mut w2, "a") };
     let killed = Instant::now();
     victim.kill();

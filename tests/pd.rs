@@ -1,0 +1,153 @@
+//! Prefill/decode separation end to end, with real `xinf` processes: greedy output through a
+//! P/D deployment equals the ordinary replica's for prompts around every page boundary, across
+//! engine KV layouts in both directions, streaming and not; counters prove the pages moved,
+//! in process (`xinf local`) and over TCP between worker processes.
+
+use crate::cluster::{Proc, SECRET, supervisor, worker, xinf};
+use crate::util::{self, http};
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+
+/// Prompt lengths around the 64-token page boundaries, and a long one.
+const LENGTHS: &[usize] = &[2, 63, 64, 65, 66, 127, 128, 129, 130, 191, 192, 193, 194, 700];
+const NEW_TOKENS: usize = 4;
+
+/// A deterministic prompt of `n` token ids (ordinary vocabulary, no special tokens).
+fn prompt(n: usize) -> Vec<u32> {
+    (0..n).map(|i| 100 + ((i as u64 * 7919 + n as u64 * 104_729) % 40_000) as u32).collect()
+}
+
+/// Greedy completion text of `ids` on `model`, streaming or not.
+fn complete(addr: SocketAddr, model: &str, ids: &[u32], stream: bool) -> String {
+    let body = json!({
+        "model": model,
+        "prompt": ids,
+        "max_tokens": NEW_TOKENS,
+        "temperature": 0,
+        "ignore_eos": true,
+        "stream": stream,
+    });
+    let res = http::post(addr, "/v1/completions", &body);
+    assert_eq!(res.status, 200, "{model}, {} tokens: {}", ids.len(), res.text());
+    if !stream {
+        return res.json()["choices"][0]["text"].as_str().unwrap_or_default().to_owned();
+    }
+    let events = res.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{events:?}");
+    let mut text = String::new();
+    for e in &events[..events.len() - 1] {
+        let v: Value = serde_json::from_str(e).unwrap_or_else(|err| panic!("{err}: {e}"));
+        assert!(v.get("error").is_none(), "{model}, {} tokens: {v}", ids.len());
+        text.push_str(v["choices"][0]["text"].as_str().unwrap_or_default());
+    }
+    text
+}
+
+fn launch(addr: SocketAddr, body: Value) {
+    let res = http::post(addr, "/v1/models", &body);
+    assert_eq!(res.status, 200, "{body} → {}", res.text());
+}
+
+fn stats(addr: SocketAddr, model: &str) -> Value {
+    let res = http::get(addr, &format!("/v1/models/{model}/stats"));
+    assert_eq!(res.status, 200, "{}", res.text());
+    res.json()
+}
+
+/// The pages a set of prompts moves: `ceil(P / 64)` each.
+fn pages(lengths: &[usize]) -> u64 {
+    lengths.iter().map(|n| n.div_ceil(64) as u64).sum()
+}
+
+fn pd_replicas(prefill: Value, decode: Value) -> Value {
+    json!([{"role": "prefill", "engine_config": prefill}, {"role": "decode", "engine_config": decode}])
+}
+
+/// In one `xinf local` process: an ordinary replica and three P/D deployments whose two sides
+/// use different KV layouts; every prompt length gives the ordinary replica's greedy tokens.
+#[test]
+fn pd_matches_the_ordinary_replica_across_layouts() {
+    let _ = util::smollm2();
+    let mut cmd = xinf();
+    cmd.args(["local", "--port", "0", "-n", "smollm2-instruct", "-u", "hybrid"]);
+    let mut server = Proc::spawn(cmd);
+    let addr: SocketAddr =
+        server.wait_for("REST API at http://").trim().trim_end_matches("/v1").parse().expect("address");
+    server.wait_for("Model `hybrid` is ready");
+
+    let fa_hnd_16 = json!({"kv_layout": "paged-kv-first", "kv_order": "HND", "block_size": 16});
+    let pool = json!({"kv_layout": "token-pool"});
+    let deployments = [
+        ("fa-to-pool", pd_replicas(fa_hnd_16.clone(), pool.clone())),
+        ("pool-to-fa", pd_replicas(pool.clone(), fa_hnd_16.clone())),
+        (
+            "fi-to-fa-recompute",
+            pd_replicas(
+                json!({"kv_layout": "paged-block-first", "kv_order": "NHD", "block_size": 64}),
+                json!({"kv_layout": "paged-kv-first", "block_size": 32, "recompute_last_token": true}),
+            ),
+        ),
+    ];
+    for (uid, rc) in &deployments {
+        launch(addr, json!({"model_name": "smollm2-instruct", "model_uid": uid, "replica_config": rc}));
+    }
+
+    for (i, &n) in LENGTHS.iter().enumerate() {
+        let ids = prompt(n);
+        let want = complete(addr, "hybrid", &ids, false);
+        assert!(!want.is_empty(), "{n} tokens: no output");
+        for (uid, _) in &deployments {
+            let got = complete(addr, uid, &ids, i % 2 == 1);
+            assert_eq!(got, want, "{uid}, {n}-token prompt");
+        }
+    }
+
+    for (uid, _) in &deployments {
+        let s = stats(addr, uid);
+        let h = &s["handoff"];
+        assert_eq!(h["pages_transferred"], pages(LENGTHS), "{uid}: {s}");
+        assert_eq!(h["in_process_transfers"], LENGTHS.len(), "{uid}: {s}");
+        assert_eq!(h["tcp_transfers"], 0, "{uid}: {s}");
+        assert_eq!(h["failed"], 0, "{uid}: {s}");
+        assert_eq!(h["active_rooms"], 0, "{uid}: {s}");
+        assert_eq!(s["pinned_blocks"], 0, "{uid}: {s}");
+        assert!(h["bytes_transferred"].as_u64().unwrap_or(0) > 0, "{uid}: {s}");
+    }
+    let metrics = http::get(addr, "/metrics").text();
+    assert!(metrics.contains("xinf_handoff_pages_total{model_uid=\"fa-to-pool\""), "{metrics}");
+}
+
+/// Supervisor and two worker processes: prefill on one, decode on the other, so the pages move
+/// over the TCP data plane; output equals the ordinary replica's.
+#[test]
+fn pd_moves_pages_over_tcp_between_worker_processes() {
+    let _ = util::smollm2();
+    let (_sup, addr, cluster) = supervisor();
+    let (_w1, id1) = worker(&cluster, SECRET);
+    let (_w2, id2) = worker(&cluster, SECRET);
+    let device = |id: &str| json!([{"worker_ip": id, "n_gpu": 0}]);
+    launch(
+        addr,
+        json!({"model_name": "smollm2-instruct", "model_uid": "hybrid", "replica_config": [{"devices": device(&id2)}]}),
+    );
+    launch(
+        addr,
+        json!({"model_name": "smollm2-instruct", "model_uid": "pd", "replica_config": [
+            {"role": "prefill", "devices": device(&id1),
+             "engine_config": {"kv_layout": "paged-kv-first", "kv_order": "HND", "block_size": 16}},
+            {"role": "decode", "devices": device(&id2), "engine_config": {"kv_layout": "token-pool"}},
+        ]}),
+    );
+    let lengths = [2, 64, 65, 129, 700];
+    for (i, &n) in lengths.iter().enumerate() {
+        let ids = prompt(n);
+        let want = complete(addr, "hybrid", &ids, false);
+        assert_eq!(complete(addr, "pd", &ids, i % 2 == 0), want, "{n}-token prompt");
+    }
+    let s = stats(addr, "pd");
+    let h = &s["handoff"];
+    assert_eq!(h["tcp_transfers"], lengths.len(), "{s}");
+    assert_eq!(h["in_process_transfers"], 0, "{s}");
+    assert_eq!(h["pages_transferred"], pages(&lengths), "{s}");
+    assert_eq!(h["active_rooms"], 0, "{s}");
+}
