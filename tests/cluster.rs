@@ -375,8 +375,23 @@ fn local_cluster_manages_models_over_rest() {
     let res = http::request(addr, "POST", "/v1/models", &[], b"{\"model_name\": ");
     assert_eq!(res.status, 400);
     assert_eq!(res.json()["error"]["code"], "invalid_json");
+    // P/D replicas whose KV would mean different things are refused once loaded, naming the
+    // difference, and rolled back.
+    for (decode, field) in
+        [(json!({"context_length": 1024}), "context_length"), (json!({"kv_dtype": "f16"}), "dtype")]
+    {
+        let body = json!({"model_name": "smollm2-instruct", "replica_config": [
+            {"role": "prefill", "engine_config": {}}, {"role": "decode", "engine_config": decode}]});
+        let res = http::post(addr, "/v1/models", &body);
+        assert_eq!(res.status, 400, "{}", res.text());
+        let err = res.json();
+        assert_eq!(err["error"]["code"], "pd_contract_mismatch", "{err}");
+        assert!(err["error"]["message"].as_str().unwrap_or("").contains(field), "{err}");
+    }
     let models = http::get(addr, "/v1/models").json();
     assert_eq!(models["data"].as_array().map(Vec::len), Some(1), "a refused launch left a model: {models}");
+    let workers = http::get(addr, "/v1/workers").json();
+    assert_eq!(workers[0]["replicas"].as_array().map(Vec::len), Some(2), "{workers}");
 
     // A launch that does not wait: the model answers 503 "not ready" until it serves.
     let res = http::post(

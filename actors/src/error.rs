@@ -66,6 +66,8 @@ pub enum LaunchRule {
     EngineConfig,
     /// The model name is not in the registry and no `model_path` was given.
     UnknownModel,
+    /// A prefill and a decode replica loaded models whose KV means different things.
+    ContractMismatch,
 }
 
 impl LaunchRule {
@@ -98,6 +100,7 @@ impl LaunchRule {
             Self::CacheBudget => "cache_budget",
             Self::EngineConfig => "invalid_engine_config",
             Self::UnknownModel => "unknown_model",
+            Self::ContractMismatch => "pd_contract_mismatch",
         }
     }
 }

@@ -68,6 +68,9 @@ pub(crate) enum ReplicaMsg {
     /// comes once the engine accepted it, and the events are pulled as for `Generate`.
     #[rpc]
     GenerateImported { request: Wire<GenerateRequest>, handoff: Wire<Handoff>, reply: RpcReplyPort<Wire<()>> },
+    /// The model contract of the loaded engine (compared across P/D replicas at launch).
+    #[rpc]
+    Contract { reply: RpcReplyPort<Wire<xinf_engine::ModelContract>> },
     /// The decode side is done with a room: free its pinned KV. `false` when it was gone.
     #[rpc]
     Release { room: u64, reply: RpcReplyPort<Wire<bool>> },
@@ -237,6 +240,7 @@ impl Actor for Replica {
                     });
                 }
             },
+            ReplicaMsg::Contract { reply } => answer(reply, Wire::ok(state.engine.contract().clone())),
             ReplicaMsg::Release { room, reply } => answer(reply, Wire::ok(state.handoff.release(room))),
             ReplicaMsg::Stats { reply } => {
                 let s = state.engine.stats();

@@ -368,6 +368,9 @@ async fn build(
             tracing::warn!(error = %e, "the block tracker did not stop in time");
         }
     };
+    if failure.is_none() {
+        failure = check_contracts(ctx, &replicas).await.err();
+    }
     if let Some(e) = failure {
         stop_tracker(tracker).await;
         return Err(e);
@@ -383,6 +386,39 @@ async fn build(
             Err(spawn_failed("router", e))
         }
     }
+}
+
+/// In a P/D deployment, every decode replica must read the prefill replicas' KV as its own:
+/// same weights, tokenizer, architecture, KV dtype, shapes, RoPE and context. The first
+/// difference is named.
+async fn check_contracts(
+    ctx: &TaskCtx,
+    replicas: &[(String, crate::launch::Role, ActorRef<ReplicaMsg>)],
+) -> Result<(), ActorError> {
+    use crate::launch::Role;
+    if !replicas.iter().any(|(_, role, _)| *role != Role::Hybrid) {
+        return Ok(());
+    }
+    let mut contracts = Vec::with_capacity(replicas.len());
+    for (uid, role, replica) in replicas {
+        let what = format!("replica `{uid}`");
+        let c = call(replica, &what, ctx.times.call, |reply| ReplicaMsg::Contract { reply }).await?;
+        contracts.push((uid, *role, c));
+    }
+    for (p_uid, _, p) in contracts.iter().filter(|(_, r, _)| *r == Role::Prefill) {
+        for (d_uid, _, d) in contracts.iter().filter(|(_, r, _)| *r == Role::Decode) {
+            if let Some(field) = p.first_difference(d) {
+                return Err(ActorError::launch(
+                    crate::LaunchRule::ContractMismatch,
+                    format!(
+                        "prefill replica '{p_uid}' and decode replica '{d_uid}' differ in {field}; \
+                         their KV caches are not interchangeable"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Has a worker start one replica and finds the replica through its process group.
