@@ -151,3 +151,139 @@ fn pd_moves_pages_over_tcp_between_worker_processes() {
     assert_eq!(h["pages_transferred"], pages(&lengths), "{s}");
     assert_eq!(h["active_rooms"], 0, "{s}");
 }
+
+/// A small deterministic generator for the cancellation schedule.
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n
+    }
+}
+
+/// How a request is cancelled.
+#[derive(Debug, Clone, Copy)]
+enum Cancel {
+    /// The client disconnects after a delay (before or during prefill, or during the transfer).
+    Disconnect(u64),
+    /// The abort route is called after a delay.
+    AbortRoute(u64),
+    /// The client disconnects once tokens flow (during decode).
+    AfterFirstToken,
+}
+
+fn cancelled_request(addr: SocketAddr, id: &str, ids: &[u32], how: Cancel) {
+    use std::io::Read;
+    let body = json!({"model": "pd", "prompt": ids, "max_tokens": 16, "ignore_eos": true, "temperature": 0, "stream": true});
+    let mut conn =
+        http::send(addr, "POST", "/v1/completions", &[("X-Request-Id", id)], body.to_string().as_bytes());
+    match how {
+        Cancel::Disconnect(ms) => {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+            drop(conn);
+        }
+        Cancel::AbortRoute(ms) => {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+            let res = http::post(addr, &format!("/v1/models/pd/requests/{id}/abort"), &json!({}));
+            assert_eq!(res.status, 200, "{}", res.text());
+            // The request ends (aborted, or done, or refused): never a hang.
+            let mut rest = Vec::new();
+            let _ = conn.read_to_end(&mut rest);
+        }
+        Cancel::AfterFirstToken => {
+            let mut seen = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !String::from_utf8_lossy(&seen).contains("\"text\":\"") {
+                match conn.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => seen.extend_from_slice(&buf[..n]),
+                }
+            }
+            drop(conn);
+        }
+    }
+}
+
+/// 100 P/D requests cancelled at random points (before and during prefill, during the
+/// transfer, during decode) leave no room open and no KV pinned; requests then succeed.
+/// Replica sets of 1P+2D and 2P+1D spread requests by role round-robin.
+#[test]
+fn pd_cancellations_leave_nothing_behind_and_roles_round_robin() {
+    let _ = util::smollm2();
+    let mut cmd = xinf();
+    cmd.args(["local", "--port", "0", "-n", "smollm2-instruct", "-u", "hybrid"]);
+    let mut server = Proc::spawn(cmd);
+    let addr: SocketAddr =
+        server.wait_for("REST API at http://").trim().trim_end_matches("/v1").parse().expect("address");
+    server.wait_for("Model `hybrid` is ready");
+    let rc = pd_replicas(
+        json!({"kv_layout": "paged-kv-first", "block_size": 16}),
+        json!({"kv_layout": "token-pool"}),
+    );
+    launch(addr, json!({"model_name": "smollm2-instruct", "model_uid": "pd", "replica_config": rc}));
+
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let mut rng = Lcg(t + 1);
+                for k in 0..25 {
+                    let n = 2 + rng.below(130) as usize;
+                    let ids = prompt(n);
+                    let how = match rng.below(3) {
+                        0 => Cancel::Disconnect(rng.below(800)),
+                        1 => Cancel::AbortRoute(rng.below(800)),
+                        _ => Cancel::AfterFirstToken,
+                    };
+                    cancelled_request(addr, &format!("cancel-{t}-{k}"), &ids, how);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("a cancelling client panicked");
+    }
+    // Released by the cancellations themselves, well before any lease (30 s) would.
+    crate::cluster::poll(std::time::Duration::from_secs(20), "every room and pinned block freed", || {
+        let s = stats(addr, "pd");
+        s["handoff"]["active_rooms"] == 0 && s["pinned_blocks"] == 0 && s["running"] == 0 && s["queued"] == 0
+    });
+    let s = stats(addr, "pd");
+    assert!(
+        s["handoff"]["pages_transferred"].as_u64().unwrap_or(0) > 0,
+        "no cancellation reached decode: {s}"
+    );
+    for n in [5, 70, 150] {
+        let ids = prompt(n);
+        assert_eq!(complete(addr, "pd", &ids, n == 70), complete(addr, "hybrid", &ids, false), "{n} tokens");
+    }
+
+    // 1P+2D and 2P+1D: each role takes turns.
+    let roles = |p: usize, d: usize| {
+        let mut rc: Vec<Value> = (0..p).map(|_| json!({"role": "prefill"})).collect();
+        rc.extend((0..d).map(|_| json!({"role": "decode"})));
+        Value::Array(rc)
+    };
+    launch(
+        addr,
+        json!({"model_name": "smollm2-instruct", "model_uid": "p1d2", "replica_config": roles(1, 2)}),
+    );
+    launch(
+        addr,
+        json!({"model_name": "smollm2-instruct", "model_uid": "p2d1", "replica_config": roles(2, 1)}),
+    );
+    let ids = prompt(20);
+    for _ in 0..4 {
+        complete(addr, "p1d2", &ids, false);
+        complete(addr, "p2d1", &ids, true);
+    }
+    let per_replica = |model: &str, key: &str| -> Vec<u64> {
+        let s = stats(addr, model);
+        s["replicas"].as_array().expect("replicas").iter().map(|r| r[key].as_u64().unwrap_or(0)).collect()
+    };
+    // p1d2-0 is the prefill replica; p1d2-1 and p1d2-2 decode two requests each.
+    assert_eq!(per_replica("p1d2", "requests_served"), vec![0, 2, 2]);
+    // p2d1-0 and p2d1-1 prefill two prompts each; p2d1-2 decodes all four.
+    assert_eq!(per_replica("p2d1", "prompt_tokens"), vec![40, 40, 0]);
+    assert_eq!(per_replica("p2d1", "requests_served"), vec![0, 0, 4]);
+}

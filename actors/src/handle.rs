@@ -570,9 +570,11 @@ impl Cluster {
             reply,
         })
         .await?;
+        let mut replicas = vec![routed.replica.clone()];
+        replicas.extend(routed.prefill.as_ref().map(|(_, r)| r.clone()));
         let mut guard = RequestGuard {
             router: Some(actors.router.clone()),
-            prefill: routed.prefill.as_ref().map(|(_, r)| r.clone()),
+            replicas,
             request_id: request_id.clone(),
             timeout: t,
         };
@@ -590,7 +592,7 @@ impl Cluster {
             }
         };
         guard.router = None;
-        guard.prefill = None;
+        guard.replicas.clear();
         if let Err(e) = started {
             if actors.router.cast(RouterMsg::Finished { request_id }).is_err() {
                 tracing::debug!("the router is gone");
@@ -717,11 +719,11 @@ impl Cluster {
 }
 
 /// Cleans up after a request whose caller went away before it started (the client
-/// disconnected while the prompt was computed): the router forgets it and its prefill leg is
-/// aborted, which also frees any room already published for it.
+/// disconnected while the prompt was computed or the pages moved): the router forgets it and
+/// it is aborted on its replicas, which also frees any room already published for it.
 struct RequestGuard {
     router: Option<ActorRef<RouterMsg>>,
-    prefill: Option<ActorRef<ReplicaMsg>>,
+    replicas: Vec<ActorRef<ReplicaMsg>>,
     request_id: String,
     timeout: Duration,
 }
@@ -733,16 +735,15 @@ impl Drop for RequestGuard {
         {
             tracing::debug!("the router is gone");
         }
-        let Some(replica) = self.prefill.take() else { return };
-        let (request_id, timeout) = (std::mem::take(&mut self.request_id), self.timeout);
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        let (replicas, timeout) = (std::mem::take(&mut self.replicas), self.timeout);
+        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+        for replica in replicas {
+            let request_id = self.request_id.clone();
             rt.spawn(async move {
-                let abort = call(&replica, "prefill replica", timeout, |reply| ReplicaMsg::Abort {
-                    request_id,
-                    reply,
-                });
+                let abort =
+                    call(&replica, "replica", timeout, |reply| ReplicaMsg::Abort { request_id, reply });
                 if let Err(e) = abort.await {
-                    tracing::debug!(error = %e, "could not abort a prefill");
+                    tracing::debug!(error = %e, "could not abort an abandoned request");
                 }
             });
         }

@@ -233,7 +233,12 @@ impl Actor for Replica {
                             let id = request.request_id.clone();
                             let stream =
                                 engine.submit_imported(request, kv).inspect_err(|_| side.failed())?;
-                            Ok::<_, ActorError>(drain(&requests, &served, &id, stream))
+                            drain(&requests, &served, &id, stream);
+                            if side.was_aborted(&id) {
+                                // The abort came while the pages were in flight.
+                                engine.abort(&id);
+                            }
+                            Ok::<_, ActorError>(())
                         }
                         .await;
                         answer(reply, Wire(started));

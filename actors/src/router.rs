@@ -29,6 +29,9 @@ pub(crate) struct Routed {
     pub(crate) lost: oneshot::Receiver<String>,
 }
 
+/// How long an aborted request id stays refused.
+const ABORT_BLOCK: Duration = Duration::from_secs(30);
+
 /// The replicas in rotation, by uid.
 pub(crate) type ReplicaList = Vec<(String, ActorRef<ReplicaMsg>)>;
 
@@ -63,6 +66,9 @@ pub(crate) struct RouterState {
     policy: RouterPolicy,
     refs: HashMap<String, ActorRef<ReplicaMsg>>,
     kills: HashMap<String, oneshot::Sender<String>>,
+    /// Request ids aborted recently, until when: a request that arrives after its own abort
+    /// (the abort overtook it) is refused, as Xinference's `block_duration` does.
+    blocked: HashMap<String, std::time::Instant>,
 }
 
 impl RouterState {
@@ -90,7 +96,7 @@ impl Actor for Router {
             policy.add(&uid, role);
             refs.insert(uid, actor);
         }
-        Ok(RouterState { policy, refs, kills: HashMap::new() })
+        Ok(RouterState { policy, refs, kills: HashMap::new(), blocked: HashMap::new() })
     }
 
     async fn post_stop(
@@ -114,6 +120,14 @@ impl Actor for Router {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             RouterMsg::Route { request_id, reply } => {
+                let now = std::time::Instant::now();
+                if state.blocked.get(&request_id).is_some_and(|until| *until > now) {
+                    let aborted = Err(ActorError::Engine(xinf_engine::EngineError::Aborted));
+                    if reply.send(aborted).is_err() {
+                        tracing::debug!("the caller is gone");
+                    }
+                    return Ok(());
+                }
                 let picked = if state.policy.is_pd() {
                     state.policy.begin_pd(&request_id).map(|(p, d)| (Some(p), d))
                 } else {
@@ -159,6 +173,9 @@ impl Actor for Router {
                 state.kills.remove(&request_id);
             }
             RouterMsg::Abort { request_id, reply } => {
+                let now = std::time::Instant::now();
+                state.blocked.retain(|_, until| *until > now);
+                state.blocked.insert(request_id.clone(), now + ABORT_BLOCK);
                 let replicas: Vec<(String, ActorRef<ReplicaMsg>)> =
                     state.refs.iter().map(|(uid, r)| (uid.clone(), r.clone())).collect();
                 let timeout = self.call_timeout;

@@ -146,7 +146,10 @@ impl HandoffSide {
             };
             let pages = xinf_transfer::pages_for(pinned.prompt_ids.len()) as u32;
             let room = rand::random::<u64>() >> 1;
-            lock(&rooms).publish(room, &pinned.request_id, pages, Instant::now());
+            if !lock(&rooms).publish(room, &pinned.request_id, pages, Instant::now()) {
+                engine.release_pinned(&pinned.request_id);
+                return Err(ActorError::Engine(EngineError::Aborted));
+            }
             Ok(Handoff {
                 room,
                 prompt_ids: pinned.prompt_ids,
@@ -168,9 +171,15 @@ impl HandoffSide {
 
     /// Ends every room of an aborted request.
     pub(crate) fn abort(&self, request_id: &str) {
-        if lock(&self.rooms).abort_request(request_id) > 0 {
+        if lock(&self.rooms).abort_request(request_id, Instant::now()) > 0 {
             self.engine.release_pinned(request_id);
         }
+    }
+
+    /// Whether an abort of this request arrived before it started here (the decode side
+    /// checks after starting an imported request, whose start raced with the abort).
+    pub(crate) fn was_aborted(&self, request_id: &str) -> bool {
+        lock(&self.rooms).was_aborted(request_id)
     }
 
     /// Frees the rooms whose lease ran out.

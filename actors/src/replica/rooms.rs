@@ -86,6 +86,9 @@ pub(crate) enum RoomError {
 #[derive(Debug)]
 pub(crate) struct RoomTable {
     rooms: HashMap<u64, Room>,
+    /// Requests aborted recently, by when the mark lapses: a prefill that finishes after its
+    /// abort arrived must not publish a room nobody will claim.
+    aborted: HashMap<String, Instant>,
     leases: Leases,
     expired: u64,
     failed: u64,
@@ -93,13 +96,18 @@ pub(crate) struct RoomTable {
 
 impl RoomTable {
     pub(crate) fn new(leases: Leases) -> Self {
-        Self { rooms: HashMap::new(), leases, expired: 0, failed: 0 }
+        Self { rooms: HashMap::new(), aborted: HashMap::new(), leases, expired: 0, failed: 0 }
     }
 
-    /// Opens a room for a pinned prompt of `pages` pages.
-    pub(crate) fn publish(&mut self, room: u64, request_id: &str, pages: u32, now: Instant) {
+    /// Opens a room for a pinned prompt of `pages` pages; `false` (and no room) when the
+    /// request was aborted meanwhile, so the caller frees the KV at once.
+    pub(crate) fn publish(&mut self, room: u64, request_id: &str, pages: u32, now: Instant) -> bool {
+        if self.aborted.remove(request_id).is_some() {
+            return false;
+        }
         let deadline = now + self.leases.unclaimed;
         self.rooms.insert(room, Room { request_id: request_id.to_owned(), pages, claimed: false, deadline });
+        true
     }
 
     /// A fetch of `first .. first + count` starts: the room is claimed and its idle lease
@@ -125,15 +133,26 @@ impl RoomTable {
         self.rooms.remove(&room).map(|r| r.request_id)
     }
 
-    /// Closes every room of a request (it was aborted); their count.
-    pub(crate) fn abort_request(&mut self, request_id: &str) -> usize {
+    /// Closes every room of a request (it was aborted) and marks the request, so a prefill of
+    /// it still running publishes nothing; the count of rooms closed.
+    pub(crate) fn abort_request(&mut self, request_id: &str, now: Instant) -> usize {
         let before = self.rooms.len();
         self.rooms.retain(|_, r| r.request_id != request_id);
-        before - self.rooms.len()
+        let closed = before - self.rooms.len();
+        if closed == 0 {
+            self.aborted.insert(request_id.to_owned(), now + self.leases.unclaimed);
+        }
+        closed
+    }
+
+    /// Whether a request was aborted recently (its mark has not lapsed or been used).
+    pub(crate) fn was_aborted(&self, request_id: &str) -> bool {
+        self.aborted.contains_key(request_id)
     }
 
     /// Closes the rooms whose lease ran out; their request ids.
     pub(crate) fn expire(&mut self, now: Instant) -> Vec<String> {
+        self.aborted.retain(|_, lapse| *lapse > now);
         let gone: Vec<u64> =
             self.rooms.iter().filter(|(_, r)| r.deadline <= now).map(|(id, _)| *id).collect();
         self.expired += gone.len() as u64;

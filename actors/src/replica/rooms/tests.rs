@@ -17,7 +17,7 @@ fn a_room_ends_once_whatever_ends_it() {
     t.publish(2, "r2", 1, t0);
     t.publish(3, "r2", 1, t0);
     t.publish(4, "r3", 1, t0);
-    assert_eq!(t.abort_request("r2"), 2);
+    assert_eq!(t.abort_request("r2", t0), 2);
     assert_eq!(t.active(), 1);
     assert_eq!(t.release(2), None);
     assert_eq!(t.stats().active_rooms, 1);
@@ -52,4 +52,18 @@ fn leases_expire_unclaimed_and_idle_rooms() {
     assert_eq!(t.expire(s(10)), vec!["unclaimed".to_owned()]);
     assert_eq!(t.stats().expired_leases, 3);
     assert_eq!(t.active(), 0);
+}
+
+#[test]
+fn a_prefill_aborted_before_it_publishes_leaves_no_room() {
+    let t0 = Instant::now();
+    let mut t = table();
+    assert_eq!(t.abort_request("late", t0), 0);
+    assert!(!t.publish(9, "late", 2, t0), "an aborted request publishes nothing");
+    assert_eq!(t.active(), 0);
+    assert!(t.publish(10, "late", 2, t0), "the mark is used once");
+    // Marks lapse.
+    assert_eq!(t.abort_request("old", t0), 0);
+    t.expire(t0 + Duration::from_secs(11));
+    assert!(t.publish(11, "old", 1, t0));
 }

@@ -34,7 +34,7 @@ fn a_running_id_is_refused_until_it_finishes() {
     let mut p = policy(&[("a", Role::Hybrid)]);
     assert_eq!(p.begin("r", Role::Hybrid), Ok("a".into()));
     assert_eq!(p.begin("r", Role::Hybrid), Err(RouteError::Duplicate));
-    assert_eq!(p.finish("r"), Some("a".into()));
+    assert_eq!(p.finish("r"), Some(vec!["a".to_owned()]));
     assert_eq!(p.finish("r"), None);
     assert_eq!(p.begin("r", Role::Hybrid), Ok("a".into()));
 }
@@ -66,4 +66,21 @@ fn adding_twice_is_harmless() {
     assert_eq!(p.replicas(), [("a".to_owned(), Role::Hybrid)]);
     assert_eq!(p.begin("1", Role::Hybrid), Ok("a".into()));
     assert_eq!(p.begin("2", Role::Hybrid), Ok("a".into()));
+}
+
+#[test]
+fn pd_requests_take_one_prefill_and_one_decode_replica_in_turn() {
+    let mut p = policy(&[("p1", Role::Prefill), ("d1", Role::Decode), ("d2", Role::Decode)]);
+    assert!(p.is_pd());
+    let pick = |p: &mut RouterPolicy, id: &str| p.begin_pd(id).expect("pick");
+    assert_eq!(pick(&mut p, "1"), ("p1".to_owned(), "d1".to_owned()));
+    assert_eq!(pick(&mut p, "2"), ("p1".to_owned(), "d2".to_owned()));
+    assert_eq!(pick(&mut p, "3"), ("p1".to_owned(), "d1".to_owned()));
+    assert_eq!(p.begin_pd("3"), Err(RouteError::Duplicate));
+    // Losing the prefill replica takes down every request that used it.
+    let mut lost = p.remove("p1");
+    lost.sort();
+    assert_eq!(lost, ["1", "2", "3"]);
+    assert_eq!(p.begin_pd("4"), Err(RouteError::NoReplica), "no prefill replica is left");
+    assert!(!policy(&[("h", Role::Hybrid)]).is_pd());
 }
