@@ -118,17 +118,19 @@ fn pd_matches_the_ordinary_replica_across_layouts() {
 }
 
 /// Supervisor and two worker processes: prefill on one, decode on the other, so the pages move
-/// over the TCP data plane; output equals the ordinary replica's.
+/// over the TCP data plane; output equals the ordinary replica's. Then the decode worker is
+/// killed mid-stream: the client gets an error within seconds, nothing stays pinned on the
+/// prefill side, and the other worker keeps serving.
 #[test]
 fn pd_moves_pages_over_tcp_between_worker_processes() {
     let _ = util::smollm2();
     let (_sup, addr, cluster) = supervisor();
     let (_w1, id1) = worker(&cluster, SECRET);
-    let (_w2, id2) = worker(&cluster, SECRET);
+    let (mut w2, id2) = worker(&cluster, SECRET);
     let device = |id: &str| json!([{"worker_ip": id, "n_gpu": 0}]);
     launch(
         addr,
-        json!({"model_name": "smollm2-instruct", "model_uid": "hybrid", "replica_config": [{"devices": device(&id2)}]}),
+        json!({"model_name": "smollm2-instruct", "model_uid": "hybrid", "replica_config": [{"devices": device(&id1)}]}),
     );
     launch(
         addr,
@@ -150,6 +152,35 @@ fn pd_moves_pages_over_tcp_between_worker_processes() {
     assert_eq!(h["in_process_transfers"], 0, "{s}");
     assert_eq!(h["pages_transferred"], pages(&lengths), "{s}");
     assert_eq!(h["active_rooms"], 0, "{s}");
+
+    // Kill the decode worker once tokens flow.
+    use std::io::Read;
+    let body =
+        json!({"model": "pd", "prompt": prompt(100), "max_tokens": 2000, "ignore_eos": true, "stream": true});
+    let mut conn = http::send(addr, "POST", "/v1/completions", &[], body.to_string().as_bytes());
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while http::sse_data(&String::from_utf8_lossy(&seen)).len() < 3 {
+        let n = conn.read(&mut buf).expect("read the stream");
+        assert!(n > 0, "the stream ended early: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let killed = std::time::Instant::now();
+    w2.kill();
+    conn.read_to_end(&mut seen).expect("read the rest");
+    let waited = killed.elapsed();
+    let text = String::from_utf8_lossy(&seen).into_owned();
+    assert!(http::sse_data(&text).iter().any(|e| e.contains("\"error\"")), "no error after the kill: {text}");
+    assert!(waited < std::time::Duration::from_secs(15), "the client waited {waited:?}");
+    let s = stats(addr, "pd");
+    assert_eq!(s["handoff"]["active_rooms"], 0, "{s}");
+    assert_eq!(s["pinned_blocks"], 0, "{s}");
+    // Without a decode replica the P/D model refuses clearly; the other worker serves.
+    crate::cluster::poll(std::time::Duration::from_secs(15), "the decode replica marked dead", || {
+        http::post(addr, "/v1/completions", &json!({"model": "pd", "prompt": "hi", "max_tokens": 2})).status
+            == 503
+    });
+    assert!(!complete(addr, "hybrid", &prompt(10), false).is_empty());
 }
 
 /// A small deterministic generator for the cancellation schedule.

@@ -5,7 +5,9 @@
 mod util;
 
 mod api;
+mod bench_cli;
 mod cli;
 mod cluster;
 mod engine;
 mod golden;
+mod pd;

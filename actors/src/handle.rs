@@ -630,7 +630,7 @@ impl Cluster {
         let limit = o.transfer_timeout + o.call_timeout;
         let started = call(decode, &what, limit, |reply| ReplicaMsg::GenerateImported {
             request: Wire::ok(request),
-            handoff: Wire::ok(handoff),
+            handoff: Wire::ok(Box::new(handoff)),
             reply,
         })
         .await;

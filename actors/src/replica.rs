@@ -67,7 +67,11 @@ pub(crate) enum ReplicaMsg {
     /// Fetch a handoff's pages and start the request on them (decode replicas); the reply
     /// comes once the engine accepted it, and the events are pulled as for `Generate`.
     #[rpc]
-    GenerateImported { request: Wire<GenerateRequest>, handoff: Wire<Handoff>, reply: RpcReplyPort<Wire<()>> },
+    GenerateImported {
+        request: Wire<GenerateRequest>,
+        handoff: Wire<Box<Handoff>>,
+        reply: RpcReplyPort<Wire<()>>,
+    },
     /// The model contract of the loaded engine (compared across P/D replicas at launch).
     #[rpc]
     Contract { reply: RpcReplyPort<Wire<xinf_engine::ModelContract>> },

@@ -1,5 +1,6 @@
 //! The `xinf` command line.
 
+mod bench;
 mod chat;
 mod client;
 mod generate;
@@ -41,6 +42,9 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Load one model and serve it over the REST API without the actor cluster.
     Serve(generate::ServeArgs),
+    /// Measure a served model under load: time to first token, time per output token and
+    /// output tokens/s at each concurrency level, over any OpenAI-compatible endpoint.
+    Bench(bench::BenchArgs),
 }
 
 /// Xinference's two-letter short flags, which clap cannot express, as their long forms.
@@ -77,6 +81,7 @@ pub fn main() -> ExitCode {
             runtime.block_on(generate::generate(args, &cat)).map_err(|e| engine_error_text(&cat, &e))
         }
         Command::Serve(args) => runtime.block_on(generate::serve(args, &cat)),
+        Command::Bench(args) => bench::bench(args, &cat),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

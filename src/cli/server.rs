@@ -131,7 +131,17 @@ async fn serve_cluster(
             () = shutdown_signal() => None,
         };
         match launched {
-            Some(Ok(uid)) => eprintln!("{}", cat.text("cli-launched", &[("uid", &uid), ("addr", &addr)])),
+            Some(Ok(uid)) => {
+                eprintln!("{}", cat.text("cli-launched", &[("uid", &uid), ("addr", &addr)]));
+                let body = serde_json::json!({
+                    "model": uid,
+                    "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                });
+                eprintln!(
+                    "{}\n  curl http://{addr}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'",
+                    cat.text("cli-try", &[])
+                );
+            }
             Some(Err(e)) => {
                 server.stop(true).await;
                 cluster.shutdown().await;
