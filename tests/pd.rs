@@ -54,9 +54,10 @@ fn stats(addr: SocketAddr, model: &str) -> Value {
     res.json()
 }
 
-/// The pages a set of prompts moves: `ceil(P / 64)` each.
-fn pages(lengths: &[usize]) -> u64 {
-    lengths.iter().map(|n| n.div_ceil(64) as u64).sum()
+/// The pages a set of prompts moves: `ceil(P / 64)` each, or `ceil((P - 1) / 64)` when the
+/// decode engine recomputes the last prompt token.
+fn pages(lengths: &[usize], recompute: bool) -> u64 {
+    lengths.iter().map(|n| (n - usize::from(recompute)).div_ceil(64) as u64).sum()
 }
 
 fn pd_replicas(prefill: Value, decode: Value) -> Value {
@@ -105,7 +106,8 @@ fn pd_matches_the_ordinary_replica_across_layouts() {
     for (uid, _) in &deployments {
         let s = stats(addr, uid);
         let h = &s["handoff"];
-        assert_eq!(h["pages_transferred"], pages(LENGTHS), "{uid}: {s}");
+        let recompute = uid.ends_with("recompute");
+        assert_eq!(h["pages_transferred"], pages(LENGTHS, recompute), "{uid}: {s}");
         assert_eq!(h["in_process_transfers"], LENGTHS.len(), "{uid}: {s}");
         assert_eq!(h["tcp_transfers"], 0, "{uid}: {s}");
         assert_eq!(h["failed"], 0, "{uid}: {s}");
@@ -113,6 +115,14 @@ fn pd_matches_the_ordinary_replica_across_layouts() {
         assert_eq!(s["pinned_blocks"], 0, "{uid}: {s}");
         assert!(h["bytes_transferred"].as_u64().unwrap_or(0) > 0, "{uid}: {s}");
     }
+    // A 1-token prompt cannot be decoded by an engine that recomputes the last prompt token.
+    let res = http::post(
+        addr,
+        "/v1/completions",
+        &json!({"model": "fi-to-fa-recompute", "prompt": prompt(1), "max_tokens": 2}),
+    );
+    assert_eq!(res.status, 400, "{}", res.text());
+    assert!(res.text().contains("1-token prompt"), "{}", res.text());
     let metrics = http::get(addr, "/metrics").text();
     assert!(metrics.contains("xinf_handoff_pages_total{model_uid=\"fa-to-pool\""), "{metrics}");
 }
@@ -150,7 +160,7 @@ fn pd_moves_pages_over_tcp_between_worker_processes() {
     let h = &s["handoff"];
     assert_eq!(h["tcp_transfers"], lengths.len(), "{s}");
     assert_eq!(h["in_process_transfers"], 0, "{s}");
-    assert_eq!(h["pages_transferred"], pages(&lengths), "{s}");
+    assert_eq!(h["pages_transferred"], pages(&lengths, false), "{s}");
     assert_eq!(h["active_rooms"], 0, "{s}");
 
     // Kill the decode worker once tokens flow.

@@ -19,6 +19,9 @@ use tokio::sync::OnceCell;
 use xinf_engine::{Engine, EngineError, ModelContract};
 use xinf_transfer::transport::{self, Endpoint, PageProvider, PageServer, TransferError, TransportKind};
 
+#[cfg(test)]
+mod tests;
+
 /// What a prefill hands to a decode replica.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Handoff {
@@ -205,17 +208,20 @@ impl HandoffSide {
                         "the prefill and decode replicas differ in {field}; their KV is not interchangeable"
                     ))));
                 }
-                let (pages, kind) = transport::fetch(
-                    &handoff.endpoint,
-                    handoff.room,
-                    0,
-                    handoff.pages,
-                    times.policy,
-                    times.transfer,
-                )
-                .await
-                .map_err(|e| ActorError::Engine(EngineError::Import(e.to_string())))?;
-                received.pages.fetch_add(u64::from(handoff.pages), Ordering::Relaxed);
+                // The page rule: an engine that recomputes the last prompt token may need one
+                // page fewer; the prefill's last page then stays unread until its release.
+                let need = xinf_transfer::pages_for(engine.import_len(handoff.prompt_ids.len())) as u32;
+                if need > handoff.pages {
+                    return Err(ActorError::Engine(EngineError::Import(format!(
+                        "the decode engine needs {need} pages, the prefill published {}",
+                        handoff.pages
+                    ))));
+                }
+                let (pages, kind) =
+                    transport::fetch(&handoff.endpoint, handoff.room, 0, need, times.policy, times.transfer)
+                        .await
+                        .map_err(|e| ActorError::Engine(EngineError::Import(e.to_string())))?;
+                received.pages.fetch_add(u64::from(need), Ordering::Relaxed);
                 received.bytes.fetch_add(pages.len() as u64, Ordering::Relaxed);
                 match kind {
                     TransportKind::Tcp => received.tcp.fetch_add(1, Ordering::Relaxed),

@@ -44,7 +44,8 @@ pub struct ImportedKv {
     /// The prefill side's first sampled token. An engine that does not recompute the last
     /// prompt token emits it as its first output.
     pub first_token: u32,
-    /// `ceil(prompt_len / 64)` canonical pages, back to back, as raw words of the KV dtype.
+    /// `ceil(import_len / 64)` canonical pages (see [`Engine::import_len`]), back to back, as
+    /// raw words of the KV dtype.
     pub pages: Vec<u8>,
 }
 
@@ -99,6 +100,15 @@ pub trait Engine: Send + Sync {
 
     /// Frees a pinned prompt's KV; `false` when nothing was pinned under that id.
     fn release_pinned(&self, request_id: &str) -> bool;
+
+    /// How many prompt tokens' KV this engine imports for a `prompt_len`-token prompt: all of
+    /// them, or all but the last for an engine that recomputes the last prompt token (vLLM's
+    /// behaviour). [`ImportedKv::pages`] holds `ceil(import_len / 64)` pages; when
+    /// `prompt_len % 64 == 1` such an engine needs one page fewer than the prefill published,
+    /// and the last page is never read.
+    fn import_len(&self, prompt_len: usize) -> usize {
+        prompt_len
+    }
 
     /// Starts a request whose prompt KV is `kv` instead of computing it.
     fn submit_imported(&self, request: GenerateRequest, kv: ImportedKv) -> Result<TokenStream, EngineError>;

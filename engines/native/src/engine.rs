@@ -428,7 +428,7 @@ impl Engine for NativeEngine {
         if seq.tokens != kv.prompt_ids {
             return Err(EngineError::Import("the prompt token ids differ from the prefill side's".into()));
         }
-        let expect = seq.prompt_len.div_ceil(PAGE_TOKENS) * self.contract.page_bytes();
+        let expect = self.import_len(seq.prompt_len).div_ceil(PAGE_TOKENS) * self.contract.page_bytes();
         if kv.pages.len() != expect {
             return Err(EngineError::Import(format!(
                 "{} bytes of pages for a {}-token prompt, expected {expect}",
@@ -453,6 +453,10 @@ impl Engine for NativeEngine {
         }
         self.enqueue(seq)?;
         Ok(stream)
+    }
+
+    fn import_len(&self, prompt_len: usize) -> usize {
+        if self.options.recompute_last_token { prompt_len.saturating_sub(1).max(1) } else { prompt_len }
     }
 
     fn stats(&self) -> EngineStats {
@@ -674,8 +678,9 @@ impl Worker {
             }
             dequeued(&self.shared.queued);
             if let Some(pages) = s.import.take() {
-                self.cache.import_pages(&s.table, s.prompt_len, &pages);
-                s.computed = if self.options.recompute_last_token { s.prompt_len - 1 } else { s.prompt_len };
+                let len = if self.options.recompute_last_token { s.prompt_len - 1 } else { s.prompt_len };
+                self.cache.import_pages(&s.table, len, &pages);
+                s.computed = len;
             }
             self.running.push(s);
         }
