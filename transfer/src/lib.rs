@@ -9,6 +9,8 @@
 //! `plane(layer, kv) + blk * s_blk + off * s_tok + head * s_head + d` with
 //! `blk = block_table[token / B]` and `off = token % B`.
 
+#[cfg(feature = "cuda")]
+pub mod gpu;
 mod layout;
 mod page;
 pub mod transport;

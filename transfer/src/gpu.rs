@@ -1,0 +1,307 @@
+//! Page conversion on NVIDIA GPUs: the gather/scatter of [`copy_pages`](crate::copy_pages) as
+//! one CUDA kernel, compiled at run time with NVRTC (feature `cuda`).
+//!
+//! One launch converts a whole handoff: the grid's y axis is the `(layer, K/V)` plane, and a
+//! block of 256 threads copies as many whole token rows (every head) of that plane as it has
+//! threads for, 16 bytes per thread when every address and stride allows it. The host precomputes, per token row, the byte offset on each
+//! side (`blk·s_blk + off·s_tok` in the engine, `page·PAGE + off·H·D` in the canonical pages),
+//! so the kernel knows nothing about layouts: gather and scatter are the same kernel with the
+//! sides swapped. Rows past the prompt are zero-filled in the pages (gather) and skipped in the
+//! engine (scatter), as on the CPU.
+//!
+//! The driver and NVRTC are loaded when a [`GpuPages`] is created; without them the error says
+//! so instead of panicking.
+
+// cudarc's kernel launches are `unsafe`: the kernel's arguments are checked on the host below
+// (lengths, bounds of every offset against the buffers), which is what makes each launch sound.
+#![allow(unsafe_code)]
+
+use crate::{Direction, LayoutDescriptor, PAGE_TOKENS};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
+use std::ops::Range;
+use std::sync::Arc;
+
+const KERNEL: &str = r#"
+extern "C" __global__ void kv_rows_copy(
+    const unsigned long long* src_plane, const long long* src_row, long long src_head,
+    const unsigned long long* dst_plane, const long long* dst_row, long long dst_head,
+    int heads, int row_bytes, int n_rows, int vec16, int rows_per_block)
+{
+    int lk = blockIdx.y;
+    int per_head = vec16 ? (row_bytes >> 4) : row_bytes;   // copy units per head
+    int units = heads * per_head;                          // copy units per row
+    const unsigned char* sp = (const unsigned char*)src_plane[lk];
+    unsigned char* dp = (unsigned char*)dst_plane[lk];
+    for (int u = threadIdx.x; u < rows_per_block * units; u += blockDim.x) {
+        int r = u / units, rem = u - r * units;
+        int i = blockIdx.x * rows_per_block + r;
+        if (i >= n_rows) break;
+        long long dr = dst_row[i];
+        if (dr < 0) continue;                              // scatter past the prompt
+        long long sr = src_row[i];
+        int h = rem / per_head, j = rem - h * per_head;
+        unsigned char* d = dp + dr + h * dst_head;
+        if (vec16) {
+            uint4 v = make_uint4(0, 0, 0, 0);              // gather past the prompt: zeros
+            if (sr >= 0) v = ((const uint4*)(sp + sr + h * src_head))[j];
+            ((uint4*)d)[j] = v;
+        } else {
+            d[j] = sr >= 0 ? sp[sr + h * src_head + j] : 0;
+        }
+    }
+}
+"#;
+
+/// Threads per block.
+const THREADS: usize = 256;
+
+/// Why a GPU page conversion could not run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GpuError {
+    /// No NVIDIA driver (`libcuda.so`) could be loaded.
+    #[error("no NVIDIA driver: libcuda.so could not be loaded")]
+    NoDriver,
+    /// NVRTC (`libnvrtc.so.13`) could not be loaded; it ships with the CUDA toolkit.
+    #[error("NVRTC could not be loaded (libnvrtc.so.13; add the CUDA toolkit's lib64 to LD_LIBRARY_PATH)")]
+    NoNvrtc,
+    /// A CUDA call failed.
+    #[error("CUDA: {0}")]
+    Driver(String),
+    /// The kernel did not compile.
+    #[error("NVRTC: {0}")]
+    Compile(String),
+    /// The buffers do not fit the descriptor, table or range.
+    #[error("page conversion: {0}")]
+    Shape(String),
+}
+
+fn driver(e: impl std::fmt::Display) -> GpuError {
+    GpuError::Driver(e.to_string())
+}
+
+/// The page-conversion kernel, loaded on one GPU.
+pub struct GpuPages {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    func: CudaFunction,
+}
+
+impl std::fmt::Debug for GpuPages {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuPages").field("ordinal", &self.ctx.ordinal()).finish_non_exhaustive()
+    }
+}
+
+/// The virtual architecture NVRTC compiles for: the device's, capped to what CUDA 13 knows.
+fn arch(major: i32, minor: i32) -> &'static str {
+    match (major, minor) {
+        (7, 5) => "compute_75",
+        (8, 0) => "compute_80",
+        (8, 6) => "compute_86",
+        (8, 7) => "compute_87",
+        (8, 9) => "compute_89",
+        (9, _) => "compute_90",
+        (10, _) => "compute_100",
+        (12, _) => "compute_120",
+        (m, _) if m > 12 => "compute_120",
+        _ => "compute_75",
+    }
+}
+
+impl GpuPages {
+    /// Loads the driver and NVRTC, and compiles the kernel for GPU `ordinal`.
+    pub fn new(ordinal: usize) -> Result<Self, GpuError> {
+        // SAFETY: these only try to dlopen the libraries and report whether that worked.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(GpuError::NoDriver);
+        }
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(GpuError::NoNvrtc);
+        }
+        let ctx = CudaContext::new(ordinal).map_err(driver)?;
+        let (major, minor) = ctx.compute_capability().map_err(driver)?;
+        let opts = cudarc::nvrtc::CompileOptions { arch: Some(arch(major, minor)), ..Default::default() };
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNEL, opts)
+            .map_err(|e| GpuError::Compile(e.to_string()))?;
+        let func = ctx.load_module(ptx).map_err(driver)?.load_function("kv_rows_copy").map_err(driver)?;
+        let stream = ctx.default_stream();
+        Ok(Self { ctx, stream, func })
+    }
+
+    /// The context the kernel runs in.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream conversions are queued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Queues the gather of pages `range` of a `len`-token sequence out of the engine's
+    /// `regions` (bytes of `elem_bytes`-byte elements, laid out as `desc` says) into `pages`.
+    /// The arguments are those of [`copy_pages`](crate::copy_pages), plus the element size.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gather(
+        &self,
+        desc: &LayoutDescriptor,
+        elem_bytes: usize,
+        regions: &[CudaSlice<u8>],
+        block_table: &[u32],
+        len: usize,
+        range: Range<usize>,
+        pages: &mut CudaSlice<u8>,
+    ) -> Result<(), GpuError> {
+        self.launch(Direction::Gather, desc, elem_bytes, regions, block_table, len, range, pages)
+    }
+
+    /// Queues the scatter of `pages` (pages `range` of a `len`-token sequence) into the
+    /// engine's `regions`; only tokens `< len` are written.
+    #[allow(clippy::too_many_arguments)]
+    pub fn scatter(
+        &self,
+        desc: &LayoutDescriptor,
+        elem_bytes: usize,
+        regions: &mut [CudaSlice<u8>],
+        block_table: &[u32],
+        len: usize,
+        range: Range<usize>,
+        pages: &CudaSlice<u8>,
+    ) -> Result<(), GpuError> {
+        self.launch(Direction::Scatter, desc, elem_bytes, regions, block_table, len, range, pages)
+    }
+
+    /// Waits until every queued conversion is done.
+    pub fn synchronize(&self) -> Result<(), GpuError> {
+        self.stream.synchronize().map_err(driver)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        &self,
+        direction: Direction,
+        desc: &LayoutDescriptor,
+        es: usize,
+        regions: &[CudaSlice<u8>],
+        block_table: &[u32],
+        len: usize,
+        range: Range<usize>,
+        pages: &CudaSlice<u8>,
+    ) -> Result<(), GpuError> {
+        let shape = |m: String| Err(GpuError::Shape(m));
+        let (l, h, d) = (desc.num_layers, desc.kv_heads, desc.head_dim);
+        let count = range.len();
+        if count == 0 {
+            return Ok(());
+        }
+        if regions.len() != desc.num_regions || regions.iter().any(|r| r.len() != desc.region_len * es) {
+            return shape(format!("{} regions of {} bytes expected", desc.num_regions, desc.region_len * es));
+        }
+        let page_bytes = 2 * l * PAGE_TOKENS * h * d * es;
+        if pages.len() < count * page_bytes {
+            return shape(format!("{} bytes of pages for {count} pages of {page_bytes}", pages.len()));
+        }
+        let b = desc.block_size();
+        let needed = len.min(range.end * PAGE_TOKENS).div_ceil(b);
+        if block_table.len() < needed
+            || block_table.iter().take(needed).any(|&blk| blk as usize >= desc.num_blocks)
+        {
+            return shape(format!("the block table must name {needed} blocks below {}", desc.num_blocks));
+        }
+        // Per token row: byte offsets on both sides; -1 past the prompt.
+        let rows = count * PAGE_TOKENS;
+        let mut engine_row = Vec::with_capacity(rows);
+        let mut canon_row = Vec::with_capacity(rows);
+        for p in 0..count {
+            for o in 0..PAGE_TOKENS {
+                let t = (range.start + p) * PAGE_TOKENS + o;
+                canon_row.push(((p * 2 * l * PAGE_TOKENS + o) * h * d * es) as i64);
+                if t < len {
+                    let blk = block_table[t / b] as usize;
+                    engine_row.push(((blk * desc.s_blk + (t % b) * desc.s_tok) * es) as i64);
+                } else {
+                    engine_row.push(-1);
+                }
+            }
+        }
+        let stream = &self.stream;
+        let mut engine_plane = Vec::with_capacity(2 * l);
+        let mut canon_plane = Vec::with_capacity(2 * l);
+        let (pages_ptr, _sync) = pages.device_ptr(stream);
+        let mut guards = Vec::with_capacity(regions.len());
+        let mut bases = Vec::with_capacity(regions.len());
+        for r in regions {
+            let (ptr, sync) = r.device_ptr(stream);
+            bases.push(ptr);
+            guards.push(sync);
+        }
+        // The farthest byte each side touches, checked against its buffer.
+        let row_span = ((h - 1) * desc.s_head + d) * es;
+        let max_engine = engine_row.iter().copied().max().unwrap_or(-1);
+        for layer in 0..l {
+            for kv in 0..2 {
+                let plane = desc.planes[layer][kv];
+                if max_engine >= 0
+                    && plane.offset * es + max_engine as usize + row_span > desc.region_len * es
+                {
+                    return shape(format!("layer {layer} reaches past its region"));
+                }
+                engine_plane.push(bases[plane.region] + (plane.offset * es) as u64);
+                canon_plane.push(pages_ptr + (((layer * 2 + kv) * PAGE_TOKENS * h * d) * es) as u64);
+            }
+        }
+        let (engine_head, canon_head) = ((desc.s_head * es) as i64, (d * es) as i64);
+        let row_bytes = d * es;
+        let aligned = |x: u64| x % 16 == 0;
+        let vec16 = row_bytes % 16 == 0
+            && engine_plane.iter().chain(&canon_plane).all(|&p| aligned(p))
+            && engine_row.iter().chain(&canon_row).all(|&r| r < 0 || aligned(r as u64))
+            && aligned(engine_head as u64)
+            && aligned(canon_head as u64);
+        let up = |v: &[u64]| stream.clone_htod(v).map_err(driver);
+        let up_i = |v: &[i64]| stream.clone_htod(v).map_err(driver);
+        let (engine_plane, canon_plane) = (up(&engine_plane)?, up(&canon_plane)?);
+        let (engine_row, canon_row) = (up_i(&engine_row)?, up_i(&canon_row)?);
+        let (src_plane, src_row, src_head, dst_plane, dst_row, dst_head) = match direction {
+            Direction::Gather => {
+                (&engine_plane, &engine_row, engine_head, &canon_plane, &canon_row, canon_head)
+            }
+            Direction::Scatter => {
+                (&canon_plane, &canon_row, canon_head, &engine_plane, &engine_row, engine_head)
+            }
+        };
+        // A block of 256 threads copies as many whole rows as it has threads for.
+        let units = if vec16 { h * row_bytes / 16 } else { h * row_bytes };
+        let rows_per_block = (THREADS / units.max(1)).max(1);
+        let grid_x = rows.div_ceil(rows_per_block) as u32;
+        let (heads, row_bytes, n_rows, vec16) = (h as i32, row_bytes as i32, rows as i32, i32::from(vec16));
+        let rows_per_block = rows_per_block as i32;
+        let cfg = LaunchConfig {
+            grid_dim: (grid_x, (2 * l) as u32, 1),
+            block_dim: (THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = stream.launch_builder(&self.func);
+        launch
+            .arg(src_plane)
+            .arg(src_row)
+            .arg(&src_head)
+            .arg(dst_plane)
+            .arg(dst_row)
+            .arg(&dst_head)
+            .arg(&heads)
+            .arg(&row_bytes)
+            .arg(&n_rows)
+            .arg(&vec16)
+            .arg(&rows_per_block);
+        // SAFETY: every plane pointer lies in a live buffer held by this call's borrows, every
+        // row offset plus the row span was checked against its buffer above (the canonical side
+        // against `pages.len()` through `count * page_bytes`), and the kernel reads exactly the
+        // arguments pushed, in this order and with these types.
+        unsafe { launch.launch(cfg) }.map_err(driver)?;
+        Ok(())
+    }
+}
