@@ -114,6 +114,7 @@ fn pd_matches_the_ordinary_replica_across_layouts() {
         assert_eq!(h["active_rooms"], 0, "{uid}: {s}");
         assert_eq!(s["pinned_blocks"], 0, "{uid}: {s}");
         assert!(h["bytes_transferred"].as_u64().unwrap_or(0) > 0, "{uid}: {s}");
+        assert_eq!(h["latency"]["count"], LENGTHS.len(), "{uid}: {s}");
     }
     // A 1-token prompt cannot be decoded by an engine that recomputes the last prompt token.
     let res = http::post(
@@ -125,6 +126,14 @@ fn pd_matches_the_ordinary_replica_across_layouts() {
     assert!(res.text().contains("1-token prompt"), "{}", res.text());
     let metrics = http::get(addr, "/metrics").text();
     assert!(metrics.contains("xinf_handoff_pages_total{model_uid=\"fa-to-pool\""), "{metrics}");
+    // Every fetch is in the latency histogram, once, in the +Inf bucket at least.
+    let labels = "model_uid=\"fa-to-pool\",model_name=\"smollm2-instruct\"";
+    let n = LENGTHS.len();
+    assert!(metrics.contains(&format!("xinf_handoff_transfer_seconds_count{{{labels}}} {n}")), "{metrics}");
+    assert!(
+        metrics.contains(&format!("xinf_handoff_transfer_seconds_bucket{{{labels},le=\"+Inf\"}} {n}")),
+        "{metrics}"
+    );
 }
 
 /// Supervisor and two worker processes: prefill on one, decode on the other, so the pages move

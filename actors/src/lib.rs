@@ -72,5 +72,5 @@ pub use launch::{
     DeviceConfig, GpuCount, GpuIdx, LaunchRequest, ModelSize, RESERVED_ENGINE_CONFIG_KEYS, ReplicaConfig,
     Role,
 };
-pub use replica::rooms::HandoffStats;
+pub use replica::rooms::{HANDOFF_LATENCY_BOUNDS, HandoffStats, LatencyHistogram};
 pub use xinf_engine::{ErrorClass, TokenStream};

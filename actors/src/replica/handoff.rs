@@ -5,7 +5,7 @@
 //! the data plane of `xinf_transfer::transport`: in process when both replicas share one, else
 //! over the TCP page server of the prefill replica's process.
 
-use super::rooms::{HandoffStats, Leases, RoomError, RoomTable};
+use super::rooms::{HandoffStats, LatencyHistogram, Leases, RoomError, RoomTable};
 use crate::error::ActorError;
 use crate::sync::lock;
 use futures::FutureExt;
@@ -96,6 +96,7 @@ struct Received {
     tcp: AtomicU64,
     in_process: AtomicU64,
     failed: AtomicU64,
+    latency: Mutex<LatencyHistogram>,
 }
 
 /// A replica's handoff machinery.
@@ -217,10 +218,12 @@ impl HandoffSide {
                         handoff.pages
                     ))));
                 }
+                let started = Instant::now();
                 let (pages, kind) =
                     transport::fetch(&handoff.endpoint, handoff.room, 0, need, times.policy, times.transfer)
                         .await
                         .map_err(|e| ActorError::Engine(EngineError::Import(e.to_string())))?;
+                lock(&received.latency).observe(started.elapsed().as_secs_f64());
                 received.pages.fetch_add(u64::from(need), Ordering::Relaxed);
                 received.bytes.fetch_add(pages.len() as u64, Ordering::Relaxed);
                 match kind {
@@ -256,6 +259,7 @@ impl HandoffSide {
         s.tcp_transfers = r.tcp.load(Ordering::Relaxed);
         s.in_process_transfers = r.in_process.load(Ordering::Relaxed);
         s.failed += r.failed.load(Ordering::Relaxed);
+        s.latency = *lock(&r.latency);
         s
     }
 }

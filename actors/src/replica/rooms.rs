@@ -19,6 +19,45 @@ use std::time::{Duration, Instant};
 #[cfg(test)]
 mod tests;
 
+/// Upper bounds, in seconds, of the handoff latency histogram's buckets (the last bucket,
+/// `+Inf`, is implied by the count).
+pub const HANDOFF_LATENCY_BOUNDS: [f64; 12] =
+    [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+
+/// A histogram of page-fetch times (a decode replica's wait from asking for a handoff's pages
+/// to holding them), in Prometheus' cumulative form.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LatencyHistogram {
+    /// Fetches that took at most `HANDOFF_LATENCY_BOUNDS[i]` seconds.
+    pub buckets: [u64; 12],
+    /// Fetches in all.
+    pub count: u64,
+    /// Their total time, in microseconds.
+    pub sum_us: u64,
+}
+
+impl LatencyHistogram {
+    /// Counts one fetch of `secs` seconds.
+    pub fn observe(&mut self, secs: f64) {
+        for (b, bound) in self.buckets.iter_mut().zip(HANDOFF_LATENCY_BOUNDS) {
+            if secs <= bound {
+                *b += 1;
+            }
+        }
+        self.count += 1;
+        self.sum_us += (secs * 1e6) as u64;
+    }
+
+    /// Bucket-wise sum.
+    pub fn add(&mut self, o: &Self) {
+        for (a, b) in self.buckets.iter_mut().zip(o.buckets) {
+            *a += b;
+        }
+        self.count += o.count;
+        self.sum_us += o.sum_us;
+    }
+}
+
 /// Handoff figures of one replica (a prefill replica counts rooms, a decode replica counts the
 /// pages it received).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,6 +79,8 @@ pub struct HandoffStats {
     pub expired_leases: u64,
     /// Prompt pages reused from the snapshot cache.
     pub snapshot_hits: u64,
+    /// How long page fetches took (counted by the decode side).
+    pub latency: LatencyHistogram,
 }
 
 impl HandoffStats {
@@ -53,6 +94,7 @@ impl HandoffStats {
         self.failed += o.failed;
         self.expired_leases += o.expired_leases;
         self.snapshot_hits += o.snapshot_hits;
+        self.latency.add(&o.latency);
     }
 }
 

@@ -84,6 +84,22 @@ pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
             }
         }
     }
+    let name = "xinf_handoff_transfer_seconds";
+    let _ = writeln!(out, "# HELP {name} Time a decode replica waited for a handoff's pages.");
+    let _ = writeln!(out, "# TYPE {name} histogram");
+    for (labels, s) in &stats {
+        let h = s.as_ref().and_then(|s| s.get("handoff")).and_then(|h| h.get("latency"));
+        let Some(h) = h else { continue };
+        let count = h.get("count").and_then(serde_json::Value::as_u64).unwrap_or(0);
+        let buckets = h.get("buckets").and_then(serde_json::Value::as_array);
+        for (bound, n) in xinf_actors::HANDOFF_LATENCY_BOUNDS.iter().zip(buckets.into_iter().flatten()) {
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {}", n.as_u64().unwrap_or(0));
+        }
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {count}");
+        let sum = h.get("sum_us").and_then(serde_json::Value::as_u64).unwrap_or(0) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");
+        let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
+    }
     HttpResponse::Ok().content_type("text/plain; version=0.0.4; charset=utf-8").body(out)
 }
 

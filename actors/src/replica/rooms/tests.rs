@@ -67,3 +67,20 @@ fn a_prefill_aborted_before_it_publishes_leaves_no_room() {
     t.expire(t0 + Duration::from_secs(11));
     assert!(t.publish(11, "old", 1, t0));
 }
+
+#[test]
+fn the_latency_histogram_is_cumulative() {
+    let mut h = LatencyHistogram::default();
+    h.observe(0.0004);
+    h.observe(0.003);
+    h.observe(10.0);
+    assert_eq!(h.count, 3);
+    assert_eq!(h.buckets[0], 1, "≤ 0.5 ms");
+    assert_eq!(h.buckets[3], 2, "≤ 5 ms");
+    assert_eq!(h.buckets[11], 2, "≤ 2.5 s: the 10 s fetch is only in +Inf");
+    let mut total = HandoffStats::default();
+    total.add(&HandoffStats { latency: h, ..HandoffStats::default() });
+    total.add(&HandoffStats { latency: h, ..HandoffStats::default() });
+    assert_eq!((total.latency.count, total.latency.buckets[3]), (6, 4));
+    assert_eq!(total.latency.sum_us, 2 * (400 + 3000 + 10_000_000));
+}
