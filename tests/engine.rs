@@ -151,6 +151,42 @@ fn pinned_prefill_exports_pages_that_another_layout_decodes() {
     }
 }
 
+/// The KV a prefill engine exports from one layout equals, bit for bit, the KV a decode engine
+/// with another layout computes itself for the same prompt: what the decode side imports is
+/// exactly what it would have computed (the layout round trip is the transfer property test).
+#[test]
+fn exported_kv_equals_locally_computed_kv_across_layouts() {
+    let rt = util::rt();
+    let model = util::smollm2();
+    let prefill = util::engine(
+        &model,
+        serde_json::json!({"kv_layout": "paged-kv-first", "kv_order": "HND", "block_size": 16}),
+    );
+    let decode = util::engine(&model, serde_json::json!({"kv_layout": "token-pool"}));
+    let text = "The quick brown fox jumps over the lazy dog near the river bank. ".repeat(30);
+    let all = prefill.tokenizer().encode(&text, true).expect("encode");
+    for len in [2usize, 63, 64, 65, 129, 193] {
+        let ids = all[..len].to_vec();
+        let export = |engine: &NativeEngine, id: String| {
+            let req = GenerateRequest {
+                request_id: id.clone(),
+                prompt: Prompt::Tokens(ids.clone()),
+                sampling: SamplingParams::greedy(1),
+            };
+            rt.block_on(async {
+                engine.prefill_pinned(req).await.expect("prefill");
+                let pages = engine.export_pages(&id, 0, len.div_ceil(64)).await.expect("export");
+                assert!(engine.release_pinned(&id));
+                pages
+            })
+        };
+        let from_prefill = export(&prefill, format!("p-{len}"));
+        let local = export(&decode, format!("d-{len}"));
+        assert_eq!(from_prefill.len(), local.len());
+        assert!(from_prefill == local, "{len}-token prompt: the exported KV differs from the local KV");
+    }
+}
+
 #[test]
 fn seeded_sampling_is_reproducible_and_stop_strings_cut_text() {
     let rt = util::rt();
