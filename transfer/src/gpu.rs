@@ -3,11 +3,12 @@
 //!
 //! One launch converts a whole handoff: the grid's y axis is the `(layer, K/V)` plane, and a
 //! block of 256 threads copies as many whole token rows (every head) of that plane as it has
-//! threads for, 16 bytes per thread when every address and stride allows it. The host precomputes, per token row, the byte offset on each
-//! side (`blk·s_blk + off·s_tok` in the engine, `page·PAGE + off·H·D` in the canonical pages),
-//! so the kernel knows nothing about layouts: gather and scatter are the same kernel with the
-//! sides swapped. Rows past the prompt are zero-filled in the pages (gather) and skipped in the
-//! engine (scatter), as on the CPU.
+//! threads for, 16 bytes per thread when every address and stride allows it. The kernel
+//! computes each row's offsets from the layout's strides and the block table
+//! (`table[t/B]·s_blk + (t%B)·s_tok` in the engine, `page·PAGE + off·H·D` in the canonical
+//! pages), so only the plane pointers and the block table are uploaded; gather and scatter are
+//! the same kernel with the direction flag. Rows past the prompt are zero-filled in the pages
+//! (gather) and skipped in the engine (scatter), as on the CPU.
 //!
 //! The driver and NVRTC are loaded when a [`GpuPages`] is created; without them the error says
 //! so instead of panicking.
@@ -24,31 +25,37 @@ use std::ops::Range;
 use std::sync::Arc;
 
 const KERNEL: &str = r#"
-extern "C" __global__ void kv_rows_copy(
-    const unsigned long long* src_plane, const long long* src_row, long long src_head,
-    const unsigned long long* dst_plane, const long long* dst_row, long long dst_head,
+extern "C" __global__ void kv_pages_copy(
+    const unsigned long long* eng_plane, const unsigned int* table, int block_size,
+    long long s_blk, long long s_tok, long long eng_head,
+    const unsigned long long* can_plane, long long page_bytes, long long can_tok, long long can_head,
+    int gather, long long len, int first_page,
     int heads, int row_bytes, int n_rows, int vec16, int rows_per_block)
 {
     int lk = blockIdx.y;
     int per_head = vec16 ? (row_bytes >> 4) : row_bytes;   // copy units per head
-    int units = heads * per_head;                          // copy units per row
-    const unsigned char* sp = (const unsigned char*)src_plane[lk];
-    unsigned char* dp = (unsigned char*)dst_plane[lk];
+    int units = heads * per_head;                          // copy units per token row
+    unsigned char* ep = (unsigned char*)eng_plane[lk];
+    unsigned char* cp = (unsigned char*)can_plane[lk];
     for (int u = threadIdx.x; u < rows_per_block * units; u += blockDim.x) {
         int r = u / units, rem = u - r * units;
         int i = blockIdx.x * rows_per_block + r;
         if (i >= n_rows) break;
-        long long dr = dst_row[i];
-        if (dr < 0) continue;                              // scatter past the prompt
-        long long sr = src_row[i];
+        int p = i >> 6, o = i & 63;
+        long long t = (long long)(first_page + p) * 64 + o;
         int h = rem / per_head, j = rem - h * per_head;
-        unsigned char* d = dp + dr + h * dst_head;
+        unsigned char* c = cp + p * page_bytes + o * can_tok + h * can_head;
+        if (t >= len) {                                    // past the prompt
+            if (gather) {
+                if (vec16) ((uint4*)c)[j] = make_uint4(0, 0, 0, 0); else c[j] = 0;
+            }
+            continue;
+        }
+        unsigned char* e = ep + (long long)table[t / block_size] * s_blk + (t % block_size) * s_tok + h * eng_head;
         if (vec16) {
-            uint4 v = make_uint4(0, 0, 0, 0);              // gather past the prompt: zeros
-            if (sr >= 0) v = ((const uint4*)(sp + sr + h * src_head))[j];
-            ((uint4*)d)[j] = v;
+            if (gather) ((uint4*)c)[j] = ((const uint4*)e)[j]; else ((uint4*)e)[j] = ((const uint4*)c)[j];
         } else {
-            d[j] = sr >= 0 ? sp[sr + h * src_head + j] : 0;
+            if (gather) c[j] = e[j]; else e[j] = c[j];
         }
     }
 }
@@ -126,7 +133,7 @@ impl GpuPages {
         let opts = cudarc::nvrtc::CompileOptions { arch: Some(arch(major, minor)), ..Default::default() };
         let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNEL, opts)
             .map_err(|e| GpuError::Compile(e.to_string()))?;
-        let func = ctx.load_module(ptx).map_err(driver)?.load_function("kv_rows_copy").map_err(driver)?;
+        let func = ctx.load_module(ptx).map_err(driver)?.load_function("kv_pages_copy").map_err(driver)?;
         let stream = ctx.default_stream();
         Ok(Self { ctx, stream, func })
     }
@@ -211,25 +218,7 @@ impl GpuPages {
         {
             return shape(format!("the block table must name {needed} blocks below {}", desc.num_blocks));
         }
-        // Per token row: byte offsets on both sides; -1 past the prompt.
-        let rows = count * PAGE_TOKENS;
-        let mut engine_row = Vec::with_capacity(rows);
-        let mut canon_row = Vec::with_capacity(rows);
-        for p in 0..count {
-            for o in 0..PAGE_TOKENS {
-                let t = (range.start + p) * PAGE_TOKENS + o;
-                canon_row.push(((p * 2 * l * PAGE_TOKENS + o) * h * d * es) as i64);
-                if t < len {
-                    let blk = block_table[t / b] as usize;
-                    engine_row.push(((blk * desc.s_blk + (t % b) * desc.s_tok) * es) as i64);
-                } else {
-                    engine_row.push(-1);
-                }
-            }
-        }
         let stream = &self.stream;
-        let mut engine_plane = Vec::with_capacity(2 * l);
-        let mut canon_plane = Vec::with_capacity(2 * l);
         let (pages_ptr, _sync) = pages.device_ptr(stream);
         let mut guards = Vec::with_capacity(regions.len());
         let mut bases = Vec::with_capacity(regions.len());
@@ -238,45 +227,45 @@ impl GpuPages {
             bases.push(ptr);
             guards.push(sync);
         }
-        // The farthest byte each side touches, checked against its buffer.
+        // The farthest engine byte a row can reach, checked against every plane's region.
+        let max_blk = block_table.iter().take(needed).copied().max().unwrap_or(0) as usize;
         let row_span = ((h - 1) * desc.s_head + d) * es;
-        let max_engine = engine_row.iter().copied().max().unwrap_or(-1);
+        let max_row = (max_blk * desc.s_blk + (b - 1) * desc.s_tok) * es;
+        let mut engine_plane = Vec::with_capacity(2 * l);
+        let mut canon_plane = Vec::with_capacity(2 * l);
         for layer in 0..l {
             for kv in 0..2 {
                 let plane = desc.planes[layer][kv];
-                if max_engine >= 0
-                    && plane.offset * es + max_engine as usize + row_span > desc.region_len * es
-                {
+                if needed > 0 && plane.offset * es + max_row + row_span > desc.region_len * es {
                     return shape(format!("layer {layer} reaches past its region"));
                 }
                 engine_plane.push(bases[plane.region] + (plane.offset * es) as u64);
                 canon_plane.push(pages_ptr + (((layer * 2 + kv) * PAGE_TOKENS * h * d) * es) as u64);
             }
         }
-        let (engine_head, canon_head) = ((desc.s_head * es) as i64, (d * es) as i64);
+        let (s_blk, s_tok, eng_head) =
+            ((desc.s_blk * es) as i64, (desc.s_tok * es) as i64, (desc.s_head * es) as i64);
+        let (can_tok, can_head, page_stride) = ((h * d * es) as i64, (d * es) as i64, page_bytes as i64);
         let row_bytes = d * es;
         let aligned = |x: u64| x % 16 == 0;
         let vec16 = row_bytes % 16 == 0
             && engine_plane.iter().chain(&canon_plane).all(|&p| aligned(p))
-            && engine_row.iter().chain(&canon_row).all(|&r| r < 0 || aligned(r as u64))
-            && aligned(engine_head as u64)
-            && aligned(canon_head as u64);
-        let up = |v: &[u64]| stream.clone_htod(v).map_err(driver);
-        let up_i = |v: &[i64]| stream.clone_htod(v).map_err(driver);
-        let (engine_plane, canon_plane) = (up(&engine_plane)?, up(&canon_plane)?);
-        let (engine_row, canon_row) = (up_i(&engine_row)?, up_i(&canon_row)?);
-        let (src_plane, src_row, src_head, dst_plane, dst_row, dst_head) = match direction {
-            Direction::Gather => {
-                (&engine_plane, &engine_row, engine_head, &canon_plane, &canon_row, canon_head)
-            }
-            Direction::Scatter => {
-                (&canon_plane, &canon_row, canon_head, &engine_plane, &engine_row, engine_head)
-            }
-        };
+            && [s_blk, s_tok, eng_head, can_tok, can_head, page_stride].iter().all(|&x| aligned(x as u64));
+        // Small uploads only: the kernel computes every row's offsets itself.
+        let mut table: Vec<u32> = block_table.iter().take(needed).copied().collect();
+        if table.is_empty() {
+            table.push(0);
+        }
+        let engine_plane = stream.clone_htod(&engine_plane).map_err(driver)?;
+        let canon_plane = stream.clone_htod(&canon_plane).map_err(driver)?;
+        let table = stream.clone_htod(&table).map_err(driver)?;
+        let rows = count * PAGE_TOKENS;
         // A block of 256 threads copies as many whole rows as it has threads for.
         let units = if vec16 { h * row_bytes / 16 } else { h * row_bytes };
         let rows_per_block = (THREADS / units.max(1)).max(1);
         let grid_x = rows.div_ceil(rows_per_block) as u32;
+        let gather = i32::from(direction == Direction::Gather);
+        let (block_size, len, first_page) = (b as i32, len as i64, range.start as i32);
         let (heads, row_bytes, n_rows, vec16) = (h as i32, row_bytes as i32, rows as i32, i32::from(vec16));
         let rows_per_block = rows_per_block as i32;
         let cfg = LaunchConfig {
@@ -286,21 +275,30 @@ impl GpuPages {
         };
         let mut launch = stream.launch_builder(&self.func);
         launch
-            .arg(src_plane)
-            .arg(src_row)
-            .arg(&src_head)
-            .arg(dst_plane)
-            .arg(dst_row)
-            .arg(&dst_head)
+            .arg(&engine_plane)
+            .arg(&table)
+            .arg(&block_size)
+            .arg(&s_blk)
+            .arg(&s_tok)
+            .arg(&eng_head)
+            .arg(&canon_plane)
+            .arg(&page_stride)
+            .arg(&can_tok)
+            .arg(&can_head)
+            .arg(&gather)
+            .arg(&len)
+            .arg(&first_page)
             .arg(&heads)
             .arg(&row_bytes)
             .arg(&n_rows)
             .arg(&vec16)
             .arg(&rows_per_block);
-        // SAFETY: every plane pointer lies in a live buffer held by this call's borrows, every
-        // row offset plus the row span was checked against its buffer above (the canonical side
-        // against `pages.len()` through `count * page_bytes`), and the kernel reads exactly the
-        // arguments pushed, in this order and with these types.
+        // SAFETY: every plane pointer lies in a live buffer held by this call's borrows; the
+        // farthest engine byte any row can reach (largest block of the table, last token of a
+        // block, last head) was checked against each plane's region above, the canonical side
+        // against `pages.len()` through `count * page_bytes`; the table holds every block the
+        // rows below `len` index; and the kernel reads exactly the arguments pushed, in this
+        // order and with these types.
         unsafe { launch.launch(cfg) }.map_err(driver)?;
         Ok(())
     }
