@@ -2,64 +2,9 @@
 //! checked, and a model uid the server does not know.
 
 use crate::util;
+use crate::util::procs::{local, xinf};
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
-fn xinf() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_xinf"));
-    c.env("LANG", "C").env_remove("XINF_API_KEY").env_remove("XINF_ENDPOINT");
-    c
-}
-
-/// A running `xinf local` whose stderr is collected; killed when dropped.
-struct Server {
-    child: Child,
-    stderr: Arc<Mutex<String>>,
-}
-
-impl Server {
-    fn spawn(args: &[&str]) -> Self {
-        let mut child =
-            xinf().args(args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn xinf");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let pipe = child.stderr.take().expect("stderr");
-        let sink = stderr.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                let mut s = sink.lock().unwrap_or_else(|p| p.into_inner());
-                s.push_str(&line);
-                s.push('\n');
-            }
-        });
-        Self { child, stderr }
-    }
-
-    /// The text after `prefix` up to the end of its line, once the server has printed it.
-    fn wait_for(&mut self, prefix: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let log = self.stderr.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            if let Some(rest) = log.lines().find_map(|l| l.split_once(prefix).map(|(_, r)| r.to_owned())) {
-                return rest;
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("xinf exited ({status}) before printing {prefix:?}:\n{log}");
-            }
-            assert!(Instant::now() < deadline, "no {prefix:?} within 120 s:\n{log}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use std::process::Output;
 
 /// `xinf bench -e ENDPOINT` with `args` split at spaces.
 fn bench(endpoint: &str, args: &str) -> Output {
@@ -77,10 +22,8 @@ fn report(out: &Output) -> Value {
 #[test]
 fn bench_measures_a_served_model_and_counts_errors() {
     let _ = util::smollm2();
-    let mut server = Server::spawn(&["local", "--port", "0", "-n", "smollm2-instruct", "-u", "m"]);
-    let rest = server.wait_for("REST API at http://");
-    let endpoint = format!("http://{}", rest.trim().trim_end_matches("/v1"));
-    server.wait_for("Model `m` is ready");
+    let (_server, addr) = local("m", &[]);
+    let endpoint = format!("http://{addr}");
 
     // One model at two concurrency levels: the report has a result per level, no errors,
     // and prompts of the lengths asked for as the server counts them.

@@ -2,76 +2,16 @@
 //! models launched over REST and with `xinf launch`, requests routed across processes, a
 //! worker killed mid-stream, a node with the wrong secret, and `xinf local`.
 
+use crate::util::procs::{Proc, local, poll, xinf};
 use crate::util::{self, http};
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 pub(crate) const SECRET: &str = "test-cluster-secret";
 const QUESTION: &str = "What is the capital of France?";
-
-pub(crate) fn xinf() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_xinf"));
-    c.env("LANG", "C").env_remove("XINF_API_KEY").env_remove("XINF_CLUSTER_SECRET");
-    c
-}
-
-/// A running `xinf` process whose stderr is collected; killed when dropped.
-pub(crate) struct Proc {
-    child: Child,
-    stderr: Arc<Mutex<String>>,
-}
-
-impl Proc {
-    pub(crate) fn spawn(mut cmd: Command) -> Self {
-        let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn xinf");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let pipe = child.stderr.take().expect("stderr");
-        let sink = stderr.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                let mut s = sink.lock().unwrap_or_else(|p| p.into_inner());
-                s.push_str(&line);
-                s.push('\n');
-            }
-        });
-        Self { child, stderr }
-    }
-
-    pub(crate) fn log(&self) -> String {
-        self.stderr.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    /// The text after `prefix` up to the end of its line, once the process has printed it.
-    pub(crate) fn wait_for(&mut self, prefix: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let log = self.log();
-            if let Some(rest) = log.lines().find_map(|l| l.split_once(prefix).map(|(_, r)| r.to_owned())) {
-                return rest;
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("xinf exited ({status}) before printing {prefix:?}:\n{log}");
-            }
-            assert!(Instant::now() < deadline, "no {prefix:?} within 120 s:\n{log}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    pub(crate) fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 pub(crate) fn supervisor() -> (Proc, SocketAddr, String) {
     let mut cmd = xinf();
@@ -138,14 +78,6 @@ fn replica_status(addr: SocketAddr, model: &str, replica: &str) -> String {
         .find(|r| r["replica_uid"] == replica)
         .map(|r| r["status"].as_str().unwrap_or("").to_owned())
         .unwrap_or_default()
-}
-
-pub(crate) fn poll(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !check() {
-        assert!(Instant::now() < deadline, "{what} did not happen within {limit:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// Supervisor + two worker processes; one replica per worker through `replica_config`;
@@ -304,12 +236,7 @@ fn two_workers_alternate_and_survive_a_killed_worker() {
 #[test]
 fn local_cluster_manages_models_over_rest() {
     let _ = util::smollm2();
-    let mut cmd = xinf();
-    cmd.args(["local", "--port", "0", "-n", "smollm2-instruct", "-u", "first", "-r", "2"]);
-    let mut p = Proc::spawn(cmd);
-    let rest = p.wait_for("REST API at http://");
-    let addr: SocketAddr = rest.trim().trim_end_matches("/v1").parse().expect("REST address");
-    p.wait_for("Model `first` is ready");
+    let (p, addr) = local("first", &["-r", "2"]);
 
     let models = http::get(addr, "/v1/models").json();
     assert_eq!(models["data"][0]["id"], "first", "{models}");

@@ -3,7 +3,8 @@
 //! engine KV layouts in both directions, streaming and not; counters prove the pages moved,
 //! in process (`xinf local`) and over TCP between worker processes.
 
-use crate::cluster::{Proc, SECRET, supervisor, worker, xinf};
+use crate::cluster::{SECRET, supervisor, worker};
+use crate::util::procs::{local, poll};
 use crate::util::{self, http};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
@@ -69,12 +70,7 @@ fn pd_replicas(prefill: Value, decode: Value) -> Value {
 #[test]
 fn pd_matches_the_ordinary_replica_across_layouts() {
     let _ = util::smollm2();
-    let mut cmd = xinf();
-    cmd.args(["local", "--port", "0", "-n", "smollm2-instruct", "-u", "hybrid"]);
-    let mut server = Proc::spawn(cmd);
-    let addr: SocketAddr =
-        server.wait_for("REST API at http://").trim().trim_end_matches("/v1").parse().expect("address");
-    server.wait_for("Model `hybrid` is ready");
+    let (_server, addr) = local("hybrid", &[]);
 
     let fa_hnd_16 = json!({"kv_layout": "paged-kv-first", "kv_order": "HND", "block_size": 16});
     let pool = json!({"kv_layout": "token-pool"});
@@ -195,7 +191,7 @@ fn pd_moves_pages_over_tcp_between_worker_processes() {
     assert_eq!(s["handoff"]["active_rooms"], 0, "{s}");
     assert_eq!(s["pinned_blocks"], 0, "{s}");
     // Without a decode replica the P/D model refuses clearly; the other worker serves.
-    crate::cluster::poll(std::time::Duration::from_secs(15), "the decode replica marked dead", || {
+    poll(std::time::Duration::from_secs(15), "the decode replica marked dead", || {
         http::post(addr, "/v1/completions", &json!({"model": "pd", "prompt": "hi", "max_tokens": 2})).status
             == 503
     });
@@ -261,12 +257,7 @@ fn cancelled_request(addr: SocketAddr, id: &str, ids: &[u32], how: Cancel) {
 #[test]
 fn pd_cancellations_leave_nothing_behind_and_roles_round_robin() {
     let _ = util::smollm2();
-    let mut cmd = xinf();
-    cmd.args(["local", "--port", "0", "-n", "smollm2-instruct", "-u", "hybrid"]);
-    let mut server = Proc::spawn(cmd);
-    let addr: SocketAddr =
-        server.wait_for("REST API at http://").trim().trim_end_matches("/v1").parse().expect("address");
-    server.wait_for("Model `hybrid` is ready");
+    let (_server, addr) = local("hybrid", &[]);
     let rc = pd_replicas(
         json!({"kv_layout": "paged-kv-first", "block_size": 16}),
         json!({"kv_layout": "token-pool"}),
@@ -294,7 +285,7 @@ fn pd_cancellations_leave_nothing_behind_and_roles_round_robin() {
         t.join().expect("a cancelling client panicked");
     }
     // Released by the cancellations themselves, well before any lease (30 s) would.
-    crate::cluster::poll(std::time::Duration::from_secs(20), "every room and pinned block freed", || {
+    poll(std::time::Duration::from_secs(20), "every room and pinned block freed", || {
         let s = stats(addr, "pd");
         s["handoff"]["active_rooms"] == 0 && s["pinned_blocks"] == 0 && s["running"] == 0 && s["queued"] == 0
     });

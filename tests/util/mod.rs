@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod http;
+pub mod procs;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,0 +1,93 @@
+//! Running the `xinf` binary in tests: processes whose stderr is collected and that are
+//! killed when dropped, and a local cluster serving the default model.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The `xinf` command in the C locale, without the environment that would change it.
+pub fn xinf() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_xinf"));
+    c.env("LANG", "C")
+        .env_remove("XINF_API_KEY")
+        .env_remove("XINF_CLUSTER_SECRET")
+        .env_remove("XINF_ENDPOINT");
+    c
+}
+
+/// A running `xinf` process whose stderr is collected; killed when dropped.
+pub struct Proc {
+    child: Child,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Proc {
+    pub fn spawn(mut cmd: Command) -> Self {
+        let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn xinf");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let pipe = child.stderr.take().expect("stderr");
+        let sink = stderr.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                let mut s = sink.lock().unwrap_or_else(|p| p.into_inner());
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
+        Self { child, stderr }
+    }
+
+    pub fn log(&self) -> String {
+        self.stderr.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The text after `prefix` up to the end of its line, once the process has printed it.
+    pub fn wait_for(&mut self, prefix: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let log = self.log();
+            if let Some(rest) = log.lines().find_map(|l| l.split_once(prefix).map(|(_, r)| r.to_owned())) {
+                return rest;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("xinf exited ({status}) before printing {prefix:?}:\n{log}");
+            }
+            assert!(Instant::now() < deadline, "no {prefix:?} within 120 s:\n{log}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `xinf local` on a free port serving the default model as `uid` (more launch flags in
+/// `extra`), once the model is ready; with its REST address.
+pub fn local(uid: &str, extra: &[&str]) -> (Proc, SocketAddr) {
+    let mut cmd = xinf();
+    cmd.args(["local", "--port", "0", "-n", "smollm2-instruct", "-u", uid]).args(extra);
+    let mut p = Proc::spawn(cmd);
+    let addr =
+        p.wait_for("REST API at http://").trim().trim_end_matches("/v1").parse().expect("REST address");
+    p.wait_for(&format!("Model `{uid}` is ready"));
+    (p, addr)
+}
+
+/// Waits until `check` holds, at most `limit`.
+pub fn poll(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !check() {
+        assert!(Instant::now() < deadline, "{what} did not happen within {limit:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
