@@ -7,12 +7,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV="${XINF_VENV:-$HOME/.cache/xinf-venv}"
-if ! "$VENV/bin/python" -c "import torch, transformers, gguf, openai" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "import torch, transformers, gguf, openai, nixl_cu12" 2>/dev/null; then
     echo "setting up the reference Python environment in $VENV" >&2
     python3 -m venv "$VENV"
-    "$VENV/bin/pip" install --quiet torch transformers gguf accelerate numpy openai
+    "$VENV/bin/pip" install --quiet torch transformers gguf accelerate numpy openai nixl-cu12==1.5.1
 fi
 export XINF_TEST_PYTHON="$VENV/bin/python"
+# NIXL (the nixl-cu12 wheel's libraries) for the NIXL transfer tests, which fail without it.
+XINF_NIXL_LIB_DIR="$("$VENV/bin/python" -c 'import importlib.util, os
+print(os.path.join(os.path.dirname(os.path.dirname(importlib.util.find_spec("nixl_cu12").origin)), ".nixl_cu12.mesonpy.libs"))')"
+export XINF_NIXL_LIB_DIR XINF_TEST_NIXL=1
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/xinf-target}"
 
 cargo test --workspace --locked -- --test-threads="${XINF_TEST_THREADS:-2}"

@@ -12,6 +12,7 @@
 #[cfg(feature = "cuda")]
 pub mod gpu;
 mod layout;
+pub mod nixl;
 mod page;
 pub mod transport;
 

@@ -9,10 +9,31 @@
 //! - **TCP** otherwise: a [`PageServer`] per process serves every provider registered with it
 //!   on a data port of its own, so bulk bytes never travel on the actor control channel. One
 //!   fetch moves the whole range as one frame (pages are coalesced, not sent one by one).
+//! - **NIXL** when asked for ([`TransportPolicy::Nixl`]): the page server's TCP connection is
+//!   only the side channel (as in vLLM's NixlConnector). The server gathers the range into
+//!   memory registered with its NIXL agent and answers with the agent's metadata and where the
+//!   range lies; the fetching process reads it with one NIXL READ (UCX picks RDMA, shared
+//!   memory or TCP) and then says so on the same connection, which frees the staging memory for
+//!   the next fetch. See [`crate::nixl`] for loading the library and the agents.
 //!
-//! Wire format (little endian): request `b"XKV1" room:u64 provider:u64 first:u32 count:u32`;
-//! answer `status:u8 len:u64` then `len` bytes: the pages (status 0) or a UTF-8 message.
+//! Wire format (little endian):
+//! - TCP: request `b"XKV1" room:u64 provider:u64 first:u32 count:u32`; answer `status:u8
+//!   len:u64` then `len` bytes: the pages (status 0) or an error (status 1, JSON of
+//!   [`TransferError`], or UTF-8 text).
+//! - NIXL: request `b"XKN1" room:u64 provider:u64 first:u32 count:u32 timeout_ms:u32`; answer
+//!   as above, status 0 carrying the stage (agent name, metadata generation and blob, address,
+//!   length, device); then the client sends `b"XKND"` once its read is over. The server keeps
+//!   the staged range until then, or until `timeout_ms` after the request if the connection
+//!   drops first (the client may still be reading).
+//!
+//! **Fault injection (a test knob).** `XINF_TRANSFER_FAULT`, read once by the serving process,
+//! makes its page server misbehave so tests can check that clients fail promptly and typed:
+//! - `cut-after:<N>`: close the connection after writing `N` bytes (header included) of a
+//!   successful answer, i.e. a transfer cut mid-frame; the client gets [`TransferError::Io`];
+//! - `nixl-error`: answer a NIXL request with a range that is not registered memory, so the
+//!   client's NIXL read fails with [`TransferError::Nixl`].
 
+use crate::nixl::{Node, RemoteStage, Staged};
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -23,6 +44,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 const MAGIC: &[u8; 4] = b"XKV1";
+const MAGIC_NIXL: &[u8; 4] = b"XKN1";
+/// The client's "my NIXL read is over" on a NIXL fetch's connection.
+const NIXL_DONE: &[u8; 4] = b"XKND";
+/// An address no agent registers, for the `nixl-error` fault.
+const UNREGISTERED_ADDR: u64 = 0x1000;
 /// Largest answer accepted: a bound against a corrupt length, far above any real range.
 const MAX_FRAME: u64 = 64 << 30;
 
@@ -55,6 +81,12 @@ pub enum TransferError {
     /// The peer answered something that is not this protocol.
     #[error("page transfer protocol error: {0}")]
     Protocol(String),
+    /// A NIXL call failed (what failed, and NIXL's status).
+    #[error("NIXL page transfer failed: {0}")]
+    Nixl(String),
+    /// NIXL was asked for but cannot be loaded in this process (how to install it).
+    #[error("NIXL is not available: {0}")]
+    NixlUnavailable(String),
 }
 
 /// Gathers pages of a room on the prefill side.
@@ -88,6 +120,8 @@ pub enum TransportKind {
     InProcess,
     /// The TCP data plane.
     Tcp,
+    /// A NIXL read, with the TCP data plane as its side channel.
+    Nixl,
 }
 
 /// How a fetch may travel.
@@ -99,6 +133,9 @@ pub enum TransportPolicy {
     Auto,
     /// Always TCP, even inside one process (tests, and measuring the data plane).
     Tcp,
+    /// Always NIXL (never in process): the bytes move by NIXL's UCX backend. Needs the NIXL
+    /// library in both processes (see [`crate::nixl::available`]).
+    Nixl,
 }
 
 /// A random number fixed for the life of this process.
@@ -154,6 +191,54 @@ pub struct PageServer {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// A misbehaviour of the page server, for tests (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Fault {
+    /// Serve correctly.
+    #[default]
+    None,
+    /// Close the connection after writing this many bytes of a successful answer.
+    CutAfter(u64),
+    /// Answer NIXL requests with a range that is not registered memory.
+    NixlError,
+}
+
+impl Fault {
+    /// `XINF_TRANSFER_FAULT` of this process, read once (an unknown value is logged, ignored).
+    fn from_env() -> Self {
+        static FAULT: OnceLock<Fault> = OnceLock::new();
+        *FAULT.get_or_init(|| {
+            let Ok(spec) = std::env::var("XINF_TRANSFER_FAULT") else { return Fault::None };
+            match Fault::parse(&spec) {
+                Some(f) => {
+                    tracing::warn!(fault = spec, "the page server injects a fault (XINF_TRANSFER_FAULT)");
+                    f
+                }
+                None => {
+                    tracing::warn!(fault = spec, "unknown XINF_TRANSFER_FAULT, ignored");
+                    Fault::None
+                }
+            }
+        })
+    }
+
+    fn parse(spec: &str) -> Option<Self> {
+        match spec.trim() {
+            "" | "none" => Some(Fault::None),
+            "nixl-error" => Some(Fault::NixlError),
+            s => s.strip_prefix("cut-after:").and_then(|n| n.trim().parse().ok()).map(Fault::CutAfter),
+        }
+    }
+}
+
+/// How one page server serves: its fault, and the NIXL agent staging its pages (the process's
+/// own unless tests give one, to have two agents in one process).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ServeOptions {
+    pub(crate) fault: Fault,
+    pub(crate) nixl: Option<Arc<Node>>,
+}
+
 impl Drop for PageServer {
     fn drop(&mut self) {
         self.task.abort();
@@ -164,14 +249,20 @@ impl PageServer {
     /// Listens on `ip` (a free port) and serves fetches for providers registered in this
     /// process. Must be called inside a tokio runtime.
     pub async fn start(ip: IpAddr) -> std::io::Result<Self> {
+        Self::start_with(ip, ServeOptions { fault: Fault::from_env(), nixl: None }).await
+    }
+
+    /// [`start`](Self::start) with explicit options instead of the environment's.
+    pub(crate) async fn start_with(ip: IpAddr, options: ServeOptions) -> std::io::Result<Self> {
         let listener = TcpListener::bind(SocketAddr::new(ip, 0)).await?;
         let addr = listener.local_addr()?;
         let task = tokio::spawn(async move {
             loop {
                 match listener.accept().await {
                     Ok((stream, _)) => {
+                        let options = options.clone();
                         tokio::spawn(async move {
-                            if let Err(e) = serve(stream).await {
+                            if let Err(e) = serve(stream, &options).await {
                                 tracing::debug!(error = %e, "a page fetch connection failed");
                             }
                         });
@@ -205,47 +296,130 @@ impl PageServer {
     }
 }
 
-async fn serve(mut stream: TcpStream) -> std::io::Result<()> {
+async fn serve(mut stream: TcpStream, options: &ServeOptions) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
     loop {
-        let mut head = [0u8; 28];
-        match stream.read_exact(&mut head).await {
+        let mut magic = [0u8; 4];
+        match stream.read_exact(&mut magic).await {
             Ok(_) => {}
             // The client closed the connection between requests.
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e),
         }
-        if &head[..4] != MAGIC {
-            return write_answer(&mut stream, 1, b"not a page fetch (bad magic)").await;
-        }
+        let nixl = match &magic {
+            MAGIC => false,
+            MAGIC_NIXL => true,
+            _ => return write_answer(&mut stream, 1, b"not a page fetch (bad magic)", Fault::None).await,
+        };
+        let mut head = [0u8; 28];
+        let head = &mut head[..if nixl { 28 } else { 24 }];
+        stream.read_exact(head).await?;
         let word = |at: usize| u64::from_le_bytes(head[at..at + 8].try_into().unwrap_or_default());
         let half = |at: usize| u32::from_le_bytes(head[at..at + 4].try_into().unwrap_or_default());
-        let (room, provider, first, count) = (word(4), word(12), half(20), half(24));
+        let (room, provider, first, count) = (word(0), word(8), half(16), half(20));
+        let received = tokio::time::Instant::now();
         let result = match lookup(provider) {
             Some(p) => p.pages(room, first, count).await,
             None => Err(TransferError::UnknownRoom(room)),
         };
-        match result {
-            Ok(bytes) => write_answer(&mut stream, 0, &bytes).await?,
+        if !nixl {
+            match result {
+                Ok(bytes) => write_answer(&mut stream, 0, &bytes, options.fault).await?,
+                Err(e) => write_error(&mut stream, &e).await?,
+            }
+            continue;
+        }
+        let staged = match result {
+            Ok(pages) => stage(pages, options.nixl.clone()).await,
+            Err(e) => Err(e),
+        };
+        let staged = match staged {
+            Ok(staged) => staged,
             Err(e) => {
-                let text = serde_json::to_vec(&e).unwrap_or_default();
-                write_answer(&mut stream, 1, &text).await?;
+                write_error(&mut stream, &e).await?;
+                continue;
+            }
+        };
+        let mut remote = staged.remote().clone();
+        if options.fault == Fault::NixlError {
+            remote.addr = UNREGISTERED_ADDR;
+        }
+        write_answer(&mut stream, 0, &remote.encode(), options.fault).await?;
+        // The staged pages stay until the client's read is over: its "done", or its deadline
+        // when the connection drops first (its read may still be running).
+        let keep_until = received + Duration::from_millis(u64::from(half(24)));
+        let mut done = [0u8; 4];
+        match tokio::time::timeout_at(keep_until, stream.read_exact(&mut done)).await {
+            Ok(Ok(_)) if &done == NIXL_DONE => drop(staged),
+            Ok(Ok(_)) => {
+                linger(staged, keep_until);
+                return Err(std::io::Error::other("not the end of a NIXL read"));
+            }
+            Ok(Err(e)) => {
+                linger(staged, keep_until);
+                return Err(e);
+            }
+            // Past the client's deadline: it has given up reading.
+            Err(_) => {
+                drop(staged);
+                return Err(std::io::Error::other("no end of a NIXL read before its deadline"));
             }
         }
     }
 }
 
-async fn write_answer(stream: &mut TcpStream, status: u8, body: &[u8]) -> std::io::Result<()> {
+/// Copies `pages` into staging memory of `node` (default: this process's agent).
+async fn stage(pages: Vec<u8>, node: Option<Arc<Node>>) -> Result<Staged, TransferError> {
+    tokio::task::spawn_blocking(move || {
+        let node = match node {
+            Some(node) => node,
+            // Said as the serving side's, or the fetching side would look for its own fault.
+            None => Node::process().map_err(|e| match e {
+                TransferError::NixlUnavailable(why) => {
+                    TransferError::NixlUnavailable(format!("in the page server's process: {why}"))
+                }
+                e => e,
+            })?,
+        };
+        node.stage(&pages)
+    })
+    .await
+    .unwrap_or_else(|e| Err(TransferError::Nixl(format!("staging the pages stopped: {e}"))))
+}
+
+/// Keeps `staged` until `until`, then frees it.
+fn linger(staged: Staged, until: tokio::time::Instant) {
+    tokio::spawn(async move {
+        tokio::time::sleep_until(until).await;
+        drop(staged);
+    });
+}
+
+async fn write_error(stream: &mut TcpStream, e: &TransferError) -> std::io::Result<()> {
+    let text = serde_json::to_vec(e).unwrap_or_default();
+    write_answer(stream, 1, &text, Fault::None).await
+}
+
+/// Writes one answer; a successful one is cut short under [`Fault::CutAfter`].
+async fn write_answer(stream: &mut TcpStream, status: u8, body: &[u8], fault: Fault) -> std::io::Result<()> {
     let mut head = [0u8; 9];
     head[0] = status;
     head[1..].copy_from_slice(&(body.len() as u64).to_le_bytes());
+    if let (0, Fault::CutAfter(n)) = (status, fault) {
+        let n = usize::try_from(n).unwrap_or(usize::MAX);
+        let frame = [&head[..], body].concat();
+        stream.write_all(&frame[..n.min(frame.len())]).await?;
+        stream.flush().await?;
+        return Err(std::io::Error::other("connection cut (XINF_TRANSFER_FAULT)"));
+    }
     stream.write_all(&head).await?;
     stream.write_all(body).await?;
     stream.flush().await
 }
 
 /// Fetches pages `first_page .. first_page + count` of `room` from `endpoint`, in process
-/// when `policy` allows and the provider is here, else over TCP; within `timeout`.
+/// when `policy` allows and the provider is here, over NIXL when `policy` says so, else over
+/// TCP; within `timeout`.
 pub async fn fetch(
     endpoint: &Endpoint,
     room: u64,
@@ -264,10 +438,82 @@ pub async fn fetch(
             return Ok((pages, TransportKind::InProcess));
         }
     }
+    if policy == TransportPolicy::Nixl {
+        let pages = tokio::time::timeout(timeout, fetch_nixl(endpoint, room, first_page, count, timeout))
+            .await
+            .map_err(|_| timed_out())??;
+        return Ok((pages, TransportKind::Nixl));
+    }
     let pages = tokio::time::timeout(timeout, fetch_tcp(endpoint, room, first_page, count))
         .await
         .map_err(|_| timed_out())??;
     Ok((pages, TransportKind::Tcp))
+}
+
+fn io_error(endpoint: &Endpoint) -> impl Fn(std::io::Error) -> TransferError + '_ {
+    |e| TransferError::Io { endpoint: endpoint.tcp.clone(), detail: e.to_string() }
+}
+
+/// Sends a request head and reads the answer: the body of a success, else the error.
+async fn request(endpoint: &Endpoint, head: &[u8]) -> Result<(TcpStream, Vec<u8>), TransferError> {
+    let io = io_error(endpoint);
+    let mut stream = TcpStream::connect(&endpoint.tcp).await.map_err(&io)?;
+    stream.set_nodelay(true).map_err(&io)?;
+    stream.write_all(head).await.map_err(&io)?;
+    let mut answer = [0u8; 9];
+    stream.read_exact(&mut answer).await.map_err(&io)?;
+    let len = u64::from_le_bytes(answer[1..].try_into().unwrap_or_default());
+    if len > MAX_FRAME {
+        return Err(TransferError::Protocol(format!("an answer of {len} bytes")));
+    }
+    let mut body = vec![0u8; len as usize];
+    stream.read_exact(&mut body).await.map_err(&io)?;
+    match answer[0] {
+        0 => Ok((stream, body)),
+        1 => Err(serde_json::from_slice(&body)
+            .unwrap_or_else(|_| TransferError::Source(String::from_utf8_lossy(&body).into_owned()))),
+        s => Err(TransferError::Protocol(format!("status {s}"))),
+    }
+}
+
+fn request_head(magic: &[u8; 4], endpoint: &Endpoint, room: u64, first_page: u32, count: u32) -> Vec<u8> {
+    let mut head = Vec::with_capacity(32);
+    head.extend_from_slice(magic);
+    head.extend_from_slice(&room.to_le_bytes());
+    head.extend_from_slice(&endpoint.provider.to_le_bytes());
+    head.extend_from_slice(&first_page.to_le_bytes());
+    head.extend_from_slice(&count.to_le_bytes());
+    head
+}
+
+/// The NIXL path: the stage request on the side channel, one NIXL READ, then "done".
+async fn fetch_nixl(
+    endpoint: &Endpoint,
+    room: u64,
+    first_page: u32,
+    count: u32,
+    timeout: Duration,
+) -> Result<Vec<u8>, TransferError> {
+    let deadline = std::time::Instant::now() + timeout;
+    let node = tokio::task::spawn_blocking(Node::process)
+        .await
+        .unwrap_or_else(|e| Err(TransferError::Nixl(format!("creating the NIXL agent stopped: {e}"))))?;
+    let mut head = request_head(MAGIC_NIXL, endpoint, room, first_page, count);
+    head.extend_from_slice(&u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX).to_le_bytes());
+    let (mut stream, body) = request(endpoint, &head).await?;
+    let stage = RemoteStage::decode(&body)?;
+    // The read and the "done" after it run in a task of their own: should this future be
+    // dropped (the caller's timeout), the server still keeps its staging memory until the
+    // read is over.
+    let read = tokio::spawn(async move {
+        let pages = tokio::task::spawn_blocking(move || node.read(&stage, deadline))
+            .await
+            .unwrap_or_else(|e| Err(TransferError::Nixl(format!("the NIXL read stopped: {e}"))));
+        // Best effort: if the server is gone, so is the memory it would free.
+        let _ = stream.write_all(NIXL_DONE).await;
+        pages
+    });
+    read.await.unwrap_or_else(|e| Err(TransferError::Nixl(format!("the NIXL read stopped: {e}"))))
 }
 
 async fn fetch_tcp(
@@ -276,30 +522,8 @@ async fn fetch_tcp(
     first_page: u32,
     count: u32,
 ) -> Result<Vec<u8>, TransferError> {
-    let io = |e: std::io::Error| TransferError::Io { endpoint: endpoint.tcp.clone(), detail: e.to_string() };
-    let mut stream = TcpStream::connect(&endpoint.tcp).await.map_err(io)?;
-    stream.set_nodelay(true).map_err(io)?;
-    let mut head = Vec::with_capacity(28);
-    head.extend_from_slice(MAGIC);
-    head.extend_from_slice(&room.to_le_bytes());
-    head.extend_from_slice(&endpoint.provider.to_le_bytes());
-    head.extend_from_slice(&first_page.to_le_bytes());
-    head.extend_from_slice(&count.to_le_bytes());
-    stream.write_all(&head).await.map_err(io)?;
-    let mut answer = [0u8; 9];
-    stream.read_exact(&mut answer).await.map_err(io)?;
-    let len = u64::from_le_bytes(answer[1..].try_into().unwrap_or_default());
-    if len > MAX_FRAME {
-        return Err(TransferError::Protocol(format!("an answer of {len} bytes")));
-    }
-    let mut body = vec![0u8; len as usize];
-    stream.read_exact(&mut body).await.map_err(io)?;
-    match answer[0] {
-        0 => Ok(body),
-        1 => Err(serde_json::from_slice(&body)
-            .unwrap_or_else(|_| TransferError::Source(String::from_utf8_lossy(&body).into_owned()))),
-        s => Err(TransferError::Protocol(format!("status {s}"))),
-    }
+    let (_, pages) = request(endpoint, &request_head(MAGIC, endpoint, room, first_page, count)).await?;
+    Ok(pages)
 }
 
 #[cfg(test)]

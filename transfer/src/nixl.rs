@@ -1,0 +1,533 @@
+//! NIXL (NVIDIA Inference Xfer Library) for the bulk bytes of a page fetch: the page server
+//! stages the pages in memory registered with its NIXL agent, and the fetching process reads
+//! them with one NIXL READ (UCX: RDMA, shared memory or TCP, whichever UCX finds fastest).
+//!
+//! **Loading.** nixl-sys is built with its `stub-api`: the binary has no link-time dependency
+//! on NIXL, and the stubs `dlopen("libnixl_capi.so")` on the first call, aborting the process
+//! if that fails. So nothing here calls nixl-sys before [`available`] has loaded the library
+//! itself, by full path; the stubs' later dlopen by soname is then answered by the object
+//! already loaded (the dynamic linker matches loaded objects by their `DT_SONAME`). It is
+//! loaded `RTLD_LOCAL`: the soname match does not need global symbols, and the wheel bundles
+//! its own gRPC, protobuf and abseil, which should not satisfy other libraries' lookups. The
+//! folder is, in order:
+//!
+//! 1. `$XINF_NIXL_LIB_DIR`;
+//! 2. the dynamic linker's own search (`LD_LIBRARY_PATH`, the system library paths);
+//! 3. the `nixl-cu12` (or `nixl-cu13`) Python wheel, found by asking `$XINF_PYTHON` (default
+//!    `python3`) where the package is: its libraries are in `.nixl_cu12.mesonpy.libs` next to it.
+//!
+//! When none has it, [`available`] says how to install it; nothing aborts. NIXL finds its
+//! backend plugins (UCX) in `plugins/` beside `libnixl.so`, the wheel's layout, unless
+//! `NIXL_PLUGIN_DIR` says otherwise; xinf leaves that variable to the user (setting it from a
+//! running, multi-threaded process would race with C code reading the environment).
+//!
+//! **Agents.** One agent per process (named after [`process_nonce`](crate::transport::process_nonce)),
+//! with the UCX backend and DRAM memory. NIXL calls block and the library does not promise
+//! thread safety, so every call into an agent holds that agent's lock, and callers run them on
+//! tokio's blocking threads.
+//!
+//! **Staging.** A served range is copied into a staging slab registered with the agent. Slabs
+//! are pooled and stay registered for the life of the agent: NIXL (1.x) cannot update or drop
+//! one descriptor of a remote agent that a peer has loaded (only the whole agent, which also
+//! drops the UCX connection), and loading a registration again at an address a freed one had
+//! used is refused, so a region once published must stay valid. Peers therefore load an agent's
+//! metadata once per change (the agent's `generation` counts its registrations) and keep its
+//! connection. The pool is bounded (16 GiB per agent); a fetch that finds it full fails with
+//! [`TransferError::Nixl`] rather than wait.
+
+// Two kinds of unsafe code, both confined to this module: loading the NIXL library (running
+// its initialisers, see `open_library`) and implementing nixl-sys's `MemoryRegion`, whose
+// `as_ptr` promises that the pointer stays valid while registered (see `Slab`).
+#![allow(unsafe_code)]
+
+use crate::transport::TransferError;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The C API library the nixl-sys stubs look up by soname.
+const CAPI: &str = "libnixl_capi.so";
+/// Python packages of the NIXL wheels, newest CUDA first.
+const WHEEL_PACKAGES: [&str; 2] = ["nixl_cu13", "nixl_cu12"];
+/// How long the Python lookup of the wheel may take.
+const PYTHON_LOOKUP: Duration = Duration::from_secs(15);
+/// The most staging memory one agent registers (the pool never shrinks, see the module doc).
+const MAX_STAGING: usize = 16 << 30;
+/// The smallest staging slab: small ranges share a size instead of each adding a registration.
+const MIN_SLAB: usize = 1 << 20;
+
+const HOW_TO_INSTALL: &str = "install the nixl-cu12 wheel (pip install nixl-cu12) and set \
+     XINF_NIXL_LIB_DIR to its .nixl_cu12.mesonpy.libs folder";
+
+/// Whether NIXL can be used in this process: loads `libnixl_capi.so` the first time (see the
+/// module doc for where it is looked for) and remembers the answer.
+///
+/// The error is [`TransferError::NixlUnavailable`], whose text says what to install; a server
+/// asked to move pages over NIXL should refuse to start with it rather than fail each fetch.
+pub fn available() -> Result<(), TransferError> {
+    static LOADED: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    match LOADED.get_or_init(load) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(TransferError::NixlUnavailable(e.clone())),
+    }
+}
+
+/// Loads the library (once, from [`available`]) and checks that the stubs found it.
+fn load() -> Result<PathBuf, String> {
+    let mut tried = Vec::new();
+    let mut loaded = None;
+    if let Some(dir) = std::env::var_os("XINF_NIXL_LIB_DIR").filter(|d| !d.is_empty()) {
+        let path = Path::new(&dir).join(CAPI);
+        // An explicit folder that does not hold it is a configuration error, not a reason to
+        // quietly pick some other copy.
+        open_library(&path).map_err(|e| format!("XINF_NIXL_LIB_DIR: {e}; {HOW_TO_INSTALL}"))?;
+        loaded = Some(path);
+    }
+    if loaded.is_none() {
+        match open_library(Path::new(CAPI)) {
+            Ok(()) => loaded = Some(PathBuf::from(CAPI)),
+            Err(e) => tried.push(e),
+        }
+    }
+    if loaded.is_none() {
+        match wheel_lib_dir() {
+            Ok(dir) => {
+                let path = dir.join(CAPI);
+                match open_library(&path) {
+                    Ok(()) => loaded = Some(path),
+                    Err(e) => tried.push(e),
+                }
+            }
+            Err(e) => tried.push(e),
+        }
+    }
+    let Some(path) = loaded else {
+        return Err(format!("{CAPI} was not found ({}); {HOW_TO_INSTALL}", tried.join("; ")));
+    };
+    // The stubs' own dlopen: answered by the object loaded above, so this cannot abort.
+    if nixl_sys::is_stub() {
+        return Err(format!(
+            "{} was loaded but the NIXL bindings still cannot reach it; {HOW_TO_INSTALL}",
+            path.display()
+        ));
+    }
+    tracing::info!(library = %path.display(), "NIXL loaded");
+    Ok(path)
+}
+
+/// dlopens `path` (a file, or a bare soname for the linker's search) for the life of the
+/// process, so that the stubs' dlopen by soname finds this copy.
+fn open_library(path: &Path) -> Result<(), String> {
+    use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
+    if path.components().count() > 1 && !path.is_file() {
+        return Err(format!("{} does not exist", path.display()));
+    }
+    // SAFETY: loading runs the library's initialisers. libnixl_capi.so and its dependencies
+    // (libnixl, UCX from the same wheel) do no more there than set up their own globals, and
+    // this happens once, before any NIXL function is called.
+    let library = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL) }.map_err(|e| {
+        match std::error::Error::source(&e) {
+            Some(cause) => format!("{}: {e}: {cause}", path.display()),
+            None => format!("{}: {e}", path.display()),
+        }
+    })?;
+    // Never unloaded: the stubs keep raw function pointers into it.
+    std::mem::forget(library);
+    Ok(())
+}
+
+/// Where the NIXL wheel keeps its libraries, asked of Python (without importing NIXL).
+fn wheel_lib_dir() -> Result<PathBuf, String> {
+    let python = std::env::var("XINF_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = format!(
+        "import importlib.util, os\n\
+         for name in {WHEEL_PACKAGES:?}:\n    \
+             spec = importlib.util.find_spec(name)\n    \
+             if spec and spec.origin:\n        \
+                 d = os.path.join(os.path.dirname(os.path.dirname(spec.origin)), '.' + name + '.mesonpy.libs')\n        \
+                 if os.path.isfile(os.path.join(d, '{CAPI}')):\n            \
+                     print(d)\n            \
+                     break\n"
+    );
+    let mut child = std::process::Command::new(&python)
+        .args(["-c", &script])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("{python} (to find the nixl-cu12 wheel): {e}"))?;
+    let started = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if started.elapsed() < PYTHON_LOOKUP => std::thread::sleep(Duration::from_millis(20)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("{python} did not answer within {PYTHON_LOOKUP:?}"));
+            }
+            Err(e) => return Err(format!("{python}: {e}")),
+        }
+    }
+    let mut out = String::new();
+    if let Some(mut stdout) = child.stdout.take() {
+        use std::io::Read;
+        stdout.read_to_string(&mut out).map_err(|e| format!("{python}: {e}"))?;
+    }
+    match out.trim() {
+        "" => Err(format!("{python} has no nixl-cu12 package")),
+        dir => Ok(PathBuf::from(dir)),
+    }
+}
+
+/// What failed in a NIXL call, as a typed error.
+fn nixl_err(what: &str) -> impl FnOnce(nixl_sys::NixlError) -> TransferError + '_ {
+    move |e| TransferError::Nixl(format!("{what}: {e}"))
+}
+
+/// DRAM registered with an agent. The registration is dropped (deregistered)
+/// before the memory it names.
+struct Slab {
+    registration: Option<nixl_sys::RegistrationHandle>,
+    memory: Region,
+}
+
+impl Slab {
+    fn addr(&self) -> usize {
+        self.memory.0.as_ptr() as usize
+    }
+
+    fn capacity(&self) -> usize {
+        self.memory.0.len()
+    }
+}
+
+/// The memory of a slab or of a destination buffer, as nixl-sys registers it.
+#[derive(Debug)]
+struct Region(Vec<u8>);
+
+impl nixl_sys::MemoryRegion for Region {
+    // SAFETY (for callers): the Vec's heap buffer neither moves nor is freed while the Region
+    // lives, and every registration of a Region is dropped before the Region (`Slab`, `read`).
+    unsafe fn as_ptr(&self) -> *const u8 {
+        self.0.as_ptr()
+    }
+
+    fn size(&self) -> usize {
+        self.0.len()
+    }
+}
+
+impl nixl_sys::NixlDescriptor for Region {
+    fn mem_type(&self) -> nixl_sys::MemType {
+        nixl_sys::MemType::Dram
+    }
+
+    fn device_id(&self) -> u64 {
+        0
+    }
+}
+
+/// A NIXL agent with its UCX backend, a pool of registered staging slabs and the generations of
+/// the remote agents' metadata it has loaded.
+pub(crate) struct Node {
+    name: String,
+    /// Every call into the agent holds this lock (see the module doc).
+    agent: Mutex<nixl_sys::Agent>,
+    pool: Mutex<Pool>,
+    /// Remote agent name → the newest generation of its metadata loaded.
+    remotes: Mutex<HashMap<String, u64>>,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+#[derive(Default)]
+struct Pool {
+    free: Vec<Slab>,
+    /// Bytes registered or being registered.
+    bytes: usize,
+    /// Registrations so far: a peer holding older metadata must load it again.
+    generation: u64,
+}
+
+/// Locks, recovering the data of a lock whose holder panicked (the state is a plain pool/map).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Node {
+    /// Creates an agent named `name` with a UCX backend. Blocking.
+    pub(crate) fn new(name: &str) -> Result<Arc<Self>, TransferError> {
+        available()?;
+        let config = nixl_sys::AgentConfig::default();
+        let agent =
+            nixl_sys::Agent::new_configured(name, &config).map_err(nixl_err("creating the NIXL agent"))?;
+        let (_mems, params) =
+            agent.get_plugin_params("UCX").map_err(nixl_err("reading the UCX plugin's parameters"))?;
+        agent.create_backend("UCX", &params).map_err(nixl_err("creating the UCX backend"))?;
+        tracing::debug!(agent = name, "NIXL agent ready");
+        Ok(Arc::new(Self {
+            name: name.to_owned(),
+            agent: Mutex::new(agent),
+            pool: Mutex::default(),
+            remotes: Mutex::default(),
+        }))
+    }
+
+    /// This process's agent, created on first use. Blocking the first time.
+    pub(crate) fn process() -> Result<Arc<Self>, TransferError> {
+        static NODE: OnceLock<Result<Arc<Node>, TransferError>> = OnceLock::new();
+        NODE.get_or_init(|| Node::new(&format!("xinf-{:016x}", crate::transport::process_nonce()))).clone()
+    }
+
+    /// Copies `pages` into a registered slab and returns it with what a peer needs to read it.
+    /// Blocking (a new slab is registered when none is free).
+    pub(crate) fn stage(self: &Arc<Self>, pages: &[u8]) -> Result<Staged, TransferError> {
+        let len = pages.len();
+        let mut slab = self.take_slab(len)?;
+        slab.memory.0[..len].copy_from_slice(pages);
+        let (metadata, generation) = {
+            let agent = lock(&self.agent);
+            // The generation is read first: every registration it counts has completed, so
+            // the metadata taken after holds at least those (a peer may load it once more).
+            let generation = lock(&self.pool).generation;
+            let metadata = agent.get_local_md().map_err(nixl_err("reading the agent's metadata"))?;
+            (metadata, generation)
+        };
+        let remote = RemoteStage {
+            agent: self.name.clone(),
+            generation,
+            metadata,
+            addr: slab.addr() as u64,
+            len: len as u64,
+            dev: 0,
+        };
+        Ok(Staged { node: Arc::clone(self), slab: Some(slab), remote })
+    }
+
+    /// A free slab of at least `len` bytes (the smallest), or a new one.
+    fn take_slab(&self, len: usize) -> Result<Slab, TransferError> {
+        let size = len.max(MIN_SLAB).next_power_of_two();
+        {
+            let mut pool = lock(&self.pool);
+            let best = (pool.free.iter().enumerate())
+                .filter(|(_, s)| s.capacity() >= len)
+                .min_by_key(|(_, s)| s.capacity())
+                .map(|(i, _)| i);
+            if let Some(i) = best {
+                return Ok(pool.free.swap_remove(i));
+            }
+            if pool.bytes + size > MAX_STAGING {
+                return Err(TransferError::Nixl(format!(
+                    "no staging memory for {len} bytes: {} MiB of {} MiB are in use",
+                    pool.bytes >> 20,
+                    MAX_STAGING >> 20
+                )));
+            }
+            pool.bytes += size;
+        }
+        let memory = Region(vec![0u8; size]);
+        let registered = lock(&self.agent).register_memory(&memory, None);
+        match registered {
+            Ok(registration) => {
+                lock(&self.pool).generation += 1;
+                Ok(Slab { registration: Some(registration), memory })
+            }
+            Err(e) => {
+                lock(&self.pool).bytes -= size;
+                Err(nixl_err("registering staging memory")(e))
+            }
+        }
+    }
+
+    /// Reads `stage` from its agent into a new buffer, by `deadline`. Blocking.
+    pub(crate) fn read(&self, stage: &RemoteStage, deadline: Instant) -> Result<Vec<u8>, TransferError> {
+        let len = usize::try_from(stage.len)
+            .map_err(|_| TransferError::Protocol(format!("a range of {} bytes", stage.len)))?;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        if stage.agent == self.name {
+            return Err(TransferError::Nixl("the pages are staged by this agent itself".into()));
+        }
+        self.load_remote(stage)?;
+        let memory = Region(vec![0u8; len]);
+        let agent = lock(&self.agent);
+        let registration =
+            agent.register_memory(&memory, None).map_err(nixl_err("registering the destination"))?;
+        let mut local =
+            nixl_sys::XferDescList::new(nixl_sys::MemType::Dram).map_err(nixl_err("a descriptor list"))?;
+        local.add_desc(memory.0.as_ptr() as usize, len, 0);
+        let mut remote =
+            nixl_sys::XferDescList::new(nixl_sys::MemType::Dram).map_err(nixl_err("a descriptor list"))?;
+        remote.add_desc(stage.addr as usize, len, stage.dev);
+        let request = agent
+            .create_xfer_req(nixl_sys::XferOp::Read, &local, &remote, &stage.agent, None)
+            .map_err(nixl_err("preparing the read (the staged range is not registered memory)"))?;
+        let mut pending = agent.post_xfer_req(&request, None).map_err(nixl_err("posting the read"))?;
+        drop(agent);
+        let mut pause = Duration::from_micros(5);
+        while pending {
+            if Instant::now() >= deadline {
+                // The read may still land: leak its buffer, registration and request rather
+                // than free memory UCX may write into (a timeout is rare and already an error).
+                std::mem::forget(request);
+                std::mem::forget(registration);
+                std::mem::forget(memory);
+                return Err(TransferError::Nixl(format!(
+                    "the read of {len} bytes from {} did not finish in time",
+                    stage.agent
+                )));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+            let agent = lock(&self.agent);
+            match agent.get_xfer_status(&request) {
+                Ok(status) => pending = !status.is_success(),
+                Err(e) => {
+                    // A failed request is no longer in flight: release it under the lock.
+                    drop(request);
+                    drop(registration);
+                    drop(agent);
+                    return Err(nixl_err("reading the staged pages")(e));
+                }
+            }
+        }
+        {
+            let _agent = lock(&self.agent);
+            drop(request);
+            drop(registration);
+        }
+        Ok(memory.0)
+    }
+
+    /// Loads `stage.agent`'s metadata unless a generation at least as new is loaded.
+    fn load_remote(&self, stage: &RemoteStage) -> Result<(), TransferError> {
+        if lock(&self.remotes).get(&stage.agent).is_some_and(|g| *g >= stage.generation) {
+            return Ok(());
+        }
+        let name = lock(&self.agent)
+            .load_remote_md(&stage.metadata)
+            .map_err(nixl_err("loading the remote agent's metadata"))?;
+        if name != stage.agent {
+            return Err(TransferError::Protocol(format!(
+                "metadata of agent {name} offered as {}",
+                stage.agent
+            )));
+        }
+        let mut remotes = lock(&self.remotes);
+        let known = remotes.entry(name).or_default();
+        *known = (*known).max(stage.generation);
+        Ok(())
+    }
+
+    fn give_back(&self, slab: Slab) {
+        lock(&self.pool).free.push(slab);
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // Slabs are deregistered under the agent's lock, before the agent itself goes.
+        let slabs = std::mem::take(&mut lock(&self.pool).free);
+        let _agent = lock(&self.agent);
+        drop(slabs);
+    }
+}
+
+impl Drop for Slab {
+    fn drop(&mut self) {
+        // Deregister before the memory is freed (field order would too; this says it).
+        drop(self.registration.take());
+    }
+}
+
+/// Where a peer reads a staged range: the staging agent, its metadata and the range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RemoteStage {
+    /// The agent holding the staged pages.
+    pub(crate) agent: String,
+    /// Its registration count when the metadata was taken.
+    pub(crate) generation: u64,
+    /// Its `get_local_md()`.
+    pub(crate) metadata: Vec<u8>,
+    /// The staged range: address, length, device (0 for DRAM).
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+    pub(crate) dev: u64,
+}
+
+impl RemoteStage {
+    /// `agent_len:u32 agent generation:u64 md_len:u32 md addr:u64 len:u64 dev:u64`, little endian.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(40 + self.agent.len() + self.metadata.len());
+        out.extend_from_slice(&(self.agent.len() as u32).to_le_bytes());
+        out.extend_from_slice(self.agent.as_bytes());
+        out.extend_from_slice(&self.generation.to_le_bytes());
+        out.extend_from_slice(&(self.metadata.len() as u32).to_le_bytes());
+        out.extend_from_slice(&self.metadata);
+        for v in [self.addr, self.len, self.dev] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out
+    }
+
+    pub(crate) fn decode(mut b: &[u8]) -> Result<Self, TransferError> {
+        fn take<'a>(b: &mut &'a [u8], n: usize) -> Result<&'a [u8], TransferError> {
+            if b.len() < n {
+                return Err(TransferError::Protocol("a truncated NIXL stage answer".into()));
+            }
+            let (head, rest) = b.split_at(n);
+            *b = rest;
+            Ok(head)
+        }
+        let u32_at = |b: &mut &[u8]| -> Result<usize, TransferError> {
+            Ok(u32::from_le_bytes(take(b, 4)?.try_into().unwrap_or_default()) as usize)
+        };
+        let u64_at = |b: &mut &[u8]| -> Result<u64, TransferError> {
+            Ok(u64::from_le_bytes(take(b, 8)?.try_into().unwrap_or_default()))
+        };
+        let n = u32_at(&mut b)?;
+        let agent = String::from_utf8(take(&mut b, n)?.to_vec())
+            .map_err(|_| TransferError::Protocol("an agent name that is not UTF-8".into()))?;
+        let generation = u64_at(&mut b)?;
+        let n = u32_at(&mut b)?;
+        let metadata = take(&mut b, n)?.to_vec();
+        let (addr, len, dev) = (u64_at(&mut b)?, u64_at(&mut b)?, u64_at(&mut b)?);
+        Ok(Self { agent, generation, metadata, addr, len, dev })
+    }
+}
+
+/// Pages staged for a peer; the slab goes back to the pool when this is dropped, which must
+/// wait until the peer has finished (or given up) reading.
+pub(crate) struct Staged {
+    node: Arc<Node>,
+    slab: Option<Slab>,
+    remote: RemoteStage,
+}
+
+impl std::fmt::Debug for Staged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Staged").field("remote", &self.remote).finish_non_exhaustive()
+    }
+}
+
+impl Staged {
+    /// What the peer needs to read the pages.
+    pub(crate) fn remote(&self) -> &RemoteStage {
+        &self.remote
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if let Some(slab) = self.slab.take() {
+            self.node.give_back(slab);
+        }
+    }
+}
