@@ -1,33 +1,33 @@
 //! The block tracker: one per model, on the supervisor node. A thin actor around
-//! [`state::BlockTrackerState`].
+//! [`state::BlockTrackerState`]. Prefill replicas publish the pages of their snapshot caches
+//! here under content keys, and look up who holds the pages of a new prompt's prefix.
 
 pub(crate) mod state;
 
 use crate::error::ActorError;
-use crate::wire::{answer, call_local};
+use crate::wire::{Wire, answer, call};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use ractor_cluster::RactorMessage;
+use ractor_cluster::RactorClusterMessage;
 use state::{BlockLocation, BlockTrackerState};
 use std::time::Duration;
+use xinf_transfer::transport::Endpoint;
 
-/// Messages of the block tracker. Local only for now: replicas report blocks through the
-/// supervisor node's handle.
-#[derive(RactorMessage)]
+/// Messages of the block tracker; every one may cross nodes (prefill replicas on worker
+/// nodes publish their snapshot pages here and look up pages held elsewhere).
+#[derive(RactorClusterMessage)]
 pub(crate) enum BlockTrackerMsg {
-    /// A replica holds these `(hash, block_id)` pairs.
-    Register { replica_uid: String, blocks: Vec<(u64, u32)> },
+    /// A replica holds these `(hash, block_id)` pairs, readable at the endpoint (when given).
+    Register { replica_uid: String, blocks: Wire<(Option<Endpoint>, Vec<(u64, u32)>)> },
     /// A replica freed these blocks.
-    Unregister { replica_uid: String, block_ids: Vec<u32> },
+    Unregister { replica_uid: String, block_ids: Wire<Vec<u32>> },
     /// A replica is gone: forget all it held.
     UnregisterReplica { replica_uid: String },
-    /// Who holds these hashes (other than `exclude`)?
-    Query {
-        hashes: Vec<u64>,
-        exclude: Option<String>,
-        reply: RpcReplyPort<Result<Vec<BlockLocation>, ActorError>>,
-    },
+    /// Who holds these hashes (other than the replica named, if any)?
+    #[rpc]
+    Query { query: Wire<(Vec<u64>, Option<String>)>, reply: RpcReplyPort<Wire<Vec<BlockLocation>>> },
     /// How many blocks are registered.
-    Count { reply: RpcReplyPort<Result<usize, ActorError>> },
+    #[rpc]
+    Count { reply: RpcReplyPort<Wire<usize>> },
 }
 
 /// The block tracker actor.
@@ -36,13 +36,15 @@ pub(crate) struct BlockTracker;
 impl Actor for BlockTracker {
     type Msg = BlockTrackerMsg;
     type State = BlockTrackerState;
-    type Arguments = ();
+    /// The process group the tracker joins, where replicas on any node find it.
+    type Arguments = String;
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<Self::Msg>,
-        _args: (),
+        myself: ActorRef<Self::Msg>,
+        group: String,
     ) -> Result<Self::State, ActorProcessingErr> {
+        ractor::pg::join(group, vec![myself.get_cell()]);
         Ok(BlockTrackerState::default())
     }
 
@@ -53,18 +55,23 @@ impl Actor for BlockTracker {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            BlockTrackerMsg::Register { replica_uid, blocks } => state.register(&replica_uid, &blocks),
-            BlockTrackerMsg::Unregister { replica_uid, block_ids } => {
-                state.unregister(&replica_uid, &block_ids)
-            }
+            BlockTrackerMsg::Register { replica_uid, blocks } => match blocks.0 {
+                Ok((endpoint, blocks)) => state.register(&replica_uid, endpoint, &blocks),
+                Err(e) => tracing::warn!(error = %e, "a block registration did not decode"),
+            },
+            BlockTrackerMsg::Unregister { replica_uid, block_ids } => match block_ids.0 {
+                Ok(ids) => state.unregister(&replica_uid, &ids),
+                Err(e) => tracing::warn!(error = %e, "a block unregistration did not decode"),
+            },
             BlockTrackerMsg::UnregisterReplica { replica_uid } => {
                 let n = state.unregister_replica(&replica_uid);
                 tracing::debug!(%replica_uid, blocks = n, "block tracker purged a replica");
             }
-            BlockTrackerMsg::Query { hashes, exclude, reply } => {
-                answer(reply, Ok(state.query(&hashes, exclude.as_deref())));
+            BlockTrackerMsg::Query { query, reply } => {
+                let found = query.0.map(|(hashes, exclude)| state.query(&hashes, exclude.as_deref()));
+                answer(reply, Wire(found));
             }
-            BlockTrackerMsg::Count { reply } => answer(reply, Ok(state.len())),
+            BlockTrackerMsg::Count { reply } => answer(reply, Wire::ok(state.len())),
         }
         Ok(())
     }
@@ -92,11 +99,23 @@ impl BlockTrackerHandle {
     /// Records that a replica holds these `(hash, block_id)` pairs; a block id registered
     /// again with another hash replaces its old entry.
     pub fn register(&self, replica_uid: &str, blocks: Vec<(u64, u32)>) -> Result<(), ActorError> {
+        self.register_at(replica_uid, None, blocks)
+    }
+
+    /// Like [`register`](Self::register), with where the blocks can be read.
+    pub fn register_at(
+        &self,
+        replica_uid: &str,
+        endpoint: Option<Endpoint>,
+        blocks: Vec<(u64, u32)>,
+    ) -> Result<(), ActorError> {
+        let blocks = Wire::ok((endpoint, blocks));
         self.send(BlockTrackerMsg::Register { replica_uid: replica_uid.to_owned(), blocks })
     }
 
     /// Forgets some blocks of a replica.
     pub fn unregister(&self, replica_uid: &str, block_ids: Vec<u32>) -> Result<(), ActorError> {
+        let block_ids = Wire::ok(block_ids);
         self.send(BlockTrackerMsg::Unregister { replica_uid: replica_uid.to_owned(), block_ids })
     }
 
@@ -111,17 +130,13 @@ impl BlockTrackerHandle {
         hashes: Vec<u64>,
         exclude: Option<&str>,
     ) -> Result<Vec<BlockLocation>, ActorError> {
-        let exclude = exclude.map(str::to_owned);
-        call_local(&self.actor, "block tracker", self.timeout, |reply| BlockTrackerMsg::Query {
-            hashes,
-            exclude,
-            reply,
-        })
-        .await
+        let query = Wire::ok((hashes, exclude.map(str::to_owned)));
+        call(&self.actor, "block tracker", self.timeout, |reply| BlockTrackerMsg::Query { query, reply })
+            .await
     }
 
     /// How many blocks are registered.
     pub async fn block_count(&self) -> Result<usize, ActorError> {
-        call_local(&self.actor, "block tracker", self.timeout, |reply| BlockTrackerMsg::Count { reply }).await
+        call(&self.actor, "block tracker", self.timeout, |reply| BlockTrackerMsg::Count { reply }).await
     }
 }

@@ -58,6 +58,11 @@ impl Namespace {
         format!("{}.replica.{replica_uid}", self.0)
     }
 
+    /// The group of one model's block tracker.
+    pub(crate) fn tracker_group(&self, model_uid: &str) -> String {
+        format!("{}.tracker.{model_uid}", self.0)
+    }
+
     fn name(&self, kind: &str, id: &str) -> String {
         format!("{}/{kind}/{id}", self.0)
     }

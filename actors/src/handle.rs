@@ -187,6 +187,9 @@ pub struct ClusterOptions {
     pub handoff_idle_lease: Duration,
     /// How pages may travel: in process where possible (default), or always TCP.
     pub transport: xinf_transfer::transport::TransportPolicy,
+    /// Bytes of each prefill replica's CPU snapshot cache of complete prompt pages; 0 keeps
+    /// none.
+    pub snapshot_cache_bytes: usize,
 }
 
 impl Default for ClusterOptions {
@@ -205,6 +208,7 @@ impl Default for ClusterOptions {
             handoff_lease: Duration::from_secs(30),
             handoff_idle_lease: Duration::from_secs(10),
             transport: xinf_transfer::transport::TransportPolicy::Auto,
+            snapshot_cache_bytes: 512 << 20,
         }
     }
 }
@@ -232,6 +236,7 @@ impl ClusterOptions {
                 },
                 transfer: self.transfer_timeout,
                 policy: self.transport,
+                snapshot_budget: self.snapshot_cache_bytes,
             },
         }
     }

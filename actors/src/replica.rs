@@ -15,6 +15,7 @@
 pub(crate) mod handoff;
 pub(crate) mod requests;
 pub(crate) mod rooms;
+pub(crate) mod snapshot;
 
 use crate::error::ActorError;
 use crate::handle::ReplicaStats;
@@ -97,6 +98,8 @@ pub(crate) struct ReplicaArgs {
     pub(crate) times: PullTimes,
     /// The process group the replica joins once its engine is loaded, so the router finds it.
     pub(crate) group: String,
+    /// The process group of the model's block tracker.
+    pub(crate) tracker_group: String,
     pub(crate) worker_id: String,
     /// The address of the worker's node, where a prefill replica serves its pages.
     pub(crate) ip: IpAddr,
@@ -145,7 +148,9 @@ impl Actor for Replica {
             .await
             .map_err(|e| ActorError::Internal(format!("the loading thread failed: {e}")))??;
         let serve_pages = spec.role == Role::Prefill;
-        let handoff = Arc::new(HandoffSide::new(engine.clone(), serve_pages, args.ip, args.handoff).await?);
+        let handoff = HandoffSide::new(engine.clone(), serve_pages, args.ip, args.handoff).await?;
+        handoff.join_tracker(&spec.replica_uid, &args.tracker_group);
+        let handoff = Arc::new(handoff);
         ractor::pg::join(args.group, vec![myself.get_cell()]);
         myself.send_interval(Duration::from_millis(500).min(args.times.idle_abort), || ReplicaMsg::Sweep);
         Ok(ReplicaState {

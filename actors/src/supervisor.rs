@@ -347,9 +347,14 @@ async fn build(
     placements: &[Placement],
 ) -> Result<(), ActorError> {
     let sup: ActorCell = ctx.sup.get_cell();
-    let (tracker, _) = Actor::spawn_linked(Some(ctx.ns.tracker_name(uid)), BlockTracker, (), sup.clone())
-        .await
-        .map_err(|e| spawn_failed("block tracker", e))?;
+    let (tracker, _) = Actor::spawn_linked(
+        Some(ctx.ns.tracker_name(uid)),
+        BlockTracker,
+        ctx.ns.tracker_group(uid),
+        sup.clone(),
+    )
+    .await
+    .map_err(|e| spawn_failed("block tracker", e))?;
     let starts = placements.iter().map(|p| start_replica(ctx, uid, source, p));
     let results = futures::future::join_all(starts).await;
     let mut replicas = Vec::with_capacity(placements.len());

@@ -241,6 +241,7 @@ impl Worker {
         let model_uid = spec.model_uid.clone();
         let args = ReplicaArgs {
             group: self.ns.replica_group(&uid),
+            tracker_group: self.ns.tracker_group(&spec.model_uid),
             worker_id: self.info.worker_id.clone(),
             times: self.times.pull,
             ip: self.info.host.parse().unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)),

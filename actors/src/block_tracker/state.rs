@@ -18,8 +18,10 @@ pub struct BlockLocation {
     pub hash: u64,
     /// The replica holding it.
     pub replica_uid: String,
-    /// The block id inside that replica's KV cache.
+    /// The block id inside that replica's KV cache (or its snapshot store).
     pub block_id: u32,
+    /// Where the block can be read, when the replica said.
+    pub endpoint: Option<xinf_transfer::transport::Endpoint>,
 }
 
 /// The registry of one model's blocks.
@@ -29,11 +31,21 @@ pub(crate) struct BlockTrackerState {
     by_hash: HashMap<u64, BTreeSet<(String, u32)>>,
     /// replica → block → hash.
     by_replica: HashMap<String, BTreeMap<u32, u64>>,
+    /// replica → where its blocks are read.
+    endpoints: HashMap<String, xinf_transfer::transport::Endpoint>,
 }
 
 impl BlockTrackerState {
     /// Records that `replica_uid` holds each `(hash, block_id)`.
-    pub(crate) fn register(&mut self, replica_uid: &str, blocks: &[(u64, u32)]) {
+    pub(crate) fn register(
+        &mut self,
+        replica_uid: &str,
+        endpoint: Option<xinf_transfer::transport::Endpoint>,
+        blocks: &[(u64, u32)],
+    ) {
+        if let Some(e) = endpoint {
+            self.endpoints.insert(replica_uid.to_owned(), e);
+        }
         for &(hash, block) in blocks {
             let owned = self.by_replica.entry(replica_uid.to_owned()).or_default();
             if let Some(old) = owned.insert(block, hash) {
@@ -52,7 +64,12 @@ impl BlockTrackerState {
             .filter_map(|h| {
                 let holders = self.by_hash.get(h)?;
                 let (replica, block) = holders.iter().find(|(r, _)| Some(r.as_str()) != exclude)?;
-                Some(BlockLocation { hash: *h, replica_uid: replica.clone(), block_id: *block })
+                Some(BlockLocation {
+                    hash: *h,
+                    replica_uid: replica.clone(),
+                    block_id: *block,
+                    endpoint: self.endpoints.get(replica).cloned(),
+                })
             })
             .collect()
     }
@@ -72,6 +89,7 @@ impl BlockTrackerState {
 
     /// Forgets everything a replica held (it died or was removed); returns how many blocks.
     pub(crate) fn unregister_replica(&mut self, replica_uid: &str) -> usize {
+        self.endpoints.remove(replica_uid);
         let Some(owned) = self.by_replica.remove(replica_uid) else { return 0 };
         for (block, hash) in &owned {
             drop_holder(&mut self.by_hash, *hash, replica_uid, *block);

@@ -6,6 +6,8 @@
 //! over the TCP page server of the prefill replica's process.
 
 use super::rooms::{HandoffStats, LatencyHistogram, Leases, RoomError, RoomTable};
+use super::snapshot::{Inserted, SnapshotStore, chain_keys};
+use crate::block_tracker::{BlockTrackerHandle, BlockTrackerMsg};
 use crate::error::ActorError;
 use crate::sync::lock;
 use futures::FutureExt;
@@ -13,7 +15,7 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::OnceCell;
 use xinf_engine::{Engine, EngineError, ModelContract};
@@ -39,7 +41,7 @@ pub(crate) struct Handoff {
     pub(crate) contract: ModelContract,
 }
 
-/// Time limits and transport choice of handoffs.
+/// Time limits, transport choice and snapshot budget of handoffs.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct HandoffTimes {
     pub(crate) leases: Leases,
@@ -47,7 +49,12 @@ pub(crate) struct HandoffTimes {
     pub(crate) transfer: Duration,
     /// How pages may travel.
     pub(crate) policy: transport::TransportPolicy,
+    /// Bytes of the prefill replica's snapshot cache; 0 keeps no snapshots.
+    pub(crate) snapshot_budget: usize,
 }
+
+/// How long a prefill waits for the block tracker's answer before computing on its own.
+const TRACKER_WAIT: Duration = Duration::from_secs(2);
 
 /// The process's page server, started by the first prefill replica of the process.
 async fn page_server(ip: IpAddr) -> Result<&'static PageServer, ActorError> {
@@ -58,19 +65,24 @@ async fn page_server(ip: IpAddr) -> Result<&'static PageServer, ActorError> {
         .map_err(|e| ActorError::Node(format!("starting the page server on {ip}: {e}")))
 }
 
-/// Serves the pages of a prefill replica's rooms out of its engine.
+/// Serves the pages of a prefill replica's rooms out of its engine, and keeps the complete
+/// ones in the snapshot cache as they go by.
 struct RoomPages {
     rooms: Arc<Mutex<RoomTable>>,
     engine: Arc<dyn Engine>,
+    snapshots: Option<Arc<Snapshots>>,
 }
 
 impl PageProvider for RoomPages {
     fn pages(&self, room: u64, first: u32, count: u32) -> BoxFuture<'static, Result<Vec<u8>, TransferError>> {
-        let claimed = lock(&self.rooms).claim(room, first, count, Instant::now());
-        let engine = self.engine.clone();
+        let claimed = {
+            let mut rooms = lock(&self.rooms);
+            rooms.claim(room, first, count, Instant::now()).map(|id| (id, rooms.keys(room)))
+        };
+        let (engine, snapshots) = (self.engine.clone(), self.snapshots.clone());
         async move {
-            let request_id = match claimed {
-                Ok(id) => id,
+            let (request_id, keys) = match claimed {
+                Ok(c) => c,
                 Err(RoomError::Unknown) => return Err(TransferError::UnknownRoom(room)),
                 Err(RoomError::OutOfRange { pages }) => {
                     return Err(TransferError::Source(format!(
@@ -79,10 +91,124 @@ impl PageProvider for RoomPages {
                     )));
                 }
             };
-            engine
+            let pages = engine
                 .export_pages(&request_id, first as usize, count as usize)
                 .await
-                .map_err(|e| TransferError::Source(e.to_string()))
+                .map_err(|e| TransferError::Source(e.to_string()))?;
+            if let (Some(snapshots), Some(keys)) = (snapshots, keys) {
+                snapshots.keep(&keys, first as usize, &pages, engine.contract().page_bytes());
+            }
+            Ok(pages)
+        }
+        .boxed()
+    }
+}
+
+/// A prefill replica's snapshot cache, its page provider, and its place in the block tracker.
+struct Snapshots {
+    store: Arc<Mutex<SnapshotStore>>,
+    /// Serves chains of snapshot pages to other replicas (kept alive with the registration).
+    _provider: Arc<dyn PageProvider>,
+    registration: transport::Registration,
+    /// The replica's uid and its model's tracker group, once the replica knows them.
+    tracker: OnceLock<(String, String)>,
+    hits: AtomicU64,
+    remote_hits: AtomicU64,
+}
+
+impl Snapshots {
+    fn tracker(&self) -> Option<(&str, BlockTrackerHandle)> {
+        let (uid, group) = self.tracker.get()?;
+        let cell = ractor::pg::get_members(group).into_iter().next()?;
+        let actor: ractor::ActorRef<BlockTrackerMsg> = cell.into();
+        Some((uid.as_str(), BlockTrackerHandle::new(actor, TRACKER_WAIT)))
+    }
+
+    /// Keeps the complete pages among `pages` (page `first` onwards) and tells the tracker.
+    fn keep(&self, keys: &[u64], first: usize, pages: &[u8], page_bytes: usize) {
+        if page_bytes == 0 || first >= keys.len() {
+            return;
+        }
+        let chunks: Vec<&[u8]> = pages.chunks_exact(page_bytes).take(keys.len() - first).collect();
+        let Inserted { added, evicted } = lock(&self.store).insert(keys, first, &chunks);
+        if added.is_empty() && evicted.is_empty() {
+            return;
+        }
+        if let Some((uid, tracker)) = self.tracker() {
+            let sent = tracker
+                .unregister(uid, evicted)
+                .and_then(|()| tracker.register_at(uid, Some(self.registration.endpoint().clone()), added));
+            if let Err(e) = sent {
+                tracing::debug!(error = %e, "the block tracker did not take snapshot pages");
+            }
+        }
+    }
+
+    /// The KV of the longest known prefix of `keys`: from this cache, then from the replica
+    /// the tracker names for the pages that follow. Returns the pages and their keys leased
+    /// here (unlease them once imported).
+    async fn lookup(&self, keys: &[u64], times: HandoffTimes) -> (Vec<u8>, usize, Vec<u64>) {
+        let (mut prefix, leased) = {
+            let mut store = lock(&self.store);
+            let n = store.longest_prefix(keys);
+            let leased = keys[..n].to_vec();
+            let pages = store.lease(&leased).unwrap_or_default();
+            (pages.iter().flat_map(|p| p.iter().copied()).collect::<Vec<u8>>(), leased)
+        };
+        let mut n = leased.len();
+        if n < keys.len()
+            && let Some((uid, tracker)) = self.tracker()
+        {
+            let rest = &keys[n..];
+            match tracker.query(rest.to_vec(), Some(uid)).await {
+                Ok(found) => {
+                    let by_hash: std::collections::HashMap<u64, _> =
+                        found.iter().map(|l| (l.hash, l)).collect();
+                    let holder = by_hash
+                        .get(&rest[0])
+                        .and_then(|l| l.endpoint.clone().map(|e| (l.replica_uid.clone(), e)));
+                    if let Some((holder, endpoint)) = holder {
+                        let run = rest
+                            .iter()
+                            .take_while(|h| by_hash.get(h).is_some_and(|l| l.replica_uid == holder))
+                            .count();
+                        let last = rest[run - 1];
+                        match transport::fetch(&endpoint, last, 0, run as u32, times.policy, times.transfer)
+                            .await
+                        {
+                            Ok((pages, _)) => {
+                                prefix.extend_from_slice(&pages);
+                                n += run;
+                                self.remote_hits.fetch_add(run as u64, Ordering::Relaxed);
+                            }
+                            Err(e) => {
+                                tracing::debug!(error = %e, %holder, "snapshot pages could not be fetched; computing them")
+                            }
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "the block tracker did not answer; computing the prompt")
+                }
+            }
+        }
+        self.hits.fetch_add(n as u64, Ordering::Relaxed);
+        (prefix, n, leased)
+    }
+}
+
+/// Serves chains of snapshot pages: "room" is the key of a prefix's last page, `count` how
+/// many pages of the prefix to return (ending with that one).
+struct ChainPages {
+    store: Arc<Mutex<SnapshotStore>>,
+}
+
+impl PageProvider for ChainPages {
+    fn pages(&self, last: u64, first: u32, count: u32) -> BoxFuture<'static, Result<Vec<u8>, TransferError>> {
+        let chain = if first == 0 { lock(&self.store).chain(last, count as usize) } else { None };
+        async move {
+            let pages = chain.ok_or(TransferError::UnknownRoom(last))?;
+            Ok(pages.iter().flat_map(|p| p.iter().copied()).collect())
         }
         .boxed()
     }
@@ -95,6 +221,7 @@ struct Received {
     bytes: AtomicU64,
     tcp: AtomicU64,
     in_process: AtomicU64,
+    nixl: AtomicU64,
     failed: AtomicU64,
     latency: Mutex<LatencyHistogram>,
 }
@@ -105,6 +232,8 @@ pub(crate) struct HandoffSide {
     engine: Arc<dyn Engine>,
     /// Set on prefill replicas: their provider's registration (unregistered on drop).
     registration: Option<(transport::Registration, Arc<dyn PageProvider>)>,
+    /// Set on prefill replicas with a snapshot budget.
+    snapshots: Option<Arc<Snapshots>>,
     received: Arc<Received>,
     times: HandoffTimes,
 }
@@ -119,15 +248,38 @@ impl HandoffSide {
         times: HandoffTimes,
     ) -> Result<Self, ActorError> {
         let rooms = Arc::new(Mutex::new(RoomTable::new(times.leases)));
-        let registration = if serve_pages {
+        let (registration, snapshots) = if serve_pages {
             let server = page_server(ip).await?;
-            let provider: Arc<dyn PageProvider> =
-                Arc::new(RoomPages { rooms: rooms.clone(), engine: engine.clone() });
-            Some((server.register(&provider), provider))
+            let snapshots = (times.snapshot_budget > 0).then(|| {
+                let store = Arc::new(Mutex::new(SnapshotStore::new(times.snapshot_budget)));
+                let provider: Arc<dyn PageProvider> = Arc::new(ChainPages { store: store.clone() });
+                Arc::new(Snapshots {
+                    store,
+                    registration: server.register(&provider),
+                    _provider: provider,
+                    tracker: OnceLock::new(),
+                    hits: AtomicU64::new(0),
+                    remote_hits: AtomicU64::new(0),
+                })
+            });
+            let provider: Arc<dyn PageProvider> = Arc::new(RoomPages {
+                rooms: rooms.clone(),
+                engine: engine.clone(),
+                snapshots: snapshots.clone(),
+            });
+            (Some((server.register(&provider), provider)), snapshots)
         } else {
-            None
+            (None, None)
         };
-        Ok(Self { rooms, engine, registration, received: Arc::default(), times })
+        Ok(Self { rooms, engine, registration, snapshots, received: Arc::default(), times })
+    }
+
+    /// Publishes this replica's snapshot pages in its model's block tracker (found through
+    /// the process group `tracker_group`) and looks up other replicas' pages there.
+    pub(crate) fn join_tracker(&self, replica_uid: &str, tracker_group: &str) {
+        if let Some(s) = &self.snapshots {
+            let _ = s.tracker.set((replica_uid.to_owned(), tracker_group.to_owned()));
+        }
     }
 
     /// Computes a prompt (its first token too), pins its KV and publishes a room for it.
@@ -136,12 +288,33 @@ impl HandoffSide {
         request: xinf_engine::GenerateRequest,
     ) -> BoxFuture<'static, Result<Handoff, ActorError>> {
         let endpoint = self.registration.as_ref().map(|(r, _)| r.endpoint().clone());
-        let (engine, rooms) = (self.engine.clone(), self.rooms.clone());
+        let (engine, rooms, snapshots, times) =
+            (self.engine.clone(), self.rooms.clone(), self.snapshots.clone(), self.times);
         async move {
             let endpoint = endpoint.ok_or_else(|| {
                 ActorError::Internal("a prefill was sent to a replica that does not serve pages".into())
             })?;
-            let pinned = match engine.prefill_pinned(request).await {
+            let mut keys: Arc<[u64]> = Arc::default();
+            let mut leased = Vec::new();
+            let computed = async {
+                let Some(snapshots) = &snapshots else { return engine.prefill_pinned(request).await };
+                let ids = engine.prompt_token_ids(&request.prompt)?;
+                keys = chain_keys(engine.contract(), &ids, ids.len() / xinf_engine::PAGE_TOKENS).into();
+                // At least one prompt token is computed: the first output token comes from it.
+                let usable = ids.len().saturating_sub(1) / xinf_engine::PAGE_TOKENS;
+                let (prefix, n, held) = snapshots.lookup(&keys[..usable], times).await;
+                leased = held;
+                if n == 0 {
+                    return engine.prefill_pinned(request).await;
+                }
+                tracing::debug!(request_id = %request.request_id, pages = n, "prompt prefix from the snapshot cache");
+                engine.prefill_pinned_with_prefix(request, prefix).await
+            }
+            .await;
+            if let Some(s) = &snapshots {
+                lock(&s.store).unlease(&leased);
+            }
+            let pinned = match computed {
                 Ok(p) => p,
                 Err(e) => {
                     lock(&rooms).fail();
@@ -150,7 +323,7 @@ impl HandoffSide {
             };
             let pages = xinf_transfer::pages_for(pinned.prompt_ids.len()) as u32;
             let room = rand::random::<u64>() >> 1;
-            if !lock(&rooms).publish(room, &pinned.request_id, pages, Instant::now()) {
+            if !lock(&rooms).publish(room, &pinned.request_id, pages, keys, Instant::now()) {
                 engine.release_pinned(&pinned.request_id);
                 return Err(ActorError::Engine(EngineError::Aborted));
             }
@@ -229,6 +402,7 @@ impl HandoffSide {
                 match kind {
                     TransportKind::Tcp => received.tcp.fetch_add(1, Ordering::Relaxed),
                     TransportKind::InProcess => received.in_process.fetch_add(1, Ordering::Relaxed),
+                    TransportKind::Nixl => received.nixl.fetch_add(1, Ordering::Relaxed),
                 };
                 Ok(xinf_engine::ImportedKv {
                     prompt_ids: handoff.prompt_ids,
@@ -258,8 +432,16 @@ impl HandoffSide {
         s.bytes_transferred = r.bytes.load(Ordering::Relaxed);
         s.tcp_transfers = r.tcp.load(Ordering::Relaxed);
         s.in_process_transfers = r.in_process.load(Ordering::Relaxed);
+        s.nixl_transfers = r.nixl.load(Ordering::Relaxed);
         s.failed += r.failed.load(Ordering::Relaxed);
         s.latency = *lock(&r.latency);
+        if let Some(snap) = &self.snapshots {
+            s.snapshot_hits = snap.hits.load(Ordering::Relaxed);
+            s.snapshot_remote_hits = snap.remote_hits.load(Ordering::Relaxed);
+            let store = lock(&snap.store).stats();
+            (s.snapshot_pages, s.snapshot_bytes, s.snapshot_evictions) =
+                (store.pages, store.bytes, store.evictions);
+        }
         s
     }
 }

@@ -14,6 +14,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[cfg(test)]
@@ -73,12 +74,23 @@ pub struct HandoffStats {
     pub tcp_transfers: u64,
     /// Fetches served in process.
     pub in_process_transfers: u64,
+    /// Fetches whose bytes moved through NIXL.
+    pub nixl_transfers: u64,
     /// Handoffs that failed (prefill, fetch or import).
     pub failed: u64,
     /// Rooms freed because their lease ran out.
     pub expired_leases: u64,
-    /// Prompt pages reused from the snapshot cache.
+    /// Prompt pages reused from a snapshot cache instead of computed (counted by the prefill
+    /// replica that reused them).
     pub snapshot_hits: u64,
+    /// Of those, pages fetched from another replica's snapshot cache.
+    pub snapshot_remote_hits: u64,
+    /// Pages held in this replica's snapshot cache.
+    pub snapshot_pages: u64,
+    /// Bytes held in this replica's snapshot cache.
+    pub snapshot_bytes: u64,
+    /// Pages evicted from the snapshot cache to make room.
+    pub snapshot_evictions: u64,
     /// How long page fetches took (counted by the decode side).
     pub latency: LatencyHistogram,
 }
@@ -91,9 +103,14 @@ impl HandoffStats {
         self.bytes_transferred += o.bytes_transferred;
         self.tcp_transfers += o.tcp_transfers;
         self.in_process_transfers += o.in_process_transfers;
+        self.nixl_transfers += o.nixl_transfers;
         self.failed += o.failed;
         self.expired_leases += o.expired_leases;
         self.snapshot_hits += o.snapshot_hits;
+        self.snapshot_remote_hits += o.snapshot_remote_hits;
+        self.snapshot_pages += o.snapshot_pages;
+        self.snapshot_bytes += o.snapshot_bytes;
+        self.snapshot_evictions += o.snapshot_evictions;
         self.latency.add(&o.latency);
     }
 }
@@ -111,6 +128,8 @@ pub(crate) struct Leases {
 struct Room {
     request_id: String,
     pages: u32,
+    /// Snapshot keys of the prompt's complete pages (empty when not kept).
+    keys: Arc<[u64]>,
     claimed: bool,
     deadline: Instant,
 }
@@ -143,12 +162,20 @@ impl RoomTable {
 
     /// Opens a room for a pinned prompt of `pages` pages; `false` (and no room) when the
     /// request was aborted meanwhile, so the caller frees the KV at once.
-    pub(crate) fn publish(&mut self, room: u64, request_id: &str, pages: u32, now: Instant) -> bool {
+    pub(crate) fn publish(
+        &mut self,
+        room: u64,
+        request_id: &str,
+        pages: u32,
+        keys: Arc<[u64]>,
+        now: Instant,
+    ) -> bool {
         if self.aborted.remove(request_id).is_some() {
             return false;
         }
         let deadline = now + self.leases.unclaimed;
-        self.rooms.insert(room, Room { request_id: request_id.to_owned(), pages, claimed: false, deadline });
+        let r = Room { request_id: request_id.to_owned(), pages, keys, claimed: false, deadline };
+        self.rooms.insert(room, r);
         true
     }
 
@@ -168,6 +195,11 @@ impl RoomTable {
         r.claimed = true;
         r.deadline = now + self.leases.claimed_idle;
         Ok(r.request_id.clone())
+    }
+
+    /// The snapshot keys of an open room's complete pages.
+    pub(crate) fn keys(&self, room: u64) -> Option<Arc<[u64]>> {
+        self.rooms.get(&room).map(|r| r.keys.clone())
     }
 
     /// Closes a room (the decode side is done with it); its request id, once.

@@ -90,6 +90,24 @@ pub trait Engine: Send + Sync {
         request: GenerateRequest,
     ) -> BoxFuture<'static, Result<PinnedPrefill, EngineError>>;
 
+    /// Like [`prefill_pinned`](Self::prefill_pinned), but the KV of the prompt's first
+    /// `prefix_pages * 64` tokens is given as canonical pages (a snapshot-cache hit) and only
+    /// the rest of the prompt is computed. At least one prompt token must remain to compute,
+    /// since the first output token is sampled from its logits. An engine that cannot import
+    /// a prefix computes the whole prompt.
+    fn prefill_pinned_with_prefix(
+        &self,
+        request: GenerateRequest,
+        prefix_pages: Vec<u8>,
+    ) -> BoxFuture<'static, Result<PinnedPrefill, EngineError>> {
+        let _ = prefix_pages;
+        self.prefill_pinned(request)
+    }
+
+    /// The token ids a prompt becomes on this engine (its tokenizer and chat template): what
+    /// KV content keys are computed from before any compute.
+    fn prompt_token_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, EngineError>;
+
     /// Copies canonical pages `first_page..first_page + count` of a pinned prompt.
     fn export_pages(
         &self,

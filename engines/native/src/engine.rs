@@ -56,9 +56,19 @@ struct Seq {
     tx: EventTx,
     mode: Mode,
     /// Canonical pages to scatter into the cache on admission.
-    import: Option<Vec<u8>>,
+    import: Option<Import>,
     /// Tokens already known not to need sampling (an imported first token).
     preset: Option<u32>,
+}
+
+/// Prompt KV given to a sequence instead of computed.
+struct Import {
+    /// Canonical pages, back to back.
+    pages: Vec<u8>,
+    /// Prompt tokens the pages cover (scattered into the cache).
+    tokens: usize,
+    /// Tokens of cache to hold on admission.
+    need: usize,
 }
 
 enum Command {
@@ -400,6 +410,46 @@ impl Engine for NativeEngine {
         })
     }
 
+    fn prefill_pinned_with_prefix(
+        &self,
+        mut request: GenerateRequest,
+        prefix_pages: Vec<u8>,
+    ) -> BoxFuture<'static, Result<PinnedPrefill, EngineError>> {
+        request.sampling.max_tokens = Some(1);
+        let (reply, rx) = oneshot::channel();
+        let page_bytes = self.contract.page_bytes();
+        let max_batch = self.options.max_batch_tokens;
+        let submitted = self.build_seq(request, Mode::Pinned(Some(reply))).and_then(|(mut seq, stream)| {
+            if prefix_pages.len() % page_bytes != 0 {
+                return Err(EngineError::Import(format!(
+                    "a prefix of {} bytes is not a whole number of {page_bytes}-byte pages",
+                    prefix_pages.len()
+                )));
+            }
+            let tokens = prefix_pages.len() / page_bytes * PAGE_TOKENS;
+            if tokens >= seq.prompt_len {
+                return Err(EngineError::Import(format!(
+                    "a prefix of {tokens} tokens leaves nothing to compute of a {}-token prompt",
+                    seq.prompt_len
+                )));
+            }
+            if tokens > 0 {
+                let need = (tokens + max_batch).min(seq.prompt_len);
+                seq.import = Some(Import { pages: prefix_pages, tokens, need });
+            }
+            self.enqueue(seq)?;
+            Ok(stream)
+        });
+        Box::pin(async move {
+            let _stream = submitted?;
+            rx.await.map_err(|_| EngineError::Stopped)?
+        })
+    }
+
+    fn prompt_token_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
+        self.prompt_ids(prompt)
+    }
+
     fn export_pages(
         &self,
         request_id: &str,
@@ -442,7 +492,8 @@ impl Engine for NativeEngine {
                 kv.first_token
             )));
         }
-        seq.import = Some(kv.pages);
+        let tokens = self.import_len(seq.prompt_len);
+        seq.import = Some(Import { pages: kv.pages, tokens, need: seq.prompt_len });
         if !self.options.recompute_last_token {
             seq.preset = Some(kv.first_token);
         } else if seq.prompt_len < 2 {
@@ -661,10 +712,9 @@ impl Worker {
     fn admit(&mut self) {
         while self.running.len() < self.options.max_num_seqs {
             let Some(mut s) = self.waiting.pop_front() else { break };
-            let need = if s.import.is_some() {
-                s.prompt_len
-            } else {
-                (s.tokens.len()).min(self.options.max_batch_tokens)
+            let need = match &s.import {
+                Some(import) => import.need,
+                None => s.tokens.len().min(self.options.max_batch_tokens),
             };
             if !self.cache.ensure(&mut s.table, need) {
                 if self.running.is_empty() && self.cache.free_blocks() == self.cache.capacity_blocks() {
@@ -677,10 +727,9 @@ impl Worker {
                 break;
             }
             dequeued(&self.shared.queued);
-            if let Some(pages) = s.import.take() {
-                let len = if self.options.recompute_last_token { s.prompt_len - 1 } else { s.prompt_len };
-                self.cache.import_pages(&s.table, len, &pages);
-                s.computed = len;
+            if let Some(import) = s.import.take() {
+                self.cache.import_pages(&s.table, import.tokens, &import.pages);
+                s.computed = import.tokens;
             }
             self.running.push(s);
         }

@@ -31,6 +31,7 @@ const HANDOFF_FAMILIES: &[(&str, &str, &str, &str)] = &[
         "in_process_transfers",
         "Page fetches in process.",
     ),
+    ("xinf_handoff_nixl_transfers_total", "counter", "nixl_transfers", "Page fetches through NIXL."),
     ("xinf_handoff_failed_total", "counter", "failed", "Handoffs that failed."),
     ("xinf_handoff_expired_leases_total", "counter", "expired_leases", "Rooms freed by an expired lease."),
     (
@@ -38,6 +39,20 @@ const HANDOFF_FAMILIES: &[(&str, &str, &str, &str)] = &[
         "counter",
         "snapshot_hits",
         "Prompt pages reused from the snapshot cache.",
+    ),
+    (
+        "xinf_handoff_snapshot_remote_hits_total",
+        "counter",
+        "snapshot_remote_hits",
+        "Prompt pages reused from another replica's snapshot cache.",
+    ),
+    ("xinf_snapshot_pages", "gauge", "snapshot_pages", "Pages held in snapshot caches."),
+    ("xinf_snapshot_bytes", "gauge", "snapshot_bytes", "Bytes held in snapshot caches."),
+    (
+        "xinf_snapshot_evictions_total",
+        "counter",
+        "snapshot_evictions",
+        "Snapshot pages evicted to make room.",
     ),
 ];
 

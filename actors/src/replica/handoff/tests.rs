@@ -27,6 +27,7 @@ fn times(unclaimed_ms: u64, idle_ms: u64) -> HandoffTimes {
         },
         transfer: Duration::from_secs(10),
         policy: TransportPolicy::Tcp,
+        snapshot_budget: 0,
     }
 }
 
@@ -104,5 +105,71 @@ async fn leases_free_abandoned_rooms_and_late_fetches_fail_clearly() {
     let e = prefill.prefill(request("early")).await.expect_err("aborted");
     assert_eq!(e, ActorError::Engine(EngineError::Aborted));
     assert_eq!(prefill.stats().active_rooms, 0);
+    unpinned(&engine).await;
+}
+
+fn tokens_request(id: &str, ids: Vec<u32>) -> GenerateRequest {
+    GenerateRequest {
+        request_id: id.into(),
+        prompt: Prompt::Tokens(ids),
+        sampling: SamplingParams::greedy(1),
+    }
+}
+
+/// A prompt's complete pages stay in the prefill replica's snapshot cache after their
+/// handoff; a later prompt with the same prefix imports them and computes only the rest, and
+/// what it hands off equals what a replica without the cache computes. A budget of one page
+/// keeps one page and evicts the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_pages_are_reused_by_a_later_prompt_with_the_same_prefix() {
+    let engine = engine();
+    let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let page = engine.contract().page_bytes();
+    let cached = HandoffTimes { snapshot_budget: 8 * page, ..times(30_000, 30_000) };
+    let prefill = HandoffSide::new(engine.clone(), true, ip, cached).await.expect("prefill side");
+    let plain = HandoffSide::new(engine.clone(), true, ip, times(30_000, 30_000)).await.expect("plain side");
+    let decode = HandoffSide::new(engine.clone(), false, ip, times(30_000, 30_000)).await.expect("decode");
+
+    let a: Vec<u32> = (0..200).map(|i| 200 + i * 7).collect();
+    let mut b = a[..150].to_vec();
+    b.extend((0..60).map(|i| 3000 + i * 11));
+
+    let h = prefill.prefill(tokens_request("a", a)).await.expect("prefill a");
+    decode.fetch(&h).await.expect("fetch a");
+    assert!(prefill.release(h.room));
+    let s = prefill.stats();
+    // 200 tokens: three complete pages kept, the partial fourth not.
+    assert_eq!((s.snapshot_pages, s.snapshot_bytes, s.snapshot_hits), (3, 3 * page as u64, 0), "{s:?}");
+
+    let before = engine.stats().prompt_tokens;
+    let h = prefill.prefill(tokens_request("b", b.clone())).await.expect("prefill b");
+    // b shares a's first 150 tokens: two whole pages.
+    assert_eq!(prefill.stats().snapshot_hits, 2);
+    assert_eq!(engine.stats().prompt_tokens - before, 210 - 128, "only the rest was computed");
+    let reused = decode.fetch(&h).await.expect("fetch b");
+    assert!(prefill.release(h.room));
+
+    let h = plain.prefill(tokens_request("b-plain", b)).await.expect("plain prefill");
+    let computed = decode.fetch(&h).await.expect("fetch plain");
+    assert!(plain.release(h.room));
+    assert_eq!(reused.first_token, computed.first_token);
+    assert_eq!(reused.pages.len(), computed.pages.len());
+    assert!(reused.pages == computed.pages, "the handed-off KV differs from the computed one");
+    unpinned(&engine).await;
+
+    // One page of budget: the first page is kept, the second evicts it.
+    let tight = HandoffTimes { snapshot_budget: page, ..times(30_000, 30_000) };
+    let small = HandoffSide::new(engine.clone(), true, ip, tight).await.expect("small side");
+    let c: Vec<u32> = (0..130).map(|i| 900 + i).collect();
+    let h = small.prefill(tokens_request("c", c.clone())).await.expect("prefill c");
+    decode.fetch(&h).await.expect("fetch c");
+    assert!(small.release(h.room));
+    let s = small.stats();
+    assert_eq!((s.snapshot_pages, s.snapshot_evictions), (1, 1), "{s:?}");
+    // The cache now holds page 1 alone, which is no prefix: the prompt is computed in full.
+    let h = small.prefill(tokens_request("c2", c)).await.expect("prefill c again");
+    assert_eq!(small.stats().snapshot_hits, 0);
+    decode.fetch(&h).await.expect("fetch c again");
+    assert!(small.release(h.room));
     unpinned(&engine).await;
 }

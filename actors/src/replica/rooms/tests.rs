@@ -8,15 +8,15 @@ fn table() -> RoomTable {
 fn a_room_ends_once_whatever_ends_it() {
     let t0 = Instant::now();
     let mut t = table();
-    t.publish(1, "r1", 3, t0);
+    t.publish(1, "r1", 3, Arc::default(), t0);
     assert_eq!(t.claim(1, 0, 3, t0), Ok("r1".to_owned()));
     assert_eq!(t.is_claimed(1), Some(true));
     assert_eq!(t.release(1), Some("r1".to_owned()));
     assert_eq!(t.release(1), None, "a second release finds nothing");
     assert_eq!(t.claim(1, 0, 1, t0), Err(RoomError::Unknown), "a late fetch gets a clear error");
-    t.publish(2, "r2", 1, t0);
-    t.publish(3, "r2", 1, t0);
-    t.publish(4, "r3", 1, t0);
+    t.publish(2, "r2", 1, Arc::default(), t0);
+    t.publish(3, "r2", 1, Arc::default(), t0);
+    t.publish(4, "r3", 1, Arc::default(), t0);
     assert_eq!(t.abort_request("r2", t0), 2);
     assert_eq!(t.active(), 1);
     assert_eq!(t.release(2), None);
@@ -27,7 +27,7 @@ fn a_room_ends_once_whatever_ends_it() {
 fn ranges_are_checked() {
     let t0 = Instant::now();
     let mut t = table();
-    t.publish(1, "r", 2, t0);
+    t.publish(1, "r", 2, Arc::default(), t0);
     assert_eq!(t.claim(1, 1, 2, t0), Err(RoomError::OutOfRange { pages: 2 }));
     assert_eq!(t.claim(1, u32::MAX, 2, t0), Err(RoomError::OutOfRange { pages: 2 }));
     assert_eq!(t.is_claimed(1), Some(false), "a refused fetch does not claim");
@@ -38,9 +38,9 @@ fn ranges_are_checked() {
 fn leases_expire_unclaimed_and_idle_rooms() {
     let t0 = Instant::now();
     let mut t = table();
-    t.publish(1, "unclaimed", 1, t0);
-    t.publish(2, "claimed", 1, t0);
-    t.publish(3, "busy", 1, t0);
+    t.publish(1, "unclaimed", 1, Arc::default(), t0);
+    t.publish(2, "claimed", 1, Arc::default(), t0);
+    t.publish(3, "busy", 1, Arc::default(), t0);
     let s = |n| t0 + Duration::from_secs(n);
     assert!(t.claim(2, 0, 1, s(1)).is_ok()); // idle deadline s(3)
     assert!(t.claim(3, 0, 1, s(1)).is_ok());
@@ -59,13 +59,13 @@ fn a_prefill_aborted_before_it_publishes_leaves_no_room() {
     let t0 = Instant::now();
     let mut t = table();
     assert_eq!(t.abort_request("late", t0), 0);
-    assert!(!t.publish(9, "late", 2, t0), "an aborted request publishes nothing");
+    assert!(!t.publish(9, "late", 2, Arc::default(), t0), "an aborted request publishes nothing");
     assert_eq!(t.active(), 0);
-    assert!(t.publish(10, "late", 2, t0), "the mark is used once");
+    assert!(t.publish(10, "late", 2, Arc::default(), t0), "the mark is used once");
     // Marks lapse.
     assert_eq!(t.abort_request("old", t0), 0);
     t.expire(t0 + Duration::from_secs(11));
-    assert!(t.publish(11, "old", 1, t0));
+    assert!(t.publish(11, "old", 1, Arc::default(), t0));
 }
 
 #[test]
