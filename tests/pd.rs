@@ -328,3 +328,176 @@ fn pd_cancellations_leave_nothing_behind_and_roles_round_robin() {
     assert_eq!(per_replica("p2d1", "prompt_tokens"), vec![40, 40, 0]);
     assert_eq!(per_replica("p2d1", "requests_served"), vec![0, 0, 4]);
 }
+
+/// A worker process with extra environment (a transfer fault to inject).
+fn worker_with(cluster: &str, env: &[(&str, &str)]) -> (crate::util::procs::Proc, String) {
+    let mut cmd = crate::util::procs::xinf();
+    cmd.args(["worker", "--supervisor", cluster]).env("XINF_CLUSTER_SECRET", SECRET);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut p = crate::util::procs::Proc::spawn(cmd);
+    let joined = p.wait_for("Worker ");
+    let id = joined.split_whitespace().next().expect("worker id").to_owned();
+    (p, id)
+}
+
+/// Whether NIXL can be loaded here; without it the NIXL parts are skipped loudly, or fail
+/// when `XINF_TEST_NIXL=1` says it must be there.
+fn nixl_here() -> bool {
+    let dir = std::env::var("XINF_NIXL_LIB_DIR").unwrap_or_default();
+    let found = !dir.is_empty() && std::path::Path::new(&dir).join("libnixl_capi.so").exists();
+    if !found {
+        assert!(std::env::var("XINF_TEST_NIXL").is_err(), "XINF_TEST_NIXL=1 but no NIXL at {dir:?}");
+        eprintln!("SKIPPED: the NIXL parts of this test (set XINF_NIXL_LIB_DIR to the nixl-cu12 libraries)");
+    }
+    found
+}
+
+/// Waits until a model holds no room and no pinned block (the release after a failed handoff
+/// travels off the request's path).
+fn released(addr: SocketAddr, model: &str) {
+    poll(std::time::Duration::from_secs(10), &format!("{model}: rooms and pinned blocks freed"), || {
+        let s = stats(addr, model);
+        s["handoff"]["active_rooms"] == 0 && s["pinned_blocks"] == 0
+    });
+}
+
+/// A request whose handoff fails gets an error naming the transfer within its deadline.
+fn fails_clearly(addr: SocketAddr, model: &str, expect: &str) {
+    let started = std::time::Instant::now();
+    let res = http::post(
+        addr,
+        "/v1/completions",
+        &json!({"model": model, "prompt": prompt(130), "max_tokens": 4, "ignore_eos": true}),
+    );
+    let waited = started.elapsed();
+    assert!(res.status >= 500, "{model}: {} {}", res.status, res.text());
+    assert!(res.text().contains(expect), "{model}: {}", res.text());
+    assert!(waited < std::time::Duration::from_secs(20), "{model}: the client waited {waited:?}");
+}
+
+/// Supervisor and four worker processes. Pages move through NIXL between two workers and the
+/// output equals the ordinary replica's at the page boundaries. Two prefill replicas on two
+/// workers share prompt pages through the block tracker: the second prompt with a known
+/// prefix fetches the first replica's snapshot pages across processes and computes only the
+/// rest. Injected faults — a data connection cut mid-frame, a failing NIXL read — give a
+/// request error within the deadline, leave no room or pinned block, and every engine keeps
+/// serving.
+#[test]
+fn pd_over_nixl_snapshot_reuse_and_transfer_faults_across_workers() {
+    let _ = util::smollm2();
+    let nixl = nixl_here();
+    let (_sup, addr, cluster) = supervisor();
+    let (_w1, id1) = worker(&cluster, SECRET);
+    let (_w2, id2) = worker(&cluster, SECRET);
+    let (_w3, id3) = worker_with(&cluster, &[("XINF_TRANSFER_FAULT", "cut-after:4096")]);
+    let (_w4, id4) = worker_with(&cluster, &[("XINF_TRANSFER_FAULT", "nixl-error")]);
+    let device = |id: &str| json!([{"worker_ip": id, "n_gpu": 0}]);
+    let hybrid = |uid: &str, id: &str| json!({"model_name": "smollm2-instruct", "model_uid": uid, "replica_config": [{"devices": device(id)}]});
+    let pd = |uid: &str, transfer: &str, p: &str, d: &str| {
+        json!({"model_name": "smollm2-instruct", "model_uid": uid, "transfer_backend_type": transfer,
+               "replica_config": [
+            {"role": "prefill", "devices": device(p),
+             "engine_config": {"kv_layout": "paged-kv-first", "kv_order": "HND", "block_size": 16}},
+            {"role": "decode", "devices": device(d), "engine_config": {"kv_layout": "token-pool"}},
+        ]})
+    };
+    launch(addr, hybrid("hybrid", &id1));
+    launch(addr, hybrid("hybrid-3", &id3));
+    launch(
+        addr,
+        json!({"model_name": "smollm2-instruct", "model_uid": "snap", "replica_config": [
+            {"role": "prefill", "devices": device(&id1)},
+            {"role": "prefill", "devices": device(&id2)},
+            {"role": "decode", "devices": device(&id1)},
+        ]}),
+    );
+    launch(addr, pd("cut", "xavier", &id3, &id2));
+
+    // Snapshot pages across processes: whichever prefill replica computes `a`, `b` goes to the
+    // other one, which finds a's first two pages in the tracker and fetches them.
+    let a: Vec<u32> = prompt(200);
+    let mut b = a[..150].to_vec();
+    b.extend(prompt(60));
+    for ids in [&a, &b] {
+        assert_eq!(complete(addr, "snap", ids, false), complete(addr, "hybrid", ids, false));
+    }
+    let s = stats(addr, "snap");
+    let h = &s["handoff"];
+    assert_eq!(h["snapshot_remote_hits"], 2, "{s}");
+    assert_eq!(h["snapshot_hits"], 2, "{s}");
+    assert_eq!(h["snapshot_pages"], 3 + 3, "both prefill replicas keep their complete pages: {s}");
+    // The same prompt again on the first replica: all its usable pages are local.
+    assert_eq!(complete(addr, "snap", &a, true), complete(addr, "hybrid", &a, false));
+    assert_eq!(stats(addr, "snap")["handoff"]["snapshot_hits"], 2 + 3);
+    let metrics = http::get(addr, "/metrics").text();
+    assert!(metrics.contains("xinf_handoff_snapshot_hits_total{model_uid=\"snap\""), "{metrics}");
+
+    // A data connection cut mid-frame.
+    fails_clearly(addr, "cut", "page transfer");
+    released(addr, "cut");
+    assert_eq!(stats(addr, "cut")["handoff"]["failed"], 1);
+    assert!(!complete(addr, "hybrid-3", &prompt(10), false).is_empty(), "the faulty worker's engines serve");
+
+    if nixl {
+        launch(addr, pd("nixl", "nixl", &id1, &id2));
+        launch(addr, pd("nixl-fault", "nixl", &id4, &id2));
+        let lengths = [2, 63, 64, 65, 129, 193, 700];
+        for (i, &n) in lengths.iter().enumerate() {
+            let ids = prompt(n);
+            let want = complete(addr, "hybrid", &ids, false);
+            assert_eq!(complete(addr, "nixl", &ids, i % 2 == 0), want, "NIXL, {n}-token prompt");
+        }
+        let s = stats(addr, "nixl");
+        let h = &s["handoff"];
+        assert_eq!(h["nixl_transfers"], lengths.len(), "{s}");
+        assert_eq!(
+            (h["tcp_transfers"].as_u64(), h["in_process_transfers"].as_u64()),
+            (Some(0), Some(0)),
+            "{s}"
+        );
+        assert_eq!(h["pages_transferred"], pages(&lengths, false), "{s}");
+        assert_eq!(h["active_rooms"], 0, "{s}");
+
+        // A failing NIXL read.
+        fails_clearly(addr, "nixl-fault", "NIXL");
+        released(addr, "nixl-fault");
+        // The decode worker shared by both deployments keeps serving.
+        assert_eq!(complete(addr, "nixl", &prompt(65), true), complete(addr, "hybrid", &prompt(65), false));
+    }
+    // The deployment with the cut connection still answers (the same clear error, nothing
+    // stuck), and its decode replica is idle and alive.
+    fails_clearly(addr, "cut", "page transfer");
+    let s = stats(addr, "cut");
+    for r in s["replicas"].as_array().expect("replicas") {
+        assert_eq!((r["running"].as_u64(), r["queued"].as_u64()), (Some(0), Some(0)), "{s}");
+    }
+    let m = http::get(addr, "/v1/models/cut").json();
+    for r in m["xinf"]["replica_details"].as_array().expect("replica_details") {
+        assert_ne!(r["status"], "dead", "{m}");
+    }
+}
+
+/// A NIXL launch on a node that cannot load NIXL is refused with what to install, and
+/// leaves no model behind.
+#[test]
+fn a_nixl_launch_without_the_library_is_refused_clearly() {
+    let _ = util::smollm2();
+    let mut cmd = crate::util::procs::xinf();
+    cmd.args(["local", "--port", "0"]).env("XINF_NIXL_LIB_DIR", "/nonexistent/nixl");
+    let mut p = crate::util::procs::Proc::spawn(cmd);
+    let addr: SocketAddr =
+        p.wait_for("REST API at http://").trim().trim_end_matches("/v1").parse().expect("REST address");
+    let res = http::post(
+        addr,
+        "/v1/models",
+        &json!({"model_name": "smollm2-instruct", "model_uid": "n", "transfer_backend_type": "nixl",
+                "replica_config": [{"role": "prefill"}, {"role": "decode"}]}),
+    );
+    assert_eq!(res.status, 400, "{}", res.text());
+    let text = res.text();
+    assert!(text.contains("libnixl_capi.so") && text.contains("nixl-cu12"), "{text}");
+    assert!(text.contains("nixl_not_available"), "{text}");
+    assert_eq!(http::get(addr, "/v1/models/n").status, 404);
+}

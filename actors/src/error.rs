@@ -140,12 +140,9 @@ pub enum ActorError {
     /// A request with this id is running already.
     #[error("Request {0} is already running")]
     DuplicateRequest(String),
-    /// The launch asks for prefill/decode roles, which this version cannot run yet.
-    #[error(
-        "the NIXL transfer backend is not available in this build yet; use transfer_backend_type \"xavier\" \
-         (pages move in process or over TCP)"
-    )]
-    NixlNotAvailable,
+    /// The launch asks for the NIXL transfer backend and a worker cannot load NIXL.
+    #[error("{0}; or use transfer_backend_type \"xavier\" (pages move in process or over TCP)")]
+    NixlNotAvailable(String),
     /// A P/D deployment cannot change its replica set.
     #[error("PD topology cannot be resized in place; terminate and relaunch the model")]
     TopologyFixed,
@@ -190,6 +187,9 @@ pub enum ActorError {
         /// Why.
         reason: String,
     },
+    /// Moving a handoff's KV pages failed (connection cut, NIXL error, prefill side gone).
+    #[error("the KV handoff failed: {0}")]
+    Transfer(String),
     /// A message could not be encoded or decoded (version skew between nodes?).
     #[error("cluster message encoding failed: {0}")]
     Wire(String),
@@ -222,12 +222,13 @@ impl ActorError {
             Self::InvalidLaunch { .. } | Self::InvalidConfig { .. } => ErrorClass::InvalidInput,
             Self::ModelNotFound(_) => ErrorClass::NotFound,
             Self::ModelExists(_) | Self::DuplicateRequest(_) | Self::TopologyFixed => ErrorClass::Conflict,
-            Self::NixlNotAvailable | Self::ScaleNotSupported(_) => ErrorClass::InvalidInput,
+            Self::NixlNotAvailable(_) | Self::ScaleNotSupported(_) => ErrorClass::InvalidInput,
             Self::NotReady { .. }
             | Self::NoReplica(_)
             | Self::Timeout { .. }
             | Self::Unreachable { .. }
             | Self::Join { .. }
+            | Self::Transfer(_)
             | Self::ShuttingDown => ErrorClass::Unavailable,
             Self::Engine(e) => e.class(),
             Self::Node(_) | Self::Wire(_) | Self::Internal(_) => ErrorClass::Internal,
@@ -243,7 +244,7 @@ impl ActorError {
             Self::NotReady { .. } => "model_not_ready",
             Self::NoReplica(_) => "no_replica",
             Self::DuplicateRequest(_) => "duplicate_request_id",
-            Self::NixlNotAvailable => "nixl_not_available",
+            Self::NixlNotAvailable(_) => "nixl_not_available",
             Self::TopologyFixed => "pd_topology_fixed",
             Self::ScaleNotSupported(_) => "scale_not_supported",
             Self::Engine(e) => e.code(),
@@ -253,6 +254,7 @@ impl ActorError {
             Self::Node(_) => "node_start_failed",
             Self::Join { .. } => "cluster_join_failed",
             Self::Wire(_) => "wire_error",
+            Self::Transfer(_) => "kv_transfer_failed",
             Self::ShuttingDown => "shutting_down",
             Self::Internal(_) => "internal_error",
         }

@@ -377,8 +377,20 @@ pub(crate) struct LaunchSpec {
     pub(crate) replicas: Vec<ReplicaDraft>,
     /// Whether the replicas have prefill/decode roles.
     pub(crate) pd: bool,
-    /// The P/D transfer backend (stored for the P/D launch path).
+    /// The P/D transfer backend.
     pub(crate) transfer: Option<TransferBackend>,
+    /// `xavier_cache_bytes`: the snapshot cache of each prefill replica.
+    pub(crate) snapshot_cache_bytes: Option<u64>,
+}
+
+impl LaunchSpec {
+    /// The handoff settings every replica of this launch gets.
+    pub(crate) fn handoff(&self) -> crate::replica::ModelHandoff {
+        crate::replica::ModelHandoff {
+            nixl: self.transfer == Some(TransferBackend::Nixl),
+            snapshot_cache_bytes: self.snapshot_cache_bytes,
+        }
+    }
 }
 
 fn invalid(rule: LaunchRule, message: impl Into<String>) -> ActorError {
@@ -680,13 +692,21 @@ pub(crate) fn validate(req: &LaunchRequest, local_mode: bool) -> Result<LaunchSp
             ));
         }
     }
-    if launch_kw.get("xavier_cache_bytes").is_some_and(|v| !v.is_null()) {
-        return Err(invalid(
-            LaunchRule::CacheBudget,
-            "xavier_cache_bytes requires MLX Xavier or SGLang shared CPU caching and a positive integer; \
-             model_engine must be native for now",
-        ));
-    }
+    // The native engine's CPU snapshot cache lives on prefill replicas.
+    let snapshot_cache_bytes = match launch_kw.get("xavier_cache_bytes") {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) if n.as_u64().is_some_and(|b| b > 0) && pd => n.as_u64(),
+        Some(Value::Number(n)) if n.as_u64().is_some_and(|b| b > 0) => {
+            return Err(invalid(
+                LaunchRule::CacheBudget,
+                "xavier_cache_bytes requires prefill and decode replica roles: the native engine keeps \
+                 its CPU snapshot cache on prefill replicas",
+            ));
+        }
+        Some(_) => {
+            return Err(invalid(LaunchRule::CacheBudget, "xavier_cache_bytes must be a positive integer"));
+        }
+    };
 
     // Engine options: the launch's engine_config plus top-level engine keywords.
     let mut base = req.engine_config.clone().unwrap_or_default();
@@ -766,7 +786,7 @@ pub(crate) fn validate(req: &LaunchRequest, local_mode: bool) -> Result<LaunchSp
         }
         out
     };
-    Ok(LaunchSpec { model_uid: req.model_uid.clone(), source, replicas, pd, transfer })
+    Ok(LaunchSpec { model_uid: req.model_uid.clone(), source, replicas, pd, transfer, snapshot_cache_bytes })
 }
 
 /// A worker as placement sees it.

@@ -44,6 +44,31 @@ pub(crate) struct ReplicaSpec {
     pub(crate) engine_config: String,
     /// GPU indexes on the worker; empty means the CPU.
     pub(crate) gpus: Vec<u32>,
+    /// The launch's handoff settings.
+    pub(crate) handoff: ModelHandoff,
+}
+
+/// A model's handoff settings from its launch, carried to every replica.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ModelHandoff {
+    /// Pages travel through NIXL (`transfer_backend_type: "nixl"`).
+    pub(crate) nixl: bool,
+    /// Snapshot cache of a prefill replica (`xavier_cache_bytes`); the node's default when
+    /// not given.
+    pub(crate) snapshot_cache_bytes: Option<u64>,
+}
+
+impl ModelHandoff {
+    /// The node's handoff settings with this model's choices applied.
+    pub(crate) fn apply(&self, mut times: HandoffTimes) -> HandoffTimes {
+        if self.nixl {
+            times.policy = xinf_transfer::transport::TransportPolicy::Nixl;
+        }
+        if let Some(bytes) = self.snapshot_cache_bytes {
+            times.snapshot_budget = usize::try_from(bytes).unwrap_or(usize::MAX);
+        }
+        times
+    }
 }
 
 /// Messages of a replica; every one may cross nodes.
@@ -142,13 +167,18 @@ impl Actor for Replica {
         args: ReplicaArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
         let spec = args.spec;
+        let times = spec.handoff.apply(args.handoff);
+        if times.policy == xinf_transfer::transport::TransportPolicy::Nixl {
+            // Refuse at load, with what to install, rather than at the first request.
+            xinf_transfer::nixl::available().map_err(|e| ActorError::NixlNotAvailable(e.to_string()))?;
+        }
         tracing::info!(model_uid = %spec.model_uid, replica_uid = %spec.replica_uid, gpus = ?spec.gpus, "loading replica");
         let loader = spec.clone();
         let engine = tokio::task::spawn_blocking(move || load_engine(&loader))
             .await
             .map_err(|e| ActorError::Internal(format!("the loading thread failed: {e}")))??;
         let serve_pages = spec.role == Role::Prefill;
-        let handoff = HandoffSide::new(engine.clone(), serve_pages, args.ip, args.handoff).await?;
+        let handoff = HandoffSide::new(engine.clone(), serve_pages, args.ip, times).await?;
         handoff.join_tracker(&spec.replica_uid, &args.tracker_group);
         let handoff = Arc::new(handoff);
         ractor::pg::join(args.group, vec![myself.get_cell()]);

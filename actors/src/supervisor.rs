@@ -12,7 +12,7 @@ use crate::cluster::{Namespace, wait_for_member};
 use crate::error::ActorError;
 use crate::handle::{ModelInfo, WorkerInfo, WorkerStatus};
 use crate::launch::{self, LaunchRequest, ModelSource, Placement};
-use crate::replica::{ReplicaMsg, ReplicaSpec};
+use crate::replica::{ModelHandoff, ReplicaMsg, ReplicaSpec};
 use crate::router::{Router, RouterArgs, RouterMsg};
 use crate::wire::{JsonWire, Wire, answer, call};
 use crate::worker::WorkerMsg;
@@ -201,7 +201,7 @@ impl Actor for Supervisor {
                     let spec = launch::validate(&req, self.local_mode)?;
                     let (uid, placements) = state
                         .begin_launch(&spec, &req.model_name, || format!("{:08x}", rand::random::<u32>()))?;
-                    Ok((uid, placements, spec.source))
+                    Ok((uid, placements, (spec.source.clone(), spec.handoff())))
                 });
                 match started {
                     Err(e) => answer(reply, Wire(Err(e))),
@@ -215,7 +215,7 @@ impl Actor for Supervisor {
                             Some(reply)
                         };
                         tokio::spawn(async move {
-                            let outcome = run_launch(&ctx, &uid, &source, &placements).await;
+                            let outcome = run_launch(&ctx, &uid, &source.0, &source.1, &placements).await;
                             let recorded = call(&ctx.sup, "supervisor", ctx.times.call, |reply| {
                                 SupervisorMsg::LaunchDone {
                                     model_uid: uid.clone(),
@@ -327,9 +327,10 @@ async fn run_launch(
     ctx: &TaskCtx,
     uid: &str,
     source: &ModelSource,
+    handoff: &ModelHandoff,
     placements: &[Placement],
 ) -> Result<(), ActorError> {
-    let result = build(ctx, uid, source, placements).await;
+    let result = build(ctx, uid, source, handoff, placements).await;
     if result.is_err() {
         rollback(ctx, uid, placements).await;
     }
@@ -344,6 +345,7 @@ async fn build(
     ctx: &TaskCtx,
     uid: &str,
     source: &ModelSource,
+    handoff: &ModelHandoff,
     placements: &[Placement],
 ) -> Result<(), ActorError> {
     let sup: ActorCell = ctx.sup.get_cell();
@@ -355,7 +357,7 @@ async fn build(
     )
     .await
     .map_err(|e| spawn_failed("block tracker", e))?;
-    let starts = placements.iter().map(|p| start_replica(ctx, uid, source, p));
+    let starts = placements.iter().map(|p| start_replica(ctx, uid, source, handoff, p));
     let results = futures::future::join_all(starts).await;
     let mut replicas = Vec::with_capacity(placements.len());
     let mut failure = None;
@@ -431,6 +433,7 @@ async fn start_replica(
     ctx: &TaskCtx,
     uid: &str,
     source: &ModelSource,
+    handoff: &ModelHandoff,
     p: &Placement,
 ) -> Result<ActorRef<ReplicaMsg>, ActorError> {
     let what = format!("worker {}", p.worker_id);
@@ -445,6 +448,7 @@ async fn start_replica(
         source: source.clone(),
         engine_config: p.engine_config.clone(),
         gpus: p.gpus.clone(),
+        handoff: handoff.clone(),
     };
     call(&worker, &what, ctx.times.load, |reply| WorkerMsg::SpawnReplica { spec: Wire::ok(spec), reply })
         .await?;

@@ -5,7 +5,7 @@ use super::shutdown_signal;
 use crate::api::{self, ApiConfig, ClusterService, ModelService};
 use clap::Args;
 use std::sync::Arc;
-use xinf_actors::{ActorError, Cluster};
+use xinf_actors::{ActorError, Cluster, ClusterOptions};
 use xinf_i18n::Catalog;
 
 /// How the REST API is served.
@@ -56,11 +56,31 @@ impl SecretArgs {
     }
 }
 
+/// Settings of the replicas a node runs.
+#[derive(Debug, Args)]
+pub(crate) struct NodeArgs {
+    /// CPU snapshot cache of each prefill replica, in MiB: the complete pages of handed-off
+    /// prompts, reused by later prompts with the same prefix; 0 keeps none. A launch's
+    /// xavier_cache_bytes overrides it for its model.
+    #[arg(long, env = "XINF_SNAPSHOT_CACHE_MIB", default_value_t = 512)]
+    snapshot_cache_mib: usize,
+}
+
+impl NodeArgs {
+    fn options(&self) -> ClusterOptions {
+        let mut options = ClusterOptions::default();
+        options.snapshot_cache_bytes = self.snapshot_cache_mib.saturating_mul(1 << 20);
+        options
+    }
+}
+
 /// `xinf local`.
 #[derive(Debug, Args)]
 pub(crate) struct LocalArgs {
     #[command(flatten)]
     http: HttpArgs,
+    #[command(flatten)]
+    node: NodeArgs,
     /// With --model-name: a model to launch once the server is up (the flags of `xinf launch`).
     #[command(flatten)]
     launch: LaunchSource,
@@ -90,6 +110,8 @@ pub(crate) struct WorkerArgs {
     host: String,
     #[command(flatten)]
     secret: SecretArgs,
+    #[command(flatten)]
+    node: NodeArgs,
 }
 
 fn actor_text(cat: &Catalog, e: &ActorError) -> String {
@@ -167,7 +189,7 @@ async fn serve_cluster(
 
 /// `xinf local`: supervisor and worker in this process, REST in front.
 pub(crate) async fn local(args: LocalArgs, cat: &Catalog) -> Result<(), String> {
-    let cluster = Cluster::start_local().await.map_err(|e| actor_text(cat, &e))?;
+    let cluster = Cluster::start_local_with(args.node.options()).await.map_err(|e| actor_text(cat, &e))?;
     let launch = args.launch.model_name.is_some().then_some(&args.launch);
     serve_cluster(cluster, &args.http, launch, cat).await
 }
@@ -186,8 +208,9 @@ pub(crate) async fn supervisor(args: SupervisorArgs, cat: &Catalog) -> Result<()
 /// `xinf worker`: joins a supervisor and runs the replicas it places here until a signal.
 pub(crate) async fn worker(args: WorkerArgs, cat: &Catalog) -> Result<(), String> {
     let secret = args.secret.get(cat)?;
-    let node =
-        Cluster::start_worker(&args.supervisor, &args.host, secret).await.map_err(|e| actor_text(cat, &e))?;
+    let node = Cluster::start_worker_with(&args.supervisor, &args.host, secret, args.node.options())
+        .await
+        .map_err(|e| actor_text(cat, &e))?;
     eprintln!(
         "{}",
         cat.text("cli-worker-joined", &[("id", node.worker_id()), ("supervisor", &args.supervisor)])

@@ -17,7 +17,8 @@ fn classes_and_codes() {
     assert_eq!(e.clone().into_engine_error(), EngineError::Aborted);
     let e = ActorError::Timeout { what: "worker w".into(), after_ms: 5 };
     assert!(matches!(e.into_engine_error(), EngineError::Model(m) if m.contains("worker w")));
-    assert!(ActorError::NixlNotAvailable.to_string().contains("NIXL"));
+    let e = ActorError::NixlNotAvailable("NIXL is not available: libnixl_capi.so was not found".into());
+    assert!(e.to_string().contains("transfer_backend_type \"xavier\""), "{e}");
 }
 
 #[test]

@@ -576,13 +576,20 @@ fn xavier_gpu_cache_bytes_needs_xavier_with_several_replicas() {
 }
 
 #[test]
-fn xavier_cache_bytes_needs_mlx_or_sglang() {
+fn xavier_cache_bytes_sizes_the_prefill_snapshot_cache() {
     let e = validate_err(json!({"model_name": "smollm2-instruct", "xavier_cache_bytes": 1024}), true);
-    assert_rule(
-        &e,
-        LaunchRule::CacheBudget,
-        "xavier_cache_bytes requires MLX Xavier or SGLang shared CPU caching and a positive integer",
-    );
+    assert_rule(&e, LaunchRule::CacheBudget, "xavier_cache_bytes requires prefill and decode replica roles");
+    let pd = |v: Value| {
+        json!({"model_name": "smollm2-instruct", "xavier_cache_bytes": v,
+               "replica_config": [{"role": "prefill"}, {"role": "decode"}]})
+    };
+    for bad in [json!(0), json!(-1), json!("1024"), json!(1.5)] {
+        let e = validate_err(pd(bad.clone()), true);
+        assert_rule(&e, LaunchRule::CacheBudget, "xavier_cache_bytes must be a positive integer");
+    }
+    let spec = validate(&parse(pd(json!(1 << 20))), true).expect("valid");
+    assert_eq!(spec.snapshot_cache_bytes, Some(1 << 20));
+    assert_eq!(spec.handoff().snapshot_cache_bytes, Some(1 << 20));
 }
 
 // ---- engine options and the model ----

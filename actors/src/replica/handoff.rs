@@ -53,6 +53,16 @@ pub(crate) struct HandoffTimes {
     pub(crate) snapshot_budget: usize,
 }
 
+/// The transport for pages at `endpoint`: NIXL moves pages between processes; inside one
+/// process (one NIXL agent, which cannot read from itself) they move in process.
+fn policy_for(endpoint: &Endpoint, policy: transport::TransportPolicy) -> transport::TransportPolicy {
+    if policy == transport::TransportPolicy::Nixl && endpoint.process == transport::process_nonce() {
+        transport::TransportPolicy::Auto
+    } else {
+        policy
+    }
+}
+
 /// How long a prefill waits for the block tracker's answer before computing on its own.
 const TRACKER_WAIT: Duration = Duration::from_secs(2);
 
@@ -173,8 +183,15 @@ impl Snapshots {
                             .take_while(|h| by_hash.get(h).is_some_and(|l| l.replica_uid == holder))
                             .count();
                         let last = rest[run - 1];
-                        match transport::fetch(&endpoint, last, 0, run as u32, times.policy, times.transfer)
-                            .await
+                        match transport::fetch(
+                            &endpoint,
+                            last,
+                            0,
+                            run as u32,
+                            policy_for(&endpoint, times.policy),
+                            times.transfer,
+                        )
+                        .await
                         {
                             Ok((pages, _)) => {
                                 prefix.extend_from_slice(&pages);
@@ -392,10 +409,11 @@ impl HandoffSide {
                     ))));
                 }
                 let started = Instant::now();
+                let policy = policy_for(&handoff.endpoint, times.policy);
                 let (pages, kind) =
-                    transport::fetch(&handoff.endpoint, handoff.room, 0, need, times.policy, times.transfer)
+                    transport::fetch(&handoff.endpoint, handoff.room, 0, need, policy, times.transfer)
                         .await
-                        .map_err(|e| ActorError::Engine(EngineError::Import(e.to_string())))?;
+                        .map_err(|e| ActorError::Transfer(e.to_string()))?;
                 lock(&received.latency).observe(started.elapsed().as_secs_f64());
                 received.pages.fetch_add(u64::from(need), Ordering::Relaxed);
                 received.bytes.fetch_add(pages.len() as u64, Ordering::Relaxed);

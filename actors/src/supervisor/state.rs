@@ -158,9 +158,6 @@ impl SupervisorState {
             return Err(ActorError::ModelExists(uid));
         }
         let (placements, next) = launch::place(spec, &uid, &self.view())?;
-        if spec.transfer == Some(launch::TransferBackend::Nixl) {
-            return Err(ActorError::NixlNotAvailable);
-        }
         self.round_robin = next;
         let replicas = placements
             .iter()

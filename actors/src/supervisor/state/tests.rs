@@ -84,7 +84,7 @@ fn a_failed_launch_leaves_no_state() {
 }
 
 #[test]
-fn nixl_launches_are_refused_after_full_validation() {
+fn nixl_launches_are_placed_like_any_p_d_launch() {
     let mut s = SupervisorState::new(false);
     s.heartbeat(info("a:1", &[]), Instant::now());
     let sp =
@@ -92,16 +92,9 @@ fn nixl_launches_are_refused_after_full_validation() {
             {"role": "prefill", "devices": [{"worker_ip": "a:1"}]},
             {"role": "decode", "devices": [{"worker_ip": "a:1"}]}
         ]}));
-    assert_eq!(s.begin_launch(&sp, "smollm2-instruct", || "x".into()), Err(ActorError::NixlNotAvailable));
-    assert!(s.models().is_empty());
-    // A P/D launch over the default transport is placed.
-    let sp = spec(json!({"model_name": "smollm2-instruct", "replica_config": [
-        {"role": "prefill", "devices": [{"worker_ip": "a:1"}]},
-        {"role": "decode", "devices": [{"worker_ip": "a:1"}]}
-    ]}));
-    let (_, placed) = s.begin_launch(&sp, "smollm2-instruct", || "x".into()).expect("P/D placed");
+    let (_, placed) = s.begin_launch(&sp, "smollm2-instruct", || "x".into()).expect("NIXL P/D placed");
     assert_eq!(placed.len(), 2);
-    // A placement error still wins over the NIXL refusal.
+    // Placement is checked as for any launch.
     let sp =
         spec(json!({"model_name": "smollm2-instruct", "transfer_backend_type": "nixl", "replica_config": [
             {"role": "prefill", "devices": [{"worker_ip": "b:1"}]},
