@@ -12,12 +12,16 @@ use state::{BlockLocation, BlockTrackerState};
 use std::time::Duration;
 use xinf_transfer::transport::Endpoint;
 
+/// What a registration carries: where the blocks are read (when the replica serves them), and
+/// their `(hash, block_id)` pairs.
+type Registration = (Option<Endpoint>, Vec<(u64, u32)>);
+
 /// Messages of the block tracker; every one may cross nodes (prefill replicas on worker
 /// nodes publish their snapshot pages here and look up pages held elsewhere).
 #[derive(RactorClusterMessage)]
 pub(crate) enum BlockTrackerMsg {
     /// A replica holds these `(hash, block_id)` pairs, readable at the endpoint (when given).
-    Register { replica_uid: String, blocks: Wire<(Option<Endpoint>, Vec<(u64, u32)>)> },
+    Register { replica_uid: String, blocks: Wire<Registration> },
     /// A replica freed these blocks.
     Unregister { replica_uid: String, block_ids: Wire<Vec<u32>> },
     /// A replica is gone: forget all it held.

@@ -450,8 +450,11 @@ async fn start_replica(
         gpus: p.gpus.clone(),
         handoff: handoff.clone(),
     };
-    call(&worker, &what, ctx.times.load, |reply| WorkerMsg::SpawnReplica { spec: Wire::ok(spec), reply })
-        .await?;
+    call(&worker, &what, ctx.times.load, |reply| WorkerMsg::SpawnReplica {
+        spec: Wire::ok(Box::new(spec)),
+        reply,
+    })
+    .await?;
     // The group membership of a remote replica arrives over the node connection shortly after.
     wait_for_member(&ctx.ns.replica_group(&p.replica_uid), ctx.times.call).await.map(Into::into).ok_or_else(
         || ActorError::Unreachable {

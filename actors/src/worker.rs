@@ -23,7 +23,7 @@ mod tests;
 pub(crate) enum WorkerMsg {
     /// Start a replica; the reply comes once its engine is loaded.
     #[rpc]
-    SpawnReplica { spec: Wire<ReplicaSpec>, reply: RpcReplyPort<Wire<()>> },
+    SpawnReplica { spec: Wire<Box<ReplicaSpec>>, reply: RpcReplyPort<Wire<()>> },
     /// Stop a replica (also one still loading); `true` when it existed.
     #[rpc]
     StopReplica { replica_uid: String, reply: RpcReplyPort<Wire<bool>> },
@@ -145,7 +145,7 @@ impl Actor for Worker {
             },
             WorkerMsg::SpawnReplica { spec, reply } => match spec.0 {
                 Err(e) => answer(reply, Wire(Err(e))),
-                Ok(spec) => self.spawn_replica(&myself, state, spec, reply),
+                Ok(spec) => self.spawn_replica(&myself, state, *spec, reply),
             },
             WorkerMsg::StopReplica { replica_uid, reply } => {
                 let mut slots = lock(&state.slots);

@@ -42,7 +42,7 @@ fn lru_eviction_spares_leased_pages_and_refuses_what_cannot_fit() {
     assert_eq!(ins.added.len(), 3);
     assert_eq!(s.longest_prefix(&keys), 3);
     // Key 1 is leased: the next page evicts key 2, the least recently used unleased one.
-    let leased = s.lease(&[1]).unwrap();
+    let leased = s.lease(&[1]).expect("held");
     assert_eq!(&*leased[0], &page);
     let ins = s.insert(&keys, 3, &[&page]);
     assert_eq!(ins.evicted, vec![1]);
@@ -51,7 +51,7 @@ fn lru_eviction_spares_leased_pages_and_refuses_what_cannot_fit() {
     // A page larger than the budget is never kept.
     assert!(s.insert(&[9], 0, &[&[0u8; 31]]).added.is_empty());
     // With everything leased nothing can be evicted.
-    s.lease(&[3, 4]).unwrap();
+    s.lease(&[3, 4]).expect("held");
     assert!(s.insert(&[8], 0, &[&page]).added.is_empty());
     s.unlease(&[1, 3, 4]);
     assert_eq!(s.insert(&[8], 0, &[&page]).evicted.len(), 1);
@@ -64,9 +64,9 @@ fn a_chain_is_read_back_in_prefix_order() {
     let pages: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i; 4]).collect();
     let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
     s.insert(&keys, 0, &refs);
-    let got = s.chain(13, 2).unwrap();
+    let got = s.chain(13, 2).expect("held");
     assert_eq!(got.iter().map(|p| p[0]).collect::<Vec<_>>(), vec![1, 2]);
-    assert_eq!(s.chain(13, 3).unwrap().len(), 3);
+    assert_eq!(s.chain(13, 3).expect("held").len(), 3);
     assert!(s.chain(13, 4).is_none());
     assert!(s.chain(99, 1).is_none());
     // Inserting again only touches.
