@@ -87,3 +87,6 @@ impl ModelContract {
         self.num_layers * 2 * crate::PAGE_TOKENS * self.kv_heads * self.head_dim * self.dtype.size()
     }
 }
+
+#[cfg(test)]
+mod tests;
