@@ -83,6 +83,9 @@ pub enum GpuError {
     /// The buffers do not fit the descriptor, table or range.
     #[error("page conversion: {0}")]
     Shape(String),
+    /// A CUDA IPC handle that is not one (see [`crate::gpu_ipc`]).
+    #[error("CUDA IPC: {0}")]
+    Ipc(String),
 }
 
 fn driver(e: impl std::fmt::Display) -> GpuError {

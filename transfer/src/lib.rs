@@ -11,6 +11,8 @@
 
 #[cfg(feature = "cuda")]
 pub mod gpu;
+#[cfg(feature = "cuda")]
+pub mod gpu_ipc;
 mod layout;
 pub mod nixl;
 mod page;

@@ -34,6 +34,9 @@
 //! metadata once per change (the agent's `generation` counts its registrations) and keep its
 //! connection. The pool is bounded (16 GiB per agent); a fetch that finds it full fails with
 //! [`TransferError::Nixl`] rather than wait.
+//!
+//! **GPU memory** (feature `cuda`): a `VramAgent` registers device buffers and reads a peer's
+//! device memory into its own, device to device (see `VramAgent`'s module, `nixl/vram.rs`).
 
 // Two kinds of unsafe code, both confined to this module: loading the NIXL library (running
 // its initialisers, see `open_library`) and implementing nixl-sys's `MemoryRegion`, whose
@@ -45,6 +48,11 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
+
+#[cfg(feature = "cuda")]
+mod vram;
+#[cfg(feature = "cuda")]
+pub use vram::{RemoteVram, VramAgent, VramRegion};
 
 /// The C API library the nixl-sys stubs look up by soname.
 const CAPI: &str = "libnixl_capi.so";
@@ -369,11 +377,11 @@ impl Node {
         let request = agent
             .create_xfer_req(nixl_sys::XferOp::Read, &local, &remote, &stage.agent, None)
             .map_err(nixl_err("preparing the read (the staged range is not registered memory)"))?;
-        let mut pending = agent.post_xfer_req(&request, None).map_err(nixl_err("posting the read"))?;
+        let pending = agent.post_xfer_req(&request, None).map_err(nixl_err("posting the read"))?;
         drop(agent);
-        let mut pause = Duration::from_micros(5);
-        while pending {
-            if Instant::now() >= deadline {
+        match self.wait(&request, pending, deadline, Duration::ZERO) {
+            Wait::Done => {}
+            Wait::TimedOut => {
                 // The read may still land: leak its buffer, registration and request rather
                 // than free memory UCX may write into (a timeout is rare and already an error).
                 std::mem::forget(request);
@@ -384,18 +392,12 @@ impl Node {
                     stage.agent
                 )));
             }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(1));
-            let agent = lock(&self.agent);
-            match agent.get_xfer_status(&request) {
-                Ok(status) => pending = !status.is_success(),
-                Err(e) => {
-                    // A failed request is no longer in flight: release it under the lock.
-                    drop(request);
-                    drop(registration);
-                    drop(agent);
-                    return Err(nixl_err("reading the staged pages")(e));
-                }
+            Wait::Failed(e) => {
+                // A failed request is no longer in flight: release it under the lock.
+                let _agent = lock(&self.agent);
+                drop(request);
+                drop(registration);
+                return Err(nixl_err("reading the staged pages")(e));
             }
         }
         {
@@ -404,6 +406,57 @@ impl Node {
             drop(registration);
         }
         Ok(memory.0)
+    }
+
+    /// Polls a posted transfer (`pending`: not done when posted) until it is done, fails or
+    /// `deadline` passes: yielding for the first `spin` (a transfer between GPUs is over in
+    /// microseconds, less than one sleep), then sleeping longer and longer, up to 1 ms.
+    fn wait(
+        &self,
+        request: &nixl_sys::XferRequest,
+        mut pending: bool,
+        deadline: Instant,
+        spin: Duration,
+    ) -> Wait {
+        let started = Instant::now();
+        let mut pause = Duration::from_micros(5);
+        while pending {
+            if Instant::now() >= deadline {
+                return Wait::TimedOut;
+            }
+            if started.elapsed() < spin {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(1));
+            }
+            match lock(&self.agent).get_xfer_status(request) {
+                Ok(status) => pending = !status.is_success(),
+                Err(e) => return Wait::Failed(e),
+            }
+        }
+        Wait::Done
+    }
+
+    /// Whether the agent's UCX backend says it handles GPU memory (NIXL built with CUDA).
+    /// Whether UCX's cuda transports load shows only when GPU memory is registered and read.
+    #[cfg(feature = "cuda")]
+    fn handles_vram(&self) -> Result<bool, TransferError> {
+        let agent = lock(&self.agent);
+        let backend = agent
+            .get_backend("UCX")
+            .ok_or_else(|| TransferError::Nixl("the agent has no UCX backend".into()))?;
+        let (mems, _params) =
+            agent.get_backend_params(&backend).map_err(nixl_err("reading the UCX backend's parameters"))?;
+        let count = mems.len().map_err(nixl_err("reading the UCX backend's memory types"))?;
+        for i in 0..count {
+            if mems.get(i).map_err(nixl_err("reading the UCX backend's memory types"))?
+                == nixl_sys::MemType::Vram
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// Loads `stage.agent`'s metadata unless a generation at least as new is loaded.
@@ -429,6 +482,15 @@ impl Node {
     fn give_back(&self, slab: Slab) {
         lock(&self.pool).free.push(slab);
     }
+}
+
+/// How a posted transfer ended.
+enum Wait {
+    Done,
+    /// Still in flight at the deadline: its memory may yet be written.
+    TimedOut,
+    /// Failed; no longer in flight.
+    Failed(nixl_sys::NixlError),
 }
 
 impl Drop for Node {

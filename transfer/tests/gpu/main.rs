@@ -1,8 +1,11 @@
-//! GPU page conversion against the CPU reference, on a real NVIDIA GPU (`XINF_TEST_GPU=1`,
-//! feature `cuda`). Without the variable, or without a GPU, the tests say so and skip.
+//! GPU page conversion against the CPU reference, and GPU-to-GPU handoffs (CUDA IPC, NIXL
+//! VRAM; `transport`), on a real NVIDIA GPU (`XINF_TEST_GPU=1`, feature `cuda`). Without the
+//! variable, or without a GPU, the tests say so and skip.
 
 #![cfg(feature = "cuda")]
 #![allow(missing_docs)]
+
+mod transport;
 
 use std::time::Instant;
 use xinf_transfer::gpu::{GpuError, GpuPages};
@@ -11,7 +14,7 @@ use xinf_transfer::{Direction, KvLayout, LayoutDescriptor, PAGE_TOKENS, copy_pag
 /// The kernel on GPU 0, or `None` (with a loud note) when GPU tests are not asked for.
 fn gpu() -> Option<GpuPages> {
     if std::env::var("XINF_TEST_GPU").ok().as_deref() != Some("1") {
-        eprintln!("SKIPPED: GPU page-conversion tests need XINF_TEST_GPU=1 and an NVIDIA GPU");
+        eprintln!("SKIPPED: GPU tests need XINF_TEST_GPU=1 and an NVIDIA GPU");
         return None;
     }
     match GpuPages::new(0) {
