@@ -6,6 +6,7 @@ mod client;
 mod generate;
 mod launch;
 mod models;
+mod random_checkpoint;
 mod server;
 
 use crate::engine_error_text;
@@ -45,6 +46,9 @@ enum Command {
     /// Measure a served model under load: time to first token, time per output token and
     /// output tokens/s at each concurrency level, over any OpenAI-compatible endpoint.
     Bench(bench::BenchArgs),
+    /// Write a Hugging Face checkpoint with random weights for a model's config.json, to
+    /// measure speed and memory for models whose weights are not at hand (never a real model).
+    RandomCheckpoint(random_checkpoint::RandomCheckpointArgs),
 }
 
 /// Xinference's two-letter short flags, which clap cannot express, as their long forms.
@@ -82,6 +86,7 @@ pub fn main() -> ExitCode {
         }
         Command::Serve(args) => runtime.block_on(generate::serve(args, &cat)),
         Command::Bench(args) => bench::bench(args, &cat),
+        Command::RandomCheckpoint(args) => random_checkpoint::random_checkpoint(args, &cat),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

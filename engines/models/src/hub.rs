@@ -144,6 +144,9 @@ pub(crate) fn resolve_with(req: &ModelRequest, env: &ResolveEnv) -> Result<Resol
     let family = find_family(&req.model_name);
     if let Some(path) = &req.model_path {
         let (format, path) = from_model_path(path)?;
+        if crate::random::is_random(&path) {
+            tracing::warn!(path = %path.display(), "this checkpoint has random weights (written by `xinf random-checkpoint`): its outputs are meaningless");
+        }
         return Ok(found(req, family, format, path, "model_path"));
     }
     let family = family

@@ -151,6 +151,41 @@ impl TextTokenizer {
         Self::finish(inner, chat_template, eos_ids)
     }
 
+    /// The tokenizer of a resolved model: from its GGUF metadata or its folder's files.
+    pub fn load(model: &crate::ResolvedModel) -> Result<Self, ModelError> {
+        match model.format {
+            crate::WeightsFormat::Gguf => {
+                let path = &model.path;
+                let mut f = std::fs::File::open(path)
+                    .map_err(|source| ModelError::Io { path: path.display().to_string(), source })?;
+                let content = gguf_file::Content::read(&mut f).map_err(|e| ModelError::Corrupt {
+                    file: path.display().to_string(),
+                    reason: e.to_string(),
+                })?;
+                Self::from_gguf(&content)
+            }
+            crate::WeightsFormat::Safetensors => Self::from_hf_dir(&model.path, &[]),
+        }
+    }
+
+    /// Saves `tokenizer.json` and a `tokenizer_config.json` (chat template, EOS) into `dir`, so
+    /// a checkpoint written there loads with this tokenizer.
+    pub fn save_hf(&self, dir: &Path) -> Result<(), ModelError> {
+        let file = dir.join("tokenizer.json");
+        self.inner.save(&file, false).map_err(tok_err)?;
+        let mut config = serde_json::Map::new();
+        if let Some(t) = &self.chat_template {
+            config.insert("chat_template".into(), t.source().into());
+        }
+        if let Some(eos) = self.eos_token_ids.first().and_then(|&id| self.inner.id_to_token(id)) {
+            config.insert("eos_token".into(), eos.into());
+        }
+        let path = dir.join("tokenizer_config.json");
+        let text = serde_json::to_string_pretty(&config).unwrap_or_default();
+        std::fs::write(&path, text)
+            .map_err(|source| ModelError::Io { path: path.display().to_string(), source })
+    }
+
     /// Token ids of `text`; `add_special_tokens` adds what the tokenizer's post-processor adds
     /// (BOS for most Llama tokenizers).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, ModelError> {

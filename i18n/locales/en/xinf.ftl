@@ -95,3 +95,6 @@ cli-bench-ratio = TTFT p50 of `{ $uid }` / `{ $base }` at concurrency { $concurr
 cli-bench-error = `{ $uid }` at concurrency { $concurrency }: { $message }
 cli-bench-write-failed = cannot write { $path }: { $detail }
 cli-try = Try it:
+cli-random-bad-dtype = unknown --dtype `{ $dtype }`; use f16, bf16 or f32
+cli-random-bad-config = cannot read the config { $path }: { $detail }
+cli-random-written = Wrote a random-weight checkpoint to { $out }: { $params } parameters, { $bytes } bytes of { $dtype } weights. Its outputs are meaningless; load it with --model-path only to measure speed and memory.

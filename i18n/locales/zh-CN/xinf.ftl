@@ -95,3 +95,6 @@ cli-bench-ratio = 并发 { $concurrency } 时 `{ $uid }` 与 `{ $base }` 的首�
 cli-bench-error = `{ $uid }`，并发 { $concurrency }：{ $message }
 cli-bench-write-failed = 无法写入 { $path }：{ $detail }
 cli-try = 试一试：
+cli-random-bad-dtype = 未知的 --dtype `{ $dtype }`；请使用 f16、bf16 或 f32
+cli-random-bad-config = 无法读取配置 { $path }：{ $detail }
+cli-random-written = 已将随机权重检查点写入 { $out }：{ $params } 个参数，{ $dtype } 权重共 { $bytes } 字节。其输出没有意义；仅在测量速度和内存时用 --model-path 加载它。
