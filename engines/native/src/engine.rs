@@ -12,7 +12,7 @@ use crate::config::ModelConfig;
 use crate::detok::Detokenizer;
 use crate::kv_cache::KvCache;
 use crate::model::{Chunk, ComputeBackend, CpuModel};
-use crate::options::EngineOptions;
+use crate::options::{ComputeDevice, EngineOptions};
 use crate::sampler::Sampler;
 use crate::stop::{StopMatcher, StopOutcome};
 use crate::weights;
@@ -130,7 +130,13 @@ fn model_err(e: ModelError) -> EngineError {
 impl NativeEngine {
     /// Loads a model and starts its compute thread.
     pub fn load(model: &ResolvedModel, options: EngineOptions) -> Result<Self, EngineError> {
-        let (cfg, weights, tokenizer, files) = match model.format {
+        #[cfg(not(feature = "cuda"))]
+        if let ComputeDevice::Cuda(_) = options.device {
+            return Err(no_gpu_support(options.device));
+        }
+        // The CPU computes in f32 whatever the weights; the GPU in the weights' own dtype.
+        let on_gpu = options.device != ComputeDevice::Cpu;
+        let (cfg, weights, tokenizer, files, weights_dtype) = match model.format {
             WeightsFormat::Gguf => {
                 let path = &model.path;
                 let mut f = std::fs::File::open(path).map_err(|e| model_err(ModelError::io(path, e)))?;
@@ -140,7 +146,7 @@ impl NativeEngine {
                 let cfg = ModelConfig::from_gguf(&content).map_err(model_err)?;
                 let tok = TextTokenizer::from_gguf(&content).map_err(model_err)?;
                 let w = weights::load_gguf(path, &content, &cfg, DType::F32).map_err(model_err)?;
-                (cfg, w, tok, vec![path.clone()])
+                (cfg, w, tok, vec![path.clone()], KvDtype::F32)
             }
             WeightsFormat::Safetensors => {
                 let dir = &model.path;
@@ -156,13 +162,11 @@ impl NativeEngine {
                     ModelConfig::from_hf_json(&text, &cfg_path.display().to_string()).map_err(model_err)?;
                 let tok = TextTokenizer::from_hf_dir(dir, &cfg.eos_token_ids).map_err(model_err)?;
                 let files = weights::safetensors_files(dir).map_err(model_err)?;
-                let w = weights::load_safetensors(dir, &cfg, DType::F32).map_err(model_err)?;
-                (cfg, w, tok, files)
+                let wdt = safetensors_dtype(&files).unwrap_or(KvDtype::F32);
+                let load_dtype = if on_gpu { compute_dtype(wdt) } else { DType::F32 };
+                let w = weights::load_safetensors(dir, &cfg, load_dtype).map_err(model_err)?;
+                (cfg, w, tok, files, wdt)
             }
-        };
-        let weights_dtype = match model.format {
-            WeightsFormat::Gguf => KvDtype::F32,
-            WeightsFormat::Safetensors => safetensors_dtype(&files).unwrap_or(KvDtype::F32),
         };
         let dtype = options.kv_dtype.unwrap_or(weights_dtype);
         if tokenizer.vocab_size() > cfg.vocab_size {
@@ -203,14 +207,35 @@ impl NativeEngine {
         eos.extend(&cfg.eos_token_ids);
         eos.sort_unstable();
         eos.dedup();
-        let backend = CpuModel::new(cfg, weights, context_length)
-            .map_err(|e| EngineError::Internal(format!("building the model: {e}")))?;
-        let cache = KvCache::new(layout.clone(), dtype);
+        let (backend, cache): (Box<dyn ComputeBackend>, KvCache) = match options.device {
+            ComputeDevice::Cpu => {
+                let backend = CpuModel::new(cfg, weights, context_length)
+                    .map_err(|e| EngineError::Internal(format!("building the model: {e}")))?;
+                (Box::new(backend), KvCache::new(layout.clone(), dtype))
+            }
+            #[cfg(not(feature = "cuda"))]
+            ComputeDevice::Cuda(_) => return Err(no_gpu_support(options.device)),
+            #[cfg(feature = "cuda")]
+            ComputeDevice::Cuda(ordinal) => {
+                let backend = crate::gpu::GpuModel::new(
+                    ordinal,
+                    cfg,
+                    &weights,
+                    weights_dtype,
+                    dtype,
+                    layout.clone(),
+                    context_length,
+                )
+                .map_err(|e| EngineError::Model(format!("engine_config.device = {}: {e}", options.device)))?;
+                drop(weights);
+                (Box::new(backend), KvCache::accounting_only(layout.clone(), dtype))
+            }
+        };
         let shared = Arc::new(Shared::default());
         let tokenizer = Arc::new(tokenizer);
         let (tx, rx) = std_mpsc::channel();
         let mut worker = Worker {
-            backend: Box::new(backend),
+            backend,
             cache,
             rx,
             shared: shared.clone(),
@@ -349,6 +374,24 @@ impl NativeEngine {
             lock(&self.shared.active).remove(&id);
             EngineError::Stopped
         })
+    }
+}
+
+/// A GPU was asked of a build without GPU support.
+#[cfg(not(feature = "cuda"))]
+fn no_gpu_support(device: ComputeDevice) -> EngineError {
+    EngineError::invalid(
+        "engine_config.device",
+        format!("{device}: this build has no GPU support (built without the cargo feature `cuda`)"),
+    )
+}
+
+/// The candle dtype weights are loaded in to compute in `dt`.
+fn compute_dtype(dt: KvDtype) -> DType {
+    match dt {
+        KvDtype::F32 => DType::F32,
+        KvDtype::F16 => DType::F16,
+        KvDtype::Bf16 => DType::BF16,
     }
 }
 
@@ -616,7 +659,9 @@ impl Worker {
                                 ),
                             ))
                         } else {
-                            Ok(self.cache.export_pages(table, *len, first, count))
+                            self.backend
+                                .export_pages(&mut self.cache, table, *len, first, count)
+                                .map_err(|e| EngineError::Internal(format!("exporting KV pages: {e}")))
                         }
                     }
                 };
@@ -728,7 +773,12 @@ impl Worker {
             }
             dequeued(&self.shared.queued);
             if let Some(import) = s.import.take() {
-                self.cache.import_pages(&s.table, import.tokens, &import.pages);
+                if let Err(e) =
+                    self.backend.import_pages(&mut self.cache, &s.table, import.tokens, &import.pages)
+                {
+                    self.finish(s, None, Some(EngineError::Import(format!("writing the KV pages: {e}"))));
+                    continue;
+                }
                 s.computed = import.tokens;
             }
             self.running.push(s);

@@ -5,6 +5,10 @@
 //! layer's K or V pool for the token pool), so the cache is byte for byte what vLLM or SGLang
 //! would hold; attention reads it through the descriptor's strides. Block 0 is never handed
 //! out, as in vLLM (null block) and SGLang (dummy slot).
+//!
+//! With a GPU backend the memory lives on the device, laid out by the same descriptor, and this
+//! cache only keeps the block accounting ([`KvCache::accounting_only`]); the backend then does
+//! the reads, writes and page conversions itself.
 
 use half::{bf16, f16};
 use std::collections::VecDeque;
@@ -69,6 +73,8 @@ enum Regions {
     F32(Vec<Vec<f32>>),
     F16(Vec<Vec<f16>>),
     Bf16(Vec<Vec<bf16>>),
+    /// No host memory: the backend holds the cache (on a GPU).
+    Elsewhere,
 }
 
 macro_rules! with_regions {
@@ -77,6 +83,7 @@ macro_rules! with_regions {
             Regions::F32($r) => $body,
             Regions::F16($r) => $body,
             Regions::Bf16($r) => $body,
+            Regions::Elsewhere => {}
         }
     };
     (mut $self:expr, $r:ident => $body:expr) => {
@@ -84,6 +91,7 @@ macro_rules! with_regions {
             Regions::F32($r) => $body,
             Regions::F16($r) => $body,
             Regions::Bf16($r) => $body,
+            Regions::Elsewhere => {}
         }
     };
 }
@@ -107,6 +115,14 @@ impl KvCache {
         };
         let free = (1..desc.num_blocks as u32).collect();
         Self { desc, dtype, regions, free }
+    }
+
+    /// Block accounting for a cache whose memory a backend holds elsewhere (a GPU): the row
+    /// and page methods of this type do nothing on it.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn accounting_only(desc: LayoutDescriptor, dtype: KvDtype) -> Self {
+        let free = (1..desc.num_blocks as u32).collect();
+        Self { desc, dtype, regions: Regions::Elsewhere, free }
     }
 
     /// Tokens per block.

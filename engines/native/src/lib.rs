@@ -28,6 +28,8 @@
 mod config;
 mod detok;
 mod engine;
+#[cfg(feature = "cuda")]
+mod gpu;
 mod kv_cache;
 mod model;
 mod options;
@@ -36,4 +38,4 @@ mod stop;
 mod weights;
 
 pub use engine::NativeEngine;
-pub use options::{ENGINE_CONFIG_KEYS, EngineOptions};
+pub use options::{ComputeDevice, ENGINE_CONFIG_KEYS, EngineOptions};

@@ -27,6 +27,32 @@ pub(crate) trait ComputeBackend: Send {
     /// Runs one step, writing K and V of every token into the cache, and returns the logits of
     /// the chunks that asked for them, in order.
     fn forward(&mut self, chunks: &[Chunk<'_>], cache: &mut KvCache) -> candle_core::Result<Vec<Vec<f32>>>;
+
+    /// Copies canonical pages `first..first + count` of a `len`-token sequence out of the cache.
+    /// Goes through the backend because the backend knows where the cache's memory is: host
+    /// memory (the default) or the GPU.
+    fn export_pages(
+        &mut self,
+        cache: &mut KvCache,
+        table: &[u32],
+        len: usize,
+        first: usize,
+        count: usize,
+    ) -> Result<Vec<u8>, String> {
+        Ok(cache.export_pages(table, len, first, count))
+    }
+
+    /// Scatters canonical pages covering positions `0..len` into a sequence's blocks.
+    fn import_pages(
+        &mut self,
+        cache: &mut KvCache,
+        table: &[u32],
+        len: usize,
+        pages: &[u8],
+    ) -> Result<(), String> {
+        cache.import_pages(table, len, pages);
+        Ok(())
+    }
 }
 
 /// The CPU backend: weights in F32 and candle's CPU kernels.

@@ -4,6 +4,44 @@ use serde_json::Value;
 use xinf_engine::{EngineError, KvDtype};
 use xinf_transfer::{KvLayout, KvLayoutKind, KvOrder};
 
+/// Where the forward pass runs (`device`).
+///
+/// The cluster layer sets it from a replica's GPU index; a model loads on a GPU only in a build
+/// with the cargo feature `cuda`, on a host with an NVIDIA driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ComputeDevice {
+    /// candle's CPU kernels (`"cpu"`).
+    #[default]
+    Cpu,
+    /// The NVIDIA GPU of this ordinal (`"cuda"` for 0, `"cuda:N"`).
+    Cuda(usize),
+}
+
+impl std::fmt::Display for ComputeDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Cpu => f.write_str("cpu"),
+            Self::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+impl std::str::FromStr for ComputeDevice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(Self::Cpu),
+            "cuda" | "gpu" => Ok(Self::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Self::Cuda)
+                .ok_or_else(|| "must be cpu, cuda or cuda:N (N the GPU ordinal)".to_owned()),
+        }
+    }
+}
+
 /// How a native engine instance is set up.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineOptions {
@@ -24,6 +62,8 @@ pub struct EngineOptions {
     /// Recompute the last prompt token when decoding imported KV, as vLLM does
     /// (`recompute_last_token`); otherwise the prefill side's first token is used, as SGLang does.
     pub recompute_last_token: bool,
+    /// Where the model computes (`device`); the KV cache lives there too.
+    pub device: ComputeDevice,
 }
 
 impl Default for EngineOptions {
@@ -37,6 +77,7 @@ impl Default for EngineOptions {
             max_queue: 256,
             context_length: None,
             recompute_last_token: false,
+            device: ComputeDevice::Cpu,
         }
     }
 }
@@ -53,6 +94,7 @@ pub const ENGINE_CONFIG_KEYS: &[&str] = &[
     "max_queue",
     "context_length",
     "recompute_last_token",
+    "device",
 ];
 
 fn field(key: &str) -> String {
@@ -142,6 +184,12 @@ impl EngineOptions {
                 .as_bool()
                 .ok_or_else(|| EngineError::invalid(field("recompute_last_token"), "must be a boolean"))?;
         }
+        if let Some(s) = string("device")? {
+            o.device = s.parse().map_err(|e: String| EngineError::invalid(field("device"), e))?;
+        }
         Ok(o)
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,692 @@
+//! The forward pass on an NVIDIA GPU (feature `cuda`): weights uploaded once, the paged KV cache
+//! in device memory in the engine's layout, kernels compiled at run time with NVRTC, projections
+//! with cuBLAS.
+//!
+//! The device cache is allocated region by region from the same [`LayoutDescriptor`] as the
+//! host cache, so it is byte for byte what vLLM or SGLang would hold on the GPU, and the page
+//! conversion kernel of [`xinf_transfer::gpu::GpuPages`] exports and imports pages straight
+//! from it. [`KvCache`] only keeps the block accounting then.
+//!
+//! One step: embedding gather; per layer RMSNorm, one QKV matmul, a kernel that adds the bias,
+//! normalizes Q/K heads (Qwen3), applies RoPE and writes K and V into the cache through the
+//! block table, paged attention over each token's own sequence (prefill chunks and decode
+//! tokens alike), the output projection, RMSNorm, the fused gate/up matmul, SiLU·up, the down
+//! projection; the residual adds are fused into the norms. The residual stream and every
+//! matmul output are f32 (cuBLAS accumulates and writes f32 from f16/bf16 inputs), so only the
+//! weights, the matmul inputs and the cache carry the model's dtype. Logits come back as f32
+//! for the CPU sampler. Everything runs on one stream, synchronized at the end of each step.
+//!
+//! The driver, NVRTC and cuBLAS are loaded at run time; without them loading the model fails
+//! with an error that names the missing library, never a panic.
+
+// cudarc's kernel launches, cuBLAS calls and raw device pointers are `unsafe`. Every index a
+// kernel computes comes from values checked on the host (the step plan, the layout's reach
+// checked against each region at construction), which is what makes each call sound; the
+// SAFETY comments say which check covers which call.
+#![allow(unsafe_code)]
+
+use crate::config::ModelConfig;
+use crate::kv_cache::KvCache;
+use crate::model::{Chunk, ComputeBackend, inv_freq};
+use crate::weights::Weights;
+use candle_core::{DType, Tensor};
+use cudarc::cublas::CudaBlas;
+use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+};
+use std::sync::Arc;
+use xinf_engine::{KvDtype, PAGE_TOKENS};
+use xinf_transfer::LayoutDescriptor;
+use xinf_transfer::gpu::GpuPages;
+
+const KERNELS: &str = include_str!("gpu/kernels.cu");
+
+/// Largest head dimension the attention kernel holds in registers (32 lanes × 8).
+const MAX_HEAD_DIM: usize = 256;
+
+/// Why the GPU backend could not load or run.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum GpuError {
+    /// The driver or NVRTC is missing, or the GPU could not be opened.
+    #[error(transparent)]
+    Setup(#[from] xinf_transfer::gpu::GpuError),
+    /// cuBLAS could not be loaded.
+    #[error("cuBLAS could not be loaded (libcublas.so.13; add the CUDA toolkit's lib64 to LD_LIBRARY_PATH)")]
+    NoCublas,
+    /// A CUDA call failed.
+    #[error("CUDA: {0}")]
+    Driver(String),
+    /// A cuBLAS call failed.
+    #[error("cuBLAS: {0}")]
+    Blas(String),
+    /// The kernels did not compile.
+    #[error("NVRTC: {0}")]
+    Compile(String),
+    /// The model has a shape the kernels do not handle.
+    #[error("unsupported on the GPU: {0}")]
+    Unsupported(String),
+    /// The weights could not be converted for upload.
+    #[error("weights: {0}")]
+    Weights(String),
+    /// A step or page range does not fit the cache or the model.
+    #[error("{0}")]
+    Shape(String),
+}
+
+fn driver(e: impl std::fmt::Display) -> GpuError {
+    GpuError::Driver(e.to_string())
+}
+
+/// Bytes of one element.
+fn elem_bytes(dt: KvDtype) -> usize {
+    match dt {
+        KvDtype::F32 => 4,
+        KvDtype::F16 | KvDtype::Bf16 => 2,
+    }
+}
+
+/// The kernels' type code (`WT`/`KT`).
+fn type_code(dt: KvDtype) -> u32 {
+    match dt {
+        KvDtype::F32 => 0,
+        KvDtype::F16 => 1,
+        KvDtype::Bf16 => 2,
+    }
+}
+
+fn cuda_type(dt: KvDtype) -> cudaDataType_t {
+    match dt {
+        KvDtype::F32 => cudaDataType_t::CUDA_R_32F,
+        KvDtype::F16 => cudaDataType_t::CUDA_R_16F,
+        KvDtype::Bf16 => cudaDataType_t::CUDA_R_16BF,
+    }
+}
+
+/// The candle dtype weights are loaded in to compute in `dt` on the GPU.
+fn candle_dtype(dt: KvDtype) -> DType {
+    match dt {
+        KvDtype::F32 => DType::F32,
+        KvDtype::F16 => DType::F16,
+        KvDtype::Bf16 => DType::BF16,
+    }
+}
+
+/// A device buffer of elements of the weights' dtype, as bytes.
+type Buf = CudaSlice<u8>;
+
+struct GpuLayer {
+    attn_norm: Buf,
+    wqkv: Buf,
+    bqkv: Option<Buf>,
+    q_norm: Option<Buf>,
+    k_norm: Option<Buf>,
+    wo: Buf,
+    mlp_norm: Buf,
+    w_gate_up: Buf,
+    w_down: Buf,
+}
+
+struct Kernels {
+    embed: CudaFunction,
+    add_rmsnorm: CudaFunction,
+    qkv_post: CudaFunction,
+    attention: CudaFunction,
+    silu_mul: CudaFunction,
+}
+
+/// What one step computes, flattened for the kernels; built and checked on the host.
+#[derive(Debug, PartialEq)]
+pub(crate) struct StepPlan {
+    /// Token ids, all chunks back to back.
+    pub(crate) ids: Vec<u32>,
+    /// Position of each token.
+    pub(crate) pos: Vec<i32>,
+    /// Where each token's block table starts in `tables`.
+    pub(crate) tab_off: Vec<i32>,
+    /// The chunks' block tables (the blocks they reach), back to back.
+    pub(crate) tables: Vec<u32>,
+    /// Token rows whose logits are wanted, in chunk order.
+    pub(crate) rows: Vec<i32>,
+}
+
+/// Flattens a step and checks everything a kernel will index with: token ids below `vocab`,
+/// positions below `max_positions` (the RoPE table), block tables that cover every position
+/// with blocks below `num_blocks`.
+pub(crate) fn plan_step(
+    chunks: &[Chunk<'_>],
+    block_size: usize,
+    num_blocks: usize,
+    vocab: usize,
+    max_positions: usize,
+) -> Result<StepPlan, String> {
+    let mut p = StepPlan {
+        ids: Vec::new(),
+        pos: Vec::new(),
+        tab_off: Vec::new(),
+        tables: Vec::new(),
+        rows: Vec::new(),
+    };
+    for c in chunks {
+        let end = c.start + c.tokens.len();
+        if end > max_positions {
+            return Err(format!("position {} is past the model's {max_positions}", end - 1));
+        }
+        let blocks = end.div_ceil(block_size);
+        let table = c
+            .block_table
+            .get(..blocks)
+            .ok_or_else(|| format!("a block table of {} blocks for {end} tokens", c.block_table.len()))?;
+        if let Some(b) = table.iter().find(|&&b| b as usize >= num_blocks) {
+            return Err(format!("block {b} is outside the cache's {num_blocks}"));
+        }
+        if let Some(t) = c.tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(format!("token {t} is outside the vocabulary of {vocab}"));
+        }
+        let off = p.tables.len() as i32;
+        p.tables.extend_from_slice(table);
+        for (i, &t) in c.tokens.iter().enumerate() {
+            p.ids.push(t);
+            p.pos.push((c.start + i) as i32);
+            p.tab_off.push(off);
+        }
+        if c.want_logits && !c.tokens.is_empty() {
+            p.rows.push(p.ids.len() as i32 - 1);
+        }
+    }
+    if p.tables.is_empty() {
+        p.tables.push(0);
+    }
+    Ok(p)
+}
+
+/// The GPU backend: one model on one GPU, with its KV cache.
+pub(crate) struct GpuModel {
+    cfg: ModelConfig,
+    /// The weights' (compute) dtype.
+    wdt: KvDtype,
+    /// The cache's dtype.
+    kdt: KvDtype,
+    desc: LayoutDescriptor,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    pages: GpuPages,
+    k: Kernels,
+    embed: Buf,
+    layers: Vec<GpuLayer>,
+    final_norm: Buf,
+    /// `None` when tied to the embedding.
+    lm_head: Option<Buf>,
+    cos: CudaSlice<f32>,
+    sin: CudaSlice<f32>,
+    max_positions: usize,
+    /// The cache: one buffer per region of `desc`, in `kdt`.
+    regions: Vec<Buf>,
+    /// Device address of each `(layer, K/V)` plane.
+    planes: Vec<[u64; 2]>,
+}
+
+impl std::fmt::Debug for GpuModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuModel").field("ordinal", &self.ctx.ordinal()).finish_non_exhaustive()
+    }
+}
+
+fn upload(stream: &Arc<CudaStream>, t: &Tensor, dt: KvDtype) -> Result<Buf, GpuError> {
+    let w = |e: candle_core::Error| GpuError::Weights(e.to_string());
+    let flat = t.flatten_all().and_then(|t| t.to_dtype(candle_dtype(dt))).map_err(w)?;
+    let bytes: Vec<u8> = match dt {
+        KvDtype::F32 => flat.to_vec1::<f32>().map_err(w)?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        KvDtype::F16 => {
+            flat.to_vec1::<half::f16>().map_err(w)?.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect()
+        }
+        KvDtype::Bf16 => {
+            flat.to_vec1::<half::bf16>().map_err(w)?.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect()
+        }
+    };
+    stream.clone_htod(&bytes).map_err(driver)
+}
+
+fn opt_upload(stream: &Arc<CudaStream>, t: &Option<Tensor>, dt: KvDtype) -> Result<Option<Buf>, GpuError> {
+    t.as_ref().map(|t| upload(stream, t, dt)).transpose()
+}
+
+/// The virtual architecture NVRTC compiles for: the device's, capped to what CUDA 13 knows.
+fn arch(major: i32, minor: i32) -> &'static str {
+    match (major, minor) {
+        (8, 0) => "compute_80",
+        (8, 6) => "compute_86",
+        (8, 7) => "compute_87",
+        (8, 9) => "compute_89",
+        (9, _) => "compute_90",
+        (10, _) => "compute_100",
+        (12, _) => "compute_120",
+        (m, _) if m > 12 => "compute_120",
+        _ => "compute_75",
+    }
+}
+
+fn cfg1(blocks: u32, threads: u32) -> LaunchConfig {
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+}
+
+impl GpuModel {
+    /// Opens GPU `ordinal`, compiles the kernels, uploads the weights (converted to `wdt`) and
+    /// allocates the KV cache of `desc` in `kdt`, with RoPE tables for `max_positions`.
+    pub(crate) fn new(
+        ordinal: usize,
+        cfg: ModelConfig,
+        w: &Weights,
+        wdt: KvDtype,
+        kdt: KvDtype,
+        desc: LayoutDescriptor,
+        max_positions: usize,
+    ) -> Result<Self, GpuError> {
+        if cfg.head_dim > MAX_HEAD_DIM {
+            return Err(GpuError::Unsupported(format!("head_dim {} (at most {MAX_HEAD_DIM})", cfg.head_dim)));
+        }
+        // Loads the driver and NVRTC (typed errors when missing) and opens the GPU.
+        let pages = GpuPages::new(ordinal)?;
+        // SAFETY: only tries to dlopen cuBLAS and reports whether that worked.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(GpuError::NoCublas);
+        }
+        let ctx = pages.context().clone();
+        let stream = pages.stream().clone();
+        ctx.bind_to_thread().map_err(driver)?;
+        let blas = CudaBlas::new(stream.clone()).map_err(|e| GpuError::Blas(e.to_string()))?;
+        let (major, minor) = ctx.compute_capability().map_err(driver)?;
+        let src = format!("#define WT {}\n#define KT {}\n{KERNELS}", type_code(wdt), type_code(kdt));
+        let opts = cudarc::nvrtc::CompileOptions { arch: Some(arch(major, minor)), ..Default::default() };
+        let ptx =
+            cudarc::nvrtc::compile_ptx_with_opts(src, opts).map_err(|e| GpuError::Compile(e.to_string()))?;
+        let module = ctx.load_module(ptx).map_err(driver)?;
+        let f = |name: &str| module.load_function(name).map_err(driver);
+        let k = Kernels {
+            embed: f("embed")?,
+            add_rmsnorm: f("add_rmsnorm")?,
+            qkv_post: f("qkv_post")?,
+            attention: f("attention")?,
+            silu_mul: f("silu_mul")?,
+        };
+        let s = &stream;
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for l in &w.layers {
+            layers.push(GpuLayer {
+                attn_norm: upload(s, &l.attn_norm, wdt)?,
+                wqkv: upload(s, &l.wqkv, wdt)?,
+                bqkv: opt_upload(s, &l.bqkv, wdt)?,
+                q_norm: opt_upload(s, &l.q_norm, wdt)?,
+                k_norm: opt_upload(s, &l.k_norm, wdt)?,
+                wo: upload(s, &l.wo, wdt)?,
+                mlp_norm: upload(s, &l.mlp_norm, wdt)?,
+                w_gate_up: upload(s, &l.w_gate_up, wdt)?,
+                w_down: upload(s, &l.w_down, wdt)?,
+            });
+        }
+        let embed = upload(s, &w.embed, wdt)?;
+        let lm_head = if cfg.tie_word_embeddings { None } else { Some(upload(s, &w.lm_head, wdt)?) };
+        let final_norm = upload(s, &w.final_norm, wdt)?;
+        // The same tables as the CPU backend: f32 angles from Hugging Face's inverse frequencies.
+        let inv = inv_freq(&cfg);
+        let mut cos = Vec::with_capacity(max_positions * inv.len());
+        let mut sin = Vec::with_capacity(max_positions * inv.len());
+        for p in 0..max_positions {
+            for f in &inv {
+                let a = p as f32 * f;
+                cos.push(a.cos());
+                sin.push(a.sin());
+            }
+        }
+        let cos = s.clone_htod(&cos).map_err(driver)?;
+        let sin = s.clone_htod(&sin).map_err(driver)?;
+        // The cache, region by region, and the farthest element any row can reach in each plane.
+        let es = elem_bytes(kdt);
+        let mut regions = Vec::with_capacity(desc.num_regions);
+        for _ in 0..desc.num_regions {
+            regions.push(s.alloc_zeros::<u8>(desc.region_len * es).map_err(driver)?);
+        }
+        let reach = (desc.num_blocks - 1) * desc.s_blk
+            + (desc.block_size() - 1) * desc.s_tok
+            + (desc.kv_heads - 1) * desc.s_head
+            + desc.head_dim;
+        let mut planes = Vec::with_capacity(desc.num_layers);
+        for (layer, pl) in desc.planes.iter().enumerate() {
+            let mut pair = [0u64; 2];
+            for kv in 0..2 {
+                let plane = pl[kv];
+                if plane.region >= regions.len() || plane.offset + reach > desc.region_len {
+                    return Err(GpuError::Shape(format!("layer {layer} reaches past its region")));
+                }
+                let (base, _sync) = regions[plane.region].device_ptr(s);
+                pair[kv] = base + (plane.offset * es) as u64;
+            }
+            planes.push(pair);
+        }
+        if desc.num_layers != cfg.num_layers || desc.kv_heads != cfg.kv_heads || desc.head_dim != cfg.head_dim
+        {
+            return Err(GpuError::Shape("the KV layout does not match the model".into()));
+        }
+        stream.synchronize().map_err(driver)?;
+        Ok(Self {
+            cfg,
+            wdt,
+            kdt,
+            desc,
+            ctx,
+            stream,
+            blas,
+            pages,
+            k,
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+            cos,
+            sin,
+            max_positions,
+            regions,
+            planes,
+        })
+    }
+
+    /// `y[t][o] = Σ_i x[t][i] · w[o][i]` for `t < rows`: `w` is `[out, inp]` in the weights'
+    /// dtype, `x` `[rows, inp]` in the weights' dtype, `y` `[rows, out]` f32.
+    fn matmul(
+        &self,
+        w: &Buf,
+        x: &Buf,
+        y: &mut CudaSlice<f32>,
+        out: usize,
+        inp: usize,
+        rows: usize,
+    ) -> Result<(), GpuError> {
+        let es = elem_bytes(self.wdt);
+        if w.len() < out * inp * es || x.len() < rows * inp * es || y.len() < rows * out {
+            return Err(GpuError::Shape(format!(
+                "matmul [{rows}, {inp}] × [{out}, {inp}]ᵀ over short buffers"
+            )));
+        }
+        let ty = cuda_type(self.wdt);
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (wp, _w) = w.device_ptr(&self.stream);
+        let (xp, _x) = x.device_ptr(&self.stream);
+        let (yp, _y) = y.device_ptr_mut(&self.stream);
+        // Column-major view: Yᵀ[out, rows] = W[out, inp] (row-major Wᵀ, transposed) · Xᵀ[inp, rows].
+        // SAFETY: the three buffers were checked above to hold the matrices the sizes and
+        // leading dimensions describe; alpha and beta are f32 as CUBLAS_COMPUTE_32F requires,
+        // and live until the call returns (cuBLAS reads host scalars before returning).
+        unsafe {
+            cudarc::cublas::result::gemm_ex(
+                *self.blas.handle(),
+                cublasOperation_t::CUBLAS_OP_T,
+                cublasOperation_t::CUBLAS_OP_N,
+                out as i32,
+                rows as i32,
+                inp as i32,
+                (&alpha) as *const f32 as *const _,
+                wp as *const _,
+                ty,
+                inp as i32,
+                xp as *const _,
+                ty,
+                inp as i32,
+                (&beta) as *const f32 as *const _,
+                yp as *mut _,
+                cudaDataType_t::CUDA_R_32F,
+                out as i32,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| GpuError::Blas(e.to_string()))
+    }
+
+    fn step(&mut self, chunks: &[Chunk<'_>]) -> Result<Vec<Vec<f32>>, GpuError> {
+        let cfg = &self.cfg;
+        let plan = plan_step(
+            chunks,
+            self.desc.block_size(),
+            self.desc.num_blocks,
+            cfg.vocab_size,
+            self.max_positions,
+        )
+        .map_err(GpuError::Shape)?;
+        let t = plan.ids.len();
+        if t == 0 {
+            return Ok(Vec::new());
+        }
+        self.ctx.bind_to_thread().map_err(driver)?;
+        let s = self.stream.clone();
+        let (h, kvh, d) = (cfg.num_heads, cfg.kv_heads, cfg.head_dim);
+        let (hid, inter, vocab) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+        let qkv_w = (h + 2 * kvh) * d;
+        let eps = cfg.rms_norm_eps as f32;
+        let es = elem_bytes(self.wdt);
+        let ids = s.clone_htod(&plan.ids).map_err(driver)?;
+        let pos = s.clone_htod(&plan.pos).map_err(driver)?;
+        let tab_off = s.clone_htod(&plan.tab_off).map_err(driver)?;
+        let tables = s.clone_htod(&plan.tables).map_err(driver)?;
+        let n_rows = plan.rows.len();
+        let rows =
+            s.clone_htod(if plan.rows.is_empty() { &[0i32][..] } else { &plan.rows[..] }).map_err(driver)?;
+        let mut x = s.alloc_zeros::<f32>(t * hid).map_err(driver)?;
+        let mut delta = s.alloc_zeros::<f32>(t * hid).map_err(driver)?;
+        let mut act = s.alloc_zeros::<u8>(t * hid.max(h * d).max(inter) * es).map_err(driver)?;
+        let mut qkv = s.alloc_zeros::<f32>(t * qkv_w).map_err(driver)?;
+        let mut q = s.alloc_zeros::<f32>(t * h * d).map_err(driver)?;
+        let mut gu = s.alloc_zeros::<f32>(t * 2 * inter).map_err(driver)?;
+        let (hid_i, t_i) = (hid as i32, t as u32);
+        let (bs, s_blk, s_tok, s_head) = (
+            self.desc.block_size() as i32,
+            self.desc.s_blk as i64,
+            self.desc.s_tok as i64,
+            self.desc.s_head as i64,
+        );
+        let (h_i, kvh_i, d_i) = (h as i32, kvh as i32, d as i32);
+        let scale = 1.0f32 / (d as f32).sqrt();
+        // A stand-in for absent optional weights (never read: the kernels check the flags).
+        let none = s.alloc_zeros::<u8>(16).map_err(driver)?;
+
+        // SAFETY (every launch below): each kernel reads exactly the arguments pushed, in this
+        // order and with these types. Token-indexed buffers have `t` rows of the widths used to
+        // allocate them above; `ids` were checked below the vocabulary (embedding rows), `pos`
+        // below `max_positions` (RoPE rows), and every block a position reaches through
+        // `tab_off`/`tables` below `num_blocks`, whose farthest element was checked against each
+        // plane's region at construction. Weight buffers hold the shapes the model config gives.
+        let mut b = s.launch_builder(&self.k.embed);
+        b.arg(&ids).arg(&self.embed).arg(&mut x).arg(&hid_i);
+        unsafe { b.launch(cfg1(t_i, 256)) }.map_err(driver)?;
+
+        for (li, lw) in self.layers.iter().enumerate() {
+            let no_rows = 0i32;
+            let mut b = s.launch_builder(&self.k.add_rmsnorm);
+            b.arg(&mut x)
+                .arg(&delta)
+                .arg(&rows)
+                .arg(&no_rows)
+                .arg(&lw.attn_norm)
+                .arg(&mut act)
+                .arg(&hid_i)
+                .arg(&eps);
+            unsafe { b.launch(cfg1(t_i, 256)) }.map_err(driver)?;
+            self.matmul(&lw.wqkv, &act, &mut qkv, qkv_w, hid, t)?;
+
+            let has_bias = i32::from(lw.bqkv.is_some());
+            let has_norm = i32::from(lw.q_norm.is_some() && lw.k_norm.is_some());
+            let bias = lw.bqkv.as_ref().unwrap_or(&none);
+            let (qn, kn) = match (&lw.q_norm, &lw.k_norm) {
+                (Some(a), Some(b)) => (a, b),
+                _ => (&none, &none),
+            };
+            let [kp, vp] = self.planes[li];
+            let mut b = s.launch_builder(&self.k.qkv_post);
+            b.arg(&qkv)
+                .arg(bias)
+                .arg(&has_bias)
+                .arg(qn)
+                .arg(kn)
+                .arg(&has_norm)
+                .arg(&self.cos)
+                .arg(&self.sin)
+                .arg(&pos)
+                .arg(&tab_off)
+                .arg(&tables)
+                .arg(&kp)
+                .arg(&vp)
+                .arg(&bs)
+                .arg(&s_blk)
+                .arg(&s_tok)
+                .arg(&s_head)
+                .arg(&mut q)
+                .arg(&h_i)
+                .arg(&kvh_i)
+                .arg(&d_i)
+                .arg(&eps);
+            let grid = LaunchConfig {
+                grid_dim: (t_i, (h + 2 * kvh) as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            unsafe { b.launch(grid) }.map_err(driver)?;
+
+            let mut b = s.launch_builder(&self.k.attention);
+            b.arg(&q)
+                .arg(&kp)
+                .arg(&vp)
+                .arg(&pos)
+                .arg(&tab_off)
+                .arg(&tables)
+                .arg(&bs)
+                .arg(&s_blk)
+                .arg(&s_tok)
+                .arg(&s_head)
+                .arg(&mut act)
+                .arg(&h_i)
+                .arg(&kvh_i)
+                .arg(&d_i)
+                .arg(&scale);
+            let grid =
+                LaunchConfig { grid_dim: (t_i, h as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+            unsafe { b.launch(grid) }.map_err(driver)?;
+            self.matmul(&lw.wo, &act, &mut delta, hid, h * d, t)?;
+
+            let mut b = s.launch_builder(&self.k.add_rmsnorm);
+            b.arg(&mut x)
+                .arg(&delta)
+                .arg(&rows)
+                .arg(&no_rows)
+                .arg(&lw.mlp_norm)
+                .arg(&mut act)
+                .arg(&hid_i)
+                .arg(&eps);
+            unsafe { b.launch(cfg1(t_i, 256)) }.map_err(driver)?;
+            self.matmul(&lw.w_gate_up, &act, &mut gu, 2 * inter, hid, t)?;
+
+            let (inter_i, n) = (inter as i32, (t * inter) as i64);
+            let blocks = (t * inter).div_ceil(256).min(65_535) as u32;
+            let mut b = s.launch_builder(&self.k.silu_mul);
+            b.arg(&gu).arg(&mut act).arg(&inter_i).arg(&n);
+            unsafe { b.launch(cfg1(blocks, 256)) }.map_err(driver)?;
+            self.matmul(&lw.w_down, &act, &mut delta, hid, inter, t)?;
+        }
+        if n_rows == 0 {
+            s.synchronize().map_err(driver)?;
+            return Ok(Vec::new());
+        }
+        // The last residual add and the final norm, for the rows whose logits are wanted only
+        // (`rows` were built from token indices below `t`).
+        let use_rows = 1i32;
+        let mut b = s.launch_builder(&self.k.add_rmsnorm);
+        b.arg(&mut x)
+            .arg(&delta)
+            .arg(&rows)
+            .arg(&use_rows)
+            .arg(&self.final_norm)
+            .arg(&mut act)
+            .arg(&hid_i)
+            .arg(&eps);
+        unsafe { b.launch(cfg1(n_rows as u32, 256)) }.map_err(driver)?;
+        let mut logits = s.alloc_zeros::<f32>(n_rows * vocab).map_err(driver)?;
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        self.matmul(head, &act, &mut logits, vocab, hid, n_rows)?;
+        let host = s.clone_dtoh(&logits).map_err(driver)?;
+        s.synchronize().map_err(driver)?;
+        Ok(host.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+    }
+
+    /// Bytes of one canonical page in the cache's dtype.
+    fn page_bytes(&self) -> usize {
+        2 * self.desc.num_layers
+            * PAGE_TOKENS
+            * self.desc.kv_heads
+            * self.desc.head_dim
+            * elem_bytes(self.kdt)
+    }
+}
+
+impl ComputeBackend for GpuModel {
+    fn forward(&mut self, chunks: &[Chunk<'_>], _cache: &mut KvCache) -> candle_core::Result<Vec<Vec<f32>>> {
+        self.step(chunks).map_err(|e| candle_core::Error::Msg(format!("GPU: {e}")))
+    }
+
+    fn export_pages(
+        &mut self,
+        _cache: &mut KvCache,
+        table: &[u32],
+        len: usize,
+        first: usize,
+        count: usize,
+    ) -> Result<Vec<u8>, String> {
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        let run = || -> Result<Vec<u8>, GpuError> {
+            self.ctx.bind_to_thread().map_err(driver)?;
+            let mut staging = self.stream.alloc_zeros::<u8>(count * self.page_bytes()).map_err(driver)?;
+            let es = elem_bytes(self.kdt);
+            self.pages.gather(
+                &self.desc,
+                es,
+                &self.regions,
+                table,
+                len,
+                first..first + count,
+                &mut staging,
+            )?;
+            let host = self.stream.clone_dtoh(&staging).map_err(driver)?;
+            self.stream.synchronize().map_err(driver)?;
+            Ok(host)
+        };
+        run().map_err(|e| e.to_string())
+    }
+
+    fn import_pages(
+        &mut self,
+        _cache: &mut KvCache,
+        table: &[u32],
+        len: usize,
+        pages: &[u8],
+    ) -> Result<(), String> {
+        let count = len.div_ceil(PAGE_TOKENS);
+        let need = count * self.page_bytes();
+        if pages.len() < need {
+            return Err(format!("{} bytes of pages for {len} tokens, {need} expected", pages.len()));
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        let mut run = || -> Result<(), GpuError> {
+            self.ctx.bind_to_thread().map_err(driver)?;
+            let staging = self.stream.clone_htod(&pages[..need]).map_err(driver)?;
+            let es = elem_bytes(self.kdt);
+            self.pages.scatter(&self.desc, es, &mut self.regions, table, len, 0..count, &staging)?;
+            self.stream.synchronize().map_err(driver)
+        };
+        run().map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests;
