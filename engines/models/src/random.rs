@@ -71,11 +71,20 @@ pub struct RandomCheckpoint {
     pub bytes: u64,
 }
 
-/// SplitMix64: small, fast and the same everywhere, so a seed gives the same weights.
-struct Rng(u64);
+/// SplitMix64: a tiny generator whose sequence for a seed is fixed here, so a seed gives the
+/// same weights (or benchmark prompts) in every version; library generators do not promise
+/// that.
+#[derive(Debug, Clone)]
+pub struct SplitMix64(u64);
 
-impl Rng {
-    fn next(&mut self) -> u64 {
+impl SplitMix64 {
+    /// The generator for `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -83,9 +92,14 @@ impl Rng {
         z ^ (z >> 31)
     }
 
+    /// A number in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n.max(1) as u64) as usize
+    }
+
     /// Uniform in `[-a, a)`.
-    fn uniform(&mut self, a: f32) -> f32 {
-        let u = (self.next() >> 40) as f32 / (1u64 << 24) as f32;
+    pub fn uniform(&mut self, a: f32) -> f32 {
+        let u = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
         (2.0 * u - 1.0) * a
     }
 }
@@ -164,7 +178,7 @@ pub fn write_random_checkpoint(
         return Err(ModelError::Io { path: out.display().to_string(), source });
     }
     std::fs::create_dir_all(out).map_err(io(out))?;
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64::new(seed);
     let a = 0.02 * 3f32.sqrt();
     let mut data: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::with_capacity(shapes.len());
     let mut parameters = 0u64;

@@ -20,7 +20,8 @@ fn contract() -> ModelContract {
 fn the_first_difference_is_named_as_in_the_api() {
     let a = contract();
     assert_eq!(a.first_difference(&a.clone()), None);
-    let cases: [(&str, fn(&mut ModelContract)); 6] = [
+    type Change = fn(&mut ModelContract);
+    let cases: [(&str, Change); 6] = [
         ("weights", |c| c.weights_digest = "w2".into()),
         ("tokenizer", |c| c.tokenizer_digest = "t2".into()),
         ("architecture", |c| c.architecture = "qwen2".into()),

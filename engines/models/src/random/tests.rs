@@ -29,11 +29,11 @@ fn shapes_give_the_published_parameter_count() {
 
 #[test]
 fn weights_have_the_asked_scale_and_repeat_by_seed() {
-    let mut a = Rng(7);
+    let mut a = SplitMix64::new(7);
     let xs: Vec<f32> = (0..100_000).map(|_| a.uniform(0.02 * 3f32.sqrt())).collect();
     let var = xs.iter().map(|x| x * x).sum::<f32>() / xs.len() as f32;
     assert!((var.sqrt() - 0.02).abs() < 0.001, "std {}", var.sqrt());
-    let mut b = Rng(7);
+    let mut b = SplitMix64::new(7);
     assert_eq!(xs[..10], (0..10).map(|_| b.uniform(0.02 * 3f32.sqrt())).collect::<Vec<_>>()[..]);
     assert_eq!(RandomDtype::parse("bfloat16"), Some(RandomDtype::Bf16));
     assert_eq!(RandomDtype::parse("int8"), None);
