@@ -106,7 +106,8 @@ impl std::fmt::Debug for GpuPages {
 }
 
 /// The virtual architecture NVRTC compiles for: the device's, capped to what CUDA 13 knows.
-fn arch(major: i32, minor: i32) -> &'static str {
+/// Shared by every NVRTC-compiled kernel of xinf (page conversion, the engine's forward pass).
+pub fn nvrtc_arch(major: i32, minor: i32) -> &'static str {
     match (major, minor) {
         (7, 5) => "compute_75",
         (8, 0) => "compute_80",
@@ -133,7 +134,8 @@ impl GpuPages {
         }
         let ctx = CudaContext::new(ordinal).map_err(driver)?;
         let (major, minor) = ctx.compute_capability().map_err(driver)?;
-        let opts = cudarc::nvrtc::CompileOptions { arch: Some(arch(major, minor)), ..Default::default() };
+        let opts =
+            cudarc::nvrtc::CompileOptions { arch: Some(nvrtc_arch(major, minor)), ..Default::default() };
         let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNEL, opts)
             .map_err(|e| GpuError::Compile(e.to_string()))?;
         let func = ctx.load_module(ptx).map_err(driver)?.load_function("kv_pages_copy").map_err(driver)?;

@@ -38,7 +38,7 @@ use cudarc::driver::{
 use std::sync::Arc;
 use xinf_engine::{KvDtype, PAGE_TOKENS};
 use xinf_transfer::LayoutDescriptor;
-use xinf_transfer::gpu::GpuPages;
+use xinf_transfer::gpu::{GpuPages, nvrtc_arch};
 
 const KERNELS: &str = include_str!("gpu/kernels.cu");
 
@@ -252,21 +252,6 @@ fn opt_upload(stream: &Arc<CudaStream>, t: &Option<Tensor>, dt: KvDtype) -> Resu
     t.as_ref().map(|t| upload(stream, t, dt)).transpose()
 }
 
-/// The virtual architecture NVRTC compiles for: the device's, capped to what CUDA 13 knows.
-fn arch(major: i32, minor: i32) -> &'static str {
-    match (major, minor) {
-        (8, 0) => "compute_80",
-        (8, 6) => "compute_86",
-        (8, 7) => "compute_87",
-        (8, 9) => "compute_89",
-        (9, _) => "compute_90",
-        (10, _) => "compute_100",
-        (12, _) => "compute_120",
-        (m, _) if m > 12 => "compute_120",
-        _ => "compute_75",
-    }
-}
-
 fn cfg1(blocks: u32, threads: u32) -> LaunchConfig {
     LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
 }
@@ -298,7 +283,8 @@ impl GpuModel {
         let blas = CudaBlas::new(stream.clone()).map_err(|e| GpuError::Blas(e.to_string()))?;
         let (major, minor) = ctx.compute_capability().map_err(driver)?;
         let src = format!("#define WT {}\n#define KT {}\n{KERNELS}", type_code(wdt), type_code(kdt));
-        let opts = cudarc::nvrtc::CompileOptions { arch: Some(arch(major, minor)), ..Default::default() };
+        let opts =
+            cudarc::nvrtc::CompileOptions { arch: Some(nvrtc_arch(major, minor)), ..Default::default() };
         let ptx =
             cudarc::nvrtc::compile_ptx_with_opts(src, opts).map_err(|e| GpuError::Compile(e.to_string()))?;
         let module = ctx.load_module(ptx).map_err(driver)?;

@@ -51,5 +51,5 @@ fn the_kernels_get_one_type_code_per_dtype() {
     assert_eq!([KvDtype::F32, KvDtype::F16, KvDtype::Bf16].map(type_code), [0, 1, 2]);
     assert_eq!([KvDtype::F32, KvDtype::F16, KvDtype::Bf16].map(elem_bytes), [4, 2, 2]);
     assert!(KERNELS.contains("#if WT == 0") && KERNELS.contains("#if KT == 0"));
-    assert_eq!(arch(9, 0), "compute_90");
+    assert_eq!(xinf_transfer::gpu::nvrtc_arch(9, 0), "compute_90");
 }
