@@ -66,13 +66,31 @@ fn policy_for(endpoint: &Endpoint, policy: transport::TransportPolicy) -> transp
 /// How long a prefill waits for the block tracker's answer before computing on its own.
 const TRACKER_WAIT: Duration = Duration::from_secs(2);
 
-/// The process's page server, started by the first prefill replica of the process.
+/// The process's page server, started by the first prefill replica of the process. It lives
+/// as long as the process, so it runs on a runtime of its own: a server spawned on the runtime
+/// of whoever started it first would stop with that runtime (an embedding application's, or
+/// one of several clusters in one process).
 async fn page_server(ip: IpAddr) -> Result<&'static PageServer, ActorError> {
     static SERVER: OnceCell<PageServer> = OnceCell::const_new();
+    static RUNTIME: std::sync::OnceLock<std::io::Result<tokio::runtime::Runtime>> =
+        std::sync::OnceLock::new();
+    let failed = |e: String| ActorError::Node(format!("starting the page server on {ip}: {e}"));
     SERVER
-        .get_or_try_init(|| PageServer::start(ip))
+        .get_or_try_init(|| async {
+            let rt = RUNTIME.get_or_init(|| {
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .thread_name("xinf-pages")
+                    .enable_all()
+                    .build()
+            });
+            let rt = rt.as_ref().map_err(|e| failed(e.to_string()))?;
+            rt.spawn(PageServer::start(ip))
+                .await
+                .map_err(|e| failed(e.to_string()))?
+                .map_err(|e| failed(e.to_string()))
+        })
         .await
-        .map_err(|e| ActorError::Node(format!("starting the page server on {ip}: {e}")))
 }
 
 /// Serves the pages of a prefill replica's rooms out of its engine, and keeps the complete
