@@ -9,6 +9,7 @@
 //! `plane(layer, kv) + blk * s_blk + off * s_tok + head * s_head + d` with
 //! `blk = block_table[token / B]` and `off = token % B`.
 
+pub mod device;
 #[cfg(feature = "cuda")]
 pub mod gpu;
 #[cfg(feature = "cuda")]

@@ -33,6 +33,7 @@
 //! - `nixl-error`: answer a NIXL request with a range that is not registered memory, so the
 //!   client's NIXL read fails with [`TransferError::Nixl`].
 
+use crate::device::{DeviceLease, DevicePages, DeviceRoute, DeviceSink, DeviceStage};
 use crate::nixl::{Node, RemoteStage, Staged};
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
@@ -47,6 +48,7 @@ const MAGIC: &[u8; 4] = b"XKV1";
 const MAGIC_NIXL: &[u8; 4] = b"XKN1";
 /// The client's "my NIXL read is over" on a NIXL fetch's connection.
 const NIXL_DONE: &[u8; 4] = b"XKND";
+const MAGIC_DEVICE: &[u8; 4] = b"XKG1";
 /// An address no agent registers, for the `nixl-error` fault.
 const UNREGISTERED_ADDR: u64 = 0x1000;
 /// Largest answer accepted: a bound against a corrupt length, far above any real range.
@@ -98,6 +100,19 @@ pub trait PageProvider: Send + Sync + 'static {
         first_page: u32,
         count: u32,
     ) -> BoxFuture<'static, Result<Vec<u8>, TransferError>>;
+
+    /// The same pages gathered into GPU staging memory for `route` (see [`crate::device`]);
+    /// only a provider whose engine keeps its KV on a GPU can.
+    fn device_pages(
+        &self,
+        room: u64,
+        first_page: u32,
+        count: u32,
+        route: DeviceRoute,
+    ) -> BoxFuture<'static, Result<DeviceLease, TransferError>> {
+        let _ = (room, first_page, count, route);
+        Box::pin(async { Err(TransferError::Source("the prefill replica's KV is not in GPU memory".into())) })
+    }
 }
 
 /// Where a provider can be reached: its process (for the in-process path), its id there, and
@@ -122,6 +137,12 @@ pub enum TransportKind {
     Tcp,
     /// A NIXL read, with the TCP data plane as its side channel.
     Nixl,
+    /// GPU to GPU inside one process.
+    DeviceInProcess,
+    /// GPU to GPU through a CUDA IPC mapping, with the TCP data plane as its side channel.
+    CudaIpc,
+    /// GPU to GPU by a NIXL read of VRAM, with the TCP data plane as its side channel.
+    NixlVram,
 }
 
 /// How a fetch may travel.
@@ -306,23 +327,55 @@ async fn serve(mut stream: TcpStream, options: &ServeOptions) -> std::io::Result
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e),
         }
-        let nixl = match &magic {
-            MAGIC => false,
-            MAGIC_NIXL => true,
+        #[derive(PartialEq)]
+        enum Kind {
+            Host,
+            Nixl,
+            Device,
+        }
+        let kind = match &magic {
+            MAGIC => Kind::Host,
+            MAGIC_NIXL => Kind::Nixl,
+            MAGIC_DEVICE => Kind::Device,
             _ => return write_answer(&mut stream, 1, b"not a page fetch (bad magic)", Fault::None).await,
         };
-        let mut head = [0u8; 28];
-        let head = &mut head[..if nixl { 28 } else { 24 }];
+        let mut head = [0u8; 29];
+        let head = &mut head[..match kind {
+            Kind::Host => 24,
+            Kind::Nixl => 28,
+            Kind::Device => 29,
+        }];
         stream.read_exact(head).await?;
         let word = |at: usize| u64::from_le_bytes(head[at..at + 8].try_into().unwrap_or_default());
         let half = |at: usize| u32::from_le_bytes(head[at..at + 4].try_into().unwrap_or_default());
         let (room, provider, first, count) = (word(0), word(8), half(16), half(20));
         let received = tokio::time::Instant::now();
+        if kind == Kind::Device {
+            let keep_until = received + Duration::from_millis(u64::from(half(24)));
+            let lease = match DeviceRoute::from_code(head[28]) {
+                None => Err(TransferError::Protocol(format!("device route {}", head[28]))),
+                Some(route) => match lookup(provider) {
+                    Some(p) => p.device_pages(room, first, count, route).await,
+                    None => Err(TransferError::UnknownRoom(room)),
+                },
+            };
+            let lease = match lease {
+                Ok(lease) => lease,
+                Err(e) => {
+                    write_error(&mut stream, &e).await?;
+                    continue;
+                }
+            };
+            let answer = serde_json::to_vec(&(lease.stage(), lease.len())).unwrap_or_default();
+            write_answer(&mut stream, 0, &answer, options.fault).await?;
+            hold_until_done(&mut stream, lease, keep_until).await?;
+            continue;
+        }
         let result = match lookup(provider) {
             Some(p) => p.pages(room, first, count).await,
             None => Err(TransferError::UnknownRoom(room)),
         };
-        if !nixl {
+        if kind == Kind::Host {
             match result {
                 Ok(bytes) => write_answer(&mut stream, 0, &bytes, options.fault).await?,
                 Err(e) => write_error(&mut stream, &e).await?,
@@ -345,25 +398,35 @@ async fn serve(mut stream: TcpStream, options: &ServeOptions) -> std::io::Result
             remote.addr = UNREGISTERED_ADDR;
         }
         write_answer(&mut stream, 0, &remote.encode(), options.fault).await?;
-        // The staged pages stay until the client's read is over: its "done", or its deadline
-        // when the connection drops first (its read may still be running).
-        let keep_until = received + Duration::from_millis(u64::from(half(24)));
-        let mut done = [0u8; 4];
-        match tokio::time::timeout_at(keep_until, stream.read_exact(&mut done)).await {
-            Ok(Ok(_)) if &done == NIXL_DONE => drop(staged),
-            Ok(Ok(_)) => {
-                linger(staged, keep_until);
-                return Err(std::io::Error::other("not the end of a NIXL read"));
-            }
-            Ok(Err(e)) => {
-                linger(staged, keep_until);
-                return Err(e);
-            }
-            // Past the client's deadline: it has given up reading.
-            Err(_) => {
-                drop(staged);
-                return Err(std::io::Error::other("no end of a NIXL read before its deadline"));
-            }
+        hold_until_done(&mut stream, staged, received + Duration::from_millis(u64::from(half(24)))).await?;
+    }
+}
+
+/// Keeps `staged` (memory a peer is reading) until the peer's read is over: its "done", or its
+/// deadline `keep_until` when the connection drops first (its read may still be running).
+async fn hold_until_done<T: Send + 'static>(
+    stream: &mut TcpStream,
+    staged: T,
+    keep_until: tokio::time::Instant,
+) -> std::io::Result<()> {
+    let mut done = [0u8; 4];
+    match tokio::time::timeout_at(keep_until, stream.read_exact(&mut done)).await {
+        Ok(Ok(_)) if &done == NIXL_DONE => {
+            drop(staged);
+            Ok(())
+        }
+        Ok(Ok(_)) => {
+            linger(staged, keep_until);
+            Err(std::io::Error::other("not the end of a read"))
+        }
+        Ok(Err(e)) => {
+            linger(staged, keep_until);
+            Err(e)
+        }
+        // Past the client's deadline: it has given up reading.
+        Err(_) => {
+            drop(staged);
+            Err(std::io::Error::other("no end of a read before its deadline"))
         }
     }
 }
@@ -388,7 +451,7 @@ async fn stage(pages: Vec<u8>, node: Option<Arc<Node>>) -> Result<Staged, Transf
 }
 
 /// Keeps `staged` until `until`, then frees it.
-fn linger(staged: Staged, until: tokio::time::Instant) {
+fn linger<T: Send + 'static>(staged: T, until: tokio::time::Instant) {
     tokio::spawn(async move {
         tokio::time::sleep_until(until).await;
         drop(staged);
@@ -524,6 +587,65 @@ async fn fetch_tcp(
 ) -> Result<Vec<u8>, TransferError> {
     let (_, pages) = request(endpoint, &request_head(MAGIC, endpoint, room, first_page, count)).await?;
     Ok(pages)
+}
+
+/// Fetches pages `first_page .. first_page + count` of `room` GPU to GPU by `route`: the
+/// provider gathers them into device staging memory, `sink` copies them into its own GPU's
+/// memory, and the staging is freed once that copy is over. Within `timeout`.
+///
+/// [`DeviceRoute::InProcess`] needs the provider in this process; the other routes ask the
+/// provider's page server, whose connection carries the stage description and the "done".
+pub async fn fetch_device(
+    endpoint: &Endpoint,
+    room: u64,
+    first_page: u32,
+    count: u32,
+    route: DeviceRoute,
+    sink: Arc<dyn DeviceSink>,
+    timeout: Duration,
+) -> Result<(DevicePages, TransportKind), TransferError> {
+    let timed_out =
+        || TransferError::Timeout { endpoint: endpoint.tcp.clone(), after_ms: timeout.as_millis() as u64 };
+    let deadline = std::time::Instant::now() + timeout;
+    let receive = move |sink: Arc<dyn DeviceSink>, lease: DeviceLease| async move {
+        // The lease (in process: the staging memory itself) is dropped once the copy is over.
+        tokio::task::spawn_blocking(move || sink.receive(&lease, deadline))
+            .await
+            .unwrap_or_else(|e| Err(TransferError::Source(format!("receiving GPU pages stopped: {e}"))))
+    };
+    if route == DeviceRoute::InProcess {
+        if endpoint.process != process_nonce() {
+            return Err(TransferError::Protocol("an in-process GPU fetch from another process".into()));
+        }
+        let provider = lookup(endpoint.provider).ok_or(TransferError::UnknownRoom(room))?;
+        let work = async {
+            let lease = provider.device_pages(room, first_page, count, route).await?;
+            receive(sink, lease).await
+        };
+        let pages = tokio::time::timeout(timeout, work).await.map_err(|_| timed_out())??;
+        return Ok((pages, TransportKind::DeviceInProcess));
+    }
+    let kind = if route == DeviceRoute::CudaIpc { TransportKind::CudaIpc } else { TransportKind::NixlVram };
+    let mut head = request_head(MAGIC_DEVICE, endpoint, room, first_page, count);
+    head.extend_from_slice(&u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX).to_le_bytes());
+    head.push(route.code());
+    let work = async {
+        let (mut stream, body) = request(endpoint, &head).await?;
+        let (stage, len): (DeviceStage, usize) = serde_json::from_slice(&body)
+            .map_err(|e| TransferError::Protocol(format!("a GPU stage answer: {e}")))?;
+        // The copy and the "done" after it run in a task of their own: should this future be
+        // dropped (the caller's timeout), the server still keeps its staging memory until the
+        // copy is over.
+        let copy = tokio::spawn(async move {
+            let pages = receive(sink, DeviceLease::remote(stage, len)).await;
+            // Best effort: if the server is gone, so is the memory it would free.
+            let _ = stream.write_all(NIXL_DONE).await;
+            pages
+        });
+        copy.await.unwrap_or_else(|e| Err(TransferError::Source(format!("receiving GPU pages stopped: {e}"))))
+    };
+    let pages = tokio::time::timeout(timeout, work).await.map_err(|_| timed_out())??;
+    Ok((pages, kind))
 }
 
 #[cfg(test)]

@@ -18,7 +18,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::OnceCell;
-use xinf_engine::{Engine, EngineError, ModelContract};
+use xinf_engine::{Engine, EngineError, KvPages, ModelContract};
+use xinf_transfer::device::{DeviceLease, DeviceRoute, KvDevice};
 use xinf_transfer::transport::{self, Endpoint, PageProvider, PageServer, TransferError, TransportKind};
 
 #[cfg(test)]
@@ -39,6 +40,9 @@ pub(crate) struct Handoff {
     pub(crate) endpoint: Endpoint,
     /// The prefill engine's model contract, checked by the decode side.
     pub(crate) contract: ModelContract,
+    /// Where the prefill engine's KV lives when on a GPU: the decode side then fetches GPU to
+    /// GPU if it can.
+    pub(crate) device: Option<KvDevice>,
 }
 
 /// Time limits, transport choice and snapshot budget of handoffs.
@@ -60,6 +64,27 @@ fn policy_for(endpoint: &Endpoint, policy: transport::TransportPolicy) -> transp
         transport::TransportPolicy::Auto
     } else {
         policy
+    }
+}
+
+/// The GPU-to-GPU route for pages at `endpoint` (prefill KV on `from`) into a decode engine
+/// on a GPU, if there is one: in process, else NIXL when asked for, else CUDA IPC within one
+/// host. `None`: the pages go through host memory (`TransportPolicy::Tcp` forces that too).
+fn device_route(
+    endpoint: &Endpoint,
+    from: Option<&KvDevice>,
+    policy: transport::TransportPolicy,
+) -> Option<DeviceRoute> {
+    let from = from?;
+    if endpoint.process == transport::process_nonce() {
+        return (policy != transport::TransportPolicy::Tcp).then_some(DeviceRoute::InProcess);
+    }
+    match policy {
+        transport::TransportPolicy::Nixl => Some(DeviceRoute::NixlVram),
+        transport::TransportPolicy::Auto if from.host == xinf_transfer::device::host_id() => {
+            Some(DeviceRoute::CudaIpc)
+        }
+        _ => None,
     }
 }
 
@@ -127,6 +152,34 @@ impl PageProvider for RoomPages {
                 snapshots.keep(&keys, first as usize, &pages, engine.contract().page_bytes());
             }
             Ok(pages)
+        }
+        .boxed()
+    }
+
+    fn device_pages(
+        &self,
+        room: u64,
+        first: u32,
+        count: u32,
+        route: DeviceRoute,
+    ) -> BoxFuture<'static, Result<DeviceLease, TransferError>> {
+        let claimed = lock(&self.rooms).claim(room, first, count, Instant::now());
+        let engine = self.engine.clone();
+        async move {
+            let request_id = match claimed {
+                Ok(id) => id,
+                Err(RoomError::Unknown) => return Err(TransferError::UnknownRoom(room)),
+                Err(RoomError::OutOfRange { pages }) => {
+                    return Err(TransferError::Source(format!(
+                        "pages {first}..{} of room {room}, which holds {pages}",
+                        u64::from(first) + u64::from(count)
+                    )));
+                }
+            };
+            engine
+                .export_pages_device(&request_id, first as usize, count as usize, route)
+                .await
+                .map_err(|e| TransferError::Source(e.to_string()))
         }
         .boxed()
     }
@@ -257,6 +310,10 @@ struct Received {
     tcp: AtomicU64,
     in_process: AtomicU64,
     nixl: AtomicU64,
+    gpu_in_process: AtomicU64,
+    cuda_ipc: AtomicU64,
+    nixl_vram: AtomicU64,
+    gpu_bytes: AtomicU64,
     failed: AtomicU64,
     latency: Mutex<LatencyHistogram>,
 }
@@ -369,6 +426,7 @@ impl HandoffSide {
                 pages,
                 endpoint,
                 contract: engine.contract().clone(),
+                device: engine.kv_device(),
             })
         }
         .boxed()
@@ -427,19 +485,46 @@ impl HandoffSide {
                     ))));
                 }
                 let started = Instant::now();
-                let policy = policy_for(&handoff.endpoint, times.policy);
-                let (pages, kind) =
-                    transport::fetch(&handoff.endpoint, handoff.room, 0, need, policy, times.transfer)
-                        .await
-                        .map_err(|e| ActorError::Transfer(e.to_string()))?;
+                let route = engine.device_sink().zip(device_route(
+                    &handoff.endpoint,
+                    handoff.device.as_ref(),
+                    times.policy,
+                ));
+                let (pages, kind) = match route {
+                    Some((sink, route)) => transport::fetch_device(
+                        &handoff.endpoint,
+                        handoff.room,
+                        0,
+                        need,
+                        route,
+                        sink,
+                        times.transfer,
+                    )
+                    .await
+                    .map(|(pages, kind)| (KvPages::Device(pages), kind)),
+                    None => {
+                        let policy = policy_for(&handoff.endpoint, times.policy);
+                        transport::fetch(&handoff.endpoint, handoff.room, 0, need, policy, times.transfer)
+                            .await
+                            .map(|(pages, kind)| (KvPages::Host(pages), kind))
+                    }
+                }
+                .map_err(|e| ActorError::Transfer(e.to_string()))?;
                 lock(&received.latency).observe(started.elapsed().as_secs_f64());
                 received.pages.fetch_add(u64::from(need), Ordering::Relaxed);
                 received.bytes.fetch_add(pages.len() as u64, Ordering::Relaxed);
+                if let KvPages::Device(_) = pages {
+                    received.gpu_bytes.fetch_add(pages.len() as u64, Ordering::Relaxed);
+                }
                 match kind {
-                    TransportKind::Tcp => received.tcp.fetch_add(1, Ordering::Relaxed),
-                    TransportKind::InProcess => received.in_process.fetch_add(1, Ordering::Relaxed),
-                    TransportKind::Nixl => received.nixl.fetch_add(1, Ordering::Relaxed),
-                };
+                    TransportKind::Tcp => &received.tcp,
+                    TransportKind::InProcess => &received.in_process,
+                    TransportKind::Nixl => &received.nixl,
+                    TransportKind::DeviceInProcess => &received.gpu_in_process,
+                    TransportKind::CudaIpc => &received.cuda_ipc,
+                    TransportKind::NixlVram => &received.nixl_vram,
+                }
+                .fetch_add(1, Ordering::Relaxed);
                 Ok(xinf_engine::ImportedKv {
                     prompt_ids: handoff.prompt_ids,
                     first_token: handoff.first_token,
@@ -469,6 +554,10 @@ impl HandoffSide {
         s.tcp_transfers = r.tcp.load(Ordering::Relaxed);
         s.in_process_transfers = r.in_process.load(Ordering::Relaxed);
         s.nixl_transfers = r.nixl.load(Ordering::Relaxed);
+        s.gpu_in_process_transfers = r.gpu_in_process.load(Ordering::Relaxed);
+        s.cuda_ipc_transfers = r.cuda_ipc.load(Ordering::Relaxed);
+        s.nixl_vram_transfers = r.nixl_vram.load(Ordering::Relaxed);
+        s.gpu_bytes_transferred = r.gpu_bytes.load(Ordering::Relaxed);
         s.failed += r.failed.load(Ordering::Relaxed);
         s.latency = *lock(&r.latency);
         if let Some(snap) = &self.snapshots {

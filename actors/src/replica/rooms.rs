@@ -74,8 +74,16 @@ pub struct HandoffStats {
     pub tcp_transfers: u64,
     /// Fetches served in process.
     pub in_process_transfers: u64,
-    /// Fetches whose bytes moved through NIXL.
+    /// Fetches whose bytes moved through NIXL (host memory).
     pub nixl_transfers: u64,
+    /// Fetches that moved GPU to GPU inside one process.
+    pub gpu_in_process_transfers: u64,
+    /// Fetches that moved GPU to GPU through CUDA IPC.
+    pub cuda_ipc_transfers: u64,
+    /// Fetches that moved GPU to GPU through NIXL (VRAM).
+    pub nixl_vram_transfers: u64,
+    /// Bytes that moved GPU to GPU without touching host memory (part of `bytes_transferred`).
+    pub gpu_bytes_transferred: u64,
     /// Handoffs that failed (prefill, fetch or import).
     pub failed: u64,
     /// Rooms freed because their lease ran out.
@@ -104,6 +112,10 @@ impl HandoffStats {
         self.tcp_transfers += o.tcp_transfers;
         self.in_process_transfers += o.in_process_transfers;
         self.nixl_transfers += o.nixl_transfers;
+        self.gpu_in_process_transfers += o.gpu_in_process_transfers;
+        self.cuda_ipc_transfers += o.cuda_ipc_transfers;
+        self.nixl_vram_transfers += o.nixl_vram_transfers;
+        self.gpu_bytes_transferred += o.gpu_bytes_transferred;
         self.failed += o.failed;
         self.expired_leases += o.expired_leases;
         self.snapshot_hits += o.snapshot_hits;

@@ -17,7 +17,9 @@ pub use request::{ChatMessage, FinishReason, GenerateRequest, Prompt, SamplingPa
 
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
+use std::sync::Arc;
 use xinf_transfer::LayoutDescriptor;
+use xinf_transfer::device::{DeviceLease, DevicePages, DeviceRoute, DeviceSink, KvDevice};
 
 /// Tokens per canonical page.
 pub const PAGE_TOKENS: usize = 64;
@@ -37,7 +39,7 @@ pub struct PinnedPrefill {
 }
 
 /// Prompt KV handed to a decode engine, in canonical pages.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct ImportedKv {
     /// Prompt token ids; the KV covers every one of them.
     pub prompt_ids: Vec<u32>,
@@ -46,7 +48,46 @@ pub struct ImportedKv {
     pub first_token: u32,
     /// `ceil(import_len / 64)` canonical pages (see [`Engine::import_len`]), back to back, as
     /// raw words of the KV dtype.
-    pub pages: Vec<u8>,
+    pub pages: KvPages,
+}
+
+/// Where imported canonical pages are: host memory, or the decode engine's GPU (received there
+/// by its [`Engine::device_sink`], never copied through the host).
+#[derive(Debug)]
+pub enum KvPages {
+    /// Bytes in host memory.
+    Host(Vec<u8>),
+    /// Pages in the decode engine's GPU memory.
+    Device(DevicePages),
+}
+
+impl KvPages {
+    /// Bytes of pages.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Host(b) => b.len(),
+            Self::Device(d) => d.len(),
+        }
+    }
+
+    /// Whether there are no pages.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes, when in host memory.
+    pub fn host(&self) -> Option<&[u8]> {
+        match self {
+            Self::Host(b) => Some(b),
+            Self::Device(_) => None,
+        }
+    }
+}
+
+impl From<Vec<u8>> for KvPages {
+    fn from(bytes: Vec<u8>) -> Self {
+        Self::Host(bytes)
+    }
 }
 
 /// Load figures of an engine.
@@ -115,6 +156,33 @@ pub trait Engine: Send + Sync {
         first_page: usize,
         count: usize,
     ) -> BoxFuture<'static, Result<Vec<u8>, EngineError>>;
+
+    /// Where the KV cache is when it is GPU memory; `None` for host memory. A decode replica
+    /// with a [`device_sink`](Self::device_sink) then fetches pages GPU to GPU.
+    fn kv_device(&self) -> Option<KvDevice> {
+        None
+    }
+
+    /// Gathers canonical pages `first_page..first_page + count` of a pinned prompt into GPU
+    /// staging memory for `route`; the gather is complete when the lease is returned. Only an
+    /// engine with a [`kv_device`](Self::kv_device) can.
+    fn export_pages_device(
+        &self,
+        request_id: &str,
+        first_page: usize,
+        count: usize,
+        route: DeviceRoute,
+    ) -> BoxFuture<'static, Result<DeviceLease, EngineError>> {
+        let _ = (request_id, first_page, count, route);
+        Box::pin(async { Err(EngineError::Internal("this engine's KV cache is in host memory".into())) })
+    }
+
+    /// Receives a peer's staged pages into this engine's GPU memory, as
+    /// [`KvPages::Device`] for [`submit_imported`](Self::submit_imported); `None` for an engine
+    /// whose KV cache is in host memory.
+    fn device_sink(&self) -> Option<Arc<dyn DeviceSink>> {
+        None
+    }
 
     /// Frees a pinned prompt's KV; `false` when nothing was pinned under that id.
     fn release_pinned(&self, request_id: &str) -> bool;

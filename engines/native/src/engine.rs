@@ -25,11 +25,12 @@ use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 use xinf_engine::{
-    Engine, EngineError, EngineStats, FinishReason, GenerateRequest, ImportedKv, KvDtype, ModelContract,
-    PAGE_TOKENS, PinnedPrefill, Prompt, TokenEvent, TokenStream, Usage,
+    Engine, EngineError, EngineStats, FinishReason, GenerateRequest, ImportedKv, KvDtype, KvPages,
+    ModelContract, PAGE_TOKENS, PinnedPrefill, Prompt, TokenEvent, TokenStream, Usage,
 };
 use xinf_models::{ModelError, ResolvedModel, TextTokenizer, WeightsFormat};
 use xinf_transfer::LayoutDescriptor;
+use xinf_transfer::device::{DeviceLease, DeviceRoute, DeviceSink, KvDevice};
 
 type EventTx = mpsc::UnboundedSender<Result<TokenEvent, EngineError>>;
 
@@ -63,8 +64,8 @@ struct Seq {
 
 /// Prompt KV given to a sequence instead of computed.
 struct Import {
-    /// Canonical pages, back to back.
-    pages: Vec<u8>,
+    /// Canonical pages, back to back (host memory, or received into this engine's GPU).
+    pages: KvPages,
     /// Prompt tokens the pages cover (scattered into the cache).
     tokens: usize,
     /// Tokens of cache to hold on admission.
@@ -75,8 +76,23 @@ enum Command {
     Submit(Box<Seq>),
     Abort(String),
     Release(String),
-    Export { id: String, first: usize, count: usize, reply: oneshot::Sender<Result<Vec<u8>, EngineError>> },
-    Logits { ids: Vec<u32>, reply: oneshot::Sender<Result<Vec<f32>, EngineError>> },
+    Export {
+        id: String,
+        first: usize,
+        count: usize,
+        reply: oneshot::Sender<Result<Vec<u8>, EngineError>>,
+    },
+    ExportDevice {
+        id: String,
+        first: usize,
+        count: usize,
+        route: DeviceRoute,
+        reply: oneshot::Sender<Result<DeviceLease, EngineError>>,
+    },
+    Logits {
+        ids: Vec<u32>,
+        reply: oneshot::Sender<Result<Vec<f32>, EngineError>>,
+    },
 }
 
 /// Counters shared by the handle and the compute thread.
@@ -115,6 +131,8 @@ pub struct NativeEngine {
     /// Longest sequence (prompt + output) a request may have.
     max_seq_len: usize,
     eos: Vec<u32>,
+    /// Set on a GPU: where the KV lives, and the sink receiving peers' pages GPU to GPU.
+    device: Option<(KvDevice, Arc<dyn DeviceSink>)>,
 }
 
 impl std::fmt::Debug for NativeEngine {
@@ -207,11 +225,12 @@ impl NativeEngine {
         eos.extend(&cfg.eos_token_ids);
         eos.sort_unstable();
         eos.dedup();
-        let (backend, cache): (Box<dyn ComputeBackend>, KvCache) = match options.device {
+        type Device = Option<(KvDevice, Arc<dyn DeviceSink>)>;
+        let (backend, cache, device): (Box<dyn ComputeBackend>, KvCache, Device) = match options.device {
             ComputeDevice::Cpu => {
                 let backend = CpuModel::new(cfg, weights, context_length)
                     .map_err(|e| EngineError::Internal(format!("building the model: {e}")))?;
-                (Box::new(backend), KvCache::new(layout.clone(), dtype))
+                (Box::new(backend), KvCache::new(layout.clone(), dtype), None)
             }
             #[cfg(not(feature = "cuda"))]
             ComputeDevice::Cuda(_) => return Err(no_gpu_support(options.device)),
@@ -228,7 +247,9 @@ impl NativeEngine {
                 )
                 .map_err(|e| EngineError::Model(format!("engine_config.device = {}: {e}", options.device)))?;
                 drop(weights);
-                (Box::new(backend), KvCache::accounting_only(layout.clone(), dtype))
+                let handoff = backend.handoff();
+                let device: Device = Some((handoff.kv_device(), handoff));
+                (Box::new(backend), KvCache::accounting_only(layout.clone(), dtype), device)
             }
         };
         let shared = Arc::new(Shared::default());
@@ -249,7 +270,7 @@ impl NativeEngine {
             .name("xinf-native-engine".into())
             .spawn(move || worker.run())
             .map_err(|e| EngineError::Internal(format!("starting the engine thread: {e}")))?;
-        Ok(Self { tx, shared, tokenizer, contract, layout, options, max_seq_len, eos })
+        Ok(Self { tx, shared, tokenizer, contract, layout, options, max_seq_len, eos, device })
     }
 
     /// The tokenizer (for callers that render or count tokens themselves).
@@ -478,7 +499,7 @@ impl Engine for NativeEngine {
             }
             if tokens > 0 {
                 let need = (tokens + max_batch).min(seq.prompt_len);
-                seq.import = Some(Import { pages: prefix_pages, tokens, need });
+                seq.import = Some(Import { pages: KvPages::Host(prefix_pages), tokens, need });
             }
             self.enqueue(seq)?;
             Ok(stream)
@@ -508,6 +529,35 @@ impl Engine for NativeEngine {
         })
     }
 
+    fn kv_device(&self) -> Option<KvDevice> {
+        self.device.as_ref().map(|(d, _)| d.clone())
+    }
+
+    fn export_pages_device(
+        &self,
+        request_id: &str,
+        first_page: usize,
+        count: usize,
+        route: DeviceRoute,
+    ) -> BoxFuture<'static, Result<DeviceLease, EngineError>> {
+        let (reply, rx) = oneshot::channel();
+        let sent = self.tx.send(Command::ExportDevice {
+            id: request_id.to_owned(),
+            first: first_page,
+            count,
+            route,
+            reply,
+        });
+        Box::pin(async move {
+            sent.map_err(|_| EngineError::Stopped)?;
+            rx.await.map_err(|_| EngineError::Stopped)?
+        })
+    }
+
+    fn device_sink(&self) -> Option<Arc<dyn DeviceSink>> {
+        self.device.as_ref().map(|(_, sink)| Arc::clone(sink))
+    }
+
     fn release_pinned(&self, request_id: &str) -> bool {
         let known = lock(&self.shared.pinned).remove(request_id);
         if known {
@@ -522,6 +572,11 @@ impl Engine for NativeEngine {
             return Err(EngineError::Import("the prompt token ids differ from the prefill side's".into()));
         }
         let expect = self.import_len(seq.prompt_len).div_ceil(PAGE_TOKENS) * self.contract.page_bytes();
+        if matches!(kv.pages, KvPages::Device(_)) && self.device.is_none() {
+            return Err(EngineError::Import(
+                "GPU pages given to an engine whose KV cache is in host memory".into(),
+            ));
+        }
         if kv.pages.len() != expect {
             return Err(EngineError::Import(format!(
                 "{} bytes of pages for a {}-token prompt, expected {expect}",
@@ -646,25 +701,19 @@ impl Worker {
                 self.publish();
             }
             Command::Export { id, first, count, reply } => {
-                let result = match self.pinned.get(&id) {
-                    None => Err(EngineError::UnknownRequest(id)),
-                    Some((table, len)) => {
-                        let pages = len.div_ceil(PAGE_TOKENS);
-                        if first + count > pages {
-                            Err(EngineError::invalid(
-                                "pages",
-                                format!(
-                                    "pages {first}..{} requested of a {pages}-page prompt",
-                                    first + count
-                                ),
-                            ))
-                        } else {
-                            self.backend
-                                .export_pages(&mut self.cache, table, *len, first, count)
-                                .map_err(|e| EngineError::Internal(format!("exporting KV pages: {e}")))
-                        }
-                    }
-                };
+                let result = self.pinned_range(id, first, count).and_then(|(table, len)| {
+                    self.backend
+                        .export_pages(&mut self.cache, &table, len, first, count)
+                        .map_err(|e| EngineError::Internal(format!("exporting KV pages: {e}")))
+                });
+                let _ = reply.send(result);
+            }
+            Command::ExportDevice { id, first, count, route, reply } => {
+                let result = self.pinned_range(id, first, count).and_then(|(table, len)| {
+                    self.backend
+                        .export_device(&table, len, first, count, route)
+                        .map_err(|e| EngineError::Internal(format!("exporting KV pages to GPU staging: {e}")))
+                });
                 let _ = reply.send(result);
             }
             Command::Logits { ids, reply } => {
@@ -684,6 +733,19 @@ impl Worker {
                 let _ = reply.send(result);
             }
         }
+    }
+
+    /// The block table and length of pinned prompt `id`, if pages `first..first + count` exist.
+    fn pinned_range(&self, id: String, first: usize, count: usize) -> Result<(Vec<u32>, usize), EngineError> {
+        let Some((table, len)) = self.pinned.get(&id) else { return Err(EngineError::UnknownRequest(id)) };
+        let pages = len.div_ceil(PAGE_TOKENS);
+        if first + count > pages {
+            return Err(EngineError::invalid(
+                "pages",
+                format!("pages {first}..{} requested of a {pages}-page prompt", first + count),
+            ));
+        }
+        Ok((table.clone(), *len))
     }
 
     /// Requests whose client went away are aborted.
@@ -773,9 +835,13 @@ impl Worker {
             }
             dequeued(&self.shared.queued);
             if let Some(import) = s.import.take() {
-                if let Err(e) =
-                    self.backend.import_pages(&mut self.cache, &s.table, import.tokens, &import.pages)
-                {
+                let written = match &import.pages {
+                    KvPages::Host(bytes) => {
+                        self.backend.import_pages(&mut self.cache, &s.table, import.tokens, bytes)
+                    }
+                    KvPages::Device(pages) => self.backend.import_device(&s.table, import.tokens, pages),
+                };
+                if let Err(e) = written {
                     self.finish(s, None, Some(EngineError::Import(format!("writing the KV pages: {e}"))));
                     continue;
                 }

@@ -38,7 +38,11 @@ use cudarc::driver::{
 use std::sync::Arc;
 use xinf_engine::{KvDtype, PAGE_TOKENS};
 use xinf_transfer::LayoutDescriptor;
+use xinf_transfer::device::{DeviceLease, DevicePages, DeviceRoute};
 use xinf_transfer::gpu::{GpuPages, nvrtc_arch};
+
+mod handoff;
+pub(crate) use handoff::GpuHandoff;
 
 const KERNELS: &str = include_str!("gpu/kernels.cu");
 
@@ -225,6 +229,8 @@ pub(crate) struct GpuModel {
     regions: Vec<Buf>,
     /// Device address of each `(layer, K/V)` plane.
     planes: Vec<[u64; 2]>,
+    /// Staging and receiving for GPU-to-GPU handoffs.
+    handoff: Arc<GpuHandoff>,
 }
 
 impl std::fmt::Debug for GpuModel {
@@ -355,7 +361,9 @@ impl GpuModel {
             return Err(GpuError::Shape("the KV layout does not match the model".into()));
         }
         stream.synchronize().map_err(driver)?;
+        let handoff = Arc::new(GpuHandoff::new(&ctx)?);
         Ok(Self {
+            handoff,
             cfg,
             wdt,
             kdt,
@@ -602,6 +610,11 @@ impl GpuModel {
         Ok(host.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
     }
 
+    /// The engine's GPU handoff side (its decode-side sink, and where it says its KV lives).
+    pub(crate) fn handoff(&self) -> Arc<GpuHandoff> {
+        Arc::clone(&self.handoff)
+    }
+
     /// Bytes of one canonical page in the cache's dtype.
     fn page_bytes(&self) -> usize {
         2 * self.desc.num_layers
@@ -644,6 +657,55 @@ impl ComputeBackend for GpuModel {
             let host = self.stream.clone_dtoh(&staging).map_err(driver)?;
             self.stream.synchronize().map_err(driver)?;
             Ok(host)
+        };
+        run().map_err(|e| e.to_string())
+    }
+
+    fn export_device(
+        &mut self,
+        table: &[u32],
+        len: usize,
+        first: usize,
+        count: usize,
+        route: DeviceRoute,
+    ) -> Result<DeviceLease, String> {
+        let run = || -> Result<DeviceLease, GpuError> {
+            let bytes = count * self.page_bytes();
+            if count == 0 {
+                return Err(GpuError::Shape("an export of no pages".into()));
+            }
+            self.ctx.bind_to_thread().map_err(driver)?;
+            let mut staged = self.handoff.export_staging(route, bytes)?;
+            let es = elem_bytes(self.kdt);
+            let dst = staged.slice_mut()?;
+            self.pages.gather(&self.desc, es, &self.regions, table, len, first..first + count, dst)?;
+            // The pages are complete before anyone may read them: an event after the gather,
+            // waited for before the lease (and so the handle or address) exists.
+            let done = self.stream.record_event(None).map_err(driver)?;
+            done.synchronize().map_err(driver)?;
+            self.handoff.lease(route, staged, bytes)
+        };
+        run().map_err(|e| e.to_string())
+    }
+
+    fn import_device(&mut self, table: &[u32], len: usize, pages: &DevicePages) -> Result<(), String> {
+        let count = len.div_ceil(PAGE_TOKENS);
+        let need = count * self.page_bytes();
+        if pages.len() < need {
+            return Err(format!("{} bytes of pages for {len} tokens, {need} expected", pages.len()));
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        let mut run = || -> Result<(), GpuError> {
+            let received = pages
+                .get::<handoff::Received>()
+                .ok_or_else(|| GpuError::Shape("pages received by another kind of engine".into()))?;
+            let src = received.slice()?;
+            self.ctx.bind_to_thread().map_err(driver)?;
+            let es = elem_bytes(self.kdt);
+            self.pages.scatter(&self.desc, es, &mut self.regions, table, len, 0..count, src)?;
+            self.stream.synchronize().map_err(driver)
         };
         run().map_err(|e| e.to_string())
     }

@@ -9,6 +9,7 @@ use crate::config::{ModelConfig, RopeScaling};
 use crate::kv_cache::KvCache;
 use crate::weights::Weights;
 use candle_core::{DType, Device, Tensor};
+use xinf_transfer::device::{DeviceLease, DevicePages, DeviceRoute};
 
 /// One sequence's part of a step.
 pub(crate) struct Chunk<'a> {
@@ -40,6 +41,26 @@ pub(crate) trait ComputeBackend: Send {
         count: usize,
     ) -> Result<Vec<u8>, String> {
         Ok(cache.export_pages(table, len, first, count))
+    }
+
+    /// Gathers canonical pages `first..first + count` of a `len`-token sequence into GPU
+    /// staging memory for a GPU-to-GPU handoff by `route`, complete when this returns.
+    fn export_device(
+        &mut self,
+        table: &[u32],
+        len: usize,
+        first: usize,
+        count: usize,
+        route: DeviceRoute,
+    ) -> Result<DeviceLease, String> {
+        let _ = (table, len, first, count, route);
+        Err("the KV cache is in host memory".into())
+    }
+
+    /// Scatters canonical pages received into this GPU's memory, covering positions `0..len`.
+    fn import_device(&mut self, table: &[u32], len: usize, pages: &DevicePages) -> Result<(), String> {
+        let _ = (table, len, pages);
+        Err("GPU pages given to an engine whose KV cache is in host memory".into())
     }
 
     /// Scatters canonical pages covering positions `0..len` into a sequence's blocks.

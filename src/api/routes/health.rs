@@ -32,6 +32,30 @@ const HANDOFF_FAMILIES: &[(&str, &str, &str, &str)] = &[
         "Page fetches in process.",
     ),
     ("xinf_handoff_nixl_transfers_total", "counter", "nixl_transfers", "Page fetches through NIXL."),
+    (
+        "xinf_handoff_gpu_in_process_transfers_total",
+        "counter",
+        "gpu_in_process_transfers",
+        "Page fetches GPU to GPU in process.",
+    ),
+    (
+        "xinf_handoff_cuda_ipc_transfers_total",
+        "counter",
+        "cuda_ipc_transfers",
+        "Page fetches GPU to GPU through CUDA IPC.",
+    ),
+    (
+        "xinf_handoff_nixl_vram_transfers_total",
+        "counter",
+        "nixl_vram_transfers",
+        "Page fetches GPU to GPU through NIXL.",
+    ),
+    (
+        "xinf_handoff_gpu_bytes_total",
+        "counter",
+        "gpu_bytes_transferred",
+        "KV bytes moved GPU to GPU without host memory.",
+    ),
     ("xinf_handoff_failed_total", "counter", "failed", "Handoffs that failed."),
     ("xinf_handoff_expired_leases_total", "counter", "expired_leases", "Rooms freed by an expired lease."),
     (
