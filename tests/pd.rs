@@ -10,16 +10,16 @@ use serde_json::{Value, json};
 use std::net::SocketAddr;
 
 /// Prompt lengths around the 64-token page boundaries, and a long one.
-const LENGTHS: &[usize] = &[2, 63, 64, 65, 66, 127, 128, 129, 130, 191, 192, 193, 194, 700];
+pub(crate) const LENGTHS: &[usize] = &[2, 63, 64, 65, 66, 127, 128, 129, 130, 191, 192, 193, 194, 700];
 const NEW_TOKENS: usize = 4;
 
 /// A deterministic prompt of `n` token ids (ordinary vocabulary, no special tokens).
-fn prompt(n: usize) -> Vec<u32> {
+pub(crate) fn prompt(n: usize) -> Vec<u32> {
     (0..n).map(|i| 100 + ((i as u64 * 7919 + n as u64 * 104_729) % 40_000) as u32).collect()
 }
 
 /// Greedy completion text of `ids` on `model`, streaming or not.
-fn complete(addr: SocketAddr, model: &str, ids: &[u32], stream: bool) -> String {
+pub(crate) fn complete(addr: SocketAddr, model: &str, ids: &[u32], stream: bool) -> String {
     let body = json!({
         "model": model,
         "prompt": ids,
@@ -44,12 +44,12 @@ fn complete(addr: SocketAddr, model: &str, ids: &[u32], stream: bool) -> String 
     text
 }
 
-fn launch(addr: SocketAddr, body: Value) {
+pub(crate) fn launch(addr: SocketAddr, body: Value) {
     let res = http::post(addr, "/v1/models", &body);
     assert_eq!(res.status, 200, "{body} → {}", res.text());
 }
 
-fn stats(addr: SocketAddr, model: &str) -> Value {
+pub(crate) fn stats(addr: SocketAddr, model: &str) -> Value {
     let res = http::get(addr, &format!("/v1/models/{model}/stats"));
     assert_eq!(res.status, 200, "{}", res.text());
     res.json()
@@ -57,7 +57,7 @@ fn stats(addr: SocketAddr, model: &str) -> Value {
 
 /// The pages a set of prompts moves: `ceil(P / 64)` each, or `ceil((P - 1) / 64)` when the
 /// decode engine recomputes the last prompt token.
-fn pages(lengths: &[usize], recompute: bool) -> u64 {
+pub(crate) fn pages(lengths: &[usize], recompute: bool) -> u64 {
     lengths.iter().map(|n| (n - usize::from(recompute)).div_ceil(64) as u64).sum()
 }
 
@@ -199,10 +199,10 @@ fn pd_moves_pages_over_tcp_between_worker_processes() {
 }
 
 /// A small deterministic generator for the cancellation schedule.
-struct Lcg(u64);
+pub(crate) struct Lcg(pub(crate) u64);
 
 impl Lcg {
-    fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
         (self.0 >> 33) % n
     }
@@ -210,7 +210,7 @@ impl Lcg {
 
 /// How a request is cancelled.
 #[derive(Debug, Clone, Copy)]
-enum Cancel {
+pub(crate) enum Cancel {
     /// The client disconnects after a delay (before or during prefill, or during the transfer).
     Disconnect(u64),
     /// The abort route is called after a delay.
@@ -219,9 +219,9 @@ enum Cancel {
     AfterFirstToken,
 }
 
-fn cancelled_request(addr: SocketAddr, id: &str, ids: &[u32], how: Cancel) {
+pub(crate) fn cancelled_request(addr: SocketAddr, model: &str, id: &str, ids: &[u32], how: Cancel) {
     use std::io::Read;
-    let body = json!({"model": "pd", "prompt": ids, "max_tokens": 16, "ignore_eos": true, "temperature": 0, "stream": true});
+    let body = json!({"model": model, "prompt": ids, "max_tokens": 16, "ignore_eos": true, "temperature": 0, "stream": true});
     let mut conn =
         http::send(addr, "POST", "/v1/completions", &[("X-Request-Id", id)], body.to_string().as_bytes());
     match how {
@@ -231,7 +231,7 @@ fn cancelled_request(addr: SocketAddr, id: &str, ids: &[u32], how: Cancel) {
         }
         Cancel::AbortRoute(ms) => {
             std::thread::sleep(std::time::Duration::from_millis(ms));
-            let res = http::post(addr, &format!("/v1/models/pd/requests/{id}/abort"), &json!({}));
+            let res = http::post(addr, &format!("/v1/models/{model}/requests/{id}/abort"), &json!({}));
             assert_eq!(res.status, 200, "{}", res.text());
             // The request ends (aborted, or done, or refused): never a hang.
             let mut rest = Vec::new();
@@ -276,7 +276,7 @@ fn pd_cancellations_leave_nothing_behind_and_roles_round_robin() {
                         1 => Cancel::AbortRoute(rng.below(800)),
                         _ => Cancel::AfterFirstToken,
                     };
-                    cancelled_request(addr, &format!("cancel-{t}-{k}"), &ids, how);
+                    cancelled_request(addr, "pd", &format!("cancel-{t}-{k}"), &ids, how);
                 }
             })
         })
@@ -330,7 +330,7 @@ fn pd_cancellations_leave_nothing_behind_and_roles_round_robin() {
 }
 
 /// A worker process with extra environment (a transfer fault to inject).
-fn worker_with(cluster: &str, env: &[(&str, &str)]) -> (crate::util::procs::Proc, String) {
+pub(crate) fn worker_with(cluster: &str, env: &[(&str, &str)]) -> (crate::util::procs::Proc, String) {
     let mut cmd = crate::util::procs::xinf();
     cmd.args(["worker", "--supervisor", cluster]).env("XINF_CLUSTER_SECRET", SECRET);
     for (k, v) in env {
@@ -344,7 +344,7 @@ fn worker_with(cluster: &str, env: &[(&str, &str)]) -> (crate::util::procs::Proc
 
 /// Whether NIXL can be loaded here; without it the NIXL parts are skipped loudly, or fail
 /// when `XINF_TEST_NIXL=1` says it must be there.
-fn nixl_here() -> bool {
+pub(crate) fn nixl_here() -> bool {
     let dir = std::env::var("XINF_NIXL_LIB_DIR").unwrap_or_default();
     let found = !dir.is_empty() && std::path::Path::new(&dir).join("libnixl_capi.so").exists();
     if !found {
@@ -356,7 +356,7 @@ fn nixl_here() -> bool {
 
 /// Waits until a model holds no room and no pinned block (the release after a failed handoff
 /// travels off the request's path).
-fn released(addr: SocketAddr, model: &str) {
+pub(crate) fn released(addr: SocketAddr, model: &str) {
     poll(std::time::Duration::from_secs(10), &format!("{model}: rooms and pinned blocks freed"), || {
         let s = stats(addr, model);
         s["handoff"]["active_rooms"] == 0 && s["pinned_blocks"] == 0

@@ -10,4 +10,5 @@ mod cli;
 mod cluster;
 mod engine;
 mod golden;
+mod gpu;
 mod pd;

@@ -7,9 +7,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// The `xinf` command in the C locale, without the environment that would change it.
+/// The `xinf` command in the C locale, without the environment that would change it. The
+/// binary is this build's, or `XINF_TEST_BIN` (a test binary run on another machine than the
+/// one that built it, e.g. a GPU host).
 pub fn xinf() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_xinf"));
+    let bin = std::env::var_os("XINF_TEST_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_xinf").into());
+    let mut c = Command::new(bin);
     c.env("LANG", "C")
         .env_remove("XINF_API_KEY")
         .env_remove("XINF_CLUSTER_SECRET")

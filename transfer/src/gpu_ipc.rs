@@ -76,6 +76,8 @@ impl DeviceBuffer {
         let slice = unsafe { stream.upgrade_device_ptr::<u8>(ptr, len) };
         let mut buffer = Self { slice: ManuallyDrop::new(slice), ptr, stream: Arc::clone(stream) };
         stream.memset_zeros(&mut *buffer.slice).map_err(cuda("zeroing a device buffer"))?;
+        // Zeroed before any other stream may write into it.
+        stream.synchronize().map_err(cuda("zeroing a device buffer"))?;
         Ok(buffer)
     }
 

@@ -314,6 +314,7 @@ struct Received {
     cuda_ipc: AtomicU64,
     nixl_vram: AtomicU64,
     gpu_bytes: AtomicU64,
+    gpu_fallbacks: AtomicU64,
     failed: AtomicU64,
     latency: Mutex<LatencyHistogram>,
 }
@@ -485,23 +486,37 @@ impl HandoffSide {
                     ))));
                 }
                 let started = Instant::now();
-                let route = engine.device_sink().zip(device_route(
-                    &handoff.endpoint,
-                    handoff.device.as_ref(),
-                    times.policy,
-                ));
-                let (pages, kind) = match route {
-                    Some((sink, route)) => transport::fetch_device(
-                        &handoff.endpoint,
-                        handoff.room,
-                        0,
-                        need,
-                        route,
-                        sink,
-                        times.transfer,
-                    )
-                    .await
-                    .map(|(pages, kind)| (KvPages::Device(pages), kind)),
+                let route = engine
+                    .device_sink()
+                    .zip(device_route(&handoff.endpoint, handoff.device.as_ref(), times.policy));
+                let on_device = match route {
+                    None => None,
+                    Some((sink, route)) => {
+                        let fetched = transport::fetch_device(
+                            &handoff.endpoint,
+                            handoff.room,
+                            0,
+                            need,
+                            route,
+                            sink,
+                            times.transfer,
+                        )
+                        .await;
+                        match fetched {
+                            // CUDA IPC can be refused by the platform (containers without a
+                            // shared IPC namespace, GPUs without peer access): the pages then
+                            // go through host memory, once, and the fallback is counted.
+                            Err(TransferError::Source(why)) if route == DeviceRoute::CudaIpc => {
+                                tracing::warn!(%why, "CUDA IPC handoff failed; moving the pages through host memory");
+                                received.gpu_fallbacks.fetch_add(1, Ordering::Relaxed);
+                                None
+                            }
+                            fetched => Some(fetched.map(|(pages, kind)| (KvPages::Device(pages), kind))),
+                        }
+                    }
+                };
+                let (pages, kind) = match on_device {
+                    Some(fetched) => fetched,
                     None => {
                         let policy = policy_for(&handoff.endpoint, times.policy);
                         transport::fetch(&handoff.endpoint, handoff.room, 0, need, policy, times.transfer)
@@ -558,6 +573,7 @@ impl HandoffSide {
         s.cuda_ipc_transfers = r.cuda_ipc.load(Ordering::Relaxed);
         s.nixl_vram_transfers = r.nixl_vram.load(Ordering::Relaxed);
         s.gpu_bytes_transferred = r.gpu_bytes.load(Ordering::Relaxed);
+        s.gpu_fallbacks = r.gpu_fallbacks.load(Ordering::Relaxed);
         s.failed += r.failed.load(Ordering::Relaxed);
         s.latency = *lock(&r.latency);
         if let Some(snap) = &self.snapshots {

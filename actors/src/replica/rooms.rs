@@ -84,6 +84,8 @@ pub struct HandoffStats {
     pub nixl_vram_transfers: u64,
     /// Bytes that moved GPU to GPU without touching host memory (part of `bytes_transferred`).
     pub gpu_bytes_transferred: u64,
+    /// GPU-to-GPU fetches refused by the platform (CUDA IPC) that went through host memory.
+    pub gpu_fallbacks: u64,
     /// Handoffs that failed (prefill, fetch or import).
     pub failed: u64,
     /// Rooms freed because their lease ran out.
@@ -116,6 +118,7 @@ impl HandoffStats {
         self.cuda_ipc_transfers += o.cuda_ipc_transfers;
         self.nixl_vram_transfers += o.nixl_vram_transfers;
         self.gpu_bytes_transferred += o.gpu_bytes_transferred;
+        self.gpu_fallbacks += o.gpu_fallbacks;
         self.failed += o.failed;
         self.expired_leases += o.expired_leases;
         self.snapshot_hits += o.snapshot_hits;

@@ -56,6 +56,12 @@ const HANDOFF_FAMILIES: &[(&str, &str, &str, &str)] = &[
         "gpu_bytes_transferred",
         "KV bytes moved GPU to GPU without host memory.",
     ),
+    (
+        "xinf_handoff_gpu_fallbacks_total",
+        "counter",
+        "gpu_fallbacks",
+        "CUDA IPC handoffs refused by the platform that went through host memory.",
+    ),
     ("xinf_handoff_failed_total", "counter", "failed", "Handoffs that failed."),
     ("xinf_handoff_expired_leases_total", "counter", "expired_leases", "Rooms freed by an expired lease."),
     (
