@@ -77,8 +77,8 @@ fn pd_on_one_gpu_moves_pages_gpu_to_gpu_between_processes() {
     };
     launch(
         addr,
-        json!({"model_name": "smollm2-instruct", "model_uid": "hybrid",
-               "replica_config": [{"devices": on(&id1), "engine_config": on_gpu(json!({}))}]}),
+        json!({"model_name": "smollm2-instruct", "model_uid": "hybrid", "engine_config": on_gpu(json!({})),
+               "replica_config": [{"devices": on(&id1)}]}),
     );
     // Two processes, CUDA IPC: vLLM FlashAttention HND blocks of 16 → SGLang token pool.
     launch(

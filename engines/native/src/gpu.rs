@@ -284,6 +284,13 @@ impl GpuModel {
             return Err(GpuError::NoCublas);
         }
         let ctx = pages.context().clone();
+        // SAFETY: this engine orders its streams itself: the handoff stream's copies and
+        // allocations are waited for before the compute stream touches their memory, and an
+        // export's gather is waited for (an event) before another stream or process may read
+        // it (gpu/handoff.rs). cudarc's automatic tracking would otherwise create two events per
+        // allocation and, once a second stream exists, add a wait and a record per kernel
+        // argument to every launch of the forward pass.
+        unsafe { ctx.disable_event_tracking() };
         let stream = pages.stream().clone();
         ctx.bind_to_thread().map_err(driver)?;
         let blas = CudaBlas::new(stream.clone()).map_err(|e| GpuError::Blas(e.to_string()))?;

@@ -174,3 +174,26 @@ async fn snapshot_pages_are_reused_by_a_later_prompt_with_the_same_prefix() {
     assert!(small.release(h.room));
     unpinned(&engine).await;
 }
+
+#[test]
+fn gpu_routes_follow_process_host_and_policy() {
+    use xinf_transfer::device::host_id;
+    let here = Endpoint { process: transport::process_nonce(), provider: 1, tcp: "127.0.0.1:1".into() };
+    let there = Endpoint { process: transport::process_nonce() ^ 1, ..here.clone() };
+    let gpu = |host: &str| Some(KvDevice { host: host.into(), ordinal: 0 });
+    let (same, other) = (gpu(host_id()), gpu("another-host"));
+    let route = |e: &Endpoint, d: &Option<KvDevice>, p| device_route(e, d.as_ref(), p);
+    // A prefill on the CPU: always through host memory.
+    assert_eq!(route(&here, &None, TransportPolicy::Auto), None);
+    // One process: a device copy, unless TCP is forced.
+    assert_eq!(route(&here, &same, TransportPolicy::Auto), Some(DeviceRoute::InProcess));
+    assert_eq!(route(&here, &same, TransportPolicy::Nixl), Some(DeviceRoute::InProcess));
+    assert_eq!(route(&here, &same, TransportPolicy::Tcp), None);
+    // Another process of this host: CUDA IPC, or NIXL when asked for.
+    assert_eq!(route(&there, &same, TransportPolicy::Auto), Some(DeviceRoute::CudaIpc));
+    assert_eq!(route(&there, &same, TransportPolicy::Nixl), Some(DeviceRoute::NixlVram));
+    assert_eq!(route(&there, &same, TransportPolicy::Tcp), None);
+    // Another host: NIXL when asked for, else host memory over TCP.
+    assert_eq!(route(&there, &other, TransportPolicy::Auto), None);
+    assert_eq!(route(&there, &other, TransportPolicy::Nixl), Some(DeviceRoute::NixlVram));
+}
