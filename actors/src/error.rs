@@ -68,6 +68,10 @@ pub enum LaunchRule {
     UnknownModel,
     /// A prefill and a decode replica loaded models whose KV means different things.
     ContractMismatch,
+    /// Replicas would share a GPU and some do not state `gpu_memory_utilization`.
+    GpuMemoryUtilizationRequired,
+    /// The `gpu_memory_utilization` of the replicas on one GPU sum to more than 1.
+    GpuMemoryOversubscribed,
 }
 
 impl LaunchRule {
@@ -101,6 +105,8 @@ impl LaunchRule {
             Self::EngineConfig => "invalid_engine_config",
             Self::UnknownModel => "unknown_model",
             Self::ContractMismatch => "pd_contract_mismatch",
+            Self::GpuMemoryUtilizationRequired => "gpu_memory_utilization_required",
+            Self::GpuMemoryOversubscribed => "gpu_memory_oversubscribed",
         }
     }
 }

@@ -59,7 +59,7 @@ pub enum ReplicaStatus {
 }
 
 /// One replica of a model.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct ReplicaInfo {
     /// The replica's uid.
@@ -70,12 +70,15 @@ pub struct ReplicaInfo {
     pub worker_id: String,
     /// GPU indexes on that worker; empty means the CPU.
     pub gpus: Vec<u32>,
+    /// The share of its GPU's memory it may take (`engine_config.gpu_memory_utilization`),
+    /// which lets replicas share a GPU.
+    pub gpu_memory_utilization: Option<f64>,
     /// Its status.
     pub status: ReplicaStatus,
 }
 
 /// A model and its replicas.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct ModelInfo {
     /// The model's uid.
@@ -92,6 +95,25 @@ pub struct ModelInfo {
     pub created: u64,
 }
 
+/// One GPU of a worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct GpuInfo {
+    /// Its index on the worker (the CUDA ordinal the replica placed on it computes on).
+    pub index: u32,
+    /// Its name, when the driver told (`NVIDIA H200`).
+    pub name: Option<String>,
+    /// Its total memory in bytes, when the driver told.
+    pub total_memory: Option<u64>,
+}
+
+impl GpuInfo {
+    /// A GPU known by its index only (`XINF_GPUS`, `CUDA_VISIBLE_DEVICES`).
+    pub(crate) fn index_only(index: u32) -> Self {
+        Self { index, name: None, total_memory: None }
+    }
+}
+
 /// What a worker reports about itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
@@ -100,27 +122,45 @@ pub struct WorkerInfo {
     pub worker_id: String,
     /// The address it listens on.
     pub host: String,
-    /// GPU indexes it may use (`XINF_GPUS`, else `CUDA_VISIBLE_DEVICES`).
+    /// GPU indexes it may use: `XINF_GPUS`, else the NVIDIA driver's count (builds with the
+    /// `cuda` feature), else `CUDA_VISIBLE_DEVICES`.
     pub gpus: Vec<u32>,
+    /// The same GPUs, with their names and memory where the driver told.
+    pub gpu_details: Vec<GpuInfo>,
     /// Whether several replicas may share one GPU (`XINF_ALLOW_MULTI_REPLICA_PER_GPU`).
     pub allow_gpu_sharing: bool,
 }
 
 impl WorkerInfo {
-    /// A worker's description from the process environment.
+    /// A worker's description from the process environment and the GPU driver.
     fn from_env(worker_id: String, host: String) -> Result<Self, ActorError> {
         let var = |name: &str| std::env::var(name).ok();
+        let gpu_details =
+            worker::detect_gpus(var("XINF_GPUS").as_deref(), var("CUDA_VISIBLE_DEVICES").as_deref())?;
         Ok(Self {
             worker_id,
             host,
-            gpus: worker::visible_gpus(var("XINF_GPUS").as_deref(), var("CUDA_VISIBLE_DEVICES").as_deref())?,
+            gpus: gpu_details.iter().map(|g| g.index).collect(),
+            gpu_details,
             allow_gpu_sharing: worker::allow_gpu_sharing(var("XINF_ALLOW_MULTI_REPLICA_PER_GPU").as_deref()),
         })
     }
 }
 
+/// What runs on one GPU of a worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct GpuUsage {
+    /// The GPU's index on the worker.
+    pub index: u32,
+    /// Replicas (not dead) placed on it.
+    pub replicas: Vec<String>,
+    /// The sum of their `gpu_memory_utilization` (replicas without one count 0).
+    pub memory_fraction: f64,
+}
+
 /// A worker as the supervisor sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct WorkerStatus {
     /// What the worker reported.
@@ -131,6 +171,9 @@ pub struct WorkerStatus {
     pub last_heartbeat_ms: u64,
     /// Replicas (not dead) placed on it.
     pub replicas: Vec<String>,
+    /// Each of its GPUs: the replicas on it and the share of its memory they hold. The share
+    /// is freed when a replica dies or its model terminates.
+    pub gpu_usage: Vec<GpuUsage>,
 }
 
 /// Load figures of one replica.

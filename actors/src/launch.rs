@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use xinf_engine_native::EngineOptions;
+use xinf_engine_native::{ComputeDevice, EngineOptions};
 
 #[cfg(test)]
 mod tests;
@@ -359,7 +359,19 @@ pub(crate) struct ReplicaDraft {
     /// The merged, validated engine options, as JSON text (it crosses nodes inside bincode,
     /// which cannot carry `serde_json::Value`).
     pub(crate) engine_config: String,
+    /// `engine_config.device`, when given: it wins over the device placement would choose.
+    pub(crate) engine_device: Option<ComputeDevice>,
+    /// `engine_config.gpu_memory_utilization`: the replica's share of its GPU's memory.
+    pub(crate) gpu_memory_utilization: Option<f64>,
     pub(crate) device: DeviceRequest,
+}
+
+/// A replica's engine options once checked: their JSON text and what placement needs of them.
+#[derive(Debug, Clone)]
+struct CheckedEngine {
+    json: String,
+    device: Option<ComputeDevice>,
+    gpu_memory_utilization: Option<f64>,
 }
 
 /// A transfer backend for P/D KV handoff.
@@ -727,13 +739,18 @@ pub(crate) fn validate(req: &LaunchRequest, local_mode: bool) -> Result<LaunchSp
             format!("`{k}` is not a supported launch key or engine option"),
         ));
     }
-    let check_engine = |config: &Map<String, Value>| -> Result<String, ActorError> {
+    let check_engine = |config: &Map<String, Value>| -> Result<CheckedEngine, ActorError> {
         let value = Value::Object(config.clone());
-        EngineOptions::from_engine_config(&value)
+        let options = EngineOptions::from_engine_config(&value)
             .map_err(|e| invalid(LaunchRule::EngineConfig, e.to_string()))?;
-        Ok(value.to_string())
+        let device = config.get("device").filter(|v| !v.is_null()).map(|_| options.device);
+        Ok(CheckedEngine {
+            json: value.to_string(),
+            device,
+            gpu_memory_utilization: options.gpu_memory_utilization,
+        })
     };
-    let base_json = check_engine(&base)?;
+    let base_checked = check_engine(&base)?;
 
     // The model.
     if req.model_path.as_deref().is_none_or(blank) && xinf_models::find_family(&req.model_name).is_none() {
@@ -762,15 +779,17 @@ pub(crate) fn validate(req: &LaunchRequest, local_mode: bool) -> Result<LaunchSp
             .map(|_| ReplicaDraft {
                 replica_uid: None,
                 role: Role::Hybrid,
-                engine_config: base_json.clone(),
+                engine_config: base_checked.json.clone(),
+                engine_device: base_checked.device,
+                gpu_memory_utilization: base_checked.gpu_memory_utilization,
                 device: device.clone(),
             })
             .collect()
     } else {
         let mut out = Vec::with_capacity(drafts.len());
         for (entry, device) in drafts {
-            let engine_config = match &entry.engine_config {
-                None => base_json.clone(),
+            let engine = match &entry.engine_config {
+                None => base_checked.clone(),
                 Some(own) => {
                     let mut merged = base.clone();
                     merged.extend(own.clone());
@@ -780,7 +799,9 @@ pub(crate) fn validate(req: &LaunchRequest, local_mode: bool) -> Result<LaunchSp
             out.push(ReplicaDraft {
                 replica_uid: entry.replica_uid.clone(),
                 role: entry.role,
-                engine_config,
+                engine_config: engine.json,
+                engine_device: engine.device,
+                gpu_memory_utilization: engine.gpu_memory_utilization,
                 device,
             });
         }
@@ -789,17 +810,27 @@ pub(crate) fn validate(req: &LaunchRequest, local_mode: bool) -> Result<LaunchSp
     Ok(LaunchSpec { model_uid: req.model_uid.clone(), source, replicas, pd, transfer, snapshot_cache_bytes })
 }
 
+/// A replica on a GPU, as placement sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct GpuTenant {
+    pub(crate) model_uid: String,
+    pub(crate) replica_uid: String,
+    /// Its `gpu_memory_utilization`.
+    pub(crate) fraction: Option<f64>,
+}
+
 /// A worker as placement sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct WorkerSlot {
     /// The worker's id (`ip:port`).
     pub(crate) worker_id: String,
     /// GPU indexes the worker can use.
     pub(crate) gpus: Vec<u32>,
-    /// Whether several replicas may share one GPU on this worker.
+    /// Whether several replicas may share one GPU on this worker without stating their
+    /// memory shares (`XINF_ALLOW_MULTI_REPLICA_PER_GPU`).
     pub(crate) allow_gpu_sharing: bool,
-    /// GPUs in use, with the model using each.
-    pub(crate) occupied: BTreeMap<u32, String>,
+    /// GPUs in use, with the replicas (not dead) of running or launching models on each.
+    pub(crate) occupied: BTreeMap<u32, Vec<GpuTenant>>,
 }
 
 /// The cluster as placement sees it.
@@ -816,14 +847,16 @@ pub(crate) struct ClusterView {
 }
 
 /// Where one replica goes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Placement {
     pub(crate) replica_uid: String,
     pub(crate) role: Role,
     pub(crate) worker_id: String,
     /// GPU indexes on the worker; empty means the CPU.
     pub(crate) gpus: Vec<u32>,
-    /// Engine options, as JSON text.
+    /// Its share of its GPU's memory (`engine_config.gpu_memory_utilization`).
+    pub(crate) gpu_memory_utilization: Option<f64>,
+    /// Engine options, as JSON text, with `device` set from `gpus` (see [`with_device`]).
     pub(crate) engine_config: String,
 }
 
@@ -838,6 +871,121 @@ fn find_worker<'a>(view: &'a ClusterView, ip: &str) -> Option<&'a WorkerSlot> {
         (Some(w), None) => Some(w),
         _ => None,
     }
+}
+
+/// Sums of memory shares up to this much over 1 still fit (0.1 + 0.2 + 0.7 is not exactly 1).
+const SHARE_EPSILON: f64 = 1e-9;
+
+/// Why a replica may not join the replicas already on a GPU.
+#[derive(Debug, Clone, PartialEq)]
+enum Refusal {
+    /// Nobody states a memory share and the worker does not allow sharing.
+    Conflict,
+    /// Some replicas on the GPU state a share and others do not.
+    ShareMissing,
+    /// The shares add up to more than the whole GPU.
+    Oversubscribed(f64),
+}
+
+/// Whether a replica stating `fraction` may join `tenants` on one GPU.
+///
+/// A GPU is shared on memory shares: when every replica on it states
+/// `gpu_memory_utilization` and the shares sum to at most 1, sharing needs no permission, as
+/// each engine stays within its share. Replicas that state none share a GPU only on a worker
+/// that allows it (`XINF_ALLOW_MULTI_REPLICA_PER_GPU`, Xinference's switch), without memory
+/// accounting. Mixing the two would make the shares meaningless, so it is refused.
+fn admit(tenants: &[GpuTenant], fraction: Option<f64>, allow_sharing: bool) -> Result<(), Refusal> {
+    if tenants.is_empty() {
+        return Ok(());
+    }
+    let stated = tenants.iter().filter(|t| t.fraction.is_some()).count() + usize::from(fraction.is_some());
+    if stated == tenants.len() + 1 {
+        let sum = tenants.iter().filter_map(|t| t.fraction).sum::<f64>() + fraction.unwrap_or_default();
+        return if sum > 1.0 + SHARE_EPSILON { Err(Refusal::Oversubscribed(sum)) } else { Ok(()) };
+    }
+    match (stated, allow_sharing) {
+        (0, true) => Ok(()),
+        (0, false) => Err(Refusal::Conflict),
+        _ => Err(Refusal::ShareMissing),
+    }
+}
+
+/// The launch error for a refused GPU, naming the replicas on it and their shares.
+fn refusal_error(
+    refusal: Refusal,
+    gpu: u32,
+    worker_id: &str,
+    model_uid: &str,
+    tenants: &[GpuTenant],
+    replica_uid: &str,
+    fraction: Option<f64>,
+) -> ActorError {
+    const HOW: &str = "replicas may share a GPU when each sets engine_config.gpu_memory_utilization \
+                       (its share of the GPU's memory) and the shares sum to at most 1.0";
+    let show = |uid: &str, model: &str, f: Option<f64>| {
+        let whose = if model == model_uid { String::new() } else { format!(" of model '{model}'") };
+        let share = f.map_or_else(|| "no gpu_memory_utilization".to_owned(), |f| f.to_string());
+        format!("'{uid}'{whose} ({share})")
+    };
+    let all: Vec<String> = tenants
+        .iter()
+        .map(|t| show(&t.replica_uid, &t.model_uid, t.fraction))
+        .chain(std::iter::once(show(replica_uid, model_uid, fraction)))
+        .collect();
+    match refusal {
+        Refusal::Conflict => match tenants.iter().find(|t| t.model_uid != model_uid) {
+            Some(t) => invalid(
+                LaunchRule::GpuConflict,
+                format!(
+                    "GPU conflict: GPU {gpu} on worker {worker_id} is already occupied by model '{}', and \
+                     this worker disallows sharing a GPU; {HOW}",
+                    t.model_uid
+                ),
+            ),
+            None => invalid(
+                LaunchRule::GpuConflict,
+                format!(
+                    "GPU conflict: GPU {gpu} on worker {worker_id} is requested by more than one replica, \
+                     and this worker disallows sharing a GPU; {HOW}"
+                ),
+            ),
+        },
+        Refusal::ShareMissing => invalid(
+            LaunchRule::GpuMemoryUtilizationRequired,
+            format!(
+                "GPU {gpu} on worker {worker_id} would be shared by replicas {}: every replica sharing a \
+                 GPU must set engine_config.gpu_memory_utilization (its share of the GPU's memory)",
+                all.join(", ")
+            ),
+        ),
+        Refusal::Oversubscribed(sum) => invalid(
+            LaunchRule::GpuMemoryOversubscribed,
+            format!(
+                "GPU memory oversubscribed: engine_config.gpu_memory_utilization of the replicas on GPU \
+                 {gpu} of worker {worker_id} sums to {}, more than 1.0: {}",
+                (sum * 1000.0).round() / 1000.0,
+                all.join(", ")
+            ),
+        ),
+    }
+}
+
+/// A replica's engine options with the device it was placed on: `cuda:N` for the first of its
+/// GPUs unless `engine_config.device` is given (an explicit device wins); a replica on no GPU
+/// keeps the CPU. Tensor parallelism is not implemented, so a replica placed on several GPUs
+/// computes on the first one only.
+pub(crate) fn with_device(
+    engine_config: &str,
+    explicit: Option<ComputeDevice>,
+    gpus: &[u32],
+) -> Result<String, ActorError> {
+    let Some(first) = gpus.first().filter(|_| explicit.is_none()) else {
+        return Ok(engine_config.to_owned());
+    };
+    let mut map: Map<String, Value> = serde_json::from_str(engine_config)
+        .map_err(|e| ActorError::Internal(format!("a checked engine_config is not a JSON object: {e}")))?;
+    map.insert("device".into(), Value::String(ComputeDevice::Cuda(*first as usize).to_string()));
+    Ok(Value::Object(map).to_string())
 }
 
 /// Checks a validated launch against the cluster and places every replica.
@@ -873,8 +1021,8 @@ pub(crate) fn place(
         let ids: Vec<&str> = view.workers.iter().map(|w| w.worker_id.as_str()).collect();
         format!("[{}]", ids.join(", "))
     };
-    // GPUs taken by this launch, per worker.
-    let mut taken: BTreeMap<&str, BTreeSet<u32>> = BTreeMap::new();
+    // Replicas on each GPU: those of other models, then those this launch places.
+    let mut tenants: BTreeMap<&str, BTreeMap<u32, Vec<GpuTenant>>> = BTreeMap::new();
     let mut rr = view.round_robin;
     let mut out = Vec::with_capacity(uids.len());
     for (i, (draft, uid)) in spec.replicas.iter().zip(uids).enumerate() {
@@ -905,10 +1053,36 @@ pub(crate) fn place(
             }
         };
         let wid = worker.worker_id.as_str();
-        let mine = taken.entry(wid).or_default();
-        let gpus: Vec<u32> = match (&d.gpu_idx, d.n_gpu) {
+        let on_worker = tenants.entry(wid).or_insert_with(|| worker.occupied.clone());
+        let fraction = draft.gpu_memory_utilization;
+        // An explicit GPU device must exist on the worker; with placement left to `auto`, it
+        // also says which GPU the replica occupies (an explicit CPU, none).
+        let (gpu_idx, n_gpu) = match draft.engine_device {
+            Some(ComputeDevice::Cuda(n)) => {
+                let g = u32::try_from(n).unwrap_or(u32::MAX);
+                if !worker.gpus.contains(&g) {
+                    return Err(invalid(
+                        LaunchRule::GpuNotVisible,
+                        format!(
+                            "engine_config.device cuda:{n} of replica '{uid}': GPU {n} is not visible on \
+                             worker {wid}. Visible GPUs: {:?}",
+                            worker.gpus
+                        ),
+                    ));
+                }
+                match (&d.gpu_idx, d.n_gpu) {
+                    (None, GpuCount::Auto | GpuCount::Count(0)) => (Some(vec![g]), GpuCount::Auto),
+                    (idx, n_gpu) => (idx.clone(), n_gpu),
+                }
+            }
+            Some(ComputeDevice::Cpu) if d.gpu_idx.is_none() && d.n_gpu == GpuCount::Auto => {
+                (None, GpuCount::Count(0))
+            }
+            _ => (d.gpu_idx.clone(), d.n_gpu),
+        };
+        let gpus: Vec<u32> = match (gpu_idx, n_gpu) {
             (Some(idx), _) => {
-                for g in idx {
+                for g in &idx {
                     if !worker.gpus.contains(g) {
                         return Err(invalid(
                             LaunchRule::GpuNotVisible,
@@ -918,72 +1092,70 @@ pub(crate) fn place(
                             ),
                         ));
                     }
-                    if !worker.allow_gpu_sharing {
-                        if mine.contains(g) {
-                            return Err(invalid(
-                                LaunchRule::GpuConflict,
-                                format!(
-                                    "GPU conflict: GPU {g} on worker {wid} is requested by more than one \
-                                     replica, and this worker disallows sharing a GPU"
-                                ),
-                            ));
-                        }
-                        if let Some(model) = worker.occupied.get(g) {
-                            return Err(invalid(
-                                LaunchRule::GpuConflict,
-                                format!(
-                                    "GPU conflict: GPU {g} on worker {wid} is already occupied by model \
-                                     '{model}', and this worker disallows sharing a GPU"
-                                ),
-                            ));
-                        }
-                    }
+                    let here = on_worker.get(g).map(Vec::as_slice).unwrap_or_default();
+                    admit(here, fraction, worker.allow_gpu_sharing)
+                        .map_err(|r| refusal_error(r, *g, wid, model_uid, here, &uid, fraction))?;
                 }
-                idx.clone()
+                idx
             }
             (None, GpuCount::Count(0)) => Vec::new(),
             (None, n_gpu) => {
-                let free: Vec<u32> = worker
-                    .gpus
+                let busy = |g: &u32| on_worker.get(g).is_some_and(|t| !t.is_empty());
+                let free: Vec<u32> = worker.gpus.iter().copied().filter(|g| !busy(g)).collect();
+                // Free GPUs first, then those the replica may share.
+                let candidates: Vec<u32> = free
                     .iter()
                     .copied()
-                    .filter(|g| !mine.contains(g) && !worker.occupied.contains_key(g))
+                    .chain(worker.gpus.iter().copied().filter(|g| {
+                        busy(g)
+                            && admit(
+                                on_worker.get(g).map(Vec::as_slice).unwrap_or_default(),
+                                fraction,
+                                worker.allow_gpu_sharing,
+                            )
+                            .is_ok()
+                    }))
                     .collect();
                 match n_gpu {
-                    GpuCount::Count(n) => {
-                        if free.len() < n as usize {
-                            if worker.allow_gpu_sharing && worker.gpus.len() >= n as usize {
-                                worker.gpus[..n as usize].to_vec()
-                            } else {
-                                return Err(invalid(
-                                    LaunchRule::NotEnoughGpus,
-                                    format!(
-                                        "worker {wid} has {} free GPUs, and n_gpu asks for {n}",
-                                        free.len()
-                                    ),
-                                ));
-                            }
-                        } else {
-                            free[..n as usize].to_vec()
+                    GpuCount::Count(n) => match candidates.get(..n as usize) {
+                        Some(chosen) => chosen.to_vec(),
+                        None => {
+                            return Err(invalid(
+                                LaunchRule::NotEnoughGpus,
+                                format!("worker {wid} has {} free GPUs, and n_gpu asks for {n}", free.len()),
+                            ));
                         }
-                    }
-                    GpuCount::Auto => match free.first() {
-                        Some(g) => vec![*g],
-                        None if worker.allow_gpu_sharing => {
-                            worker.gpus.first().map(|g| vec![*g]).unwrap_or_default()
-                        }
-                        None => Vec::new(),
                     },
+                    GpuCount::Auto => candidates.first().map(|g| vec![*g]).unwrap_or_default(),
                 }
             }
         };
-        mine.extend(gpus.iter().copied());
+        let on_gpu = !gpus.is_empty() || matches!(draft.engine_device, Some(ComputeDevice::Cuda(_)));
+        if fraction.is_some() && !on_gpu {
+            return Err(invalid(
+                LaunchRule::EngineConfig,
+                format!(
+                    "engine_config.gpu_memory_utilization is a share of a GPU's memory, and replica '{uid}' \
+                     runs on the CPU of worker {wid} (it has no free or shareable GPU, or the launch asks \
+                     for none)"
+                ),
+            ));
+        }
+        for g in &gpus {
+            on_worker.entry(*g).or_default().push(GpuTenant {
+                model_uid: model_uid.to_owned(),
+                replica_uid: uid.clone(),
+                fraction,
+            });
+        }
+        let engine_config = with_device(&draft.engine_config, draft.engine_device, &gpus)?;
         out.push(Placement {
             replica_uid: uid,
             role: draft.role,
             worker_id: wid.to_owned(),
             gpus,
-            engine_config: draft.engine_config.clone(),
+            gpu_memory_utilization: fraction,
+            engine_config,
         });
     }
     Ok((out, rr))

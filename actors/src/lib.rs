@@ -65,8 +65,8 @@ pub use block_tracker::BlockTrackerHandle;
 pub use block_tracker::state::BlockLocation;
 pub use error::{ActorError, LaunchRule};
 pub use handle::{
-    Cluster, ClusterOptions, ModelInfo, ModelStatus, ReplicaInfo, ReplicaStats, ReplicaStatus, WorkerInfo,
-    WorkerNode, WorkerStatus,
+    Cluster, ClusterOptions, GpuInfo, GpuUsage, ModelInfo, ModelStatus, ReplicaInfo, ReplicaStats,
+    ReplicaStatus, WorkerInfo, WorkerNode, WorkerStatus,
 };
 pub use launch::{
     DeviceConfig, GpuCount, GpuIdx, LaunchRequest, ModelSize, RESERVED_ENGINE_CONFIG_KEYS, ReplicaConfig,

@@ -4,7 +4,7 @@
 
 use crate::cluster::Namespace;
 use crate::error::ActorError;
-use crate::handle::WorkerInfo;
+use crate::handle::{GpuInfo, WorkerInfo};
 use crate::replica::{PullTimes, Replica, ReplicaArgs, ReplicaMsg, ReplicaSpec};
 use crate::supervisor::SupervisorMsg;
 use crate::sync::lock;
@@ -288,10 +288,14 @@ impl Worker {
     }
 }
 
-/// The GPU indexes a worker may use: `XINF_GPUS` (a comma list of indexes, or `none`), else
-/// as many as `CUDA_VISIBLE_DEVICES` lists (which renumbers them from 0), else none.
+/// The GPU indexes a worker may use, from the first source that says: `XINF_GPUS` (a comma
+/// list of indexes, or `none`: explicit, and what tests use to pretend a CPU machine has GPUs),
+/// else the number of GPUs the NVIDIA driver sees (`driver_count`, in builds with the `cuda`
+/// feature where the driver loads; the driver already applies `CUDA_VISIBLE_DEVICES`), else as
+/// many as `CUDA_VISIBLE_DEVICES` lists (which renumbers them from 0), else none.
 pub(crate) fn visible_gpus(
     xinf_gpus: Option<&str>,
+    driver_count: Option<u32>,
     cuda_visible: Option<&str>,
 ) -> Result<Vec<u32>, ActorError> {
     if let Some(list) = xinf_gpus.map(str::trim).filter(|s| !s.is_empty()) {
@@ -314,11 +318,71 @@ pub(crate) fn visible_gpus(
         }
         return Ok(out);
     }
+    if let Some(n) = driver_count {
+        return Ok((0..n).collect());
+    }
     match cuda_visible.map(str::trim) {
         None | Some("") => Ok(Vec::new()),
         Some(list) if list.starts_with("-1") => Ok(Vec::new()),
         Some(list) => Ok((0..list.split(',').filter(|s| !s.trim().is_empty()).count() as u32).collect()),
     }
+}
+
+/// The GPUs `indexes` with their names and memory where the driver described them.
+pub(crate) fn describe_gpus(indexes: &[u32], driver: &[GpuInfo]) -> Vec<GpuInfo> {
+    indexes
+        .iter()
+        .map(|&i| driver.iter().find(|g| g.index == i).cloned().unwrap_or_else(|| GpuInfo::index_only(i)))
+        .collect()
+}
+
+/// The GPUs this worker may use (see [`visible_gpus`] for the order of the sources), with the
+/// driver's description of each where it has one.
+pub(crate) fn detect_gpus(
+    xinf_gpus: Option<&str>,
+    cuda_visible: Option<&str>,
+) -> Result<Vec<GpuInfo>, ActorError> {
+    let driver = driver_gpus();
+    let indexes = visible_gpus(xinf_gpus, driver.as_ref().map(|d| d.len() as u32), cuda_visible)?;
+    let driver = driver.unwrap_or_default();
+    for i in indexes.iter().filter(|i| !driver.is_empty() && !driver.iter().any(|g| g.index == **i)) {
+        tracing::warn!(
+            gpu = i,
+            driver_gpus = driver.len(),
+            "XINF_GPUS lists a GPU the NVIDIA driver does not see"
+        );
+    }
+    let gpus = describe_gpus(&indexes, &driver);
+    tracing::info!(gpus = ?gpus.iter().map(|g| g.index).collect::<Vec<_>>(), "worker GPUs");
+    Ok(gpus)
+}
+
+/// The GPUs the NVIDIA driver sees; `None` without a driver (logged, never a panic: the
+/// driver is probed before any call into it).
+#[cfg(feature = "cuda")]
+fn driver_gpus() -> Option<Vec<GpuInfo>> {
+    match xinf_transfer::gpu::devices() {
+        Ok(devices) => Some(
+            devices
+                .into_iter()
+                .map(|d| GpuInfo { index: d.ordinal, name: Some(d.name), total_memory: Some(d.total_memory) })
+                .collect(),
+        ),
+        Err(xinf_transfer::gpu::GpuError::NoDriver) => {
+            tracing::info!("no NVIDIA driver (libcuda.so could not be loaded): no GPUs from the driver");
+            None
+        }
+        Err(e) => {
+            tracing::info!(error = %e, "the NVIDIA driver did not list its GPUs: no GPUs from the driver");
+            None
+        }
+    }
+}
+
+/// A build without the `cuda` feature does not ask a driver.
+#[cfg(not(feature = "cuda"))]
+fn driver_gpus() -> Option<Vec<GpuInfo>> {
+    None
 }
 
 /// Whether `XINF_ALLOW_MULTI_REPLICA_PER_GPU` allows several replicas on one GPU.

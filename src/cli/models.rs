@@ -46,6 +46,43 @@ fn table(rows: &[Vec<String>]) {
     }
 }
 
+/// A worker's GPUs for `xinf list --workers`: each index with its name, memory and the share of
+/// its memory the replicas on it hold, where known (`0 (NVIDIA H200, 139.8 GiB, used 0.8)`), or
+/// `cpu` when it has none.
+fn gpus_cell(worker: &Value) -> String {
+    let details = worker["info"]["gpu_details"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let usage = worker["gpu_usage"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let cells: Vec<String> = if details.is_empty() {
+        worker["info"]["gpus"].as_array().map(Vec::as_slice).unwrap_or_default().iter().map(text).collect()
+    } else {
+        details
+            .iter()
+            .map(|g| {
+                let mut about: Vec<String> = Vec::new();
+                if let Some(name) = g["name"].as_str() {
+                    about.push(name.to_owned());
+                }
+                if let Some(bytes) = g["total_memory"].as_u64() {
+                    about.push(format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30)));
+                }
+                let used = usage
+                    .iter()
+                    .find(|u| u["index"] == g["index"])
+                    .and_then(|u| u["memory_fraction"].as_f64());
+                if let Some(f) = used.filter(|f| *f > 0.0) {
+                    about.push(format!("used {}", (f * 100.0).round() / 100.0));
+                }
+                if about.is_empty() {
+                    text(&g["index"])
+                } else {
+                    format!("{} ({})", text(&g["index"]), about.join(", "))
+                }
+            })
+            .collect()
+    };
+    if cells.is_empty() { "cpu".into() } else { cells.join("; ") }
+}
+
 /// `xinf list`: the models (uid, name, status, replicas and where they run) or the workers.
 pub(crate) fn list(args: ListArgs, _cat: &Catalog) -> Result<(), String> {
     let client = args.endpoint.client();
@@ -61,10 +98,7 @@ pub(crate) fn list(args: ListArgs, _cat: &Catalog) -> Result<(), String> {
             rows.push(vec![
                 text(&w["info"]["worker_id"]),
                 text(&w["alive"]),
-                w["info"]["gpus"]
-                    .as_array()
-                    .filter(|g| !g.is_empty())
-                    .map_or("cpu".into(), |g| g.iter().map(text).collect::<Vec<_>>().join(",")),
+                gpus_cell(w),
                 w["replicas"]
                     .as_array()
                     .map_or(String::new(), |r| r.iter().map(text).collect::<Vec<_>>().join(",")),

@@ -122,13 +122,63 @@ pub fn nvrtc_arch(major: i32, minor: i32) -> &'static str {
     }
 }
 
+/// Whether the NVIDIA driver (`libcuda.so`) can be loaded. cudarc panics on its first call
+/// into a library it cannot load, so every entry point of xinf into the driver asks this first.
+pub fn driver_present() -> bool {
+    // SAFETY: this only tries to dlopen the library and reports whether that worked.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// One GPU as the driver describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuDevice {
+    /// The CUDA ordinal (as renumbered by `CUDA_VISIBLE_DEVICES`).
+    pub ordinal: u32,
+    /// The product name (`NVIDIA H200`).
+    pub name: String,
+    /// Total device memory, in bytes.
+    pub total_memory: u64,
+}
+
+/// The driver's description of GPU `ordinal` (the driver initialised).
+fn describe(ordinal: u32) -> Result<GpuDevice, GpuError> {
+    use cudarc::driver::result::device;
+    let dev = device::get(ordinal as i32).map_err(driver)?;
+    let name = device::get_name(dev).map_err(driver)?;
+    // SAFETY: `dev` is a device handle the driver just returned.
+    let total = unsafe { device::total_mem(dev) }.map_err(driver)?;
+    Ok(GpuDevice { ordinal, name, total_memory: total as u64 })
+}
+
+/// The GPUs the driver sees, with their names and memory; [`GpuError::NoDriver`] without a
+/// driver (never a panic).
+pub fn devices() -> Result<Vec<GpuDevice>, GpuError> {
+    if !driver_present() {
+        return Err(GpuError::NoDriver);
+    }
+    cudarc::driver::result::init().map_err(driver)?;
+    let count = cudarc::driver::result::device::get_count().map_err(driver)?;
+    (0..count.max(0) as u32).map(describe).collect()
+}
+
+/// GPU `ordinal` as the driver describes it (its total memory sizes the KV cache under a
+/// memory fraction).
+pub fn device(ordinal: usize) -> Result<GpuDevice, GpuError> {
+    if !driver_present() {
+        return Err(GpuError::NoDriver);
+    }
+    cudarc::driver::result::init().map_err(driver)?;
+    let ordinal = u32::try_from(ordinal).map_err(|_| GpuError::Driver(format!("no GPU {ordinal}")))?;
+    describe(ordinal)
+}
+
 impl GpuPages {
     /// Loads the driver and NVRTC, and compiles the kernel for GPU `ordinal`.
     pub fn new(ordinal: usize) -> Result<Self, GpuError> {
-        // SAFETY: these only try to dlopen the libraries and report whether that worked.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        if !driver_present() {
             return Err(GpuError::NoDriver);
         }
+        // SAFETY: this only tries to dlopen the library and reports whether that worked.
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
             return Err(GpuError::NoNvrtc);
         }

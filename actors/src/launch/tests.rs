@@ -29,6 +29,10 @@ fn worker(id: &str, gpus: &[u32]) -> WorkerSlot {
     }
 }
 
+fn tenant(model: &str, replica: &str, fraction: Option<f64>) -> GpuTenant {
+    GpuTenant { model_uid: model.into(), replica_uid: replica.into(), fraction }
+}
+
 fn view(workers: Vec<WorkerSlot>) -> ClusterView {
     ClusterView { local_mode: false, workers, replica_uids: BTreeMap::new(), round_robin: 0 }
 }
@@ -306,7 +310,7 @@ fn a_gpu_requested_twice_is_a_conflict() {
 #[test]
 fn an_occupied_gpu_is_a_conflict_unless_sharing_is_allowed() {
     let mut w = worker("w:1", &[0, 1]);
-    w.occupied.insert(1, "other".into());
+    w.occupied.insert(1, vec![tenant("other", "other-0", None)]);
     let dev = json!([{"worker_ip": "w:1", "gpu_idx": [1]}]);
     let req = json!({"model_name": "smollm2-instruct", "replica_config": [{"devices": dev}]});
     let e = place_err(req.clone(), &view(vec![w.clone()]));
@@ -324,7 +328,7 @@ fn an_occupied_gpu_is_a_conflict_unless_sharing_is_allowed() {
 #[test]
 fn n_gpu_takes_free_gpus_or_is_refused() {
     let mut w = worker("w:1", &[0, 1, 2]);
-    w.occupied.insert(0, "other".into());
+    w.occupied.insert(0, vec![tenant("other", "other-0", None)]);
     let spec = validate(&parse(json!({"model_name": "smollm2-instruct", "n_gpu": 1, "replica": 2})), false)
         .expect("valid");
     let (placed, _) = place(&spec, "m", &view(vec![w.clone()])).expect("placed");
@@ -645,7 +649,213 @@ fn every_rule_has_a_distinct_code() {
         LaunchRule::CacheBudget,
         LaunchRule::EngineConfig,
         LaunchRule::UnknownModel,
+        LaunchRule::ContractMismatch,
+        LaunchRule::GpuMemoryUtilizationRequired,
+        LaunchRule::GpuMemoryOversubscribed,
     ];
     let codes: BTreeSet<&str> = rules.iter().map(|r| r.code()).collect();
     assert_eq!(codes.len(), rules.len());
+}
+
+// ---- placement → device, GPU memory shares ----
+
+fn placed(v: Value, view: &ClusterView) -> Vec<Placement> {
+    let spec = validate(&parse(v), view.local_mode).expect("valid on its own");
+    place(&spec, "m", view).expect("placed").0
+}
+
+fn device_of(p: &Placement) -> Option<String> {
+    let config: Value = serde_json::from_str(&p.engine_config).expect("json");
+    config.get("device").and_then(Value::as_str).map(str::to_owned)
+}
+
+#[test]
+fn a_replica_placed_on_a_gpu_computes_on_it() {
+    let w = || view(vec![worker("w:1", &[0, 1, 2])]);
+    // auto: one free GPU each, then the CPU once they are taken.
+    let p =
+        placed(json!({"model_name": "smollm2-instruct", "replica": 4}), &view(vec![worker("w:1", &[0, 1])]));
+    let devices: Vec<Option<String>> = p.iter().map(device_of).collect();
+    assert_eq!(devices, [Some("cuda:0".into()), Some("cuda:1".into()), None, None]);
+    // gpu_idx, and the other options are kept.
+    let p = placed(json!({"model_name": "smollm2-instruct", "gpu_idx": 2, "kv_cache_tokens": 1024}), &w());
+    let config: Value = serde_json::from_str(&p[0].engine_config).expect("json");
+    assert_eq!(config, json!({"device": "cuda:2", "kv_cache_tokens": 1024}));
+    // n_gpu: the first of its GPUs (no tensor parallelism).
+    let p = placed(json!({"model_name": "smollm2-instruct", "n_gpu": 2}), &w());
+    assert_eq!((p[0].gpus.clone(), device_of(&p[0])), (vec![0, 1], Some("cuda:0".into())));
+    // replica_config devices.
+    let p = placed(
+        json!({"model_name": "smollm2-instruct", "replica_config": [
+            {"devices": [{"worker_ip": "w:1", "gpu_idx": [1]}]},
+            {"devices": [{"worker_ip": "w:1", "n_gpu": 0}]},
+        ]}),
+        &w(),
+    );
+    assert_eq!(p.iter().map(device_of).collect::<Vec<_>>(), [Some("cuda:1".into()), None]);
+    // A worker without GPUs: the CPU, as before.
+    let p = placed(json!({"model_name": "smollm2-instruct"}), &view(vec![worker("w:1", &[])]));
+    assert_eq!((p[0].gpus.clone(), device_of(&p[0])), (vec![], None));
+}
+
+#[test]
+fn an_explicit_device_wins() {
+    let w = || view(vec![worker("w:1", &[0, 1])]);
+    // With auto placement, it also says which GPU the replica occupies.
+    let p = placed(json!({"model_name": "smollm2-instruct", "device": "cuda:1"}), &w());
+    assert_eq!((p[0].gpus.clone(), device_of(&p[0])), (vec![1], Some("cuda:1".into())));
+    let p = placed(json!({"model_name": "smollm2-instruct", "device": "cpu"}), &w());
+    assert_eq!((p[0].gpus.clone(), device_of(&p[0])), (vec![], Some("cpu".into())));
+    // With explicit placement it is left as it is.
+    let p = placed(json!({"model_name": "smollm2-instruct", "gpu_idx": 0, "device": "cuda:1"}), &w());
+    assert_eq!((p[0].gpus.clone(), device_of(&p[0])), (vec![0], Some("cuda:1".into())));
+    // A GPU the worker does not have is refused, naming the option.
+    let e = place_err(json!({"model_name": "smollm2-instruct", "device": "cuda:7"}), &w());
+    assert_rule(
+        &e,
+        LaunchRule::GpuNotVisible,
+        "engine_config.device cuda:7 of replica 'm-0': GPU 7 is not visible on worker w:1. Visible GPUs: [0, 1]",
+    );
+    let e = place_err(
+        json!({"model_name": "smollm2-instruct", "device": "cuda"}),
+        &view(vec![worker("w:1", &[])]),
+    );
+    assert_rule(&e, LaunchRule::GpuNotVisible, "engine_config.device cuda:0");
+}
+
+#[test]
+fn with_device_only_fills_in_a_missing_device() {
+    assert_eq!(with_device("{}", None, &[3, 4]).expect("json"), r#"{"device":"cuda:3"}"#);
+    assert_eq!(with_device(r#"{"a":1}"#, None, &[]).expect("json"), r#"{"a":1}"#);
+    let explicit = r#"{"device":"cpu"}"#;
+    assert_eq!(with_device(explicit, Some(ComputeDevice::Cpu), &[0]).expect("json"), explicit);
+}
+
+#[test]
+fn replicas_share_a_gpu_on_memory_shares_that_fit() {
+    let w = || view(vec![worker("w:1", &[0])]);
+    let shared = |f: f64| json!({"model_name": "smollm2-instruct", "replica": 2, "gpu_idx": 0, "gpu_memory_utilization": f});
+    // 0.4 + 0.4 fit, without XINF_ALLOW_MULTI_REPLICA_PER_GPU.
+    let p = placed(shared(0.4), &w());
+    assert_eq!(p.iter().map(|p| p.gpus.clone()).collect::<Vec<_>>(), [vec![0], vec![0]]);
+    assert_eq!(p.iter().map(|p| p.gpu_memory_utilization).collect::<Vec<_>>(), [Some(0.4), Some(0.4)]);
+    assert_eq!(p.iter().map(device_of).collect::<Vec<_>>(), [Some("cuda:0".into()), Some("cuda:0".into())]);
+    // 0.5 + 0.5 fit exactly; 0.6 + 0.6 do not.
+    placed(shared(0.5), &w());
+    let e = place_err(shared(0.6), &w());
+    assert_rule(
+        &e,
+        LaunchRule::GpuMemoryOversubscribed,
+        "engine_config.gpu_memory_utilization of the replicas on GPU 0 of worker w:1 sums to 1.2, more than \
+         1.0: 'm-0' (0.6), 'm-1' (0.6)",
+    );
+    assert_eq!(e.code(), "gpu_memory_oversubscribed");
+    // Even a worker that allows sharing keeps shares within the GPU.
+    let mut sharing = worker("w:1", &[0]);
+    sharing.allow_gpu_sharing = true;
+    let e = place_err(shared(0.6), &view(vec![sharing]));
+    assert_eq!(e.launch_rule(), Some(LaunchRule::GpuMemoryOversubscribed));
+}
+
+#[test]
+fn shares_count_the_replicas_of_running_models() {
+    let mut w = worker("w:1", &[0]);
+    w.occupied.insert(0, vec![tenant("other", "other-0", Some(0.7))]);
+    let one = |f: f64| json!({"model_name": "smollm2-instruct", "gpu_idx": [0], "gpu_memory_utilization": f});
+    let p = placed(one(0.3), &view(vec![w.clone()]));
+    assert_eq!(p[0].gpus, vec![0]);
+    let e = place_err(one(0.31), &view(vec![w.clone()]));
+    assert_rule(&e, LaunchRule::GpuMemoryOversubscribed, "'other-0' of model 'other' (0.7), 'm-0' (0.31)");
+    // auto and n_gpu share a GPU where the share fits, and fall back to the CPU (auto) or refuse
+    // (n_gpu) where it does not.
+    let auto = |f: f64| json!({"model_name": "smollm2-instruct", "gpu_memory_utilization": f});
+    assert_eq!(placed(auto(0.2), &view(vec![w.clone()]))[0].gpus, vec![0]);
+    let e = place_err(auto(0.5), &view(vec![w.clone()]));
+    assert_rule(
+        &e,
+        LaunchRule::EngineConfig,
+        "engine_config.gpu_memory_utilization is a share of a GPU's memory",
+    );
+    let e = place_err(
+        json!({"model_name": "smollm2-instruct", "n_gpu": 1, "gpu_memory_utilization": 0.5}),
+        &view(vec![w]),
+    );
+    assert_eq!(e.launch_rule(), Some(LaunchRule::NotEnoughGpus), "{e}");
+}
+
+#[test]
+fn every_replica_sharing_a_gpu_states_its_share() {
+    // This launch: one replica with a share, one without (P/D roles allow per-replica options).
+    let w = || view(vec![worker("w:1", &[0])]);
+    let e = place_err(
+        json!({"model_name": "smollm2-instruct", "replica_config": [
+            {"role": "prefill", "engine_config": {"gpu_memory_utilization": 0.5},
+             "devices": [{"worker_ip": "w:1", "gpu_idx": [0]}]},
+            {"role": "decode", "devices": [{"worker_ip": "w:1", "gpu_idx": [0]}]},
+        ]}),
+        &w(),
+    );
+    assert_rule(
+        &e,
+        LaunchRule::GpuMemoryUtilizationRequired,
+        "GPU 0 on worker w:1 would be shared by replicas 'm-0' (0.5), 'm-1' (no gpu_memory_utilization): \
+         every replica sharing a GPU must set engine_config.gpu_memory_utilization",
+    );
+    assert_eq!(e.code(), "gpu_memory_utilization_required");
+    // Both with shares: placed on one GPU, each with its own.
+    let p = placed(
+        json!({"model_name": "smollm2-instruct", "replica_config": [
+            {"role": "prefill", "engine_config": {"gpu_memory_utilization": 0.3},
+             "devices": [{"worker_ip": "w:1", "gpu_idx": [0]}]},
+            {"role": "decode", "engine_config": {"gpu_memory_utilization": 0.6},
+             "devices": [{"worker_ip": "w:1", "gpu_idx": [0]}]},
+        ]}),
+        &w(),
+    );
+    assert_eq!(p.iter().map(|p| p.gpu_memory_utilization).collect::<Vec<_>>(), [Some(0.3), Some(0.6)]);
+    // A running model without a share: a newcomer with one may not join it, even where sharing
+    // is allowed.
+    let mut busy = worker("w:1", &[0]);
+    busy.allow_gpu_sharing = true;
+    busy.occupied.insert(0, vec![tenant("other", "other-0", None)]);
+    let e = place_err(
+        json!({"model_name": "smollm2-instruct", "gpu_idx": 0, "gpu_memory_utilization": 0.2}),
+        &view(vec![busy.clone()]),
+    );
+    assert_rule(
+        &e,
+        LaunchRule::GpuMemoryUtilizationRequired,
+        "'other-0' of model 'other' (no gpu_memory_utilization)",
+    );
+    // Without any share, the worker's switch decides, as before.
+    assert_eq!(
+        placed(json!({"model_name": "smollm2-instruct", "gpu_idx": 0}), &view(vec![busy]))[0].gpus,
+        vec![0]
+    );
+}
+
+#[test]
+fn a_gpu_conflict_says_how_to_share() {
+    let dev = json!([{"worker_ip": "w:1", "gpu_idx": [0]}]);
+    let e = place_err(
+        json!({"model_name": "smollm2-instruct", "replica_config": [{"devices": dev}, {"devices": dev}]}),
+        &view(vec![worker("w:1", &[0])]),
+    );
+    assert_rule(&e, LaunchRule::GpuConflict, "when each sets engine_config.gpu_memory_utilization");
+}
+
+#[test]
+fn a_share_needs_a_gpu() {
+    let e = place_err(
+        json!({"model_name": "smollm2-instruct", "n_gpu": 0, "gpu_memory_utilization": 0.5}),
+        &view(vec![worker("w:1", &[0])]),
+    );
+    assert_rule(&e, LaunchRule::EngineConfig, "replica 'm-0' runs on the CPU of worker w:1");
+    let e = validate_err(json!({"model_name": "smollm2-instruct", "gpu_memory_utilization": 1.5}), true);
+    assert_rule(&e, LaunchRule::EngineConfig, "engine_config.gpu_memory_utilization");
+    let e = validate_err(
+        json!({"model_name": "smollm2-instruct", "device": "cpu", "gpu_memory_utilization": 0.5}),
+        true,
+    );
+    assert_rule(&e, LaunchRule::EngineConfig, "engine_config.gpu_memory_utilization");
 }

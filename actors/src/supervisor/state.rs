@@ -4,8 +4,8 @@
 //! Time comes in as an argument, so every transition is unit-tested without clocks or actors.
 
 use crate::error::ActorError;
-use crate::handle::{ModelInfo, ModelStatus, ReplicaInfo, ReplicaStatus, WorkerInfo, WorkerStatus};
-use crate::launch::{self, ClusterView, LaunchSpec, Placement, WorkerSlot};
+use crate::handle::{GpuUsage, ModelInfo, ModelStatus, ReplicaInfo, ReplicaStatus, WorkerInfo, WorkerStatus};
+use crate::launch::{self, ClusterView, GpuTenant, LaunchSpec, Placement, WorkerSlot};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -110,19 +110,32 @@ impl SupervisorState {
         Some(LostReplica { model_uid: model_uid.to_owned(), replica_uid: replica_uid.to_owned() })
     }
 
+    /// The replicas (not dead) on each GPU of each worker: a dead replica, or one of a model
+    /// that terminated or whose launch failed, frees its GPU and its memory share at once.
+    fn gpu_tenants(&self) -> BTreeMap<&str, BTreeMap<u32, Vec<GpuTenant>>> {
+        let mut out: BTreeMap<&str, BTreeMap<u32, Vec<GpuTenant>>> = BTreeMap::new();
+        for model in self.models.values() {
+            for r in model.replicas.iter().filter(|r| r.status != ReplicaStatus::Dead) {
+                let slot = out.entry(r.worker_id.as_str()).or_default();
+                for g in &r.gpus {
+                    slot.entry(*g).or_default().push(GpuTenant {
+                        model_uid: model.model_uid.clone(),
+                        replica_uid: r.replica_uid.clone(),
+                        fraction: r.gpu_memory_utilization,
+                    });
+                }
+            }
+        }
+        out
+    }
+
     /// The cluster as placement sees it.
     pub(crate) fn view(&self) -> ClusterView {
-        let mut occupied: BTreeMap<&str, BTreeMap<u32, String>> = BTreeMap::new();
+        let occupied = self.gpu_tenants();
         let mut replica_uids = BTreeMap::new();
         for model in self.models.values() {
             for r in &model.replicas {
                 replica_uids.insert(r.replica_uid.clone(), model.model_uid.clone());
-                if r.status != ReplicaStatus::Dead {
-                    let slot = occupied.entry(r.worker_id.as_str()).or_default();
-                    for g in &r.gpus {
-                        slot.insert(*g, model.model_uid.clone());
-                    }
-                }
             }
         }
         let workers = self
@@ -166,6 +179,7 @@ impl SupervisorState {
                 role: p.role,
                 worker_id: p.worker_id.clone(),
                 gpus: p.gpus.clone(),
+                gpu_memory_utilization: p.gpu_memory_utilization,
                 status: ReplicaStatus::Loading,
             })
             .collect();
@@ -252,9 +266,24 @@ impl SupervisorState {
 
     /// Every worker ever registered (lost ones marked), by id.
     pub(crate) fn workers(&self, now: Instant) -> Vec<WorkerStatus> {
+        let tenants = self.gpu_tenants();
         self.workers
             .values()
             .map(|w| WorkerStatus {
+                gpu_usage: w
+                    .info
+                    .gpus
+                    .iter()
+                    .map(|g| {
+                        let on = tenants.get(w.info.worker_id.as_str()).and_then(|t| t.get(g));
+                        GpuUsage {
+                            index: *g,
+                            replicas: on
+                                .map_or_else(Vec::new, |t| t.iter().map(|t| t.replica_uid.clone()).collect()),
+                            memory_fraction: on.map_or(0.0, |t| t.iter().filter_map(|t| t.fraction).sum()),
+                        }
+                    })
+                    .collect(),
                 info: w.info.clone(),
                 alive: w.alive,
                 last_heartbeat_ms: now.saturating_duration_since(w.last_seen).as_millis() as u64,

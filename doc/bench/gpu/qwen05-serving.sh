@@ -10,7 +10,8 @@ rm -rf /tmp/q05; mkdir -p /tmp/q05
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 $B/make_q05.py $M 2>&1 | grep -v Warning
 P=18090
-XINF_LOG=warn $X local --port $P > /tmp/q05/local.log 2>&1 &
+# Every replica runs on the one GPU without stating a memory share: the worker must allow it.
+XINF_ALLOW_MULTI_REPLICA_PER_GPU=1 XINF_LOG=warn $X local --port $P > /tmp/q05/local.log 2>&1 &
 LP=$!
 for i in $(seq 60); do grep -q "REST API" /tmp/q05/local.log && break; sleep 1; done
 E="--engine-option device=cuda --engine-option kv_cache_tokens=65536"

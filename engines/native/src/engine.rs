@@ -187,6 +187,8 @@ impl NativeEngine {
             }
         };
         let dtype = options.kv_dtype.unwrap_or(weights_dtype);
+        let weight_bytes = crate::memory::weight_bytes(&weights, cfg.tie_word_embeddings, weights_dtype);
+        let options = crate::memory::fit_kv_cache(options, &cfg, dtype, weight_bytes)?;
         if tokenizer.vocab_size() > cfg.vocab_size {
             return Err(model_err(ModelError::Unsupported {
                 field: "vocab_size".into(),

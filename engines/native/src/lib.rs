@@ -31,6 +31,7 @@ mod engine;
 #[cfg(feature = "cuda")]
 mod gpu;
 mod kv_cache;
+pub mod memory;
 mod model;
 mod options;
 mod sampler;

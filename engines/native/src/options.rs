@@ -51,6 +51,9 @@ pub struct EngineOptions {
     pub kv_dtype: Option<KvDtype>,
     /// Tokens the KV cache holds across all sequences (`kv_cache_tokens`).
     pub kv_cache_tokens: usize,
+    /// Whether `kv_cache_tokens` was given: when it was not and a memory fraction is, the
+    /// fraction sizes the cache at load (see [`crate::memory`]).
+    pub kv_cache_tokens_explicit: bool,
     /// Sequences computed together at most (`max_num_seqs`).
     pub max_num_seqs: usize,
     /// Tokens per step at most; prompts are computed in chunks of this (`max_batch_tokens`).
@@ -64,6 +67,11 @@ pub struct EngineOptions {
     pub recompute_last_token: bool,
     /// Where the model computes (`device`); the KV cache lives there too.
     pub device: ComputeDevice,
+    /// The share of the GPU's memory this engine may take, weights and KV cache together
+    /// (`gpu_memory_utilization`, in (0, 1], vLLM's name). It lets several replicas share one
+    /// GPU without one of them taking the memory the others need; `None` sizes the KV cache
+    /// by `kv_cache_tokens` alone.
+    pub gpu_memory_utilization: Option<f64>,
 }
 
 impl Default for EngineOptions {
@@ -72,12 +80,14 @@ impl Default for EngineOptions {
             kv_layout: KvLayout { kind: KvLayoutKind::PagedKvFirst, order: KvOrder::Nhd, block_size: 16 },
             kv_dtype: None,
             kv_cache_tokens: 8_192,
+            kv_cache_tokens_explicit: false,
             max_num_seqs: 64,
             max_batch_tokens: 512,
             max_queue: 256,
             context_length: None,
             recompute_last_token: false,
             device: ComputeDevice::Cpu,
+            gpu_memory_utilization: None,
         }
     }
 }
@@ -95,6 +105,7 @@ pub const ENGINE_CONFIG_KEYS: &[&str] = &[
     "context_length",
     "recompute_last_token",
     "device",
+    "gpu_memory_utilization",
 ];
 
 fn field(key: &str) -> String {
@@ -105,6 +116,14 @@ fn uint(key: &str, v: &Value, min: usize) -> Result<usize, EngineError> {
     match v.as_u64() {
         Some(n) if n as usize >= min => Ok(n as usize),
         _ => Err(EngineError::invalid(field(key), format!("must be an integer ≥ {min}"))),
+    }
+}
+
+/// A fraction in (0, 1] (booleans and strings refused).
+fn fraction(key: &str, v: &Value) -> Result<f64, EngineError> {
+    match v.as_f64() {
+        Some(f) if f > 0.0 && f <= 1.0 => Ok(f),
+        _ => Err(EngineError::invalid(field(key), format!("must be a number in (0, 1], not {v}"))),
     }
 }
 
@@ -166,6 +185,7 @@ impl EngineOptions {
         }
         if let Some(v) = map.get("kv_cache_tokens") {
             o.kv_cache_tokens = uint("kv_cache_tokens", v, 64)?;
+            o.kv_cache_tokens_explicit = true;
         }
         if let Some(v) = map.get("max_num_seqs") {
             o.max_num_seqs = uint("max_num_seqs", v, 1)?;
@@ -186,6 +206,17 @@ impl EngineOptions {
         }
         if let Some(s) = string("device")? {
             o.device = s.parse().map_err(|e: String| EngineError::invalid(field("device"), e))?;
+        }
+        if let Some(v) = map.get("gpu_memory_utilization").filter(|v| !v.is_null()) {
+            o.gpu_memory_utilization = Some(fraction("gpu_memory_utilization", v)?);
+            // Without a `device` the cluster may still place the replica on a GPU; an
+            // explicit CPU never has GPU memory to share.
+            if string("device")? == Some("cpu") {
+                return Err(EngineError::invalid(
+                    field("gpu_memory_utilization"),
+                    "is a share of a GPU's memory, and engine_config.device is cpu",
+                ));
+            }
         }
         Ok(o)
     }

@@ -9,6 +9,7 @@ fn info(id: &str, gpus: &[u32]) -> WorkerInfo {
         worker_id: id.into(),
         host: "127.0.0.1".into(),
         gpus: gpus.to_vec(),
+        gpu_details: gpus.iter().map(|g| crate::handle::GpuInfo::index_only(*g)).collect(),
         allow_gpu_sharing: false,
     }
 }
@@ -159,7 +160,13 @@ fn dead_replicas_free_their_gpus() {
     let mut s = SupervisorState::new(false);
     s.heartbeat(info("a:1", &[0]), t0);
     launched(&mut s, json!({"model_name": "smollm2-instruct", "model_uid": "m1", "n_gpu": 1}));
-    assert_eq!(s.view().workers[0].occupied.get(&0).map(String::as_str), Some("m1"));
+    let on_gpu0 = |s: &SupervisorState| -> Vec<String> {
+        s.view().workers[0]
+            .occupied
+            .get(&0)
+            .map_or_else(Vec::new, |t| t.iter().map(|t| t.model_uid.clone()).collect())
+    };
+    assert_eq!(on_gpu0(&s), ["m1"]);
     assert!(s.replica_dead("m1", "m1-0").is_some());
     assert!(s.replica_dead("m1", "m1-0").is_none(), "already dead");
     assert!(s.view().workers[0].occupied.is_empty());
@@ -211,4 +218,66 @@ fn scaling_is_refused() {
     let e = s.check_scale("m").expect_err("fixed topology");
     assert_eq!(e, ActorError::TopologyFixed);
     assert_eq!(e.to_string(), "PD topology cannot be resized in place; terminate and relaunch the model");
+}
+
+/// Launches one model sharing GPU 0 of worker `a:1` with `replicas` replicas of this share each.
+fn share_gpu0(s: &mut SupervisorState, uid: &str, replicas: u32, fraction: f64) -> Result<(), ActorError> {
+    let sp = spec(json!({
+        "model_name": "smollm2-instruct", "model_uid": uid, "replica": replicas, "gpu_idx": 0,
+        "gpu_memory_utilization": fraction,
+    }));
+    s.begin_launch(&sp, "smollm2-instruct", || "x".into()).map(|(uid, _)| {
+        s.finish_launch(&uid);
+    })
+}
+
+fn gpu0_fraction(s: &SupervisorState) -> f64 {
+    s.workers(Instant::now())[0].gpu_usage[0].memory_fraction
+}
+
+#[test]
+fn gpu_memory_shares_add_up_across_launches_and_are_freed() {
+    let mut s = SupervisorState::new(false);
+    s.heartbeat(info("a:1", &[0]), Instant::now());
+    share_gpu0(&mut s, "m1", 2, 0.3).expect("0.3 + 0.3 fit");
+    assert!((gpu0_fraction(&s) - 0.6).abs() < 1e-9);
+    assert_eq!(s.workers(Instant::now())[0].gpu_usage[0].replicas, ["m1-0", "m1-1"]);
+    // A second model sees the first one's shares.
+    let e = share_gpu0(&mut s, "m2", 1, 0.5).expect_err("0.6 + 0.5 > 1");
+    assert_eq!(e.launch_rule(), Some(crate::LaunchRule::GpuMemoryOversubscribed), "{e}");
+    assert!(e.to_string().contains("'m1-0' of model 'm1' (0.3)"), "{e}");
+    share_gpu0(&mut s, "m2", 1, 0.4).expect("0.6 + 0.4 fit exactly");
+    // A replica without a share cannot join.
+    let sp = spec(json!({"model_name": "smollm2-instruct", "model_uid": "m3", "gpu_idx": 0}));
+    let e = s.begin_launch(&sp, "smollm2-instruct", || "x".into()).expect_err("no share");
+    assert_eq!(e.launch_rule(), Some(crate::LaunchRule::GpuMemoryUtilizationRequired), "{e}");
+
+    // Terminating a model frees its shares.
+    s.begin_terminate("m1").expect("terminating");
+    s.finish_terminate("m1");
+    assert!((gpu0_fraction(&s) - 0.4).abs() < 1e-9);
+    share_gpu0(&mut s, "m4", 1, 0.6).expect("m1's shares are free again");
+    // A dead replica frees its share.
+    assert!(s.replica_dead("m4", "m4-0").is_some());
+    assert!((gpu0_fraction(&s) - 0.4).abs() < 1e-9);
+    share_gpu0(&mut s, "m5", 1, 0.6).expect("the dead replica's share is free");
+    // A failed launch leaves nothing.
+    let sp = spec(json!({
+        "model_name": "smollm2-instruct", "model_uid": "m6", "gpu_idx": 0, "gpu_memory_utilization": 0.5,
+    }));
+    assert!(s.begin_launch(&sp, "smollm2-instruct", || "x".into()).is_err());
+    assert!((gpu0_fraction(&s) - 1.0).abs() < 1e-9);
+    assert!(s.model("m6").is_none());
+}
+
+#[test]
+fn workers_list_their_gpus_and_what_runs_on_them() {
+    let mut s = SupervisorState::new(false);
+    s.heartbeat(info("a:1", &[0, 1]), Instant::now());
+    launched(&mut s, json!({"model_name": "smollm2-instruct", "model_uid": "m", "gpu_idx": 1}));
+    let w = &s.workers(Instant::now())[0];
+    assert_eq!(w.info.gpu_details.iter().map(|g| g.index).collect::<Vec<_>>(), [0, 1]);
+    let usage: Vec<(u32, Vec<String>)> = w.gpu_usage.iter().map(|g| (g.index, g.replicas.clone())).collect();
+    assert_eq!(usage, [(0, vec![]), (1, vec!["m-0".to_owned()])]);
+    assert_eq!(w.gpu_usage[1].memory_fraction, 0.0);
 }

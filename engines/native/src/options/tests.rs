@@ -32,3 +32,48 @@ fn a_bad_device_names_the_field() {
         }
     }
 }
+
+fn fraction(v: Value) -> Result<Option<f64>, EngineError> {
+    EngineOptions::from_engine_config(&json!({ "gpu_memory_utilization": v }))
+        .map(|o| o.gpu_memory_utilization)
+}
+
+#[test]
+fn gpu_memory_utilization_is_a_fraction_in_0_1() {
+    assert_eq!(EngineOptions::default().gpu_memory_utilization, None);
+    assert_eq!(fraction(json!(0.4)).expect("0.4"), Some(0.4));
+    assert_eq!(fraction(json!(1)).expect("1"), Some(1.0));
+    assert_eq!(fraction(Value::Null).expect("null"), None);
+    for bad in [json!(0), json!(0.0), json!(-0.2), json!(1.01), json!(2), json!("0.5"), json!(true)] {
+        match fraction(bad.clone()) {
+            Err(EngineError::InvalidRequest { field, .. }) => {
+                assert_eq!(field, "engine_config.gpu_memory_utilization", "{bad}")
+            }
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn gpu_memory_utilization_is_refused_on_an_explicit_cpu() {
+    let e = EngineOptions::from_engine_config(&json!({"device": "cpu", "gpu_memory_utilization": 0.5}))
+        .expect_err("a CPU has no GPU memory");
+    assert!(
+        matches!(&e, EngineError::InvalidRequest { field, .. } if field == "engine_config.gpu_memory_utilization"),
+        "{e:?}"
+    );
+    // On a GPU, or where the cluster decides the device, it is accepted.
+    for device in [json!("cuda:1"), Value::Null] {
+        let o = EngineOptions::from_engine_config(&json!({"device": device, "gpu_memory_utilization": 0.5}))
+            .expect("valid");
+        assert_eq!(o.gpu_memory_utilization, Some(0.5));
+    }
+}
+
+#[test]
+fn kv_cache_tokens_remembers_whether_it_was_given() {
+    assert!(!EngineOptions::from_engine_config(&json!({})).expect("valid").kv_cache_tokens_explicit);
+    let o = EngineOptions::from_engine_config(&json!({"kv_cache_tokens": 4096})).expect("valid");
+    assert!(o.kv_cache_tokens_explicit);
+    assert_eq!(o.kv_cache_tokens, 4096);
+}

@@ -1,0 +1,183 @@
+//! Sizing the KV cache from a share of the GPU's memory (`gpu_memory_utilization`).
+//!
+//! Several replicas may share one GPU; each states the fraction of the GPU's memory it may take.
+//! Within its fraction a replica holds its weights, its KV cache and its activations
+//! (forward-pass buffers, cuBLAS workspace, kernels), for which a fixed reserve is set aside.
+//! Without `kv_cache_tokens` the KV cache takes whatever is left; with it, the cache is checked
+//! to fit. The arithmetic is [`kv_cache_tokens`], a pure function; [`fit_kv_cache`] feeds it
+//! the GPU's total memory from the driver.
+
+use crate::config::ModelConfig;
+use crate::options::{ComputeDevice, EngineOptions};
+use crate::weights::Weights;
+use xinf_engine::{EngineError, KvDtype};
+
+#[cfg(test)]
+mod tests;
+
+/// Device memory set aside for activations, the cuBLAS workspace and the compiled kernels,
+/// within a replica's fraction. Fixed rather than profiled: the forward pass of the native
+/// engine computes at most `max_batch_tokens` tokens at a time, whose buffers stay well below it
+/// for the models it serves.
+pub const ACTIVATION_RESERVE_BYTES: u64 = 1 << 30;
+
+/// The smallest KV cache an engine runs with (as `kv_cache_tokens` allows).
+const MIN_KV_TOKENS: usize = 64;
+
+const FIELD: &str = "engine_config.gpu_memory_utilization";
+
+/// What the KV cache is sized from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MemoryBudget {
+    /// The GPU's total memory, in bytes.
+    pub total_memory: u64,
+    /// The replica's share of it, in (0, 1].
+    pub fraction: f64,
+    /// The weights as they sit on the GPU, in bytes.
+    pub weight_bytes: u64,
+    /// Set aside for activations ([`ACTIVATION_RESERVE_BYTES`]).
+    pub reserve_bytes: u64,
+    /// Bytes one token takes in the KV cache: 2 (K, V) × layers × kv_heads × head_dim × dtype.
+    pub bytes_per_token: u64,
+    /// Tokens per KV block; the engine allocates whole blocks, plus one spare block.
+    pub block_size: usize,
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / f64::from(1u32 << 30))
+}
+
+/// Bytes one token takes in a KV cache of this shape.
+pub fn kv_bytes_per_token(layers: usize, kv_heads: usize, head_dim: usize, dtype: KvDtype) -> u64 {
+    (2 * layers * kv_heads * head_dim * dtype.size()) as u64
+}
+
+/// The KV cache tokens that fit in the budget, or `explicit` when it fits (the engine holds
+/// `ceil(tokens / block_size) + 1` blocks). An error names `gpu_memory_utilization` and gives
+/// the numbers when the weights, the reserve and the smallest (or the explicit) cache do not
+/// fit in the fraction.
+pub fn kv_cache_tokens(budget: &MemoryBudget, explicit: Option<usize>) -> Result<usize, EngineError> {
+    let b = budget;
+    let block = b.block_size.max(1) as u64;
+    let block_bytes = block.saturating_mul(b.bytes_per_token).max(1);
+    let share = (b.total_memory as f64 * b.fraction).floor() as u64;
+    let fixed = b.weight_bytes.saturating_add(b.reserve_bytes);
+    let what = format!(
+        "{} of the GPU's {} is {}, and the weights take {} plus {} reserved for activations",
+        b.fraction,
+        gib(b.total_memory),
+        gib(share),
+        gib(b.weight_bytes),
+        gib(b.reserve_bytes)
+    );
+    let cache_bytes =
+        |tokens: usize| (tokens as u64).div_ceil(block).saturating_add(1).saturating_mul(block_bytes);
+    if let Some(tokens) = explicit {
+        let need = fixed.saturating_add(cache_bytes(tokens));
+        if need > share {
+            return Err(EngineError::invalid(
+                FIELD,
+                format!(
+                    "{what}: engine_config.kv_cache_tokens = {tokens} needs {} more for its KV cache, \
+                     {} in all; raise gpu_memory_utilization or lower kv_cache_tokens",
+                    gib(cache_bytes(tokens)),
+                    gib(need)
+                ),
+            ));
+        }
+        return Ok(tokens);
+    }
+    let blocks = share.saturating_sub(fixed) / block_bytes;
+    let tokens = blocks.saturating_sub(1).saturating_mul(block);
+    if tokens < MIN_KV_TOKENS as u64 {
+        return Err(EngineError::invalid(
+            FIELD,
+            format!(
+                "{what}: {} is left for the KV cache, less than its smallest size ({MIN_KV_TOKENS} tokens, \
+                 {}); raise gpu_memory_utilization",
+                gib(share.saturating_sub(fixed)),
+                gib(cache_bytes(MIN_KV_TOKENS))
+            ),
+        ));
+    }
+    Ok(usize::try_from(tokens).unwrap_or(usize::MAX))
+}
+
+/// The bytes the weights take on the GPU, in the dtype they are uploaded in (a tied LM head is
+/// the embedding, uploaded once).
+pub(crate) fn weight_bytes(weights: &Weights, tied: bool, dtype: KvDtype) -> u64 {
+    let mut elems = weights.embed.elem_count() + weights.final_norm.elem_count();
+    if !tied {
+        elems += weights.lm_head.elem_count();
+    }
+    for l in &weights.layers {
+        elems += [&l.attn_norm, &l.wqkv, &l.wo, &l.mlp_norm, &l.w_gate_up, &l.w_down]
+            .iter()
+            .map(|t| t.elem_count())
+            .sum::<usize>();
+        elems += [&l.bqkv, &l.q_norm, &l.k_norm]
+            .iter()
+            .filter_map(|t| t.as_ref())
+            .map(|t| t.elem_count())
+            .sum::<usize>();
+    }
+    (elems * dtype.size()) as u64
+}
+
+/// The options with `kv_cache_tokens` sized from `gpu_memory_utilization`, when it is given:
+/// the weights (`weight_bytes` on the GPU), the reserve and the KV cache must fit in the fraction
+/// of the GPU's total memory. Options without a fraction come back unchanged. A fraction is
+/// refused on the CPU, which has no GPU memory to share.
+pub(crate) fn fit_kv_cache(
+    mut options: EngineOptions,
+    cfg: &ModelConfig,
+    kv_dtype: KvDtype,
+    weight_bytes: u64,
+) -> Result<EngineOptions, EngineError> {
+    let Some(fraction) = options.gpu_memory_utilization else { return Ok(options) };
+    let ordinal = match options.device {
+        ComputeDevice::Cpu => {
+            return Err(EngineError::invalid(
+                FIELD,
+                "is a share of a GPU's memory, and this engine computes on the CPU (engine_config.device)",
+            ));
+        }
+        ComputeDevice::Cuda(n) => n,
+    };
+    let budget = MemoryBudget {
+        total_memory: gpu_total_memory(ordinal, options.device)?,
+        fraction,
+        weight_bytes,
+        reserve_bytes: ACTIVATION_RESERVE_BYTES,
+        bytes_per_token: kv_bytes_per_token(cfg.num_layers, cfg.kv_heads, cfg.head_dim, kv_dtype),
+        block_size: options.kv_layout.block_size,
+    };
+    let explicit = options.kv_cache_tokens_explicit.then_some(options.kv_cache_tokens);
+    options.kv_cache_tokens = kv_cache_tokens(&budget, explicit)?;
+    tracing::info!(
+        gpu = ordinal,
+        fraction,
+        total_memory = budget.total_memory,
+        weight_bytes,
+        kv_cache_tokens = options.kv_cache_tokens,
+        "KV cache sized from gpu_memory_utilization"
+    );
+    Ok(options)
+}
+
+/// The total memory of GPU `ordinal`, from the driver.
+#[cfg(feature = "cuda")]
+fn gpu_total_memory(ordinal: usize, device: ComputeDevice) -> Result<u64, EngineError> {
+    xinf_transfer::gpu::device(ordinal)
+        .map(|d| d.total_memory)
+        .map_err(|e| EngineError::invalid("engine_config.device", format!("{device}: {e}")))
+}
+
+/// Without GPU support there is no GPU memory (the load refuses a GPU device before this).
+#[cfg(not(feature = "cuda"))]
+fn gpu_total_memory(_ordinal: usize, device: ComputeDevice) -> Result<u64, EngineError> {
+    Err(EngineError::invalid(
+        "engine_config.device",
+        format!("{device}: this build has no GPU support (built without the cargo feature `cuda`)"),
+    ))
+}

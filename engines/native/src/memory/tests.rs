@@ -1,0 +1,90 @@
+use super::*;
+
+const GIB: u64 = 1 << 30;
+
+/// An 80 GiB GPU, 10 GiB of weights, 1 GiB reserve, 128 KiB per token, blocks of 16.
+fn budget(fraction: f64) -> MemoryBudget {
+    MemoryBudget {
+        total_memory: 80 * GIB,
+        fraction,
+        weight_bytes: 10 * GIB,
+        reserve_bytes: GIB,
+        bytes_per_token: 128 << 10,
+        block_size: 16,
+    }
+}
+
+fn field_of(e: &EngineError) -> &str {
+    match e {
+        EngineError::InvalidRequest { field, .. } => field,
+        other => panic!("not an invalid-request error: {other:?}"),
+    }
+}
+
+#[test]
+fn bytes_per_token_counts_k_and_v_of_every_layer() {
+    // SmolLM2-135M: 30 layers, 3 KV heads of 64, f32 → 2·30·3·64·4.
+    assert_eq!(kv_bytes_per_token(30, 3, 64, KvDtype::F32), 46_080);
+    assert_eq!(kv_bytes_per_token(32, 8, 128, KvDtype::Bf16), 131_072);
+}
+
+#[test]
+fn the_cache_takes_what_the_weights_and_reserve_leave() {
+    // Half of 80 GiB = 40 GiB; minus 11 GiB → 29 GiB = 237,568 tokens of 128 KiB, i.e.
+    // 14,848 blocks, one of them the engine's spare.
+    let tokens = kv_cache_tokens(&budget(0.5), None).expect("fits");
+    assert_eq!(tokens, (14_848 - 1) * 16);
+    // What the engine then allocates fits in the share, and one more block would not.
+    let b = budget(0.5);
+    let alloc = |t: usize| ((t as u64).div_ceil(16) + 1) * 16 * b.bytes_per_token;
+    assert!(b.weight_bytes + b.reserve_bytes + alloc(tokens) <= 40 * GIB);
+    assert!(b.weight_bytes + b.reserve_bytes + alloc(tokens + 16) > 40 * GIB);
+    // A larger share gives a larger cache.
+    assert!(kv_cache_tokens(&budget(0.9), None).expect("fits") > tokens);
+}
+
+#[test]
+fn too_small_a_share_names_the_field_with_the_numbers() {
+    // 10% of 80 GiB = 8 GiB < 10 GiB of weights.
+    let e = kv_cache_tokens(&budget(0.1), None).expect_err("weights do not fit");
+    assert_eq!(field_of(&e), "engine_config.gpu_memory_utilization");
+    let text = e.to_string();
+    for part in ["0.1", "80.00 GiB", "8.00 GiB", "10.00 GiB", "1.00 GiB"] {
+        assert!(text.contains(part), "`{text}` should contain `{part}`");
+    }
+}
+
+#[test]
+fn an_explicit_cache_wins_when_it_fits() {
+    assert_eq!(kv_cache_tokens(&budget(0.5), Some(4096)), Ok(4096));
+    // 300,000 tokens of 128 KiB ≈ 36.6 GiB: more than the 29 GiB left.
+    let e = kv_cache_tokens(&budget(0.5), Some(300_000)).expect_err("does not fit");
+    assert_eq!(field_of(&e), "engine_config.gpu_memory_utilization");
+    assert!(e.to_string().contains("kv_cache_tokens = 300000"), "{e}");
+}
+
+#[test]
+fn the_whole_gpu_is_a_valid_share() {
+    assert!(kv_cache_tokens(&budget(1.0), None).expect("fits") > 0);
+}
+
+#[test]
+fn a_fraction_on_the_cpu_is_refused() {
+    let options = EngineOptions { gpu_memory_utilization: Some(0.5), ..EngineOptions::default() };
+    let cfg = crate::config::ModelConfig::from_hf_json(
+        &serde_json::json!({
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "vocab_size": 100, "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 512, "eos_token_id": [1, 2]
+        })
+        .to_string(),
+        "config.json",
+    )
+    .expect("a valid config");
+    let e = fit_kv_cache(options, &cfg, KvDtype::F32, 0).expect_err("a CPU has no GPU memory");
+    assert_eq!(field_of(&e), "engine_config.gpu_memory_utilization");
+    // Without a fraction nothing changes.
+    let plain = EngineOptions::default();
+    assert_eq!(fit_kv_cache(plain.clone(), &cfg, KvDtype::F32, 0), Ok(plain));
+}
