@@ -11,7 +11,7 @@
 
 use crate::cluster::{SECRET, supervisor, worker};
 use crate::pd::{Cancel, LENGTHS, Lcg, cancelled_request, complete, launch, nixl_here, pages, prompt, stats};
-use crate::util::{self, procs::poll};
+use crate::util::{self, http, procs::poll};
 use serde_json::{Value, json};
 
 fn gpu_enabled(test: &str) -> bool {
@@ -28,9 +28,10 @@ fn gpu_enabled(test: &str) -> bool {
 /// heads × 64 dims × 4 bytes.
 const SMOLLM2_PAGE_BYTES: u64 = 2 * 30 * 64 * 3 * 64 * 4;
 
-/// An engine config on GPU 0 with `layout` (an object of layout keys).
+/// An engine config with `layout` (an object of layout keys) for a replica that shares its GPU:
+/// 5 % of the GPU's memory each (the worker places it on the GPU and sets its device).
 fn on_gpu(layout: Value) -> Value {
-    let mut config = json!({"device": "cuda:0", "kv_cache_tokens": 8192});
+    let mut config = json!({"gpu_memory_utilization": 0.05, "kv_cache_tokens": 8192});
     if let (Some(c), Some(l)) = (config.as_object_mut(), layout.as_object()) {
         c.extend(l.clone());
     }
@@ -67,7 +68,11 @@ fn pd_on_one_gpu_moves_pages_gpu_to_gpu_between_processes() {
     let (_sup, addr, cluster) = supervisor();
     let (_w1, id1) = worker(&cluster, SECRET);
     let (_w2, id2) = worker(&cluster, SECRET);
-    let on = |id: &str| json!([{"worker_ip": id, "n_gpu": 0}]);
+    // Each worker sees the GPU through the driver.
+    let workers = http::get(addr, "/v1/workers").json();
+    let names: Vec<String> = workers.to_string().matches("NVIDIA").map(str::to_owned).collect();
+    assert!(names.len() >= 2, "both workers report the GPU by name: {workers}");
+    let on = |id: &str| json!([{"worker_ip": id, "gpu_idx": [0]}]);
     // `transfer`: the launch's transfer_backend_type (null: the default, Xavier's handoff).
     let pd = |uid: &str, transfer: Value, p: (&str, Value), d: (&str, Value)| {
         json!({"model_name": "smollm2-instruct", "model_uid": uid, "transfer_backend_type": transfer,
@@ -111,6 +116,13 @@ fn pd_on_one_gpu_moves_pages_gpu_to_gpu_between_processes() {
                 (&id2, json!({"kv_layout": "paged-kv-first", "block_size": 16})),
             ),
         );
+    }
+    // Placed on GPU 0 of its worker, every replica computes there.
+    for uid in ["hybrid", "ipc", "local"] {
+        let m = http::get(addr, &format!("/v1/models/{uid}")).json();
+        for r in m["replica_details"].as_array().expect("replica_details") {
+            assert_eq!(r["gpus"], json!([0]), "{uid}: {m}");
+        }
     }
     let mut models = vec!["ipc", "local"];
     if nixl {

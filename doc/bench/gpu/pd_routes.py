@@ -56,10 +56,11 @@ for i in (1, 2):
     procs.append(spawn(["worker", "--supervisor", f"127.0.0.1:{PORT + 1}"], log))
     workers.append(wait_for(log, r"Worker (\S+)").group(1))
 try:
-    gpu = {"device": "cuda:0", "kv_cache_tokens": 65536}
+    # Every replica shares GPU 0 of its worker (placement sets its device) with 10 % of its memory.
+    gpu = {"gpu_memory_utilization": 0.1, "kv_cache_tokens": 65536}
 
     def rc(role, worker, layout):
-        return {"role": role, "devices": [{"worker_ip": worker, "n_gpu": 0}], "engine_config": dict(gpu, **layout)}
+        return {"role": role, "devices": [{"worker_ip": worker, "gpu_idx": [0]}], "engine_config": dict(gpu, **layout)}
 
     def launch(uid, replicas, transfer=None, engine_config=None):
         body = {"model_name": "qwen2.5-instruct", "model_uid": uid, "model_path": model,
@@ -73,7 +74,7 @@ try:
     w1, w2 = workers
     fa = {"kv_layout": "paged-kv-first", "block_size": 16}
     # Hybrid replicas take the model-wide engine_config (per-replica settings need P/D roles).
-    on = lambda w: {"devices": [{"worker_ip": w, "n_gpu": 0}]}
+    on = lambda w: {"devices": [{"worker_ip": w, "gpu_idx": [0]}]}
     launch("ordinary", [on(w1), on(w2)], engine_config=dict(gpu, **fa))
     launch("pd-local", [rc("prefill", w1, fa), rc("decode", w1, fa)])
     launch("pd-ipc", [rc("prefill", w1, fa), rc("decode", w2, fa)])

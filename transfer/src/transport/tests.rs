@@ -312,7 +312,11 @@ struct Sink {
 }
 
 impl crate::device::DeviceSink for Sink {
-    fn receive(&self, lease: &DeviceLease, _deadline: std::time::Instant) -> Result<DevicePages, TransferError> {
+    fn receive(
+        &self,
+        lease: &DeviceLease,
+        _deadline: std::time::Instant,
+    ) -> Result<DevicePages, TransferError> {
         std::thread::sleep(self.delay);
         if self.freed.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(TransferError::Source("the staging was freed before the copy".into()));
@@ -360,7 +364,8 @@ async fn device_routes_describe_the_staging_and_free_it_after_the_copy() {
     assert_eq!(e, TransferError::UnknownRoom(8));
     let host: Arc<dyn PageProvider> = Arc::new(Pattern);
     let host_reg = server.register(&host);
-    let e = fetch_device(host_reg.endpoint(), 7, 0, 1, DeviceRoute::CudaIpc, sink(), T).await.expect_err("host");
+    let e =
+        fetch_device(host_reg.endpoint(), 7, 0, 1, DeviceRoute::CudaIpc, sink(), T).await.expect_err("host");
     assert!(matches!(e, TransferError::Source(ref m) if m.contains("not in GPU memory")), "{e}");
     let slow = Arc::new(Sink { freed: freed.clone(), delay: Duration::from_millis(600) });
     let e = fetch_device(reg.endpoint(), 7, 0, 1, DeviceRoute::CudaIpc, slow, Duration::from_millis(200))
