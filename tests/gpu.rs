@@ -120,7 +120,7 @@ fn pd_on_one_gpu_moves_pages_gpu_to_gpu_between_processes() {
     // Placed on GPU 0 of its worker, every replica computes there.
     for uid in ["hybrid", "ipc", "local"] {
         let m = http::get(addr, &format!("/v1/models/{uid}")).json();
-        for r in m["replica_details"].as_array().expect("replica_details") {
+        for r in m["xinf"]["replica_details"].as_array().expect("replica_details") {
             assert_eq!(r["gpus"], json!([0]), "{uid}: {m}");
         }
     }
