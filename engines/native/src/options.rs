@@ -64,6 +64,11 @@ pub struct EngineOptions {
     pub recompute_last_token: bool,
     /// Where the model computes (`device`); the KV cache lives there too.
     pub device: ComputeDevice,
+    /// On a GPU, replay decode steps of up to 64 sequences as CUDA graphs, captured once per
+    /// batch size (`cuda_graphs`, default on). Small-batch decoding is bound by the time the
+    /// host takes to launch each step's few hundred kernels, which a graph launches at once;
+    /// the results are the same either way. Off is for comparison in benchmarks.
+    pub cuda_graphs: bool,
 }
 
 impl Default for EngineOptions {
@@ -78,6 +83,7 @@ impl Default for EngineOptions {
             context_length: None,
             recompute_last_token: false,
             device: ComputeDevice::Cpu,
+            cuda_graphs: true,
         }
     }
 }
@@ -95,6 +101,7 @@ pub const ENGINE_CONFIG_KEYS: &[&str] = &[
     "context_length",
     "recompute_last_token",
     "device",
+    "cuda_graphs",
 ];
 
 fn field(key: &str) -> String {
@@ -183,6 +190,10 @@ impl EngineOptions {
             o.recompute_last_token = v
                 .as_bool()
                 .ok_or_else(|| EngineError::invalid(field("recompute_last_token"), "must be a boolean"))?;
+        }
+        if let Some(v) = map.get("cuda_graphs") {
+            o.cuda_graphs =
+                v.as_bool().ok_or_else(|| EngineError::invalid(field("cuda_graphs"), "must be a boolean"))?;
         }
         if let Some(s) = string("device")? {
             o.device = s.parse().map_err(|e: String| EngineError::invalid(field("device"), e))?;

@@ -32,3 +32,20 @@ fn a_bad_device_names_the_field() {
         }
     }
 }
+
+#[test]
+fn cuda_graphs_default_on_and_take_a_boolean() {
+    let graphs =
+        |v: Value| EngineOptions::from_engine_config(&json!({ "cuda_graphs": v })).map(|o| o.cuda_graphs);
+    assert!(EngineOptions::default().cuda_graphs);
+    assert!(!graphs(json!(false)).expect("false"));
+    assert!(graphs(json!(true)).expect("true"));
+    for bad in [json!("no"), json!(0), json!([])] {
+        match graphs(bad.clone()) {
+            Err(EngineError::InvalidRequest { field, .. }) => {
+                assert_eq!(field, "engine_config.cuda_graphs", "{bad}")
+            }
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+}
