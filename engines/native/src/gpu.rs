@@ -21,9 +21,11 @@
 //! up to [`MAX_GRAPH_BATCH`] sequences read everything that changes from step to step (ids,
 //! positions, block tables) from those buffers, so their launches depend on the batch size
 //! alone: each batch size is captured once as a CUDA graph and replayed, one launch instead of
-//! a few hundred, which is what bounds small-batch decoding. Prefill and mixed steps, and every
-//! step when graphs are off or a capture failed, launch kernel by kernel: the same kernels and
-//! gemms with the same arguments, so the results are bit for bit the same.
+//! a few hundred, which is what bounds small-batch decoding. These steps run on a stream of
+//! their own (the default stream cannot be captured) with a cuBLAS handle of their own, set up
+//! like the main one. Prefill and mixed steps, and every step when graphs are off or a capture
+//! failed, launch kernel by kernel: the same kernels and gemms with the same arguments, so the
+//! results are bit for bit the same.
 //!
 //! The driver, NVRTC and cuBLAS are loaded at run time; without them loading the model fails
 //! with an error that names the missing library, never a panic.
@@ -323,7 +325,67 @@ impl StepBufs {
     }
 }
 
-/// A captured decode step, replayed on the model's stream.
+/// Gives `blas` a workspace of [`BLAS_WORKSPACE`] bytes of its own, allocated on `stream`; the
+/// buffer must outlive the handle. Call it after any `cublasSetStream`, which would reset it.
+fn give_workspace(blas: &CudaBlas, stream: &Arc<CudaStream>) -> Result<Buf, GpuError> {
+    // cuBLAS wants a workspace aligned to 256 bytes: over-allocate and round the address up.
+    let workspace = stream.alloc_zeros::<u8>(BLAS_WORKSPACE + 256).map_err(driver)?;
+    let aligned = {
+        let (base, _sync) = workspace.device_ptr(stream);
+        base.div_ceil(256) * 256
+    };
+    // SAFETY: `aligned..aligned + BLAS_WORKSPACE` lies inside the allocation above (rounding up
+    // moves at most 255 of its 256 spare bytes); the callers keep the buffer in a field declared
+    // after the handle's, so it is freed after the handle is destroyed. Neither handle's stream
+    // is changed afterwards.
+    unsafe {
+        cudarc::cublas::sys::cublasSetWorkspace_v2(
+            *blas.handle(),
+            aligned as *mut std::ffi::c_void,
+            BLAS_WORKSPACE,
+        )
+    }
+    .result()
+    .map_err(|e| GpuError::Blas(format!("setting the workspace: {e}")))?;
+    Ok(workspace)
+}
+
+/// A stream and the cuBLAS handle that enqueues on it: where a step's work goes.
+#[derive(Clone, Copy)]
+struct Lane<'a> {
+    stream: &'a Arc<CudaStream>,
+    blas: &'a CudaBlas,
+}
+
+/// The stream decode steps run on when graphs are on, with its own cuBLAS handle.
+///
+/// The model's stream is the context's legacy default stream, which cannot be captured; this
+/// one is an ordinary stream. It is ordered after the default stream by `after_main`, recorded
+/// there and waited for here at the start of each step on this lane, and every step ends with
+/// a synchronize, so the two never overlap.
+struct GraphLane {
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    /// Declared after `blas`: freed after the handle.
+    _workspace: Buf,
+    after_main: cudarc::driver::CudaEvent,
+}
+
+impl GraphLane {
+    fn new(ctx: &Arc<CudaContext>) -> Result<Self, GpuError> {
+        let stream = ctx.new_stream().map_err(driver)?;
+        let blas = CudaBlas::new(stream.clone()).map_err(|e| GpuError::Blas(e.to_string()))?;
+        let workspace = give_workspace(&blas, &stream)?;
+        let after_main = ctx.new_event(None).map_err(driver)?;
+        Ok(Self { stream, blas, _workspace: workspace, after_main })
+    }
+
+    fn lane(&self) -> Lane<'_> {
+        Lane { stream: &self.stream, blas: &self.blas }
+    }
+}
+
+/// A captured decode step, replayed on the graph lane's stream.
 struct Graph(CudaGraph);
 
 // SAFETY: a CUDA graph may be used from any thread as long as calls on it are serialized (it
@@ -371,6 +433,8 @@ pub(crate) struct GpuModel {
     handoff: Arc<GpuHandoff>,
     /// Captured decode steps, indexed by batch size (dropped before the buffers they use).
     graphs: Vec<Slot>,
+    /// Where decode steps run when graphs are on (`None` when off).
+    graph_lane: Option<GraphLane>,
     /// Off by the `cuda_graphs` option, or after a capture failed.
     graphs_on: bool,
     /// Steps computed by replaying a graph.
@@ -447,26 +511,7 @@ impl GpuModel {
         let stream = pages.stream().clone();
         ctx.bind_to_thread().map_err(driver)?;
         let blas = CudaBlas::new(stream.clone()).map_err(|e| GpuError::Blas(e.to_string()))?;
-        // cuBLAS wants a workspace aligned to 256 bytes: over-allocate and round the address up.
-        let blas_workspace = stream.alloc_zeros::<u8>(BLAS_WORKSPACE + 256).map_err(driver)?;
-        {
-            let (base, _sync) = blas_workspace.device_ptr(&stream);
-            let aligned = base.div_ceil(256) * 256;
-            // SAFETY: `aligned..aligned + BLAS_WORKSPACE` lies inside the allocation above
-            // (rounding up moves at most 255 of its 256 spare bytes), which is kept alive in
-            // `_blas_workspace` for as long as the handle exists (dropped after `blas`). Set
-            // after `CudaBlas::new`, whose `cublasSetStream` would reset it; the stream is never
-            // changed afterwards.
-            unsafe {
-                cudarc::cublas::sys::cublasSetWorkspace_v2(
-                    *blas.handle(),
-                    aligned as *mut std::ffi::c_void,
-                    BLAS_WORKSPACE,
-                )
-            }
-            .result()
-            .map_err(|e| GpuError::Blas(format!("setting the workspace: {e}")))?;
-        }
+        let blas_workspace = give_workspace(&blas, &stream)?;
         let (major, minor) = ctx.compute_capability().map_err(driver)?;
         let src = format!("#define WT {}\n#define KT {}\n{KERNELS}", type_code(wdt), type_code(kdt));
         let opts =
@@ -552,10 +597,12 @@ impl GpuModel {
         )?;
         let none = s.alloc_zeros::<u8>(16).map_err(driver)?;
         let graph_sizes = if limits.cuda_graphs { limits.max_seqs.min(MAX_GRAPH_BATCH) + 1 } else { 0 };
+        let graph_lane = if limits.cuda_graphs { Some(GraphLane::new(&ctx)?) } else { None };
         stream.synchronize().map_err(driver)?;
         let handoff = Arc::new(GpuHandoff::new(&ctx)?);
         Ok(Self {
             graphs: (0..graph_sizes).map(|_| Slot::Cold).collect(),
+            graph_lane,
             graphs_on: limits.cuda_graphs,
             graph_steps: limits.graph_steps,
             bufs: Some(bufs),
@@ -584,15 +631,14 @@ impl GpuModel {
     }
 
     /// `y[t][o] = Σ_i x[t][i] · w[o][i]` for `t < rows`: `w` is `[out, inp]` in the weights'
-    /// dtype, `x` `[rows, inp]` in the weights' dtype, `y` `[rows, out]` f32.
+    /// dtype, `x` `[rows, inp]` in the weights' dtype, `y` `[rows, out]` f32, enqueued on `lane`.
     fn matmul(
         &self,
+        lane: Lane<'_>,
         w: &Buf,
         x: &Buf,
         y: &mut CudaSlice<f32>,
-        out: usize,
-        inp: usize,
-        rows: usize,
+        [out, inp, rows]: [usize; 3],
     ) -> Result<(), GpuError> {
         let es = elem_bytes(self.wdt);
         if w.len() < out * inp * es || x.len() < rows * inp * es || y.len() < rows * out {
@@ -602,16 +648,16 @@ impl GpuModel {
         }
         let ty = cuda_type(self.wdt);
         let (alpha, beta) = (1.0f32, 0.0f32);
-        let (wp, _w) = w.device_ptr(&self.stream);
-        let (xp, _x) = x.device_ptr(&self.stream);
-        let (yp, _y) = y.device_ptr_mut(&self.stream);
+        let (wp, _w) = w.device_ptr(lane.stream);
+        let (xp, _x) = x.device_ptr(lane.stream);
+        let (yp, _y) = y.device_ptr_mut(lane.stream);
         // Column-major view: Yᵀ[out, rows] = W[out, inp] (row-major Wᵀ, transposed) · Xᵀ[inp, rows].
         // SAFETY: the three buffers were checked above to hold the matrices the sizes and
         // leading dimensions describe; alpha and beta are f32 as CUBLAS_COMPUTE_32F requires,
         // and live until the call returns (cuBLAS reads host scalars before returning).
         unsafe {
             cudarc::cublas::result::gemm_ex(
-                *self.blas.handle(),
+                *lane.blas.handle(),
                 cublasOperation_t::CUBLAS_OP_T,
                 cublasOperation_t::CUBLAS_OP_N,
                 out as i32,
@@ -673,14 +719,21 @@ impl GpuModel {
     /// one) and returns the wanted logits.
     fn run(&mut self, bufs: &mut StepBufs, plan: &StepPlan, decode: bool) -> Result<Vec<Vec<f32>>, GpuError> {
         let (t, n_rows, vocab) = (plan.ids.len(), plan.rows.len(), self.cfg.vocab_size);
-        bufs.upload(&self.stream, plan)?;
         // A decode step wants every token's logits, so its rows are `0..t` (what a capture
         // records for batch size `t`).
-        if !(decode && n_rows == t && self.replay(bufs, t)?) {
-            self.record(bufs, t, n_rows)?;
+        let graphed = decode && n_rows == t && self.graphs_on && t < self.graphs.len();
+        if let (Some(g), true) = (&self.graph_lane, graphed) {
+            // Whatever the default stream still has queued comes first.
+            g.after_main.record(&self.stream).map_err(driver)?;
+            g.stream.wait(&g.after_main).map_err(driver)?;
+        }
+        let stream = self.lane(graphed).stream.clone();
+        bufs.upload(&stream, plan)?;
+        if !(graphed && self.replay(bufs, t)?) {
+            self.record(self.lane(graphed), bufs, t, n_rows)?;
         }
         if n_rows == 0 {
-            self.stream.synchronize().map_err(driver)?;
+            stream.synchronize().map_err(driver)?;
             return Ok(Vec::new());
         }
         let mut host = vec![0f32; n_rows * vocab];
@@ -688,16 +741,24 @@ impl GpuModel {
             .logits
             .try_slice(..n_rows * vocab)
             .ok_or_else(|| GpuError::Shape(format!("{n_rows} rows of logits past the buffer")))?;
-        self.stream.memcpy_dtoh(&wanted, &mut host).map_err(driver)?;
-        self.stream.synchronize().map_err(driver)?;
+        stream.memcpy_dtoh(&wanted, &mut host).map_err(driver)?;
+        stream.synchronize().map_err(driver)?;
         Ok(host.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+    }
+
+    /// The graph lane for a step that may use graphs (`graphed`), else the default stream.
+    fn lane(&self, graphed: bool) -> Lane<'_> {
+        match (&self.graph_lane, graphed) {
+            (Some(g), true) => g.lane(),
+            _ => Lane { stream: &self.stream, blas: &self.blas },
+        }
     }
 
     /// Launches the graph of a decode step of `t` sequences, capturing it first if this batch
     /// size was seen before; `false` when the step is to run eagerly instead. A failed capture
     /// turns graphs off for good (logged once) rather than failing the step.
     fn replay(&mut self, bufs: &mut StepBufs, t: usize) -> Result<bool, GpuError> {
-        if !self.graphs_on || t >= self.graphs.len() {
+        if !self.graphs_on || t >= self.graphs.len() || self.graph_lane.is_none() {
             return Ok(false);
         }
         match self.graphs[t] {
@@ -712,6 +773,7 @@ impl GpuModel {
                         batch = t,
                         "CUDA graph capture failed, decode steps run without graphs from now on: {e}"
                     );
+                    // The lane stays: this step still runs on it, eagerly.
                     self.graphs_on = false;
                     self.graphs.clear();
                     return Ok(false);
@@ -727,13 +789,14 @@ impl GpuModel {
 
     /// Captures the kernels and gemms of a decode step of `t` sequences (nothing runs).
     fn capture(&self, bufs: &mut StepBufs, t: usize) -> Result<Graph, GpuError> {
+        let g = self.graph_lane.as_ref().ok_or_else(|| GpuError::Driver("no stream to capture on".into()))?;
         // Thread-local: only this thread's calls that are illegal during a capture break it, not
         // those of other threads using the GPU (GPU-to-GPU handoffs).
         let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-        self.stream.begin_capture(mode).map_err(driver)?;
-        let recorded = self.record(bufs, t, t);
+        g.stream.begin_capture(mode).map_err(driver)?;
+        let recorded = self.record(g.lane(), bufs, t, t);
         // Always end the capture, so the stream leaves capture mode whatever happened.
-        let ended = self.stream.end_capture(CUgraphInstantiate_flags(0));
+        let ended = g.stream.end_capture(CUgraphInstantiate_flags(0));
         recorded?;
         let graph = ended.map_err(driver)?.ok_or_else(|| GpuError::Driver("an empty graph".into()))?;
         graph.upload().map_err(driver)?;
@@ -744,9 +807,9 @@ impl GpuModel {
     /// logits of its `n_rows` wanted rows, from the embedding to the lm_head gemm. Every launch
     /// argument depends on the model, `t` and `n_rows` alone, and every buffer is at a fixed
     /// address, so what a capture of this records is valid for any step of the same shape.
-    fn record(&self, bufs: &mut StepBufs, t: usize, n_rows: usize) -> Result<(), GpuError> {
+    fn record(&self, lane: Lane<'_>, bufs: &mut StepBufs, t: usize, n_rows: usize) -> Result<(), GpuError> {
         let cfg = &self.cfg;
-        let s = &self.stream;
+        let s = lane.stream;
         let (h, kvh, d) = (cfg.num_heads, cfg.kv_heads, cfg.head_dim);
         let (hid, inter, vocab) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
         let qkv_w = (h + 2 * kvh) * d;
@@ -794,7 +857,7 @@ impl GpuModel {
                 .arg(&hid_i)
                 .arg(&eps);
             unsafe { b.launch(cfg1(t_i, 256)) }.map_err(driver)?;
-            self.matmul(&lw.wqkv, act, qkv, qkv_w, hid, t)?;
+            self.matmul(lane, &lw.wqkv, act, qkv, [qkv_w, hid, t])?;
 
             let has_bias = i32::from(lw.bqkv.is_some());
             let has_norm = i32::from(lw.q_norm.is_some() && lw.k_norm.is_some());
@@ -853,7 +916,7 @@ impl GpuModel {
             let grid =
                 LaunchConfig { grid_dim: (t_i, h as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
             unsafe { b.launch(grid) }.map_err(driver)?;
-            self.matmul(&lw.wo, act, delta, hid, h * d, t)?;
+            self.matmul(lane, &lw.wo, act, delta, [hid, h * d, t])?;
 
             let mut b = s.launch_builder(&self.k.add_rmsnorm);
             b.arg(&mut *x)
@@ -865,14 +928,14 @@ impl GpuModel {
                 .arg(&hid_i)
                 .arg(&eps);
             unsafe { b.launch(cfg1(t_i, 256)) }.map_err(driver)?;
-            self.matmul(&lw.w_gate_up, act, gu, 2 * inter, hid, t)?;
+            self.matmul(lane, &lw.w_gate_up, act, gu, [2 * inter, hid, t])?;
 
             let (inter_i, n) = (inter as i32, (t * inter) as i64);
             let blocks = (t * inter).div_ceil(256).min(65_535) as u32;
             let mut b = s.launch_builder(&self.k.silu_mul);
             b.arg(&*gu).arg(&mut *act).arg(&inter_i).arg(&n);
             unsafe { b.launch(cfg1(blocks, 256)) }.map_err(driver)?;
-            self.matmul(&lw.w_down, act, delta, hid, inter, t)?;
+            self.matmul(lane, &lw.w_down, act, delta, [hid, inter, t])?;
         }
         if n_rows == 0 {
             return Ok(());
@@ -891,7 +954,7 @@ impl GpuModel {
             .arg(&eps);
         unsafe { b.launch(cfg1(n_rows as u32, 256)) }.map_err(driver)?;
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        self.matmul(head, act, logits, vocab, hid, n_rows)
+        self.matmul(lane, head, act, logits, [vocab, hid, n_rows])
     }
 
     /// The engine's GPU handoff side (its decode-side sink, and where it says its KV lives).
