@@ -133,6 +133,8 @@ pub struct NativeEngine {
     eos: Vec<u32>,
     /// Set on a GPU: where the KV lives, and the sink receiving peers' pages GPU to GPU.
     device: Option<(KvDevice, Arc<dyn DeviceSink>)>,
+    /// Steps the GPU backend computed by replaying a CUDA graph.
+    graph_steps: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for NativeEngine {
@@ -227,6 +229,7 @@ impl NativeEngine {
         eos.extend(&cfg.eos_token_ids);
         eos.sort_unstable();
         eos.dedup();
+        let graph_steps = Arc::new(AtomicU64::new(0));
         type Device = Option<(KvDevice, Arc<dyn DeviceSink>)>;
         let (backend, cache, device): (Box<dyn ComputeBackend>, KvCache, Device) = match options.device {
             ComputeDevice::Cpu => {
@@ -246,6 +249,12 @@ impl NativeEngine {
                     dtype,
                     layout.clone(),
                     context_length,
+                    crate::gpu::StepLimits {
+                        max_tokens: options.max_batch_tokens,
+                        max_seqs: options.max_num_seqs,
+                        cuda_graphs: options.cuda_graphs,
+                        graph_steps: graph_steps.clone(),
+                    },
                 )
                 .map_err(|e| EngineError::Model(format!("engine_config.device = {}: {e}", options.device)))?;
                 drop(weights);
@@ -272,7 +281,7 @@ impl NativeEngine {
             .name("xinf-native-engine".into())
             .spawn(move || worker.run())
             .map_err(|e| EngineError::Internal(format!("starting the engine thread: {e}")))?;
-        Ok(Self { tx, shared, tokenizer, contract, layout, options, max_seq_len, eos, device })
+        Ok(Self { tx, shared, tokenizer, contract, layout, options, max_seq_len, eos, device, graph_steps })
     }
 
     /// The tokenizer (for callers that render or count tokens themselves).
@@ -288,6 +297,13 @@ impl NativeEngine {
     /// Longest prompt plus output a request may have.
     pub fn max_seq_len(&self) -> usize {
         self.max_seq_len
+    }
+
+    /// Steps computed so far by replaying a captured CUDA graph (decode steps on a GPU with
+    /// `cuda_graphs` on); always 0 on the CPU. Tells tests and benchmarks that graphs were
+    /// really used, since the tokens are the same either way.
+    pub fn graph_steps(&self) -> u64 {
+        self.graph_steps.load(Ordering::Relaxed)
     }
 
     /// The logits after the last of `ids`, computed alone (outside any batch) into temporary

@@ -15,7 +15,9 @@
 //!   or within `tol × spread` of it in the CPU's logits (teacher-forced along the CPU's path);
 //! - exported canonical pages of a pinned prefill equal the CPU's within 1e-3 × max |K/V|
 //!   (F32), and those pages imported into another GPU engine (other layout) continue greedily
-//!   exactly as the CPU engine does.
+//!   exactly as the CPU engine does;
+//! - decode steps replayed from CUDA graphs give the very tokens of eager launches
+//!   (`cuda_graphs: false`), and graphs are replayed (`NativeEngine::graph_steps`).
 
 use futures::StreamExt;
 use std::collections::HashMap;
@@ -454,6 +456,58 @@ fn pages_move_between_gpu_engines() {
                 "{arch:?}: {len}: imported continuation {got:?}\n{arch:?}: {len}: cpu                    {want:?}"
             );
             assert_eq!(got, want, "{arch:?}: continuation after GPU→GPU import");
+        }
+    }
+}
+
+/// 4 concurrent greedy requests of different prompt lengths, `n` tokens each, ids tagged `tag`.
+fn greedy4_tagged(engine: &NativeEngine, tag: &str, n: usize) -> Vec<Vec<u32>> {
+    let lens = [5, 70, 150, 33];
+    rt().block_on(futures::future::join_all(
+        lens.iter()
+            .enumerate()
+            .map(|(i, &len)| generate(engine, format!("{tag}{i}"), prompt(len, i as u32, VOCAB), n)),
+    ))
+}
+
+/// Decode steps replayed from CUDA graphs give exactly the tokens of the same steps launched
+/// one kernel at a time (the same kernels and gemms with the same arguments), and graphs are
+/// really replayed: mixed prefill/decode steps run eagerly, the first decode step of each batch
+/// size warms up, the second is captured, the rest replay.
+#[test]
+fn cuda_graphs_decode_exactly_as_eager_launches() {
+    if !gpu_enabled("cuda_graphs_decode_exactly_as_eager_launches") {
+        return;
+    }
+    let dir = scratch();
+    for (arch, dt) in [(Arch::Qwen2, candle_core::DType::F16), (Arch::Llama, candle_core::DType::F32)] {
+        let model = make_model(dir.path(), arch, dt);
+        for layout in layouts(false) {
+            let label = format!("{arch:?}/{dt:?} {layout}");
+            let mut graphs_off = layout.clone();
+            graphs_off["cuda_graphs"] = serde_json::json!(false);
+            let eager = load(&model, graphs_off, "cuda:0");
+            let graphed = load(&model, layout.clone(), "cuda:0");
+            let want = greedy4_tagged(&eager, "e", 24);
+            let got = greedy4_tagged(&graphed, "g", 24);
+            // Again on the same engine: graphs captured in the first round, replayed now.
+            let before = graphed.graph_steps();
+            let again = greedy4_tagged(&graphed, "a", 24);
+            let replayed = graphed.graph_steps();
+            for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+                eprintln!("{label}: request {i}: eager  {w:?}\n{label}: request {i}: graphs {g:?}");
+            }
+            eprintln!(
+                "{label}: {before} steps replayed in the first round, {} in the second; eager engine: {}",
+                replayed - before,
+                eager.graph_steps()
+            );
+            assert!(want.iter().all(|w| w.len() == 24), "{label}: 24 tokens per request");
+            assert_eq!(got, want, "{label}: tokens with CUDA graphs differ from eager launches");
+            assert_eq!(again, want, "{label}: tokens from graphs captured earlier differ");
+            assert_eq!(eager.graph_steps(), 0, "{label}: graphs replayed with cuda_graphs off");
+            assert!(before > 0, "{label}: no decode step was replayed from a graph");
+            assert!(replayed > before, "{label}: no step replayed in the second round");
         }
     }
 }

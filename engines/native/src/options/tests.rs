@@ -55,6 +55,23 @@ fn gpu_memory_utilization_is_a_fraction_in_0_1() {
 }
 
 #[test]
+fn cuda_graphs_default_on_and_take_a_boolean() {
+    let graphs =
+        |v: Value| EngineOptions::from_engine_config(&json!({ "cuda_graphs": v })).map(|o| o.cuda_graphs);
+    assert!(EngineOptions::default().cuda_graphs);
+    assert!(!graphs(json!(false)).expect("false"));
+    assert!(graphs(json!(true)).expect("true"));
+    for bad in [json!("no"), json!(0), json!([])] {
+        match graphs(bad.clone()) {
+            Err(EngineError::InvalidRequest { field, .. }) => {
+                assert_eq!(field, "engine_config.cuda_graphs", "{bad}")
+            }
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+}
+
+#[test]
 fn gpu_memory_utilization_is_refused_on_an_explicit_cpu() {
     let e = EngineOptions::from_engine_config(&json!({"device": "cpu", "gpu_memory_utilization": 0.5}))
         .expect_err("a CPU has no GPU memory");
