@@ -76,9 +76,11 @@ try:
     # Hybrid replicas take the model-wide engine_config (per-replica settings need P/D roles).
     on = lambda w: {"devices": [{"worker_ip": w, "gpu_idx": [0]}]}
     launch("ordinary", [on(w1), on(w2)], engine_config=dict(gpu, **fa))
+    # The same pair with decode steps launched kernel by kernel (no CUDA graphs), for comparison.
+    launch("ordinary-eager", [on(w1), on(w2)], engine_config=dict(gpu, cuda_graphs=False, **fa))
     launch("pd-local", [rc("prefill", w1, fa), rc("decode", w1, fa)])
     launch("pd-ipc", [rc("prefill", w1, fa), rc("decode", w2, fa)])
-    uids = ["ordinary", "pd-local", "pd-ipc"]
+    uids = ["ordinary", "ordinary-eager", "pd-local", "pd-ipc"]
     if nixl:
         launch("pd-nixl", [rc("prefill", w1, fa), rc("decode", w2, fa)], "nixl")
         uids.append("pd-nixl")
@@ -91,7 +93,7 @@ try:
     print(r.stdout[-6000:], r.stderr[-2000:], flush=True)
     # Handoff time of a 1,024-token prompt per route: the decode side's fetch (gather on the
     # prefill GPU, move, into the decode GPU's memory), from the stats' latency sums.
-    for uid in uids[1:]:
+    for uid in uids[2:]:
         xs = []
         for k in range(7):
             before = call("GET", f"/v1/models/{uid}/stats")["handoff"]["latency"]["sum_us"]
