@@ -2,7 +2,8 @@
 # GPU serve the Qwen2.5-0.5B-shaped FP16 model (made by make_q05.py, which also times
 # transformers on it) as an ordinary pair of replicas and as P/D with the pages moving
 # GPU to GPU in one process, over CUDA IPC and over NIXL VRAM between the two workers.
-# `xinf bench` runs on all of them side by side, then each route hands off 1,024-token prompts.
+# (also across KV layouts), and the ordinary pair once more without CUDA graphs. `xinf bench`
+# runs on all of them side by side, then each route hands off 1,024-token prompts.
 #
 # Needs `xinf` (built with --features cuda) and tok/ (a tokenizer.json) next to this file,
 # python3 with torch + transformers, and XINF_NIXL_LIB_DIR for the NIXL part. Usage:
@@ -80,7 +81,10 @@ try:
     launch("ordinary-eager", [on(w1), on(w2)], engine_config=dict(gpu, cuda_graphs=False, **fa))
     launch("pd-local", [rc("prefill", w1, fa), rc("decode", w1, fa)])
     launch("pd-ipc", [rc("prefill", w1, fa), rc("decode", w2, fa)])
-    uids = ["ordinary", "ordinary-eager", "pd-local", "pd-ipc"]
+    # Across layouts: vLLM FlashAttention HND blocks of 16 → SGLang token pool, over CUDA IPC.
+    hnd = {"kv_layout": "paged-kv-first", "kv_order": "HND", "block_size": 16}
+    launch("pd-ipc-x", [rc("prefill", w1, hnd), rc("decode", w2, {"kv_layout": "token-pool"})])
+    uids = ["ordinary", "ordinary-eager", "pd-local", "pd-ipc", "pd-ipc-x"]
     if nixl:
         launch("pd-nixl", [rc("prefill", w1, fa), rc("decode", w2, fa)], "nixl")
         uids.append("pd-nixl")
