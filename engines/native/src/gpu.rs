@@ -60,6 +60,12 @@ pub(crate) use handoff::GpuHandoff;
 
 const KERNELS: &str = include_str!("gpu/kernels.cu");
 
+/// Warps of one attention block (one query token and head). Each warp walks every
+/// `ATTENTION_WARPS`-th key with an online softmax, so the chain of dependent key loads a block
+/// waits for is `len / ATTENTION_WARPS` long: at batch 1 a decode step has only `heads` blocks
+/// per layer, and with 4 warps the walk over a few hundred keys dominated the step.
+const ATTENTION_WARPS: u32 = 16;
+
 /// Largest head dimension the attention kernel holds in registers (32 lanes × 8).
 const MAX_HEAD_DIM: usize = 256;
 
@@ -513,7 +519,11 @@ impl GpuModel {
         let blas = CudaBlas::new(stream.clone()).map_err(|e| GpuError::Blas(e.to_string()))?;
         let blas_workspace = give_workspace(&blas, &stream)?;
         let (major, minor) = ctx.compute_capability().map_err(driver)?;
-        let src = format!("#define WT {}\n#define KT {}\n{KERNELS}", type_code(wdt), type_code(kdt));
+        let src = format!(
+            "#define WT {}\n#define KT {}\n#define WARPS {ATTENTION_WARPS}\n{KERNELS}",
+            type_code(wdt),
+            type_code(kdt)
+        );
         let opts =
             cudarc::nvrtc::CompileOptions { arch: Some(nvrtc_arch(major, minor)), ..Default::default() };
         let ptx =
@@ -913,8 +923,11 @@ impl GpuModel {
                 .arg(&kvh_i)
                 .arg(&d_i)
                 .arg(&scale);
-            let grid =
-                LaunchConfig { grid_dim: (t_i, h as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+            let grid = LaunchConfig {
+                grid_dim: (t_i, h as u32, 1),
+                block_dim: (32 * ATTENTION_WARPS, 1, 1),
+                shared_mem_bytes: 0,
+            };
             unsafe { b.launch(grid) }.map_err(driver)?;
             self.matmul(lane, &lw.wo, act, delta, [hid, h * d, t])?;
 

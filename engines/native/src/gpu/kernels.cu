@@ -139,7 +139,7 @@ extern "C" __global__ void qkv_post(const float* qkv, const wt* bias, int has_bi
 }
 
 #define MAXV 8     // head_dim <= 32 * MAXV
-#define WARPS 4    // block of 128 threads
+// WARPS (warps per attention block) is defined by the host, which launches 32 * WARPS threads.
 
 // Paged attention of one query (token, head) over its sequence's keys 0..pos (causal), read
 // from the cache through the block table and the layout's strides; GQA maps head h to KV head
