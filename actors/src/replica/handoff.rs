@@ -126,24 +126,31 @@ struct RoomPages {
     snapshots: Option<Arc<Snapshots>>,
 }
 
+/// A claimed room range: the pinned request's id and the room's content keys.
+type Claim = (String, Option<Arc<[u64]>>);
+
+impl RoomPages {
+    /// Claims pages `first..first + count` of `room` for a fetch: the pinned request's id and
+    /// the room's content keys, or the fetch's error.
+    fn claim(&self, room: u64, first: u32, count: u32) -> Result<Claim, TransferError> {
+        let mut rooms = lock(&self.rooms);
+        match rooms.claim(room, first, count, Instant::now()) {
+            Ok(id) => Ok((id, rooms.keys(room))),
+            Err(RoomError::Unknown) => Err(TransferError::UnknownRoom(room)),
+            Err(RoomError::OutOfRange { pages }) => Err(TransferError::Source(format!(
+                "pages {first}..{} of room {room}, which holds {pages}",
+                u64::from(first) + u64::from(count)
+            ))),
+        }
+    }
+}
+
 impl PageProvider for RoomPages {
     fn pages(&self, room: u64, first: u32, count: u32) -> BoxFuture<'static, Result<Vec<u8>, TransferError>> {
-        let claimed = {
-            let mut rooms = lock(&self.rooms);
-            rooms.claim(room, first, count, Instant::now()).map(|id| (id, rooms.keys(room)))
-        };
+        let claimed = self.claim(room, first, count);
         let (engine, snapshots) = (self.engine.clone(), self.snapshots.clone());
         async move {
-            let (request_id, keys) = match claimed {
-                Ok(c) => c,
-                Err(RoomError::Unknown) => return Err(TransferError::UnknownRoom(room)),
-                Err(RoomError::OutOfRange { pages }) => {
-                    return Err(TransferError::Source(format!(
-                        "pages {first}..{} of room {room}, which holds {pages}",
-                        u64::from(first) + u64::from(count)
-                    )));
-                }
-            };
+            let (request_id, keys) = claimed?;
             let pages = engine
                 .export_pages(&request_id, first as usize, count as usize)
                 .await
@@ -163,19 +170,10 @@ impl PageProvider for RoomPages {
         count: u32,
         route: DeviceRoute,
     ) -> BoxFuture<'static, Result<DeviceLease, TransferError>> {
-        let claimed = lock(&self.rooms).claim(room, first, count, Instant::now());
+        let claimed = self.claim(room, first, count);
         let engine = self.engine.clone();
         async move {
-            let request_id = match claimed {
-                Ok(id) => id,
-                Err(RoomError::Unknown) => return Err(TransferError::UnknownRoom(room)),
-                Err(RoomError::OutOfRange { pages }) => {
-                    return Err(TransferError::Source(format!(
-                        "pages {first}..{} of room {room}, which holds {pages}",
-                        u64::from(first) + u64::from(count)
-                    )));
-                }
-            };
+            let (request_id, _) = claimed?;
             engine
                 .export_pages_device(&request_id, first as usize, count as usize, route)
                 .await

@@ -813,6 +813,32 @@ impl GpuModel {
         Ok(Graph(graph))
     }
 
+    /// Enqueues the fused residual add and RMSNorm: `x += delta`, then `act = RMSNorm(x) ·
+    /// weight`, one block per row — the first `blocks` rows, or the rows listed in `rows` when
+    /// `use_rows` (the final norm, for the rows whose logits are wanted).
+    #[allow(clippy::too_many_arguments)]
+    fn add_rmsnorm(
+        &self,
+        s: &Arc<CudaStream>,
+        x: &mut CudaSlice<f32>,
+        delta: &CudaSlice<f32>,
+        rows: &CudaSlice<i32>,
+        use_rows: bool,
+        weight: &Buf,
+        act: &mut Buf,
+        blocks: u32,
+    ) -> Result<(), GpuError> {
+        let (hid, eps, use_rows) =
+            (self.cfg.hidden_size as i32, self.cfg.rms_norm_eps as f32, i32::from(use_rows));
+        let mut b = s.launch_builder(&self.k.add_rmsnorm);
+        b.arg(x).arg(delta).arg(rows).arg(&use_rows).arg(weight).arg(act).arg(&hid).arg(&eps);
+        // SAFETY: the kernel reads exactly these arguments, in this order and with these types;
+        // `record` passes step buffers of at least `blocks` rows of `hidden_size` (and `rows`
+        // holding indices below the step's token count), as its SAFETY comment says.
+        unsafe { b.launch(cfg1(blocks, 256)) }.map_err(driver)?;
+        Ok(())
+    }
+
     /// Enqueues the forward pass of a step of `t` tokens whose plan is in `bufs`, and the
     /// logits of its `n_rows` wanted rows, from the embedding to the lm_head gemm. Every launch
     /// argument depends on the model, `t` and `n_rows` alone, and every buffer is at a fixed
@@ -856,17 +882,7 @@ impl GpuModel {
         unsafe { b.launch(cfg1(t_i, 256)) }.map_err(driver)?;
 
         for (li, lw) in self.layers.iter().enumerate() {
-            let no_rows = 0i32;
-            let mut b = s.launch_builder(&self.k.add_rmsnorm);
-            b.arg(&mut *x)
-                .arg(&*delta)
-                .arg(&*rows)
-                .arg(&no_rows)
-                .arg(&lw.attn_norm)
-                .arg(&mut *act)
-                .arg(&hid_i)
-                .arg(&eps);
-            unsafe { b.launch(cfg1(t_i, 256)) }.map_err(driver)?;
+            self.add_rmsnorm(s, x, delta, rows, false, &lw.attn_norm, act, t_i)?;
             self.matmul(lane, &lw.wqkv, act, qkv, [qkv_w, hid, t])?;
 
             let has_bias = i32::from(lw.bqkv.is_some());
@@ -931,16 +947,7 @@ impl GpuModel {
             unsafe { b.launch(grid) }.map_err(driver)?;
             self.matmul(lane, &lw.wo, act, delta, [hid, h * d, t])?;
 
-            let mut b = s.launch_builder(&self.k.add_rmsnorm);
-            b.arg(&mut *x)
-                .arg(&*delta)
-                .arg(&*rows)
-                .arg(&no_rows)
-                .arg(&lw.mlp_norm)
-                .arg(&mut *act)
-                .arg(&hid_i)
-                .arg(&eps);
-            unsafe { b.launch(cfg1(t_i, 256)) }.map_err(driver)?;
+            self.add_rmsnorm(s, x, delta, rows, false, &lw.mlp_norm, act, t_i)?;
             self.matmul(lane, &lw.w_gate_up, act, gu, [2 * inter, hid, t])?;
 
             let (inter_i, n) = (inter as i32, (t * inter) as i64);
@@ -955,17 +962,7 @@ impl GpuModel {
         }
         // The last residual add and the final norm, for the rows whose logits are wanted only
         // (`rows` were built from token indices below `t`).
-        let use_rows = 1i32;
-        let mut b = s.launch_builder(&self.k.add_rmsnorm);
-        b.arg(&mut *x)
-            .arg(&*delta)
-            .arg(&*rows)
-            .arg(&use_rows)
-            .arg(&self.final_norm)
-            .arg(&mut *act)
-            .arg(&hid_i)
-            .arg(&eps);
-        unsafe { b.launch(cfg1(n_rows as u32, 256)) }.map_err(driver)?;
+        self.add_rmsnorm(s, x, delta, rows, true, &self.final_norm, act, n_rows as u32)?;
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         self.matmul(lane, head, act, logits, [vocab, hid, n_rows])
     }
