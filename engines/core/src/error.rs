@@ -68,6 +68,14 @@ pub enum EngineError {
     /// The model could not be loaded or is not supported.
     #[error("{0}")]
     Model(String),
+    /// No model of this name is known to the engine.
+    #[error("unknown model `{name}`; known models: {}", known.join(", "))]
+    UnknownModel {
+        /// The name asked for.
+        name: String,
+        /// The names the engine knows.
+        known: Vec<String>,
+    },
     /// The engine thread has stopped.
     #[error("the engine has stopped")]
     Stopped,
@@ -93,7 +101,7 @@ impl EngineError {
             }
             Self::Overloaded { .. } => ErrorClass::Overloaded,
             Self::DuplicateRequest(_) => ErrorClass::Conflict,
-            Self::UnknownRequest(_) => ErrorClass::NotFound,
+            Self::UnknownRequest(_) | Self::UnknownModel { .. } => ErrorClass::NotFound,
             Self::Aborted => ErrorClass::Cancelled,
             Self::Model(_) | Self::Stopped => ErrorClass::Unavailable,
             Self::Internal(_) => ErrorClass::Internal,
@@ -110,6 +118,7 @@ impl EngineError {
             Self::UnknownRequest(_) => "unknown_request",
             Self::Aborted => "aborted",
             Self::Model(_) => "model_error",
+            Self::UnknownModel { .. } => "unknown_model",
             Self::Stopped => "engine_stopped",
             Self::Import(_) => "kv_import_rejected",
             Self::Internal(_) => "internal_error",

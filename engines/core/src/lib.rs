@@ -7,12 +7,16 @@
 //! boundary as canonical pages (`[layers][K, V][64][kv_heads][head_dim]`), so the two sides
 //! may keep their caches in different layouts.
 
+pub mod config;
 mod contract;
 mod error;
+mod loader;
 mod request;
 
+pub use config::{ComputeDevice, EngineConfig, KvDtypeChoice, MockConfig, MockFaults, NativeConfig};
 pub use contract::{KvDtype, ModelContract};
 pub use error::{EngineError, ErrorClass};
+pub use loader::{EngineLoader, Engines, ModelSource};
 pub use request::{ChatMessage, FinishReason, GenerateRequest, Prompt, SamplingParams, TokenEvent, Usage};
 
 use futures::future::BoxFuture;
@@ -22,7 +26,7 @@ use xinf_transfer::LayoutDescriptor;
 use xinf_transfer::device::{DeviceLease, DevicePages, DeviceRoute, DeviceSink, KvDevice};
 
 /// Tokens per canonical page.
-pub const PAGE_TOKENS: usize = 64;
+pub use xinf_transfer::PAGE_TOKENS;
 
 /// The events of one request, ending with [`TokenEvent::Finished`] or an error.
 pub type TokenStream = BoxStream<'static, Result<TokenEvent, EngineError>>;

@@ -31,6 +31,7 @@ mod engine;
 #[cfg(feature = "cuda")]
 mod gpu;
 mod kv_cache;
+mod loader;
 pub mod memory;
 mod model;
 mod options;
@@ -39,4 +40,5 @@ mod stop;
 mod weights;
 
 pub use engine::NativeEngine;
+pub use loader::NativeLoader;
 pub use options::{ComputeDevice, ENGINE_CONFIG_KEYS, EngineOptions};
