@@ -154,9 +154,10 @@ fn bench(c: &mut Criterion) {
     let engine: Arc<dyn Engine> =
         Arc::new(NativeEngine::load(&model, EngineOptions::default()).expect("load"));
 
-    let local = rt.block_on(Cluster::start_local()).expect("local cluster");
+    let local = rt.block_on(Cluster::start_local(xinf::engines())).expect("local cluster");
     launch(&rt, &local, "m", None);
-    let remote = rt.block_on(Cluster::start_supervisor("127.0.0.1", 0, SECRET)).expect("supervisor");
+    let remote =
+        rt.block_on(Cluster::start_supervisor("127.0.0.1", 0, SECRET, xinf::engines())).expect("supervisor");
     let (_worker, worker_id) = spawn_worker(remote.address().expect("address"));
     launch(&rt, &remote, "m", Some(&worker_id));
 

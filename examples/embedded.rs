@@ -12,7 +12,7 @@ use xinf::engine::{ChatMessage, GenerateRequest, Prompt, SamplingParams, TokenEv
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let cluster = Cluster::start_local().await?;
+    let cluster = Cluster::start_local(xinf::engines()).await?;
     let launch: LaunchRequest = serde_json::from_value(serde_json::json!({
         "model_uid": "smollm2",
         "model_name": "smollm2-instruct",

@@ -37,3 +37,9 @@ pub use xinf_engine_native as native;
 pub use xinf_i18n as i18n;
 pub use xinf_models as models;
 pub use xinf_transfer as transfer;
+
+/// The engines this build offers to launches (`model_engine`), the default first: xinf's
+/// native engine.
+pub fn engines() -> xinf_engine::Engines {
+    xinf_engine::Engines::new(vec![std::sync::Arc::new(xinf_engine_native::NativeLoader)])
+}

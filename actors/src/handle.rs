@@ -200,7 +200,8 @@ pub struct ReplicaStats {
     pub handoff: crate::HandoffStats,
 }
 
-/// Time limits of a cluster. The defaults suit real deployments; tests shorten them.
+/// The engines and time limits of a cluster node. The time defaults suit real deployments;
+/// tests shorten them. The default offers no engine: the binary registers the ones it ships.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ClusterOptions {
@@ -233,6 +234,8 @@ pub struct ClusterOptions {
     /// Bytes of each prefill replica's CPU snapshot cache of complete prompt pages; 0 keeps
     /// none.
     pub snapshot_cache_bytes: usize,
+    /// The engines launches may name; the first is the default.
+    pub engines: xinf_engine::Engines,
 }
 
 impl Default for ClusterOptions {
@@ -252,6 +255,7 @@ impl Default for ClusterOptions {
             handoff_idle_lease: Duration::from_secs(10),
             transport: xinf_transfer::transport::TransportPolicy::Auto,
             snapshot_cache_bytes: 512 << 20,
+            engines: xinf_engine::Engines::default(),
         }
     }
 }
@@ -320,7 +324,13 @@ async fn spawn_supervisor(
     models: Arc<ModelTable>,
     options: &ClusterOptions,
 ) -> Result<ActorRef<SupervisorMsg>, ActorError> {
-    let sup = Supervisor { ns: ns.clone(), local_mode, models, times: options.supervisor_times() };
+    let sup = Supervisor {
+        ns: ns.clone(),
+        local_mode,
+        models,
+        times: options.supervisor_times(),
+        engines: options.engines.clone(),
+    };
     Actor::spawn(Some(ns.supervisor_name()), sup, ())
         .await
         .map(|(actor, _)| actor)
@@ -333,7 +343,8 @@ async fn spawn_worker(
     options: &ClusterOptions,
 ) -> Result<ActorRef<WorkerMsg>, ActorError> {
     let name = ns.worker_name(&info.worker_id);
-    let worker = Worker { ns: ns.clone(), info, times: options.worker_times() };
+    let worker =
+        Worker { ns: ns.clone(), info, times: options.worker_times(), engines: options.engines.clone() };
     Actor::spawn(Some(name), worker, ())
         .await
         .map(|(actor, _)| actor)
@@ -367,12 +378,12 @@ async fn wait_registered(
 
 impl Cluster {
     /// Runs a supervisor and one worker in this process (`xinf local`), without any network
-    /// listener. Call from within a tokio multi-thread runtime.
-    pub async fn start_local() -> Result<Self, ActorError> {
-        Self::start_local_with(ClusterOptions::default()).await
+    /// listener, offering `engines`. Call from within a tokio multi-thread runtime.
+    pub async fn start_local(engines: xinf_engine::Engines) -> Result<Self, ActorError> {
+        Self::start_local_with(ClusterOptions { engines, ..ClusterOptions::default() }).await
     }
 
-    /// [`start_local`](Self::start_local) with explicit time limits.
+    /// [`start_local`](Self::start_local) with explicit options.
     pub async fn start_local_with(options: ClusterOptions) -> Result<Self, ActorError> {
         let ns = Namespace::local();
         let models = Arc::new(ModelTable::default());
@@ -408,11 +419,18 @@ impl Cluster {
     /// `host:cluster_port` (port 0 picks a free one; see [`address`](Self::address)). Workers
     /// must present the same `secret`. `host` must be an address the workers can reach; a
     /// wildcard (`0.0.0.0`, `::`) is refused.
-    pub async fn start_supervisor(host: &str, cluster_port: u16, secret: &str) -> Result<Self, ActorError> {
-        Self::start_supervisor_with(host, cluster_port, secret, ClusterOptions::default()).await
+    /// Launches may name the `engines` given.
+    pub async fn start_supervisor(
+        host: &str,
+        cluster_port: u16,
+        secret: &str,
+        engines: xinf_engine::Engines,
+    ) -> Result<Self, ActorError> {
+        let options = ClusterOptions { engines, ..ClusterOptions::default() };
+        Self::start_supervisor_with(host, cluster_port, secret, options).await
     }
 
-    /// [`start_supervisor`](Self::start_supervisor) with explicit time limits.
+    /// [`start_supervisor`](Self::start_supervisor) with explicit options.
     pub async fn start_supervisor_with(
         host: &str,
         cluster_port: u16,
@@ -447,16 +465,19 @@ impl Cluster {
     }
 
     /// Runs a worker in this process and joins the supervisor at `supervisor_addr`
-    /// (`host:port`). The worker listens on `host` (a free port) for the supervisor's node.
+    /// (`host:port`). The worker listens on `host` (a free port) for the supervisor's node, and
+    /// loads replicas with the `engines` given.
     pub async fn start_worker(
         supervisor_addr: &str,
         host: &str,
         secret: &str,
+        engines: xinf_engine::Engines,
     ) -> Result<WorkerNode, ActorError> {
-        Self::start_worker_with(supervisor_addr, host, secret, ClusterOptions::default()).await
+        let options = ClusterOptions { engines, ..ClusterOptions::default() };
+        Self::start_worker_with(supervisor_addr, host, secret, options).await
     }
 
-    /// [`start_worker`](Self::start_worker) with explicit time limits.
+    /// [`start_worker`](Self::start_worker) with explicit options.
     pub async fn start_worker_with(
         supervisor_addr: &str,
         host: &str,

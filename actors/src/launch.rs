@@ -17,13 +17,10 @@ use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use xinf_engine_native::{ComputeDevice, EngineOptions};
+use xinf_engine::{ComputeDevice, EngineConfig, EngineError, EngineLoader, Engines, ModelSource};
 
 #[cfg(test)]
 mod tests;
-
-/// The only engine this version runs.
-pub(crate) const NATIVE_ENGINE: &str = "native";
 
 /// Keys a replica's `engine_config` must not set: they are launch-level settings, or internal.
 /// Any key starting with `_` or `virtual_env_` is reserved too.
@@ -262,7 +259,7 @@ pub struct LaunchRequest {
     pub model_uid: Option<String>,
     /// A registry family, or any name when `model_path` is given.
     pub model_name: String,
-    /// The engine; `native` (the default) is the only one available.
+    /// The engine, one of those the cluster offers; the first of them when absent.
     #[serde(default)]
     pub model_engine: Option<String>,
     /// `LLM` (the default) is the only type served.
@@ -312,31 +309,8 @@ impl LaunchRequest {
     /// and engine options, with the messages the supervisor would give. Placement (workers,
     /// GPUs, uids of other models) is checked by the supervisor. Clients call this to refuse
     /// a bad request before sending it.
-    pub fn check(&self) -> Result<(), ActorError> {
-        validate(self, true).map(|_| ())
-    }
-}
-
-/// Where the weights come from, as a worker resolves them.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct ModelSource {
-    pub(crate) model_name: String,
-    pub(crate) size_in_billions: Option<String>,
-    pub(crate) model_format: Option<String>,
-    pub(crate) quantization: Option<String>,
-    pub(crate) model_path: Option<String>,
-}
-
-impl ModelSource {
-    /// The hub request for these weights.
-    pub(crate) fn to_request(&self) -> xinf_models::ModelRequest {
-        xinf_models::ModelRequest {
-            model_name: self.model_name.clone(),
-            size_in_billions: self.size_in_billions.clone(),
-            model_format: self.model_format.clone(),
-            quantization: self.quantization.clone(),
-            model_path: self.model_path.as_ref().map(Into::into),
-        }
+    pub fn check(&self, engines: &Engines) -> Result<(), ActorError> {
+        validate(self, true, engines).map(|_| ())
     }
 }
 
@@ -356,22 +330,12 @@ pub(crate) struct ReplicaDraft {
     /// The explicit uid, if any.
     pub(crate) replica_uid: Option<String>,
     pub(crate) role: Role,
-    /// The merged, validated engine options, as JSON text (it crosses nodes inside bincode,
-    /// which cannot carry `serde_json::Value`).
-    pub(crate) engine_config: String,
-    /// `engine_config.device`, when given: it wins over the device placement would choose.
-    pub(crate) engine_device: Option<ComputeDevice>,
-    /// `engine_config.gpu_memory_utilization`: the replica's share of its GPU's memory.
-    pub(crate) gpu_memory_utilization: Option<f64>,
+    /// The engine's name, as registered.
+    pub(crate) engine: String,
+    /// The merged, checked engine options. `device` in them, when given, wins over the device
+    /// placement would choose; `gpu_memory_utilization` is the replica's share of its GPU.
+    pub(crate) engine_config: EngineConfig,
     pub(crate) device: DeviceRequest,
-}
-
-/// A replica's engine options once checked: their JSON text and what placement needs of them.
-#[derive(Debug, Clone)]
-struct CheckedEngine {
-    json: String,
-    device: Option<ComputeDevice>,
-    gpu_memory_utilization: Option<f64>,
 }
 
 /// A transfer backend for P/D KV handoff.
@@ -409,15 +373,26 @@ fn invalid(rule: LaunchRule, message: impl Into<String>) -> ActorError {
     ActorError::launch(rule, message)
 }
 
-fn is_native(engine: &str) -> bool {
-    engine.eq_ignore_ascii_case(NATIVE_ENGINE)
+/// The names of the engines that pass `filter`, as a message lists them.
+fn engine_names(engines: &Engines, filter: impl Fn(&dyn EngineLoader) -> bool) -> String {
+    let names: Vec<&str> =
+        engines.names().into_iter().filter(|n| engines.get(n).is_some_and(|l| filter(l.as_ref()))).collect();
+    if names.is_empty() { "registered".to_owned() } else { names.join(" or ") }
 }
 
-fn engine_not_available(engine: &str) -> ActorError {
+fn engine_not_available(field: &str, engine: &str, engines: &Engines) -> ActorError {
     invalid(
         LaunchRule::EngineNotAvailable,
-        format!("model_engine '{engine}' is not available yet; model_engine must be native for now"),
+        format!(
+            "{field} '{engine}' is not available yet; model_engine must be {} for now",
+            engine_names(engines, |_| true)
+        ),
     )
+}
+
+/// The loader of an engine the launch names, or the refusal naming the field.
+fn loader<'a>(engines: &'a Engines, field: &str, engine: &str) -> Result<&'a dyn EngineLoader, ActorError> {
+    engines.get(engine).map(|l| l.as_ref()).ok_or_else(|| engine_not_available(field, engine, engines))
 }
 
 fn blank(s: &str) -> bool {
@@ -472,7 +447,11 @@ fn non_negative(extra: &Map<String, Value>, key: &str) -> Result<Option<u64>, Ac
 /// Checks a launch request on its own (no cluster state) and normalises it.
 ///
 /// `local_mode` relaxes one rule: a `replica_config` entry may leave out `devices`.
-pub(crate) fn validate(req: &LaunchRequest, local_mode: bool) -> Result<LaunchSpec, ActorError> {
+pub(crate) fn validate(
+    req: &LaunchRequest,
+    local_mode: bool,
+    engines: &Engines,
+) -> Result<LaunchSpec, ActorError> {
     // Names.
     if blank(&req.model_name) {
         return Err(invalid(LaunchRule::InvalidField, "model_name must not be empty"));
@@ -489,7 +468,9 @@ pub(crate) fn validate(req: &LaunchRequest, local_mode: bool) -> Result<LaunchSp
         }
     }
     let model_type_ok = req.model_type.as_deref().is_none_or(|t| t.eq_ignore_ascii_case("llm"));
-    let engine = req.model_engine.as_deref().unwrap_or(NATIVE_ENGINE);
+    let default_engine = engines.default_engine().map(|l| l.name().to_owned()).unwrap_or_default();
+    let engine = req.model_engine.as_deref().unwrap_or(&default_engine);
+    let serves_pd = |name: &str| engines.get(name).is_some_and(|l| l.serves_pd());
     let entries = req.replica_config.as_deref();
     let pd = entries.is_some_and(|e| e.iter().any(|r| r.role != Role::Hybrid));
 
@@ -615,10 +596,13 @@ pub(crate) fn validate(req: &LaunchRequest, local_mode: bool) -> Result<LaunchSp
                 ));
             }
             if pd {
-                if !model_type_ok || !is_native(engine) {
+                if !model_type_ok || !serves_pd(engine) {
                     return Err(invalid(
                         LaunchRule::PdEngine,
-                        "PD separation requires model_type=LLM and model_engine=native",
+                        format!(
+                            "PD separation requires model_type=LLM and model_engine={}",
+                            engine_names(engines, |l| l.serves_pd())
+                        ),
                     ));
                 }
                 let has = |role: Role| entries.iter().any(|e| e.role == role);
@@ -628,10 +612,14 @@ pub(crate) fn validate(req: &LaunchRequest, local_mode: bool) -> Result<LaunchSp
                         "PD separation requires both prefill and decode replicas, without hybrid replicas",
                     ));
                 }
-                if let Some(other) =
-                    entries.iter().filter_map(|e| e.model_engine.as_deref()).find(|e| !is_native(e))
-                {
-                    return Err(engine_not_available(other));
+                for (i, entry) in entries.iter().enumerate() {
+                    if let Some(other) = entry.model_engine.as_deref().filter(|e| !serves_pd(e)) {
+                        return Err(engine_not_available(
+                            &format!("replica_config[{i}].model_engine"),
+                            other,
+                            engines,
+                        ));
+                    }
                 }
             }
         }
@@ -655,9 +643,7 @@ pub(crate) fn validate(req: &LaunchRequest, local_mode: bool) -> Result<LaunchSp
             ),
         ));
     }
-    if !is_native(engine) {
-        return Err(engine_not_available(engine));
-    }
+    let launch_engine = loader(engines, "model_engine", engine)?;
 
     // Transfers and caches.
     let backend_value =
@@ -739,27 +725,12 @@ pub(crate) fn validate(req: &LaunchRequest, local_mode: bool) -> Result<LaunchSp
             format!("`{k}` is not a supported launch key or engine option"),
         ));
     }
-    let check_engine = |config: &Map<String, Value>| -> Result<CheckedEngine, ActorError> {
-        let value = Value::Object(config.clone());
-        let options = EngineOptions::from_engine_config(&value)
-            .map_err(|e| invalid(LaunchRule::EngineConfig, e.to_string()))?;
-        let device = config.get("device").filter(|v| !v.is_null()).map(|_| options.device);
-        Ok(CheckedEngine {
-            json: value.to_string(),
-            device,
-            gpu_memory_utilization: options.gpu_memory_utilization,
-        })
+    let check_engine = |loader: &dyn EngineLoader, config: &Map<String, Value>| {
+        loader.check_config(config).map_err(|e| invalid(LaunchRule::EngineConfig, e.to_string()))
     };
-    let base_checked = check_engine(&base)?;
+    let base_checked = check_engine(launch_engine, &base)?;
 
     // The model.
-    if req.model_path.as_deref().is_none_or(blank) && xinf_models::find_family(&req.model_name).is_none() {
-        let known: Vec<&str> = xinf_models::families().iter().map(|f| f.name).collect();
-        return Err(invalid(
-            LaunchRule::UnknownModel,
-            format!("unknown model `{}`; known models: {}", req.model_name, known.join(", ")),
-        ));
-    }
     let source = ModelSource {
         model_name: req.model_name.clone(),
         size_in_billions: req.model_size_in_billions.as_ref().map(|s| s.0.clone()),
@@ -767,6 +738,10 @@ pub(crate) fn validate(req: &LaunchRequest, local_mode: bool) -> Result<LaunchSp
         quantization: req.quantization.clone(),
         model_path: req.model_path.clone().filter(|p| !blank(p)),
     };
+    launch_engine.check_model(&source).map_err(|e| match e {
+        EngineError::UnknownModel { .. } => invalid(LaunchRule::UnknownModel, e.to_string()),
+        other => invalid(LaunchRule::InvalidField, other.to_string()),
+    })?;
 
     let replicas = if drafts.is_empty() {
         let device = DeviceRequest {
@@ -779,29 +754,31 @@ pub(crate) fn validate(req: &LaunchRequest, local_mode: bool) -> Result<LaunchSp
             .map(|_| ReplicaDraft {
                 replica_uid: None,
                 role: Role::Hybrid,
-                engine_config: base_checked.json.clone(),
-                engine_device: base_checked.device,
-                gpu_memory_utilization: base_checked.gpu_memory_utilization,
+                engine: launch_engine.name().to_owned(),
+                engine_config: base_checked.clone(),
                 device: device.clone(),
             })
             .collect()
     } else {
         let mut out = Vec::with_capacity(drafts.len());
-        for (entry, device) in drafts {
-            let engine = match &entry.engine_config {
-                None => base_checked.clone(),
-                Some(own) => {
+        for (i, (entry, device)) in drafts.into_iter().enumerate() {
+            let own_engine = match entry.model_engine.as_deref() {
+                Some(name) => loader(engines, &format!("replica_config[{i}].model_engine"), name)?,
+                None => launch_engine,
+            };
+            let engine_config = match &entry.engine_config {
+                None if own_engine.name() == launch_engine.name() => base_checked.clone(),
+                own => {
                     let mut merged = base.clone();
-                    merged.extend(own.clone());
-                    check_engine(&merged)?
+                    merged.extend(own.clone().unwrap_or_default());
+                    check_engine(own_engine, &merged)?
                 }
             };
             out.push(ReplicaDraft {
                 replica_uid: entry.replica_uid.clone(),
                 role: entry.role,
-                engine_config: engine.json,
-                engine_device: engine.device,
-                gpu_memory_utilization: engine.gpu_memory_utilization,
+                engine: own_engine.name().to_owned(),
+                engine_config,
                 device,
             });
         }
@@ -856,8 +833,10 @@ pub(crate) struct Placement {
     pub(crate) gpus: Vec<u32>,
     /// Its share of its GPU's memory (`engine_config.gpu_memory_utilization`).
     pub(crate) gpu_memory_utilization: Option<f64>,
-    /// Engine options, as JSON text, with `device` set from `gpus` (see [`with_device`]).
-    pub(crate) engine_config: String,
+    /// The engine's name, as registered.
+    pub(crate) engine: String,
+    /// Engine options, with `device` set from `gpus` (see [`with_device`]).
+    pub(crate) engine_config: EngineConfig,
 }
 
 fn find_worker<'a>(view: &'a ClusterView, ip: &str) -> Option<&'a WorkerSlot> {
@@ -974,18 +953,12 @@ fn refusal_error(
 /// GPUs unless `engine_config.device` is given (an explicit device wins); a replica on no GPU
 /// keeps the CPU. Tensor parallelism is not implemented, so a replica placed on several GPUs
 /// computes on the first one only.
-pub(crate) fn with_device(
-    engine_config: &str,
-    explicit: Option<ComputeDevice>,
-    gpus: &[u32],
-) -> Result<String, ActorError> {
-    let Some(first) = gpus.first().filter(|_| explicit.is_none()) else {
-        return Ok(engine_config.to_owned());
-    };
-    let mut map: Map<String, Value> = serde_json::from_str(engine_config)
-        .map_err(|e| ActorError::Internal(format!("a checked engine_config is not a JSON object: {e}")))?;
-    map.insert("device".into(), Value::String(ComputeDevice::Cuda(*first as usize).to_string()));
-    Ok(Value::Object(map).to_string())
+pub(crate) fn with_device(engine_config: &EngineConfig, gpus: &[u32]) -> EngineConfig {
+    let mut config = engine_config.clone();
+    if let Some(first) = gpus.first().filter(|_| config.device().is_none()) {
+        config.set_device(ComputeDevice::Cuda(*first as usize));
+    }
+    config
 }
 
 /// Checks a validated launch against the cluster and places every replica.
@@ -1054,10 +1027,10 @@ pub(crate) fn place(
         };
         let wid = worker.worker_id.as_str();
         let on_worker = tenants.entry(wid).or_insert_with(|| worker.occupied.clone());
-        let fraction = draft.gpu_memory_utilization;
+        let fraction = draft.engine_config.gpu_memory_utilization();
         // An explicit GPU device must exist on the worker; with placement left to `auto`, it
         // also says which GPU the replica occupies (an explicit CPU, none).
-        let (gpu_idx, n_gpu) = match draft.engine_device {
+        let (gpu_idx, n_gpu) = match draft.engine_config.device() {
             Some(ComputeDevice::Cuda(n)) => {
                 let g = u32::try_from(n).unwrap_or(u32::MAX);
                 if !worker.gpus.contains(&g) {
@@ -1130,7 +1103,7 @@ pub(crate) fn place(
                 }
             }
         };
-        let on_gpu = !gpus.is_empty() || matches!(draft.engine_device, Some(ComputeDevice::Cuda(_)));
+        let on_gpu = !gpus.is_empty() || matches!(draft.engine_config.device(), Some(ComputeDevice::Cuda(_)));
         if fraction.is_some() && !on_gpu {
             return Err(invalid(
                 LaunchRule::EngineConfig,
@@ -1148,13 +1121,14 @@ pub(crate) fn place(
                 fraction,
             });
         }
-        let engine_config = with_device(&draft.engine_config, draft.engine_device, &gpus)?;
+        let engine_config = with_device(&draft.engine_config, &gpus);
         out.push(Placement {
             replica_uid: uid,
             role: draft.role,
             worker_id: wid.to_owned(),
             gpus,
             gpu_memory_utilization: fraction,
+            engine: draft.engine.clone(),
             engine_config,
         });
     }

@@ -6,10 +6,11 @@
 //! ```no_run
 //! use futures::StreamExt;
 //! use xinf_actors::{Cluster, LaunchRequest};
-//! use xinf_engine::{GenerateRequest, Prompt, SamplingParams, TokenEvent};
+//! use xinf_engine::{Engines, GenerateRequest, Prompt, SamplingParams, TokenEvent};
 //!
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let cluster = Cluster::start_local().await?;
+//! // The engines this node offers (the `xinf` crate registers its native engine).
+//! # async fn demo(engines: Engines) -> Result<(), Box<dyn std::error::Error>> {
+//! let cluster = Cluster::start_local(engines).await?;
 //! let uid = cluster
 //!     .launch(LaunchRequest { model_name: "smollm2-instruct".into(), replica: Some(2), ..Default::default() })
 //!     .await?;
@@ -30,6 +31,10 @@
 //! ```
 //!
 //! Design notes:
+//! - The actors know no engine: a launch names one (`model_engine`), the supervisor checks the
+//!   model and the options with its [`xinf_engine::EngineLoader`] before anything starts, and a
+//!   worker loads the replica's engine with it. Options travel typed
+//!   ([`xinf_engine::EngineConfig`]).
 //! - Every actor is a thin shell around a pure state machine (`supervisor/state.rs`,
 //!   `router/policy.rs`, `block_tracker/state.rs`, `replica/requests.rs`) that is unit-tested.
 //! - Message enums are crate-private; callers use [`Cluster`], [`WorkerNode`] and
@@ -58,6 +63,8 @@ mod replica;
 mod router;
 mod supervisor;
 mod sync;
+#[cfg(test)]
+mod testing;
 mod wire;
 mod worker;
 

@@ -19,7 +19,7 @@ pub(crate) mod snapshot;
 
 use crate::error::ActorError;
 use crate::handle::ReplicaStats;
-use crate::launch::{ModelSource, Role};
+use crate::launch::Role;
 use crate::wire::{Wire, answer};
 use handoff::{Handoff, HandoffSide, HandoffTimes};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -30,8 +30,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use xinf_engine::{Engine, EngineError, GenerateRequest};
-use xinf_engine_native::{EngineOptions, NativeEngine};
+use xinf_engine::{Engine, EngineConfig, EngineError, Engines, GenerateRequest, ModelSource};
 
 /// Everything a worker needs to start a replica; sent by the supervisor.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -40,8 +39,10 @@ pub(crate) struct ReplicaSpec {
     pub(crate) replica_uid: String,
     pub(crate) role: Role,
     pub(crate) source: ModelSource,
-    /// Engine options as JSON text.
-    pub(crate) engine_config: String,
+    /// The engine, by its registered name.
+    pub(crate) engine: String,
+    /// Its options, checked at launch.
+    pub(crate) engine_config: EngineConfig,
     /// GPU indexes on the worker; empty means the CPU.
     pub(crate) gpus: Vec<u32>,
     /// The launch's handoff settings.
@@ -129,6 +130,8 @@ pub(crate) struct ReplicaArgs {
     /// The address of the worker's node, where a prefill replica serves its pages.
     pub(crate) ip: IpAddr,
     pub(crate) handoff: HandoffTimes,
+    /// The engines this node offers.
+    pub(crate) engines: Engines,
 }
 
 /// The replica actor.
@@ -145,15 +148,19 @@ pub(crate) struct ReplicaState {
     handoff: Arc<HandoffSide>,
 }
 
-/// Resolves the weights and loads the engine (blocking: file reads, maybe a download).
-fn load_engine(spec: &ReplicaSpec) -> Result<Arc<dyn Engine>, ActorError> {
-    let config: serde_json::Value = serde_json::from_str(&spec.engine_config)
-        .map_err(|e| ActorError::Wire(format!("engine_config: {e}")))?;
-    let options = EngineOptions::from_engine_config(&config)?;
-    let model = xinf_models::resolve(&spec.source.to_request())
-        .map_err(|e| ActorError::Engine(EngineError::Model(e.to_string())))?;
-    let engine = NativeEngine::load(&model, options)?;
-    Ok(Arc::new(engine))
+/// Loads the replica's engine through the node's loader of that name (blocking: file reads,
+/// maybe a download).
+fn load_engine(spec: &ReplicaSpec, engines: &Engines) -> Result<Arc<dyn Engine>, ActorError> {
+    let loader = engines.get(&spec.engine).ok_or_else(|| {
+        ActorError::launch(
+            crate::LaunchRule::EngineNotAvailable,
+            format!(
+                "model_engine '{}' is not available on this worker (it offers {:?})",
+                spec.engine, engines
+            ),
+        )
+    })?;
+    Ok(loader.load(&spec.source, &spec.engine_config)?)
 }
 
 impl Actor for Replica {
@@ -173,8 +180,8 @@ impl Actor for Replica {
             xinf_transfer::nixl::available().map_err(|e| ActorError::NixlNotAvailable(e.to_string()))?;
         }
         tracing::info!(model_uid = %spec.model_uid, replica_uid = %spec.replica_uid, gpus = ?spec.gpus, "loading replica");
-        let loader = spec.clone();
-        let engine = tokio::task::spawn_blocking(move || load_engine(&loader))
+        let (loader, engines) = (spec.clone(), args.engines);
+        let engine = tokio::task::spawn_blocking(move || load_engine(&loader, &engines))
             .await
             .map_err(|e| ActorError::Internal(format!("the loading thread failed: {e}")))??;
         let serve_pages = spec.role == Role::Prefill;

@@ -11,7 +11,7 @@ use crate::block_tracker::{BlockTracker, BlockTrackerMsg};
 use crate::cluster::{Namespace, wait_for_member};
 use crate::error::ActorError;
 use crate::handle::{ModelInfo, WorkerInfo, WorkerStatus};
-use crate::launch::{self, LaunchRequest, ModelSource, Placement};
+use crate::launch::{self, LaunchRequest, Placement};
 use crate::replica::{ModelHandoff, ReplicaMsg, ReplicaSpec};
 use crate::router::{Router, RouterArgs, RouterMsg};
 use crate::wire::{JsonWire, Wire, answer, call};
@@ -22,6 +22,7 @@ use state::{LostReplica, SupervisorState};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+use xinf_engine::{Engines, ModelSource};
 
 /// Messages of the supervisor; every one may cross nodes (workers send heartbeats, and any
 /// node may ask for the model list).
@@ -107,6 +108,8 @@ pub(crate) struct Supervisor {
     pub(crate) local_mode: bool,
     pub(crate) models: Arc<ModelTable>,
     pub(crate) times: SupervisorTimes,
+    /// The engines launches may name (checked here, loaded by workers).
+    pub(crate) engines: Engines,
 }
 
 /// Everything a launch or terminate task needs.
@@ -198,7 +201,7 @@ impl Actor for Supervisor {
         match message {
             SupervisorMsg::Launch { request, detach, reply } => {
                 let started = request.0.and_then(|req| {
-                    let spec = launch::validate(&req, self.local_mode)?;
+                    let spec = launch::validate(&req, self.local_mode, &self.engines)?;
                     let (uid, placements) = state
                         .begin_launch(&spec, &req.model_name, || format!("{:08x}", rand::random::<u32>()))?;
                     Ok((uid, placements, (spec.source.clone(), spec.handoff())))
@@ -446,6 +449,7 @@ async fn start_replica(
         replica_uid: p.replica_uid.clone(),
         role: p.role,
         source: source.clone(),
+        engine: p.engine.clone(),
         engine_config: p.engine_config.clone(),
         gpus: p.gpus.clone(),
         handoff: handoff.clone(),

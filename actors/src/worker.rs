@@ -55,6 +55,8 @@ pub(crate) struct Worker {
     pub(crate) ns: Namespace,
     pub(crate) info: WorkerInfo,
     pub(crate) times: WorkerTimes,
+    /// The engines this node offers.
+    pub(crate) engines: xinf_engine::Engines,
 }
 
 /// The worker's state: its replica slots (shared with the tasks that load replicas).
@@ -246,6 +248,7 @@ impl Worker {
             times: self.times.pull,
             ip: self.info.host.parse().unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)),
             handoff: self.times.handoff,
+            engines: self.engines.clone(),
             spec,
         };
         let stop_timeout = self.times.stop_timeout;

@@ -1,17 +1,19 @@
-//! The actors with the real default model (SmolLM2-135M, from the xinf cache): local mode with
-//! two replicas, a failed launch, abort, cluster authentication, and a worker in another
-//! process that serves and then dies.
+//! The actors with the mock engine (no weights; deterministic output, a real paged KV cache):
+//! local mode with two replicas, a failed launch, abort, cluster authentication, and a worker
+//! in another process that serves and then dies.
 
 use futures::StreamExt;
 use serde_json::json;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 use xinf_actors::{
     ActorError, Cluster, ClusterOptions, LaunchRequest, LaunchRule, ModelStatus, ReplicaStatus,
 };
 use xinf_engine::{
-    EngineError, FinishReason, GenerateRequest, Prompt, SamplingParams, TokenEvent, TokenStream,
+    EngineError, Engines, FinishReason, GenerateRequest, Prompt, SamplingParams, TokenEvent, TokenStream,
 };
+use xinf_engine_mock::MockLoader;
 
 /// Logs to stderr when `RUST_LOG` asks for it (`RUST_LOG=xinf_actors=debug`).
 fn init_logs() {
@@ -25,6 +27,7 @@ fn init_logs() {
 fn options() -> ClusterOptions {
     init_logs();
     let mut o = ClusterOptions::default();
+    o.engines = engines();
     o.heartbeat_interval = Duration::from_millis(200);
     o.heartbeat_timeout = Duration::from_millis(2_000);
     o.call_timeout = Duration::from_secs(5);
@@ -36,8 +39,15 @@ fn options() -> ClusterOptions {
     o
 }
 
+/// The mock engine, the only one these nodes offer.
+fn engines() -> Engines {
+    Engines::new(vec![Arc::new(MockLoader::default())])
+}
+
+/// A launch of the mock engine whose tokens take 5 ms each, so that a long request is still
+/// running when a test acts on it.
 fn launch_request(v: serde_json::Value) -> LaunchRequest {
-    let mut base = json!({"model_name": "smollm2-instruct", "kv_cache_tokens": 1024});
+    let mut base = json!({"model_name": "smollm2-instruct", "kv_cache_tokens": 1024, "step_ms": 5});
     for (k, val) in v.as_object().expect("an object") {
         base[k] = val.clone();
     }
@@ -233,11 +243,11 @@ async fn nodes_with_different_secrets_refuse_each_other() {
     assert!(e.to_string().contains("secrets differ"), "{e}");
     assert!(sup.list_workers().await.expect("workers").is_empty());
 
-    let e = Cluster::start_supervisor("0.0.0.0", 0, "s").await.expect_err("wildcard");
+    let e = Cluster::start_supervisor("0.0.0.0", 0, "s", engines()).await.expect_err("wildcard");
     assert_eq!(e.code(), "invalid_cluster_config");
-    let e = Cluster::start_worker(&addr, "::", "s").await.expect_err("wildcard");
+    let e = Cluster::start_worker(&addr, "::", "s", engines()).await.expect_err("wildcard");
     assert_eq!(e.code(), "invalid_cluster_config");
-    let e = Cluster::start_supervisor("127.0.0.1", 0, "").await.expect_err("empty secret");
+    let e = Cluster::start_supervisor("127.0.0.1", 0, "", engines()).await.expect_err("empty secret");
     assert_eq!(e.code(), "invalid_cluster_config");
     sup.shutdown().await;
 }

@@ -173,7 +173,7 @@ impl LaunchSource {
             engine_config: (!options.is_empty()).then_some(options),
             ..LaunchRequest::default()
         };
-        request.check().map_err(|e| e.to_string())?;
+        request.check(&crate::engines()).map_err(|e| e.to_string())?;
         Ok(request)
     }
 }

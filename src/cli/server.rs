@@ -69,6 +69,7 @@ pub(crate) struct NodeArgs {
 impl NodeArgs {
     fn options(&self) -> ClusterOptions {
         let mut options = ClusterOptions::default();
+        options.engines = crate::engines();
         options.snapshot_cache_bytes = self.snapshot_cache_mib.saturating_mul(1 << 20);
         options
     }
@@ -197,7 +198,7 @@ pub(crate) async fn local(args: LocalArgs, cat: &Catalog) -> Result<(), String> 
 /// `xinf supervisor`: the cluster's supervisor and the REST API.
 pub(crate) async fn supervisor(args: SupervisorArgs, cat: &Catalog) -> Result<(), String> {
     let secret = args.secret.get(cat)?;
-    let cluster = Cluster::start_supervisor(&args.http.host, args.cluster_port, secret)
+    let cluster = Cluster::start_supervisor(&args.http.host, args.cluster_port, secret, crate::engines())
         .await
         .map_err(|e| actor_text(cat, &e))?;
     let cluster_addr = cluster.address().unwrap_or_default().to_owned();

@@ -3,12 +3,23 @@
 use super::*;
 use serde_json::json;
 
+/// The launch rules are engine-neutral: the mock engine stands in under the default engine's
+/// name, so the messages read as users see them.
+fn engines() -> Engines {
+    crate::testing::engines()
+}
+
+/// A replica's options as the JSON a launch would give.
+fn json_of(config: &EngineConfig) -> Value {
+    config.to_json()
+}
+
 fn parse(v: Value) -> LaunchRequest {
     serde_json::from_value(v).expect("a well-formed launch request")
 }
 
 fn validate_err(v: Value, local: bool) -> ActorError {
-    validate(&parse(v), local).expect_err("the request must be refused")
+    validate(&parse(v), local, &engines()).expect_err("the request must be refused")
 }
 
 fn assert_rule(e: &ActorError, rule: LaunchRule, text: &str) {
@@ -38,7 +49,7 @@ fn view(workers: Vec<WorkerSlot>) -> ClusterView {
 }
 
 fn place_err(v: Value, view: &ClusterView) -> ActorError {
-    let spec = validate(&parse(v), view.local_mode).expect("valid on its own");
+    let spec = validate(&parse(v), view.local_mode, &engines()).expect("valid on its own");
     place(&spec, "m", view).expect_err("placement must be refused")
 }
 
@@ -87,11 +98,12 @@ fn a_plain_request_is_valid() {
     let spec = validate(
         &parse(json!({"model_name": "smollm2-instruct", "replica": 2, "kv_cache_tokens": 1024})),
         true,
+        &engines(),
     )
     .expect("valid");
     assert_eq!(spec.replicas.len(), 2);
     assert!(!spec.pd);
-    let config: Value = serde_json::from_str(&spec.replicas[0].engine_config).expect("json");
+    let config: Value = json_of(&spec.replicas[0].engine_config);
     assert_eq!(config, json!({"kv_cache_tokens": 1024}));
 }
 
@@ -122,9 +134,12 @@ fn replica_config_length_must_equal_replica() {
 
 #[test]
 fn replica_count_is_inferred_from_replica_config() {
-    let spec =
-        validate(&parse(json!({"model_name": "smollm2-instruct", "replica_config": [{}, {}, {}]})), true)
-            .expect("valid");
+    let spec = validate(
+        &parse(json!({"model_name": "smollm2-instruct", "replica_config": [{}, {}, {}]})),
+        true,
+        &engines(),
+    )
+    .expect("valid");
     assert_eq!(spec.replicas.len(), 3);
 }
 
@@ -148,7 +163,8 @@ fn each_entry_needs_exactly_one_device() {
     let e = validate_err(json!({"model_name": "smollm2-instruct", "replica_config": [{}]}), false);
     assert_rule(&e, LaunchRule::DeviceCount, "exactly one device");
     assert!(
-        validate(&parse(json!({"model_name": "smollm2-instruct", "replica_config": [{}]})), true).is_ok()
+        validate(&parse(json!({"model_name": "smollm2-instruct", "replica_config": [{}]})), true, &engines())
+            .is_ok()
     );
 }
 
@@ -164,7 +180,8 @@ fn n_gpu_must_match_gpu_idx() {
     assert!(
         validate(
             &parse(json!({"model_name": "smollm2-instruct", "replica_config": [{"devices": dev}]})),
-            false
+            false,
+            &engines()
         )
         .is_ok()
     );
@@ -263,6 +280,7 @@ fn unknown_worker_ip_only_warns_in_local_mode() {
             json!({"model_name": "smollm2-instruct", "replica_config": [{"devices": device("10.0.0.9:7")}]}),
         ),
         true,
+        &engines(),
     )
     .expect("valid");
     let (placed, _) = place(&spec, "m", &v).expect("placed");
@@ -276,6 +294,7 @@ fn a_bare_host_names_its_only_worker() {
             json!({"model_name": "smollm2-instruct", "replica_config": [{"devices": device("10.0.0.2")}]}),
         ),
         false,
+        &engines(),
     )
     .expect("valid");
     let (placed, _) =
@@ -320,7 +339,7 @@ fn an_occupied_gpu_is_a_conflict_unless_sharing_is_allowed() {
         "GPU conflict: GPU 1 on worker w:1 is already occupied by model 'other', and this worker disallows sharing a GPU",
     );
     w.allow_gpu_sharing = true;
-    let spec = validate(&parse(req), false).expect("valid");
+    let spec = validate(&parse(req), false, &engines()).expect("valid");
     let (placed, _) = place(&spec, "m", &view(vec![w])).expect("sharing allowed");
     assert_eq!(placed[0].gpus, vec![1]);
 }
@@ -329,20 +348,25 @@ fn an_occupied_gpu_is_a_conflict_unless_sharing_is_allowed() {
 fn n_gpu_takes_free_gpus_or_is_refused() {
     let mut w = worker("w:1", &[0, 1, 2]);
     w.occupied.insert(0, vec![tenant("other", "other-0", None)]);
-    let spec = validate(&parse(json!({"model_name": "smollm2-instruct", "n_gpu": 1, "replica": 2})), false)
-        .expect("valid");
+    let spec = validate(
+        &parse(json!({"model_name": "smollm2-instruct", "n_gpu": 1, "replica": 2})),
+        false,
+        &engines(),
+    )
+    .expect("valid");
     let (placed, _) = place(&spec, "m", &view(vec![w.clone()])).expect("placed");
     assert_eq!(placed[0].gpus, vec![1]);
     assert_eq!(placed[1].gpus, vec![2]);
-    let spec = validate(&parse(json!({"model_name": "smollm2-instruct", "n_gpu": 3})), false).expect("valid");
+    let spec = validate(&parse(json!({"model_name": "smollm2-instruct", "n_gpu": 3})), false, &engines())
+        .expect("valid");
     let e = place(&spec, "m", &view(vec![w])).expect_err("not enough");
     assert_rule(&e, LaunchRule::NotEnoughGpus, "worker w:1 has 2 free GPUs, and n_gpu asks for 3");
 }
 
 #[test]
 fn auto_uses_a_free_gpu_or_the_cpu() {
-    let spec =
-        validate(&parse(json!({"model_name": "smollm2-instruct", "replica": 3})), false).expect("valid");
+    let spec = validate(&parse(json!({"model_name": "smollm2-instruct", "replica": 3})), false, &engines())
+        .expect("valid");
     let (placed, _) = place(&spec, "m", &view(vec![worker("w:1", &[0, 1])])).expect("placed");
     let gpus: Vec<Vec<u32>> = placed.iter().map(|p| p.gpus.clone()).collect();
     assert_eq!(gpus, vec![vec![0], vec![1], vec![]]);
@@ -357,8 +381,8 @@ fn no_workers_no_placement() {
 
 #[test]
 fn placement_round_robins_over_workers() {
-    let spec =
-        validate(&parse(json!({"model_name": "smollm2-instruct", "replica": 3})), false).expect("valid");
+    let spec = validate(&parse(json!({"model_name": "smollm2-instruct", "replica": 3})), false, &engines())
+        .expect("valid");
     let mut v = view(vec![worker("a:1", &[]), worker("b:1", &[])]);
     v.round_robin = 1;
     let (placed, next) = place(&spec, "m", &v).expect("placed");
@@ -389,7 +413,8 @@ fn legacy_placement_conflicts_with_replica_config() {
     assert!(
         validate(
             &parse(json!({"model_name": "smollm2-instruct", "n_gpu": "auto", "replica_config": [{}]})),
-            true
+            true,
+            &engines()
         )
         .is_ok()
     );
@@ -493,12 +518,13 @@ fn a_pd_request_is_valid_with_per_replica_settings() {
             {"role": "decode", "model_engine": "native"}
         ]})),
         true,
+        &engines(),
     )
     .expect("valid");
     assert!(spec.pd);
-    let first: Value = serde_json::from_str(&spec.replicas[0].engine_config).expect("json");
+    let first: Value = json_of(&spec.replicas[0].engine_config);
     assert_eq!(first, json!({"kv_cache_tokens": 1024, "kv_layout": "token-pool"}));
-    let second: Value = serde_json::from_str(&spec.replicas[1].engine_config).expect("json");
+    let second: Value = json_of(&spec.replicas[1].engine_config);
     assert_eq!(second, json!({"kv_cache_tokens": 1024}));
 }
 
@@ -515,7 +541,8 @@ fn other_engines_and_model_types_are_not_available() {
     assert!(
         validate(
             &parse(json!({"model_name": "smollm2-instruct", "model_engine": "Native", "model_type": "LLM"})),
-            true
+            true,
+            &engines()
         )
         .is_ok()
     );
@@ -543,6 +570,7 @@ fn nixl_needs_pd_roles() {
         &parse(json!({"model_name": "smollm2-instruct", "transfer_backend_type": "NIXL",
             "replica_config": [{"role": "prefill"}, {"role": "decode"}]})),
         true,
+        &engines(),
     )
     .expect("valid");
     assert_eq!(spec.transfer, Some(TransferBackend::Nixl));
@@ -567,14 +595,16 @@ fn xavier_gpu_cache_bytes_needs_xavier_with_several_replicas() {
     assert_rule(&e, LaunchRule::CacheBudget, "requires Xavier with multiple replicas");
     // 0 turns history off and is always allowed; Xavier with two replicas may have a budget.
     assert!(
-        validate(&parse(json!({"model_name": "smollm2-instruct", "xavier_gpu_cache_bytes": 0})), true)
-            .is_ok()
+        validate(
+            &parse(json!({"model_name": "smollm2-instruct", "xavier_gpu_cache_bytes": 0})),
+            true,
+            &engines()
+        )
+        .is_ok()
     );
     assert!(
-        validate(
-            &parse(json!({"model_name": "smollm2-instruct", "enable_xavier": true, "replica": 2, "xavier_gpu_cache_bytes": 1024})),
-            true
-        )
+        validate(&parse(json!({"model_name": "smollm2-instruct", "enable_xavier": true, "replica": 2, "xavier_gpu_cache_bytes": 1024})),
+            true, &engines())
         .is_ok()
     );
 }
@@ -591,7 +621,7 @@ fn xavier_cache_bytes_sizes_the_prefill_snapshot_cache() {
         let e = validate_err(pd(bad.clone()), true);
         assert_rule(&e, LaunchRule::CacheBudget, "xavier_cache_bytes must be a positive integer");
     }
-    let spec = validate(&parse(pd(json!(1 << 20))), true).expect("valid");
+    let spec = validate(&parse(pd(json!(1 << 20))), true, &engines()).expect("valid");
     assert_eq!(spec.snapshot_cache_bytes, Some(1 << 20));
     assert_eq!(spec.handoff().snapshot_cache_bytes, Some(1 << 20));
 }
@@ -617,7 +647,10 @@ fn engine_options_are_checked_before_launch() {
 fn unknown_models_are_refused_unless_a_path_is_given() {
     let e = validate_err(json!({"model_name": "no-such-model"}), true);
     assert_rule(&e, LaunchRule::UnknownModel, "unknown model `no-such-model`; known models:");
-    assert!(validate(&parse(json!({"model_name": "mine", "model_path": "/models/mine.gguf"})), true).is_ok());
+    assert!(
+        validate(&parse(json!({"model_name": "mine", "model_path": "/models/mine.gguf"})), true, &engines())
+            .is_ok()
+    );
 }
 
 #[test]
@@ -660,12 +693,12 @@ fn every_rule_has_a_distinct_code() {
 // ---- placement → device, GPU memory shares ----
 
 fn placed(v: Value, view: &ClusterView) -> Vec<Placement> {
-    let spec = validate(&parse(v), view.local_mode).expect("valid on its own");
+    let spec = validate(&parse(v), view.local_mode, &engines()).expect("valid on its own");
     place(&spec, "m", view).expect("placed").0
 }
 
 fn device_of(p: &Placement) -> Option<String> {
-    let config: Value = serde_json::from_str(&p.engine_config).expect("json");
+    let config: Value = json_of(&p.engine_config);
     config.get("device").and_then(Value::as_str).map(str::to_owned)
 }
 
@@ -679,7 +712,7 @@ fn a_replica_placed_on_a_gpu_computes_on_it() {
     assert_eq!(devices, [Some("cuda:0".into()), Some("cuda:1".into()), None, None]);
     // gpu_idx, and the other options are kept.
     let p = placed(json!({"model_name": "smollm2-instruct", "gpu_idx": 2, "kv_cache_tokens": 1024}), &w());
-    let config: Value = serde_json::from_str(&p[0].engine_config).expect("json");
+    let config: Value = json_of(&p[0].engine_config);
     assert_eq!(config, json!({"device": "cuda:2", "kv_cache_tokens": 1024}));
     // n_gpu: the first of its GPUs (no tensor parallelism).
     let p = placed(json!({"model_name": "smollm2-instruct", "n_gpu": 2}), &w());
@@ -725,10 +758,14 @@ fn an_explicit_device_wins() {
 
 #[test]
 fn with_device_only_fills_in_a_missing_device() {
-    assert_eq!(with_device("{}", None, &[3, 4]).expect("json"), r#"{"device":"cuda:3"}"#);
-    assert_eq!(with_device(r#"{"a":1}"#, None, &[]).expect("json"), r#"{"a":1}"#);
-    let explicit = r#"{"device":"cpu"}"#;
-    assert_eq!(with_device(explicit, Some(ComputeDevice::Cpu), &[0]).expect("json"), explicit);
+    let config = |v: Value| {
+        engines().get("native").expect("registered").check_config(v.as_object().expect("map")).expect("valid")
+    };
+    assert_eq!(json_of(&with_device(&config(json!({})), &[3, 4])), json!({"device": "cuda:3"}));
+    let some = config(json!({"kv_cache_tokens": 1024}));
+    assert_eq!(json_of(&with_device(&some, &[])), json!({"kv_cache_tokens": 1024}));
+    let explicit = config(json!({"device": "cpu"}));
+    assert_eq!(with_device(&explicit, &[0]), explicit);
 }
 
 #[test]

@@ -15,6 +15,9 @@ use xinf_transfer::{LayoutDescriptor, pages_for};
 
 /// Token ids below this are special (none is emitted); a byte `b` is token `b + 3`.
 const BYTE_BASE: u32 = 3;
+/// Token ids the mock model knows (SmolLM2's vocabulary size); bytes and output are among the
+/// first 259.
+const VOCAB: usize = 49_152;
 /// Context length when `engine_config` gives none.
 const DEFAULT_CONTEXT: usize = 4096;
 /// KV cache tokens when `engine_config` gives none.
@@ -94,7 +97,7 @@ impl MockEngine {
             num_heads: 2 * kv::KV_HEADS,
             kv_heads: kv::KV_HEADS,
             head_dim: kv::HEAD_DIM,
-            vocab_size: 256 + BYTE_BASE as usize,
+            vocab_size: VOCAB,
             context_length: options.context_length.unwrap_or(DEFAULT_CONTEXT),
             rope_theta: 10_000.0,
             weights_digest: format!("mock:{model_name}"),
@@ -158,7 +161,6 @@ impl MockEngine {
         let Some(table) = inner.cache.allocate(prompt.len() + max_tokens) else {
             return Err(EngineError::Overloaded { queued: inner.running.len(), limit: inner.running.len() });
         };
-        inner.prompt_tokens += prompt.len() as u64;
         Ok(Run { request_id: request.request_id.clone(), prompt, max_tokens, table })
     }
 
@@ -232,7 +234,10 @@ impl Engine for MockEngine {
 
     fn submit(&self, request: GenerateRequest) -> Result<TokenStream, EngineError> {
         let run = self.admit(&request)?;
-        lock(&self.inner).cache.compute(&run.table, &run.prompt);
+        let mut inner = lock(&self.inner);
+        inner.cache.compute(&run.table, &run.prompt);
+        inner.prompt_tokens += run.prompt.len() as u64;
+        drop(inner);
         Ok(self.stream(run))
     }
 
@@ -250,18 +255,16 @@ impl Engine for MockEngine {
         &self,
         request: GenerateRequest,
     ) -> BoxFuture<'static, Result<PinnedPrefill, EngineError>> {
-        let pinned = (|| {
-            let mut one = request.clone();
-            one.sampling.max_tokens = Some(1);
-            let run = self.admit(&one)?;
-            let mut inner = lock(&self.inner);
-            inner.cache.compute(&run.table, &run.prompt);
-            inner.pinned_blocks += run.table.len();
-            let first_token = output_token(&run.prompt, 0);
-            inner.generated_tokens += 1;
-            inner.pinned.insert(run.request_id.clone(), Pinned { table: run.table, ids: run.prompt.clone() });
-            Ok(PinnedPrefill { request_id: run.request_id, prompt_ids: run.prompt, first_token })
-        })();
+        let pinned = self.pin(&request, &[]);
+        Box::pin(async move { pinned })
+    }
+
+    fn prefill_pinned_with_prefix(
+        &self,
+        request: GenerateRequest,
+        prefix_pages: Vec<u8>,
+    ) -> BoxFuture<'static, Result<PinnedPrefill, EngineError>> {
+        let pinned = self.pin(&request, &prefix_pages);
         Box::pin(async move { pinned })
     }
 
@@ -337,6 +340,35 @@ impl Engine for MockEngine {
 }
 
 impl MockEngine {
+    /// Computes a prompt, or the rest of it after `prefix` (whole canonical pages of its first
+    /// tokens, checked like an import), and pins its KV for export.
+    fn pin(&self, request: &GenerateRequest, prefix: &[u8]) -> Result<PinnedPrefill, EngineError> {
+        let mut one = request.clone();
+        one.sampling.max_tokens = Some(1);
+        let run = self.admit(&one)?;
+        let page = self.contract.page_bytes();
+        // At least the last prompt token is computed: the first output comes from it.
+        let prefix_tokens = (prefix.len() / page * xinf_engine::PAGE_TOKENS).min(run.prompt.len() - 1);
+        let mut inner = lock(&self.inner);
+        if prefix_tokens > 0 {
+            let pages = pages_for(prefix_tokens);
+            inner.cache.scatter(&run.table, prefix_tokens, &mut kv::from_bytes(&prefix[..pages * page]));
+            if inner.cache.gather(&run.table, prefix_tokens, 0..pages)
+                != kv::computed_pages(&run.prompt[..prefix_tokens], 0..pages)
+            {
+                inner.cache.release(run.table);
+                return Err(EngineError::Import("the prefix pages are not this prompt's".into()));
+            }
+        }
+        inner.cache.compute(&run.table, &run.prompt);
+        inner.prompt_tokens += (run.prompt.len() - prefix_tokens) as u64;
+        inner.generated_tokens += 1;
+        inner.pinned_blocks += run.table.len();
+        let first_token = output_token(&run.prompt, 0);
+        inner.pinned.insert(run.request_id.clone(), Pinned { table: run.table, ids: run.prompt.clone() });
+        Ok(PinnedPrefill { request_id: run.request_id, prompt_ids: run.prompt, first_token })
+    }
+
     /// Writes imported pages into a run's blocks and checks them against the prompt's own KV:
     /// a page that moved wrong (or the wrong prompt's pages) is refused, naming the page.
     fn import(&self, run: &Run, kv: &ImportedKv) -> Result<(), EngineError> {

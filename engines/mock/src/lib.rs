@@ -82,6 +82,10 @@ impl EngineLoader for MockLoader {
         let EngineConfig::Mock(config) = config else {
             return Err(EngineError::Internal("the mock engine was given another engine's options".into()));
         };
+        // No weights are read, but a path given must exist, as for a real engine.
+        if let Some(path) = model.model_path.as_deref() {
+            std::fs::metadata(path).map_err(|e| EngineError::Model(format!("I/O error on {path}: {e}")))?;
+        }
         Ok(Arc::new(MockEngine::new(&model.model_name, config)?))
     }
 }

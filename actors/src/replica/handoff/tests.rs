@@ -1,22 +1,20 @@
-//! The handoff side with the real default model: a room nobody fetches, or whose fetcher went
+//! The handoff side with the mock engine (real pages of a real paged cache): a room nobody fetches, or whose fetcher went
 //! quiet, is freed by its lease; late fetches get a clear error; pages move exactly once per
 //! range asked.
 
 use super::*;
 use std::net::Ipv4Addr;
+use xinf_engine::{EngineLoader, ModelSource};
 use xinf_engine::{GenerateRequest, Prompt, SamplingParams};
-use xinf_engine_native::{EngineOptions, NativeEngine};
+use xinf_engine_mock::MockLoader;
 use xinf_transfer::transport::TransportPolicy;
 
 fn engine() -> Arc<dyn Engine> {
-    let model = xinf_models::resolve(&xinf_models::ModelRequest {
-        model_name: "smollm2-instruct".into(),
-        ..Default::default()
-    })
-    .expect("resolve smollm2-instruct");
-    let options =
-        EngineOptions::from_engine_config(&serde_json::json!({"kv_cache_tokens": 1024})).expect("options");
-    Arc::new(NativeEngine::load(&model, options).expect("load"))
+    let loader = MockLoader::default();
+    let options = serde_json::json!({"kv_cache_tokens": 1024});
+    let config = loader.check_config(options.as_object().expect("a map")).expect("options");
+    let model = ModelSource { model_name: "smollm2-instruct".into(), ..Default::default() };
+    loader.load(&model, &config).expect("load")
 }
 
 fn times(unclaimed_ms: u64, idle_ms: u64) -> HandoffTimes {

@@ -16,7 +16,7 @@ fn info(id: &str, gpus: &[u32]) -> WorkerInfo {
 
 fn spec(v: serde_json::Value) -> LaunchSpec {
     let req: LaunchRequest = serde_json::from_value(v).expect("request");
-    validate(&req, false).expect("valid")
+    validate(&req, false, &crate::testing::engines()).expect("valid")
 }
 
 fn launched(state: &mut SupervisorState, v: serde_json::Value) -> (String, Vec<Placement>) {
