@@ -10,6 +10,7 @@
 //! `blk = block_table[token / B]` and `off = token % B`.
 
 pub mod device;
+mod error;
 #[cfg(feature = "cuda")]
 pub mod gpu;
 #[cfg(feature = "cuda")]
@@ -17,8 +18,11 @@ pub mod gpu_ipc;
 mod layout;
 pub mod nixl;
 mod page;
+mod process;
+pub mod sync;
 pub mod transport;
 
+pub use error::TransferError;
 pub use layout::{KvLayout, KvLayoutKind, KvOrder, LayoutDescriptor, LayoutError, Plane};
 pub use page::{
     Direction, PAGE_LAYOUT_VERSION, PAGE_TOKENS, PageDtype, PageHeader, PageShape, copy_pages, pages_for,

@@ -35,11 +35,15 @@
 
 use crate::device::{DeviceLease, DevicePages, DeviceRoute, DeviceSink, DeviceStage};
 use crate::nixl::{Node, RemoteStage, Staged};
+use crate::sync::lock;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+pub use crate::error::TransferError;
+pub use crate::process::process_nonce;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -53,43 +57,6 @@ const MAGIC_DEVICE: &[u8; 4] = b"XKG1";
 const UNREGISTERED_ADDR: u64 = 0x1000;
 /// Largest answer accepted: a bound against a corrupt length, far above any real range.
 const MAX_FRAME: u64 = 64 << 30;
-
-/// Why a transfer failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
-#[non_exhaustive]
-pub enum TransferError {
-    /// The source holds no such room (never published, released, aborted or expired).
-    #[error("room {0} is not held by the prefill replica (released, aborted or expired)")]
-    UnknownRoom(u64),
-    /// The source could not produce the pages.
-    #[error("the prefill replica could not read the pages: {0}")]
-    Source(String),
-    /// The connection failed.
-    #[error("page transfer from {endpoint} failed: {detail}")]
-    Io {
-        /// Where the pages were fetched from.
-        endpoint: String,
-        /// What failed.
-        detail: String,
-    },
-    /// The transfer did not finish in time.
-    #[error("page transfer from {endpoint} did not finish within {after_ms} ms")]
-    Timeout {
-        /// Where the pages were fetched from.
-        endpoint: String,
-        /// The limit.
-        after_ms: u64,
-    },
-    /// The peer answered something that is not this protocol.
-    #[error("page transfer protocol error: {0}")]
-    Protocol(String),
-    /// A NIXL call failed (what failed, and NIXL's status).
-    #[error("NIXL page transfer failed: {0}")]
-    Nixl(String),
-    /// NIXL was asked for but cannot be loaded in this process (how to install it).
-    #[error("NIXL is not available: {0}")]
-    NixlUnavailable(String),
-}
 
 /// Gathers pages of a room on the prefill side.
 pub trait PageProvider: Send + Sync + 'static {
@@ -159,16 +126,6 @@ pub enum TransportPolicy {
     Nixl,
 }
 
-/// A random number fixed for the life of this process.
-pub fn process_nonce() -> u64 {
-    static NONCE: OnceLock<u64> = OnceLock::new();
-    *NONCE.get_or_init(|| {
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        // Distinct across processes started in the same nanosecond too.
-        (t.as_nanos() as u64) ^ (u64::from(std::process::id()) << 32) ^ 0x9e37_79b9_7f4a_7c15
-    })
-}
-
 type Registry = Mutex<HashMap<u64, Weak<dyn PageProvider>>>;
 
 fn registry() -> &'static Registry {
@@ -177,7 +134,7 @@ fn registry() -> &'static Registry {
 }
 
 fn lookup(provider: u64) -> Option<Arc<dyn PageProvider>> {
-    registry().lock().unwrap_or_else(|p| p.into_inner()).get(&provider).and_then(Weak::upgrade)
+    lock(registry()).get(&provider).and_then(Weak::upgrade)
 }
 
 /// A provider registered in this process; unregistered when dropped.
@@ -201,7 +158,7 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        registry().lock().unwrap_or_else(|p| p.into_inner()).remove(&self.id);
+        lock(registry()).remove(&self.id);
     }
 }
 
@@ -309,7 +266,7 @@ impl PageServer {
     pub fn register(&self, provider: &Arc<dyn PageProvider>) -> Registration {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        registry().lock().unwrap_or_else(|p| p.into_inner()).insert(id, Arc::downgrade(provider));
+        lock(registry()).insert(id, Arc::downgrade(provider));
         Registration {
             id,
             endpoint: Endpoint { process: process_nonce(), provider: id, tcp: self.addr.to_string() },
