@@ -12,11 +12,12 @@
 //! This module holds only the route-independent types; the CUDA work is the engine's (it owns
 //! the memory), with [`crate::gpu_ipc`] and [`crate::nixl::VramAgent`] under the `cuda` feature.
 
-use crate::transport::TransferError;
+use crate::error::TransferError;
 use serde::{Deserialize, Serialize};
 use std::any::Any;
-use std::sync::OnceLock;
 use std::time::Instant;
+
+pub use crate::process::host_id;
 
 /// Where an engine's KV cache lives when it is in GPU memory: told to the decode side with each
 /// handoff, so it can pick a route that keeps the pages on the GPU.
@@ -26,19 +27,6 @@ pub struct KvDevice {
     pub host: String,
     /// The GPU's ordinal in the engine's process (for logs; ordinals are per process).
     pub ordinal: u32,
-}
-
-/// This host's identity for routing: the kernel's boot id (the same for every process, and
-/// every container, on one running kernel), else the host name.
-pub fn host_id() -> &'static str {
-    static ID: OnceLock<String> = OnceLock::new();
-    ID.get_or_init(|| {
-        let read = |p: &str| std::fs::read_to_string(p).ok().map(|s| s.trim().to_owned());
-        read("/proc/sys/kernel/random/boot_id")
-            .filter(|s| !s.is_empty())
-            .or_else(|| read("/etc/hostname").filter(|s| !s.is_empty()))
-            .unwrap_or_else(|| "unknown-host".to_owned())
-    })
 }
 
 /// How pages move from one GPU's memory to another's.

@@ -21,10 +21,10 @@
 //! `NIXL_PLUGIN_DIR` says otherwise; xinf leaves that variable to the user (setting it from a
 //! running, multi-threaded process would race with C code reading the environment).
 //!
-//! **Agents.** One agent per process (named after [`process_nonce`](crate::transport::process_nonce)),
-//! with the UCX backend and DRAM memory. NIXL calls block and the library does not promise
-//! thread safety, so every call into an agent holds that agent's lock, and callers run them on
-//! tokio's blocking threads.
+//! **Agents.** One agent per process (named after [`process_nonce`]), with the UCX backend and
+//! DRAM memory. NIXL calls block and the library does not promise thread safety, so every call
+//! into an agent holds that agent's lock (taken with [`crate::sync::lock`]), and callers run
+//! them on tokio's blocking threads.
 //!
 //! **Staging.** A served range is copied into a staging slab registered with the agent. Slabs
 //! are pooled and stay registered for the life of the agent: NIXL (1.x) cannot update or drop
@@ -43,10 +43,12 @@
 // `as_ptr` promises that the pointer stays valid while registered (see `Slab`).
 #![allow(unsafe_code)]
 
-use crate::transport::TransferError;
+use crate::error::TransferError;
+use crate::process::process_nonce;
+use crate::sync::lock;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 #[cfg(feature = "cuda")]
@@ -263,11 +265,6 @@ struct Pool {
     generation: u64,
 }
 
-/// Locks, recovering the data of a lock whose holder panicked (the state is a plain pool/map).
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl Node {
     /// Creates an agent named `name` with a UCX backend. Blocking.
     pub(crate) fn new(name: &str) -> Result<Arc<Self>, TransferError> {
@@ -290,7 +287,7 @@ impl Node {
     /// This process's agent, created on first use. Blocking the first time.
     pub(crate) fn process() -> Result<Arc<Self>, TransferError> {
         static NODE: OnceLock<Result<Arc<Node>, TransferError>> = OnceLock::new();
-        NODE.get_or_init(|| Node::new(&format!("xinf-{:016x}", crate::transport::process_nonce()))).clone()
+        NODE.get_or_init(|| Node::new(&format!("xinf-{:016x}", process_nonce()))).clone()
     }
 
     /// Copies `pages` into a registered slab and returns it with what a peer needs to read it.

@@ -18,9 +18,10 @@
 
 // Unsafe code (the `MemoryRegion` impl) is allowed by the parent module, for its reasons.
 
-use super::{Node, RemoteStage, Wait, available, lock, nixl_err};
+use super::{Node, RemoteStage, Wait, available, nixl_err};
+use crate::error::TransferError;
 use crate::gpu_ipc::DeviceBuffer;
-use crate::transport::TransferError;
+use crate::sync::lock;
 use cudarc::driver::CudaContext;
 use std::mem::ManuallyDrop;
 use std::ops::Range;
