@@ -1,255 +1,213 @@
-//! Cluster plumbing: names and process groups, listen addresses, `NodeServer` start-up with the
-//! shared secret as ractor_cluster's cookie, and joining a supervisor.
-//!
-//! Discovery goes through process groups (`ractor::pg`), the only registry ractor_cluster
-//! shares between nodes. Group and actor names carry a namespace: derived from the secret in
-//! cluster mode (so nodes that share a secret share names, and two clusters in one process do
-//! not see each other), unique per instance in local mode.
+//! [`Cluster`], the handle on a running cluster that the REST layer and embedders hold: model
+//! launch, terminate and listings here; start-up in `start`, options in `options`, and the
+//! requests themselves in `crate::request`.
 
+mod options;
+mod start;
+
+pub use options::ClusterOptions;
+pub use start::WorkerNode;
+
+use crate::block_tracker::BlockTrackerHandle;
 use crate::error::ActorError;
-use ractor::{Actor, ActorCell, ActorRef};
-use ractor_cluster::{NodeServer, NodeServerMessage};
-use sha2::{Digest, Sha256};
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use crate::launch::LaunchRequest;
+use crate::node::Namespace;
+use crate::protocol::{SupervisorMsg, WorkerMsg};
+use crate::replica::ReplicaMsg;
+use crate::router::RouterMsg;
+use crate::supervisor::{ModelActors, ModelTable};
+use crate::view::{ModelInfo, ModelStatus, ReplicaStats, WorkerStatus};
+use crate::wire::{JsonWire, call, call_local};
+use ractor::ActorRef;
+use ractor_cluster::NodeServerMessage;
+use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-#[cfg(test)]
-mod tests;
+pub(crate) struct Inner {
+    pub(crate) ns: Namespace,
+    pub(crate) supervisor: ActorRef<SupervisorMsg>,
+    pub(crate) models: Arc<ModelTable>,
+    pub(crate) options: ClusterOptions,
+    pub(crate) local_worker: Option<ActorRef<WorkerMsg>>,
+    pub(crate) node: Option<ActorRef<NodeServerMessage>>,
+    pub(crate) address: Option<String>,
+    pub(crate) closed: AtomicBool,
+}
 
-/// The prefix of every group and actor name of one cluster.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Namespace(Arc<str>);
+/// A handle on a running cluster, held on the supervisor's node. Cheap to clone; every clone
+/// drives the same cluster.
+#[derive(Clone)]
+pub struct Cluster {
+    pub(crate) inner: Arc<Inner>,
+}
 
-impl Namespace {
-    /// A namespace of its own, for an in-process (local mode) cluster.
-    pub(crate) fn local() -> Self {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        Self(format!("xinf-local-{}-{n}", std::process::id()).into())
-    }
-
-    /// The namespace of the nodes that share `secret`. Only a digest of the secret appears in
-    /// names, which travel to authenticated peers only.
-    pub(crate) fn from_secret(secret: &str) -> Self {
-        let digest = Sha256::digest(format!("xinf-cluster-namespace\0{secret}").as_bytes());
-        let hex: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
-        Self(format!("xinf-{hex}").into())
-    }
-
-    /// The group the supervisor joins.
-    pub(crate) fn supervisor_group(&self) -> String {
-        format!("{}.supervisor", self.0)
-    }
-
-    /// The group every worker joins; the supervisor watches it for departures.
-    pub(crate) fn workers_group(&self) -> String {
-        format!("{}.workers", self.0)
-    }
-
-    /// The group of one worker.
-    pub(crate) fn worker_group(&self, worker_id: &str) -> String {
-        format!("{}.worker.{worker_id}", self.0)
-    }
-
-    /// The group of one replica.
-    pub(crate) fn replica_group(&self, replica_uid: &str) -> String {
-        format!("{}.replica.{replica_uid}", self.0)
-    }
-
-    /// The group of one model's block tracker.
-    pub(crate) fn tracker_group(&self, model_uid: &str) -> String {
-        format!("{}.tracker.{model_uid}", self.0)
-    }
-
-    fn name(&self, kind: &str, id: &str) -> String {
-        format!("{}/{kind}/{id}", self.0)
-    }
-
-    pub(crate) fn supervisor_name(&self) -> String {
-        format!("{}/supervisor", self.0)
-    }
-
-    pub(crate) fn worker_name(&self, worker_id: &str) -> String {
-        self.name("worker", worker_id)
-    }
-
-    pub(crate) fn replica_name(&self, replica_uid: &str) -> String {
-        self.name("replica", replica_uid)
-    }
-
-    pub(crate) fn router_name(&self, model_uid: &str) -> String {
-        self.name("router", model_uid)
-    }
-
-    pub(crate) fn tracker_name(&self, model_uid: &str) -> String {
-        self.name("tracker", model_uid)
-    }
-
-    /// Whether an actor name belongs to this cluster.
-    pub(crate) fn owns(&self, actor_name: &str) -> bool {
-        actor_name.strip_prefix(&*self.0).is_some_and(|rest| rest.starts_with('/'))
+impl fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cluster").field("address", &self.inner.address).finish_non_exhaustive()
     }
 }
 
-/// The address to listen on. A wildcard address is refused: the address is also what peers
-/// are told to connect back to, and `0.0.0.0` reaches nobody.
-pub(crate) fn listen_ip(host: &str) -> Result<IpAddr, ActorError> {
-    let bare = host.trim().trim_start_matches('[').trim_end_matches(']');
-    if bare.is_empty() {
-        return Err(ActorError::InvalidConfig { field: "host".into(), reason: "must not be empty".into() });
+impl Cluster {
+    /// The address workers join (`ip:port`), in cluster mode.
+    pub fn address(&self) -> Option<&str> {
+        self.inner.address.as_deref()
     }
-    let ip = match bare.parse::<IpAddr>() {
-        Ok(ip) => ip,
-        Err(_) => {
-            (bare, 0).to_socket_addrs().ok().and_then(|mut addrs| addrs.next()).map(|a| a.ip()).ok_or_else(
-                || ActorError::InvalidConfig {
-                    field: "host".into(),
-                    reason: format!("`{bare}` is neither an IP address nor a resolvable host name"),
-                },
-            )?
-        }
-    };
-    if ip.is_unspecified() {
-        return Err(ActorError::InvalidConfig {
-            field: "host".into(),
-            reason: format!(
-                "`{ip}` listens on every interface but is no address other nodes can reach; give this \
-                 node's own address (default 127.0.0.1)"
-            ),
-        });
+
+    pub(crate) fn open(&self) -> Result<(), ActorError> {
+        if self.inner.closed.load(Ordering::Acquire) { Err(ActorError::ShuttingDown) } else { Ok(()) }
     }
-    Ok(ip)
-}
 
-/// Refuses an empty secret: it would let any node in.
-pub(crate) fn check_secret(secret: &str) -> Result<(), ActorError> {
-    if secret.is_empty() {
-        return Err(ActorError::InvalidConfig {
-            field: "secret".into(),
-            reason: "must not be empty: it is what keeps other nodes out".into(),
-        });
+    pub(crate) fn timeout(&self) -> Duration {
+        self.inner.options.call_timeout
     }
-    Ok(())
-}
 
-/// A free TCP port on `ip`, for a node whose port nobody needs to know in advance (a worker
-/// connects out; the supervisor learns its address from the connection).
-pub(crate) fn free_port(ip: IpAddr) -> Result<u16, ActorError> {
-    std::net::TcpListener::bind(SocketAddr::new(ip, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| ActorError::Node(format!("finding a free port on {ip}: {e}")))
-}
-
-/// Starts a `NodeServer` listening on `ip:port` only, with the secret as its cookie. Nodes
-/// connect to the supervisor only (no transitive mesh): the control plane is a star.
-pub(crate) async fn start_node(
-    name: &str,
-    ip: IpAddr,
-    port: u16,
-    secret: &str,
-) -> Result<ActorRef<NodeServerMessage>, ActorError> {
-    let server = NodeServer::new(
-        port,
-        secret.to_owned(),
-        name.to_owned(),
-        ip.to_string(),
-        None,
-        Some(ractor_cluster::node::NodeConnectionMode::Isolated),
-    )
-    .with_listen_addr(ip);
-    let (node, _) = Actor::spawn(None, server, ())
+    /// Validates and launches a model; returns its uid once every replica is loaded and its
+    /// router exists. On any failure nothing of the model is left behind.
+    pub async fn launch(&self, request: LaunchRequest) -> Result<String, ActorError> {
+        self.open()?;
+        let o = &self.inner.options;
+        // Loading, plus creating and (on failure) destroying the other actors.
+        let limit = o.load_timeout + 2 * o.call_timeout + 2 * o.stop_timeout;
+        call(&self.inner.supervisor, "supervisor", limit, |reply| SupervisorMsg::Launch {
+            request: JsonWire(Ok(Box::new(request))),
+            detach: false,
+            reply,
+        })
         .await
-        .map_err(|e| ActorError::Node(format!("listening on {}: {e}", SocketAddr::new(ip, port))))?;
-    Ok(node)
-}
-
-/// What the joining node learns about its session with the supervisor's node.
-enum SessionEvent {
-    Authenticated,
-    Closed,
-}
-
-/// Forwards session events of the node server to the joining task.
-struct SessionWatch(tokio::sync::mpsc::UnboundedSender<SessionEvent>);
-
-impl ractor_cluster::NodeEventSubscription for SessionWatch {
-    fn node_session_opened(&self, _ses: ractor_cluster::node::NodeServerSessionInformation) {}
-
-    fn node_session_disconnected(&self, _ses: ractor_cluster::node::NodeServerSessionInformation) {
-        let _ = self.0.send(SessionEvent::Closed);
     }
 
-    fn node_session_authenticated(&self, _ses: ractor_cluster::node::NodeServerSessionInformation) {
-        let _ = self.0.send(SessionEvent::Authenticated);
+    /// Validates and places a model, starts loading it, and returns its uid without waiting
+    /// for the replicas: the model is `launching` (requests get [`ActorError::NotReady`]) until
+    /// it serves. A validation failure is returned as from [`launch`](Self::launch); a later
+    /// failure rolls the launch back, and the model disappears from the list.
+    pub async fn launch_detached(&self, request: LaunchRequest) -> Result<String, ActorError> {
+        self.open()?;
+        call(&self.inner.supervisor, "supervisor", self.timeout(), |reply| SupervisorMsg::Launch {
+            request: JsonWire(Ok(Box::new(request))),
+            detach: true,
+            reply,
+        })
+        .await
     }
-}
 
-/// Connects `node` to the node at `addr` and waits until the two have authenticated each
-/// other, retrying the connection for up to `timeout` (the supervisor may still be starting).
-///
-/// A session the peer closes before authenticating means it refused this node's secret:
-/// that is reported at once, not after the timeout.
-pub(crate) async fn connect(
-    node: &ActorRef<NodeServerMessage>,
-    addr: &str,
-    timeout: Duration,
-) -> Result<(), ActorError> {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let id = format!("xinf-join-{:016x}", rand::random::<u64>());
-    node.cast(NodeServerMessage::SubscribeToEvents {
-        id: id.clone(),
-        subscription: Box::new(SessionWatch(tx)),
-    })
-    .map_err(|e| ActorError::Node(format!("the node server is gone: {e}")))?;
-    let result = connect_and_authenticate(node, addr, timeout, &mut rx).await;
-    if node.cast(NodeServerMessage::UnsubscribeToEvents(id)).is_err() {
-        tracing::debug!("the node server is gone");
+    /// Terminates a model: its router, block tracker and replicas.
+    pub async fn terminate(&self, model_uid: &str) -> Result<(), ActorError> {
+        let o = &self.inner.options;
+        let limit = 2 * o.call_timeout + 3 * o.stop_timeout;
+        call(&self.inner.supervisor, "supervisor", limit, |reply| SupervisorMsg::Terminate {
+            model_uid: model_uid.to_owned(),
+            reply,
+        })
+        .await
     }
-    result
-}
 
-async fn connect_and_authenticate(
-    node: &ActorRef<NodeServerMessage>,
-    addr: &str,
-    timeout: Duration,
-    events: &mut tokio::sync::mpsc::UnboundedReceiver<SessionEvent>,
-) -> Result<(), ActorError> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    let join_error = |reason: String| ActorError::Join { addr: addr.to_owned(), reason };
-    loop {
-        match ractor_cluster::client_connect(node, addr).await {
-            Ok(()) => break,
-            Err(e) if tokio::time::Instant::now() >= deadline => return Err(join_error(e.to_string())),
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+    /// Every model.
+    pub async fn list_models(&self) -> Result<Vec<ModelInfo>, ActorError> {
+        call(&self.inner.supervisor, "supervisor", self.timeout(), |reply| SupervisorMsg::ListModels {
+            reply,
+        })
+        .await
+    }
+
+    /// One model: status and replicas.
+    pub async fn get_model(&self, model_uid: &str) -> Result<ModelInfo, ActorError> {
+        call(&self.inner.supervisor, "supervisor", self.timeout(), |reply| SupervisorMsg::GetModel {
+            model_uid: model_uid.to_owned(),
+            reply,
+        })
+        .await
+    }
+
+    /// Every worker that ever registered.
+    pub async fn list_workers(&self) -> Result<Vec<WorkerStatus>, ActorError> {
+        call(&self.inner.supervisor, "supervisor", self.timeout(), |reply| SupervisorMsg::ListWorkers {
+            reply,
+        })
+        .await
+    }
+
+    /// Changes a model's replica count. Refused for now: a P/D deployment's topology is fixed
+    /// for its life, and resizing hybrid deployments is not implemented.
+    pub async fn scale(&self, model_uid: &str, _replica: u32) -> Result<(), ActorError> {
+        call(&self.inner.supervisor, "supervisor", self.timeout(), |reply| SupervisorMsg::Scale {
+            model_uid: model_uid.to_owned(),
+            reply,
+        })
+        .await
+    }
+
+    /// The local actors of a serving model, or why there are none.
+    pub(crate) async fn serving(&self, model_uid: &str) -> Result<ModelActors, ActorError> {
+        self.open()?;
+        if let Some(actors) = self.inner.models.get(model_uid) {
+            return Ok(actors);
         }
+        let info = self.get_model(model_uid).await?;
+        Err(match info.status {
+            ModelStatus::Error => ActorError::NoReplica(model_uid.to_owned()),
+            status => ActorError::NotReady { model_uid: model_uid.to_owned(), status: status.to_string() },
+        })
     }
-    match tokio::time::timeout_at(deadline, events.recv()).await {
-        Ok(Some(SessionEvent::Authenticated)) => Ok(()),
-        Ok(Some(SessionEvent::Closed)) | Ok(None) => Err(join_error(
-            "the supervisor closed the connection during authentication: the cluster secrets differ".into(),
-        )),
-        Err(_) => Err(join_error(format!(
-            "no authenticated session within {} ms; check that both sides use the same secret",
-            timeout.as_millis()
-        ))),
-    }
-}
 
-/// Waits until a process group has a member (a remote member appears once its node's group
-/// list arrives), at most `timeout`.
-pub(crate) async fn wait_for_member(group: &str, timeout: Duration) -> Option<ActorCell> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    let group = group.to_owned();
-    loop {
-        if let Some(cell) = ractor::pg::get_members(&group).into_iter().next() {
-            return Some(cell);
+    /// Load figures of every alive replica of the model, by replica uid.
+    pub async fn stats(&self, model_uid: &str) -> Result<Vec<ReplicaStats>, ActorError> {
+        let actors = self.serving(model_uid).await?;
+        let t = self.timeout();
+        let replicas = call_local(&actors.router, "router", t, |reply| RouterMsg::Replicas { reply }).await?;
+        let calls = replicas.iter().map(|(uid, replica)| async move {
+            call(replica, &format!("replica `{uid}`"), t, |reply| ReplicaMsg::Stats { reply }).await
+        });
+        let mut out = Vec::new();
+        for result in futures::future::join_all(calls).await {
+            match result {
+                Ok(s) => out.push(s),
+                Err(e) => tracing::warn!(error = %e, "a replica did not report its stats"),
+            }
         }
-        if tokio::time::Instant::now() >= deadline {
-            return None;
+        Ok(out)
+    }
+
+    /// The block tracker of a serving model.
+    pub async fn block_tracker(&self, model_uid: &str) -> Result<BlockTrackerHandle, ActorError> {
+        let actors = self.serving(model_uid).await?;
+        Ok(BlockTrackerHandle::new(actors.tracker, self.timeout()))
+    }
+
+    /// Names of this cluster's actors alive in this process (supervisor, workers, replicas,
+    /// routers, block trackers). For tests and diagnosis: a failed launch leaves none behind.
+    pub fn debug_actor_names(&self) -> Vec<String> {
+        let mut names: Vec<String> =
+            ractor::registry::registered().into_iter().filter(|n| self.inner.ns.owns(n)).collect();
+        names.sort();
+        names
+    }
+
+    /// Terminates every model, then stops the supervisor, the local worker and the node
+    /// listener. Later calls fail with [`ActorError::ShuttingDown`].
+    pub async fn shutdown(&self) {
+        if self.inner.closed.swap(true, Ordering::AcqRel) {
+            return;
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        if let Ok(models) = self.list_models().await {
+            for m in models {
+                if let Err(e) = self.terminate(&m.model_uid).await {
+                    tracing::warn!(model_uid = %m.model_uid, error = %e, "could not terminate a model");
+                }
+            }
+        }
+        let stop = Some(self.inner.options.stop_timeout);
+        if let Err(e) = self.inner.supervisor.stop_and_wait(Some("shutdown".into()), stop).await {
+            tracing::warn!(error = %e, "the supervisor did not stop in time");
+        }
+        if let Some(worker) = &self.inner.local_worker {
+            if let Err(e) = worker.stop_and_wait(Some("shutdown".into()), stop).await {
+                tracing::warn!(error = %e, "the worker did not stop in time");
+            }
+        }
+        if let Some(node) = &self.inner.node {
+            node.stop(Some("shutdown".into()));
+        }
     }
 }

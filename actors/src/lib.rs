@@ -56,28 +56,31 @@
 mod block_tracker;
 mod cluster;
 mod error;
-mod handle;
 mod launch;
-mod pull;
+mod node;
+mod protocol;
 mod replica;
+mod request;
 mod router;
+mod spec;
 mod supervisor;
 mod sync;
 #[cfg(test)]
 mod testing;
+mod view;
 mod wire;
 mod worker;
 
 pub use block_tracker::BlockTrackerHandle;
 pub use block_tracker::state::BlockLocation;
+pub use cluster::{Cluster, ClusterOptions, WorkerNode};
 pub use error::{ActorError, LaunchRule};
-pub use handle::{
-    Cluster, ClusterOptions, GpuInfo, GpuUsage, ModelInfo, ModelStatus, ReplicaInfo, ReplicaStats,
-    ReplicaStatus, WorkerInfo, WorkerNode, WorkerStatus,
-};
 pub use launch::{
     DeviceConfig, GpuCount, GpuIdx, LaunchRequest, ModelSize, RESERVED_ENGINE_CONFIG_KEYS, ReplicaConfig,
     Role,
 };
-pub use replica::rooms::{HANDOFF_LATENCY_BOUNDS, HandoffStats, LatencyHistogram};
+pub use view::{
+    GpuInfo, GpuUsage, HANDOFF_LATENCY_BOUNDS, HandoffStats, LatencyHistogram, ModelInfo, ModelStatus,
+    ReplicaInfo, ReplicaStats, ReplicaStatus, WorkerInfo, WorkerStatus,
+};
 pub use xinf_engine::{ErrorClass, TokenStream};

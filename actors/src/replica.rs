@@ -18,59 +18,19 @@ pub(crate) mod rooms;
 pub(crate) mod snapshot;
 
 use crate::error::ActorError;
-use crate::handle::ReplicaStats;
-use crate::launch::Role;
+use crate::spec::Role;
+pub(crate) use crate::spec::{ModelHandoff, ReplicaSpec};
+use crate::view::ReplicaStats;
 use crate::wire::{Wire, answer};
 use handoff::{Handoff, HandoffSide, HandoffTimes};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::RactorClusterMessage;
 use requests::{EventBatch, RequestTable};
-use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use xinf_engine::{Engine, EngineConfig, EngineError, Engines, GenerateRequest, ModelSource};
-
-/// Everything a worker needs to start a replica; sent by the supervisor.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub(crate) struct ReplicaSpec {
-    pub(crate) model_uid: String,
-    pub(crate) replica_uid: String,
-    pub(crate) role: Role,
-    pub(crate) source: ModelSource,
-    /// The engine, by its registered name.
-    pub(crate) engine: String,
-    /// Its options, checked at launch.
-    pub(crate) engine_config: EngineConfig,
-    /// GPU indexes on the worker; empty means the CPU.
-    pub(crate) gpus: Vec<u32>,
-    /// The launch's handoff settings.
-    pub(crate) handoff: ModelHandoff,
-}
-
-/// A model's handoff settings from its launch, carried to every replica.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub(crate) struct ModelHandoff {
-    /// Pages travel through NIXL (`transfer_backend_type: "nixl"`).
-    pub(crate) nixl: bool,
-    /// Snapshot cache of a prefill replica (`xavier_cache_bytes`); the node's default when
-    /// not given.
-    pub(crate) snapshot_cache_bytes: Option<u64>,
-}
-
-impl ModelHandoff {
-    /// The node's handoff settings with this model's choices applied.
-    pub(crate) fn apply(&self, mut times: HandoffTimes) -> HandoffTimes {
-        if self.nixl {
-            times.policy = xinf_transfer::transport::TransportPolicy::Nixl;
-        }
-        if let Some(bytes) = self.snapshot_cache_bytes {
-            times.snapshot_budget = usize::try_from(bytes).unwrap_or(usize::MAX);
-        }
-        times
-    }
-}
+use xinf_engine::{Engine, EngineError, Engines, GenerateRequest};
 
 /// Messages of a replica; every one may cross nodes.
 #[derive(RactorClusterMessage)]
@@ -174,7 +134,7 @@ impl Actor for Replica {
         args: ReplicaArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
         let spec = args.spec;
-        let times = spec.handoff.apply(args.handoff);
+        let times = args.handoff.with_model(&spec.handoff);
         if times.policy == xinf_transfer::transport::TransportPolicy::Nixl {
             // Refuse at load, with what to install, rather than at the first request.
             xinf_transfer::nixl::available().map_err(|e| ActorError::NixlNotAvailable(e.to_string()))?;

@@ -8,58 +8,21 @@
 pub(crate) mod state;
 
 use crate::block_tracker::{BlockTracker, BlockTrackerMsg};
-use crate::cluster::{Namespace, wait_for_member};
 use crate::error::ActorError;
-use crate::handle::{ModelInfo, WorkerInfo, WorkerStatus};
-use crate::launch::{self, LaunchRequest, Placement};
-use crate::replica::{ModelHandoff, ReplicaMsg, ReplicaSpec};
+use crate::launch::{self, Placement};
+use crate::node::{Namespace, wait_for_member};
+pub(crate) use crate::protocol::SupervisorMsg;
+use crate::protocol::WorkerMsg;
+use crate::replica::ReplicaMsg;
 use crate::router::{Router, RouterArgs, RouterMsg};
-use crate::wire::{JsonWire, Wire, answer, call};
-use crate::worker::WorkerMsg;
-use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
-use ractor_cluster::RactorClusterMessage;
+use crate::spec::{ModelHandoff, ReplicaSpec};
+use crate::wire::{Wire, answer, call};
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 use state::{LostReplica, SupervisorState};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use xinf_engine::{Engines, ModelSource};
-
-/// Messages of the supervisor; every one may cross nodes (workers send heartbeats, and any
-/// node may ask for the model list).
-#[derive(RactorClusterMessage)]
-pub(crate) enum SupervisorMsg {
-    /// Validate, place and launch a model; the reply is its uid, once it serves (or, with
-    /// `detach`, once it is placed and loading).
-    #[rpc]
-    Launch { request: JsonWire<Box<LaunchRequest>>, detach: bool, reply: RpcReplyPort<Wire<String>> },
-    /// Terminate a model: router, tracker and replicas.
-    #[rpc]
-    Terminate { model_uid: String, reply: RpcReplyPort<Wire<()>> },
-    /// One model's status and replicas.
-    #[rpc]
-    GetModel { model_uid: String, reply: RpcReplyPort<Wire<ModelInfo>> },
-    /// Every model.
-    #[rpc]
-    ListModels { reply: RpcReplyPort<Wire<Vec<ModelInfo>>> },
-    /// Every worker.
-    #[rpc]
-    ListWorkers { reply: RpcReplyPort<Wire<Vec<WorkerStatus>>> },
-    /// Change a model's replica count (refused for now).
-    #[rpc]
-    Scale { model_uid: String, reply: RpcReplyPort<Wire<()>> },
-    /// A worker is alive (and registers with its devices).
-    Heartbeat { info: Wire<WorkerInfo> },
-    /// A replica's actor stopped unexpectedly.
-    ReplicaDied { model_uid: String, replica_uid: String },
-    /// A launch task finished (internal).
-    #[rpc]
-    LaunchDone { model_uid: String, outcome: Wire<()>, reply: RpcReplyPort<Wire<()>> },
-    /// A terminate task finished (internal).
-    #[rpc]
-    TerminateDone { model_uid: String, reply: RpcReplyPort<Wire<()>> },
-    /// Check heartbeats (sent by the supervisor to itself).
-    Tick,
-}
 
 /// The local actors of a serving model. They live on the supervisor node and never cross
 /// nodes, so they are kept here rather than in messages.

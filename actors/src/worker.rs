@@ -2,34 +2,21 @@
 //! heartbeats to the supervisor (which finds it, and it the supervisor, through process
 //! groups, the only registry ractor_cluster shares between nodes).
 
-use crate::cluster::Namespace;
 use crate::error::ActorError;
-use crate::handle::{GpuInfo, WorkerInfo};
-use crate::replica::{PullTimes, Replica, ReplicaArgs, ReplicaMsg, ReplicaSpec};
-use crate::supervisor::SupervisorMsg;
+use crate::node::Namespace;
+use crate::protocol::{SupervisorMsg, WorkerMsg};
+use crate::replica::{PullTimes, Replica, ReplicaArgs, ReplicaMsg};
+use crate::spec::ReplicaSpec;
 use crate::sync::lock;
+use crate::view::{GpuInfo, WorkerInfo};
 use crate::wire::{Wire, answer};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr, SupervisionEvent};
-use ractor_cluster::RactorClusterMessage;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 #[cfg(test)]
 mod tests;
-
-/// Messages of a worker; every one may cross nodes.
-#[derive(RactorClusterMessage)]
-pub(crate) enum WorkerMsg {
-    /// Start a replica; the reply comes once its engine is loaded.
-    #[rpc]
-    SpawnReplica { spec: Wire<Box<ReplicaSpec>>, reply: RpcReplyPort<Wire<()>> },
-    /// Stop a replica (also one still loading); `true` when it existed.
-    #[rpc]
-    StopReplica { replica_uid: String, reply: RpcReplyPort<Wire<bool>> },
-    /// Send a heartbeat (sent by the worker to itself).
-    Tick,
-}
 
 /// A replica slot on the worker.
 enum Slot {
@@ -288,6 +275,21 @@ impl Worker {
             };
             answer(reply, Wire(outcome));
         });
+    }
+}
+
+impl WorkerInfo {
+    /// A worker's description from the process environment and the GPU driver.
+    pub(crate) fn from_env(worker_id: String, host: String) -> Result<Self, ActorError> {
+        let var = |name: &str| std::env::var(name).ok();
+        let gpu_details = detect_gpus(var("XINF_GPUS").as_deref(), var("CUDA_VISIBLE_DEVICES").as_deref())?;
+        Ok(Self {
+            worker_id,
+            host,
+            gpus: gpu_details.iter().map(|g| g.index).collect(),
+            gpu_details,
+            allow_gpu_sharing: allow_gpu_sharing(var("XINF_ALLOW_MULTI_REPLICA_PER_GPU").as_deref()),
+        })
     }
 }
 

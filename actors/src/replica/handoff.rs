@@ -5,11 +5,12 @@
 //! the data plane of `xinf_transfer::transport`: in process when both replicas share one, else
 //! over the TCP page server of the prefill replica's process.
 
-use super::rooms::{HandoffStats, LatencyHistogram, Leases, RoomError, RoomTable};
+use super::rooms::{Leases, RoomError, RoomTable};
 use super::snapshot::{Inserted, SnapshotStore, chain_keys};
 use crate::block_tracker::{BlockTrackerHandle, BlockTrackerMsg};
 use crate::error::ActorError;
 use crate::sync::lock;
+use crate::view::{HandoffStats, LatencyHistogram};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
@@ -55,6 +56,19 @@ pub(crate) struct HandoffTimes {
     pub(crate) policy: transport::TransportPolicy,
     /// Bytes of the prefill replica's snapshot cache; 0 keeps no snapshots.
     pub(crate) snapshot_budget: usize,
+}
+
+impl HandoffTimes {
+    /// The node's handoff settings with a model's launch choices applied.
+    pub(crate) fn with_model(mut self, model: &crate::spec::ModelHandoff) -> Self {
+        if model.nixl {
+            self.policy = xinf_transfer::transport::TransportPolicy::Nixl;
+        }
+        if let Some(bytes) = model.snapshot_cache_bytes {
+            self.snapshot_budget = usize::try_from(bytes).unwrap_or(usize::MAX);
+        }
+        self
+    }
 }
 
 /// The transport for pages at `endpoint`: NIXL moves pages between processes; inside one

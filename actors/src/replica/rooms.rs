@@ -12,123 +12,13 @@
 //! Whatever ends a room hands back its request id exactly once, and the caller frees the
 //! engine's pinned blocks under it.
 
-use serde::{Deserialize, Serialize};
+use crate::view::HandoffStats;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[cfg(test)]
 mod tests;
-
-/// Upper bounds, in seconds, of the handoff latency histogram's buckets (the last bucket,
-/// `+Inf`, is implied by the count).
-pub const HANDOFF_LATENCY_BOUNDS: [f64; 12] =
-    [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
-
-/// A histogram of page-fetch times (a decode replica's wait from asking for a handoff's pages
-/// to holding them), in Prometheus' cumulative form.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LatencyHistogram {
-    /// Fetches that took at most `HANDOFF_LATENCY_BOUNDS[i]` seconds.
-    pub buckets: [u64; 12],
-    /// Fetches in all.
-    pub count: u64,
-    /// Their total time, in microseconds.
-    pub sum_us: u64,
-}
-
-impl LatencyHistogram {
-    /// Counts one fetch of `secs` seconds.
-    pub fn observe(&mut self, secs: f64) {
-        for (b, bound) in self.buckets.iter_mut().zip(HANDOFF_LATENCY_BOUNDS) {
-            if secs <= bound {
-                *b += 1;
-            }
-        }
-        self.count += 1;
-        self.sum_us += (secs * 1e6) as u64;
-    }
-
-    /// Bucket-wise sum.
-    pub fn add(&mut self, o: &Self) {
-        for (a, b) in self.buckets.iter_mut().zip(o.buckets) {
-            *a += b;
-        }
-        self.count += o.count;
-        self.sum_us += o.sum_us;
-    }
-}
-
-/// Handoff figures of one replica (a prefill replica counts rooms, a decode replica counts the
-/// pages it received).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct HandoffStats {
-    /// Rooms published and not yet released.
-    pub active_rooms: u64,
-    /// Pages moved (counted by the decode side).
-    pub pages_transferred: u64,
-    /// Bytes moved (counted by the decode side).
-    pub bytes_transferred: u64,
-    /// Fetches that went over TCP.
-    pub tcp_transfers: u64,
-    /// Fetches served in process.
-    pub in_process_transfers: u64,
-    /// Fetches whose bytes moved through NIXL (host memory).
-    pub nixl_transfers: u64,
-    /// Fetches that moved GPU to GPU inside one process.
-    pub gpu_in_process_transfers: u64,
-    /// Fetches that moved GPU to GPU through CUDA IPC.
-    pub cuda_ipc_transfers: u64,
-    /// Fetches that moved GPU to GPU through NIXL (VRAM).
-    pub nixl_vram_transfers: u64,
-    /// Bytes that moved GPU to GPU without touching host memory (part of `bytes_transferred`).
-    pub gpu_bytes_transferred: u64,
-    /// GPU-to-GPU fetches refused by the platform (CUDA IPC) that went through host memory.
-    pub gpu_fallbacks: u64,
-    /// Handoffs that failed (prefill, fetch or import).
-    pub failed: u64,
-    /// Rooms freed because their lease ran out.
-    pub expired_leases: u64,
-    /// Prompt pages reused from a snapshot cache instead of computed (counted by the prefill
-    /// replica that reused them).
-    pub snapshot_hits: u64,
-    /// Of those, pages fetched from another replica's snapshot cache.
-    pub snapshot_remote_hits: u64,
-    /// Pages held in this replica's snapshot cache.
-    pub snapshot_pages: u64,
-    /// Bytes held in this replica's snapshot cache.
-    pub snapshot_bytes: u64,
-    /// Pages evicted from the snapshot cache to make room.
-    pub snapshot_evictions: u64,
-    /// How long page fetches took (counted by the decode side).
-    pub latency: LatencyHistogram,
-}
-
-impl HandoffStats {
-    /// Field-wise sum, for a model's total over its replicas.
-    pub fn add(&mut self, o: &Self) {
-        self.active_rooms += o.active_rooms;
-        self.pages_transferred += o.pages_transferred;
-        self.bytes_transferred += o.bytes_transferred;
-        self.tcp_transfers += o.tcp_transfers;
-        self.in_process_transfers += o.in_process_transfers;
-        self.nixl_transfers += o.nixl_transfers;
-        self.gpu_in_process_transfers += o.gpu_in_process_transfers;
-        self.cuda_ipc_transfers += o.cuda_ipc_transfers;
-        self.nixl_vram_transfers += o.nixl_vram_transfers;
-        self.gpu_bytes_transferred += o.gpu_bytes_transferred;
-        self.gpu_fallbacks += o.gpu_fallbacks;
-        self.failed += o.failed;
-        self.expired_leases += o.expired_leases;
-        self.snapshot_hits += o.snapshot_hits;
-        self.snapshot_remote_hits += o.snapshot_remote_hits;
-        self.snapshot_pages += o.snapshot_pages;
-        self.snapshot_bytes += o.snapshot_bytes;
-        self.snapshot_evictions += o.snapshot_evictions;
-        self.latency.add(&o.latency);
-    }
-}
 
 /// Lease lengths of a room.
 #[derive(Debug, Clone, Copy)]

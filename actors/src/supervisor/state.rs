@@ -4,8 +4,8 @@
 //! Time comes in as an argument, so every transition is unit-tested without clocks or actors.
 
 use crate::error::ActorError;
-use crate::handle::{GpuUsage, ModelInfo, ModelStatus, ReplicaInfo, ReplicaStatus, WorkerInfo, WorkerStatus};
 use crate::launch::{self, ClusterView, GpuTenant, LaunchSpec, Placement, WorkerSlot};
+use crate::view::{GpuUsage, ModelInfo, ModelStatus, ReplicaInfo, ReplicaStatus, WorkerInfo, WorkerStatus};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 

@@ -1,4 +1,5 @@
 use super::*;
+use crate::view::LatencyHistogram;
 
 fn table() -> RoomTable {
     RoomTable::new(Leases { unclaimed: Duration::from_secs(10), claimed_idle: Duration::from_secs(2) })

@@ -9,7 +9,7 @@ fn info(id: &str, gpus: &[u32]) -> WorkerInfo {
         worker_id: id.into(),
         host: "127.0.0.1".into(),
         gpus: gpus.to_vec(),
-        gpu_details: gpus.iter().map(|g| crate::handle::GpuInfo::index_only(*g)).collect(),
+        gpu_details: gpus.iter().map(|g| crate::view::GpuInfo::index_only(*g)).collect(),
         allow_gpu_sharing: false,
     }
 }

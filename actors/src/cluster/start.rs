@@ -1,0 +1,250 @@
+//! Starting a cluster node: local mode, a supervisor, or a worker that joins one.
+
+use super::{Cluster, ClusterOptions, Inner};
+use crate::error::ActorError;
+use crate::node;
+use crate::node::Namespace;
+use crate::protocol::{SupervisorMsg, WorkerMsg};
+use crate::supervisor::{ModelTable, Supervisor};
+use crate::view::WorkerInfo;
+use crate::wire::call;
+use crate::worker::Worker;
+use ractor::{Actor, ActorRef};
+use ractor_cluster::NodeServerMessage;
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+async fn spawn_supervisor(
+    ns: &Namespace,
+    local_mode: bool,
+    models: Arc<ModelTable>,
+    options: &ClusterOptions,
+) -> Result<ActorRef<SupervisorMsg>, ActorError> {
+    let sup = Supervisor {
+        ns: ns.clone(),
+        local_mode,
+        models,
+        times: options.supervisor_times(),
+        engines: options.engines.clone(),
+    };
+    Actor::spawn(Some(ns.supervisor_name()), sup, ())
+        .await
+        .map(|(actor, _)| actor)
+        .map_err(|e| ActorError::Node(format!("starting the supervisor: {e}")))
+}
+
+async fn spawn_worker(
+    ns: &Namespace,
+    info: WorkerInfo,
+    options: &ClusterOptions,
+) -> Result<ActorRef<WorkerMsg>, ActorError> {
+    let name = ns.worker_name(&info.worker_id);
+    let worker =
+        Worker { ns: ns.clone(), info, times: options.worker_times(), engines: options.engines.clone() };
+    Actor::spawn(Some(name), worker, ())
+        .await
+        .map(|(actor, _)| actor)
+        .map_err(|e| ActorError::Node(format!("starting the worker: {e}")))
+}
+
+/// Polls the supervisor until it lists `worker_id`.
+async fn wait_registered(
+    supervisor: &ActorRef<SupervisorMsg>,
+    worker_id: &str,
+    options: &ClusterOptions,
+) -> Result<(), ActorError> {
+    let deadline = tokio::time::Instant::now() + options.join_timeout;
+    loop {
+        let workers = call(supervisor, "supervisor", options.call_timeout, |reply| {
+            SupervisorMsg::ListWorkers { reply }
+        })
+        .await?;
+        if workers.iter().any(|w| w.info.worker_id == worker_id && w.alive) {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ActorError::Timeout {
+                what: format!("registration of worker {worker_id}"),
+                after_ms: options.join_timeout.as_millis() as u64,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+impl Cluster {
+    /// Runs a supervisor and one worker in this process (`xinf local`), without any network
+    /// listener, offering `engines`. Call from within a tokio multi-thread runtime.
+    pub async fn start_local(engines: xinf_engine::Engines) -> Result<Self, ActorError> {
+        Self::start_local_with(ClusterOptions { engines, ..ClusterOptions::default() }).await
+    }
+
+    /// [`start_local`](Self::start_local) with explicit options.
+    pub async fn start_local_with(options: ClusterOptions) -> Result<Self, ActorError> {
+        let ns = Namespace::local();
+        let models = Arc::new(ModelTable::default());
+        let supervisor = spawn_supervisor(&ns, true, models.clone(), &options).await?;
+        let info = WorkerInfo::from_env("local".into(), "127.0.0.1".into())?;
+        let worker = match spawn_worker(&ns, info, &options).await {
+            Ok(w) => w,
+            Err(e) => {
+                supervisor.stop(None);
+                return Err(e);
+            }
+        };
+        let cluster = Self {
+            inner: Arc::new(Inner {
+                ns,
+                supervisor,
+                models,
+                options,
+                local_worker: Some(worker),
+                node: None,
+                address: None,
+                closed: AtomicBool::new(false),
+            }),
+        };
+        if let Err(e) = wait_registered(&cluster.inner.supervisor, "local", &cluster.inner.options).await {
+            cluster.shutdown().await;
+            return Err(e);
+        }
+        Ok(cluster)
+    }
+
+    /// Runs the supervisor of a multi-node cluster in this process, listening for workers on
+    /// `host:cluster_port` (port 0 picks a free one; see [`address`](Self::address)). Workers
+    /// must present the same `secret`. `host` must be an address the workers can reach; a
+    /// wildcard (`0.0.0.0`, `::`) is refused.
+    /// Launches may name the `engines` given.
+    pub async fn start_supervisor(
+        host: &str,
+        cluster_port: u16,
+        secret: &str,
+        engines: xinf_engine::Engines,
+    ) -> Result<Self, ActorError> {
+        let options = ClusterOptions { engines, ..ClusterOptions::default() };
+        Self::start_supervisor_with(host, cluster_port, secret, options).await
+    }
+
+    /// [`start_supervisor`](Self::start_supervisor) with explicit options.
+    pub async fn start_supervisor_with(
+        host: &str,
+        cluster_port: u16,
+        secret: &str,
+        options: ClusterOptions,
+    ) -> Result<Self, ActorError> {
+        node::check_secret(secret)?;
+        let ip = node::listen_ip(host)?;
+        let port = if cluster_port == 0 { node::free_port(ip)? } else { cluster_port };
+        let ns = Namespace::from_secret(secret);
+        let node = node::start_node("xinf-supervisor", ip, port, secret).await?;
+        let models = Arc::new(ModelTable::default());
+        let supervisor = match spawn_supervisor(&ns, false, models.clone(), &options).await {
+            Ok(s) => s,
+            Err(e) => {
+                node.stop(None);
+                return Err(e);
+            }
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                ns,
+                supervisor,
+                models,
+                options,
+                local_worker: None,
+                node: Some(node),
+                address: Some(SocketAddr::new(ip, port).to_string()),
+                closed: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// Runs a worker in this process and joins the supervisor at `supervisor_addr`
+    /// (`host:port`). The worker listens on `host` (a free port) for the supervisor's node, and
+    /// loads replicas with the `engines` given.
+    pub async fn start_worker(
+        supervisor_addr: &str,
+        host: &str,
+        secret: &str,
+        engines: xinf_engine::Engines,
+    ) -> Result<WorkerNode, ActorError> {
+        let options = ClusterOptions { engines, ..ClusterOptions::default() };
+        Self::start_worker_with(supervisor_addr, host, secret, options).await
+    }
+
+    /// [`start_worker`](Self::start_worker) with explicit options.
+    pub async fn start_worker_with(
+        supervisor_addr: &str,
+        host: &str,
+        secret: &str,
+        options: ClusterOptions,
+    ) -> Result<WorkerNode, ActorError> {
+        node::check_secret(secret)?;
+        let ip = node::listen_ip(host)?;
+        let port = node::free_port(ip)?;
+        let worker_id = SocketAddr::new(ip, port).to_string();
+        let ns = Namespace::from_secret(secret);
+        let info = WorkerInfo::from_env(worker_id.clone(), ip.to_string())?;
+        let node = node::start_node(&format!("xinf-worker-{worker_id}"), ip, port, secret).await?;
+        let joined = async {
+            node::connect(&node, supervisor_addr, options.join_timeout).await?;
+            tracing::debug!(%supervisor_addr, "connected to the supervisor node");
+            let sup = node::wait_for_member(&ns.supervisor_group(), options.join_timeout).await.ok_or_else(
+                || ActorError::Join {
+                    addr: supervisor_addr.to_owned(),
+                    reason: "no supervisor answered; check that both sides use the same secret".into(),
+                },
+            )?;
+            let sup: ActorRef<SupervisorMsg> = sup.into();
+            tracing::debug!(remote = !sup.get_id().is_local(), "found the supervisor");
+            let worker = spawn_worker(&ns, info, &options).await?;
+            if let Err(e) = wait_registered(&sup, &worker_id, &options).await {
+                worker.stop(None);
+                return Err(e);
+            }
+            Ok(worker)
+        }
+        .await;
+        match joined {
+            Ok(worker) => Ok(WorkerNode { worker, node, worker_id, stop_timeout: options.stop_timeout }),
+            Err(e) => {
+                node.stop(None);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// A worker running in this process, joined to a supervisor.
+pub struct WorkerNode {
+    worker: ActorRef<WorkerMsg>,
+    node: ActorRef<NodeServerMessage>,
+    worker_id: String,
+    stop_timeout: Duration,
+}
+
+impl fmt::Debug for WorkerNode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkerNode").field("worker_id", &self.worker_id).finish_non_exhaustive()
+    }
+}
+
+impl WorkerNode {
+    /// The worker's id in the cluster (`ip:port`), which `replica_config[i].devices[0].worker_ip`
+    /// names.
+    pub fn worker_id(&self) -> &str {
+        &self.worker_id
+    }
+
+    /// Stops the worker (and its replicas) and leaves the cluster.
+    pub async fn shutdown(self) {
+        if let Err(e) = self.worker.stop_and_wait(Some("shutdown".into()), Some(self.stop_timeout)).await {
+            tracing::warn!(error = %e, "the worker did not stop in time");
+        }
+        self.node.stop(Some("shutdown".into()));
+    }
+}

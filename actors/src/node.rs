@@ -1,0 +1,255 @@
+//! Cluster plumbing: names and process groups, listen addresses, `NodeServer` start-up with the
+//! shared secret as ractor_cluster's cookie, and joining a supervisor.
+//!
+//! Discovery goes through process groups (`ractor::pg`), the only registry ractor_cluster
+//! shares between nodes. Group and actor names carry a namespace: derived from the secret in
+//! cluster mode (so nodes that share a secret share names, and two clusters in one process do
+//! not see each other), unique per instance in local mode.
+
+use crate::error::ActorError;
+use ractor::{Actor, ActorCell, ActorRef};
+use ractor_cluster::{NodeServer, NodeServerMessage};
+use sha2::{Digest, Sha256};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+#[cfg(test)]
+mod tests;
+
+/// The prefix of every group and actor name of one cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Namespace(Arc<str>);
+
+impl Namespace {
+    /// A namespace of its own, for an in-process (local mode) cluster.
+    pub(crate) fn local() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        Self(format!("xinf-local-{}-{n}", std::process::id()).into())
+    }
+
+    /// The namespace of the nodes that share `secret`. Only a digest of the secret appears in
+    /// names, which travel to authenticated peers only.
+    pub(crate) fn from_secret(secret: &str) -> Self {
+        let digest = Sha256::digest(format!("xinf-cluster-namespace\0{secret}").as_bytes());
+        let hex: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
+        Self(format!("xinf-{hex}").into())
+    }
+
+    /// The group the supervisor joins.
+    pub(crate) fn supervisor_group(&self) -> String {
+        format!("{}.supervisor", self.0)
+    }
+
+    /// The group every worker joins; the supervisor watches it for departures.
+    pub(crate) fn workers_group(&self) -> String {
+        format!("{}.workers", self.0)
+    }
+
+    /// The group of one worker.
+    pub(crate) fn worker_group(&self, worker_id: &str) -> String {
+        format!("{}.worker.{worker_id}", self.0)
+    }
+
+    /// The group of one replica.
+    pub(crate) fn replica_group(&self, replica_uid: &str) -> String {
+        format!("{}.replica.{replica_uid}", self.0)
+    }
+
+    /// The group of one model's block tracker.
+    pub(crate) fn tracker_group(&self, model_uid: &str) -> String {
+        format!("{}.tracker.{model_uid}", self.0)
+    }
+
+    fn name(&self, kind: &str, id: &str) -> String {
+        format!("{}/{kind}/{id}", self.0)
+    }
+
+    pub(crate) fn supervisor_name(&self) -> String {
+        format!("{}/supervisor", self.0)
+    }
+
+    pub(crate) fn worker_name(&self, worker_id: &str) -> String {
+        self.name("worker", worker_id)
+    }
+
+    pub(crate) fn replica_name(&self, replica_uid: &str) -> String {
+        self.name("replica", replica_uid)
+    }
+
+    pub(crate) fn router_name(&self, model_uid: &str) -> String {
+        self.name("router", model_uid)
+    }
+
+    pub(crate) fn tracker_name(&self, model_uid: &str) -> String {
+        self.name("tracker", model_uid)
+    }
+
+    /// Whether an actor name belongs to this cluster.
+    pub(crate) fn owns(&self, actor_name: &str) -> bool {
+        actor_name.strip_prefix(&*self.0).is_some_and(|rest| rest.starts_with('/'))
+    }
+}
+
+/// The address to listen on. A wildcard address is refused: the address is also what peers
+/// are told to connect back to, and `0.0.0.0` reaches nobody.
+pub(crate) fn listen_ip(host: &str) -> Result<IpAddr, ActorError> {
+    let bare = host.trim().trim_start_matches('[').trim_end_matches(']');
+    if bare.is_empty() {
+        return Err(ActorError::InvalidConfig { field: "host".into(), reason: "must not be empty".into() });
+    }
+    let ip = match bare.parse::<IpAddr>() {
+        Ok(ip) => ip,
+        Err(_) => {
+            (bare, 0).to_socket_addrs().ok().and_then(|mut addrs| addrs.next()).map(|a| a.ip()).ok_or_else(
+                || ActorError::InvalidConfig {
+                    field: "host".into(),
+                    reason: format!("`{bare}` is neither an IP address nor a resolvable host name"),
+                },
+            )?
+        }
+    };
+    if ip.is_unspecified() {
+        return Err(ActorError::InvalidConfig {
+            field: "host".into(),
+            reason: format!(
+                "`{ip}` listens on every interface but is no address other nodes can reach; give this \
+                 node's own address (default 127.0.0.1)"
+            ),
+        });
+    }
+    Ok(ip)
+}
+
+/// Refuses an empty secret: it would let any node in.
+pub(crate) fn check_secret(secret: &str) -> Result<(), ActorError> {
+    if secret.is_empty() {
+        return Err(ActorError::InvalidConfig {
+            field: "secret".into(),
+            reason: "must not be empty: it is what keeps other nodes out".into(),
+        });
+    }
+    Ok(())
+}
+
+/// A free TCP port on `ip`, for a node whose port nobody needs to know in advance (a worker
+/// connects out; the supervisor learns its address from the connection).
+pub(crate) fn free_port(ip: IpAddr) -> Result<u16, ActorError> {
+    std::net::TcpListener::bind(SocketAddr::new(ip, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| ActorError::Node(format!("finding a free port on {ip}: {e}")))
+}
+
+/// Starts a `NodeServer` listening on `ip:port` only, with the secret as its cookie. Nodes
+/// connect to the supervisor only (no transitive mesh): the control plane is a star.
+pub(crate) async fn start_node(
+    name: &str,
+    ip: IpAddr,
+    port: u16,
+    secret: &str,
+) -> Result<ActorRef<NodeServerMessage>, ActorError> {
+    let server = NodeServer::new(
+        port,
+        secret.to_owned(),
+        name.to_owned(),
+        ip.to_string(),
+        None,
+        Some(ractor_cluster::node::NodeConnectionMode::Isolated),
+    )
+    .with_listen_addr(ip);
+    let (node, _) = Actor::spawn(None, server, ())
+        .await
+        .map_err(|e| ActorError::Node(format!("listening on {}: {e}", SocketAddr::new(ip, port))))?;
+    Ok(node)
+}
+
+/// What the joining node learns about its session with the supervisor's node.
+enum SessionEvent {
+    Authenticated,
+    Closed,
+}
+
+/// Forwards session events of the node server to the joining task.
+struct SessionWatch(tokio::sync::mpsc::UnboundedSender<SessionEvent>);
+
+impl ractor_cluster::NodeEventSubscription for SessionWatch {
+    fn node_session_opened(&self, _ses: ractor_cluster::node::NodeServerSessionInformation) {}
+
+    fn node_session_disconnected(&self, _ses: ractor_cluster::node::NodeServerSessionInformation) {
+        let _ = self.0.send(SessionEvent::Closed);
+    }
+
+    fn node_session_authenticated(&self, _ses: ractor_cluster::node::NodeServerSessionInformation) {
+        let _ = self.0.send(SessionEvent::Authenticated);
+    }
+}
+
+/// Connects `node` to the node at `addr` and waits until the two have authenticated each
+/// other, retrying the connection for up to `timeout` (the supervisor may still be starting).
+///
+/// A session the peer closes before authenticating means it refused this node's secret:
+/// that is reported at once, not after the timeout.
+pub(crate) async fn connect(
+    node: &ActorRef<NodeServerMessage>,
+    addr: &str,
+    timeout: Duration,
+) -> Result<(), ActorError> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let id = format!("xinf-join-{:016x}", rand::random::<u64>());
+    node.cast(NodeServerMessage::SubscribeToEvents {
+        id: id.clone(),
+        subscription: Box::new(SessionWatch(tx)),
+    })
+    .map_err(|e| ActorError::Node(format!("the node server is gone: {e}")))?;
+    let result = connect_and_authenticate(node, addr, timeout, &mut rx).await;
+    if node.cast(NodeServerMessage::UnsubscribeToEvents(id)).is_err() {
+        tracing::debug!("the node server is gone");
+    }
+    result
+}
+
+async fn connect_and_authenticate(
+    node: &ActorRef<NodeServerMessage>,
+    addr: &str,
+    timeout: Duration,
+    events: &mut tokio::sync::mpsc::UnboundedReceiver<SessionEvent>,
+) -> Result<(), ActorError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let join_error = |reason: String| ActorError::Join { addr: addr.to_owned(), reason };
+    loop {
+        match ractor_cluster::client_connect(node, addr).await {
+            Ok(()) => break,
+            Err(e) if tokio::time::Instant::now() >= deadline => return Err(join_error(e.to_string())),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    match tokio::time::timeout_at(deadline, events.recv()).await {
+        Ok(Some(SessionEvent::Authenticated)) => Ok(()),
+        Ok(Some(SessionEvent::Closed)) | Ok(None) => Err(join_error(
+            "the supervisor closed the connection during authentication: the cluster secrets differ".into(),
+        )),
+        Err(_) => Err(join_error(format!(
+            "no authenticated session within {} ms; check that both sides use the same secret",
+            timeout.as_millis()
+        ))),
+    }
+}
+
+/// Waits until a process group has a member (a remote member appears once its node's group
+/// list arrives), at most `timeout`.
+pub(crate) async fn wait_for_member(group: &str, timeout: Duration) -> Option<ActorCell> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let group = group.to_owned();
+    loop {
+        if let Some(cell) = ractor::pg::get_members(&group).into_iter().next() {
+            return Some(cell);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -1,0 +1,59 @@
+//! The messages between the supervisor and the workers. Both sides send them, so they live apart
+//! from either actor; every one may cross nodes.
+
+use crate::launch::LaunchRequest;
+use crate::spec::ReplicaSpec;
+use crate::view::{ModelInfo, WorkerInfo, WorkerStatus};
+use crate::wire::{JsonWire, Wire};
+use ractor::RpcReplyPort;
+use ractor_cluster::RactorClusterMessage;
+
+/// Messages of the supervisor; every one may cross nodes (workers send heartbeats, and any
+/// node may ask for the model list).
+#[derive(RactorClusterMessage)]
+pub(crate) enum SupervisorMsg {
+    /// Validate, place and launch a model; the reply is its uid, once it serves (or, with
+    /// `detach`, once it is placed and loading).
+    #[rpc]
+    Launch { request: JsonWire<Box<LaunchRequest>>, detach: bool, reply: RpcReplyPort<Wire<String>> },
+    /// Terminate a model: router, tracker and replicas.
+    #[rpc]
+    Terminate { model_uid: String, reply: RpcReplyPort<Wire<()>> },
+    /// One model's status and replicas.
+    #[rpc]
+    GetModel { model_uid: String, reply: RpcReplyPort<Wire<ModelInfo>> },
+    /// Every model.
+    #[rpc]
+    ListModels { reply: RpcReplyPort<Wire<Vec<ModelInfo>>> },
+    /// Every worker.
+    #[rpc]
+    ListWorkers { reply: RpcReplyPort<Wire<Vec<WorkerStatus>>> },
+    /// Change a model's replica count (refused for now).
+    #[rpc]
+    Scale { model_uid: String, reply: RpcReplyPort<Wire<()>> },
+    /// A worker is alive (and registers with its devices).
+    Heartbeat { info: Wire<WorkerInfo> },
+    /// A replica's actor stopped unexpectedly.
+    ReplicaDied { model_uid: String, replica_uid: String },
+    /// A launch task finished (internal).
+    #[rpc]
+    LaunchDone { model_uid: String, outcome: Wire<()>, reply: RpcReplyPort<Wire<()>> },
+    /// A terminate task finished (internal).
+    #[rpc]
+    TerminateDone { model_uid: String, reply: RpcReplyPort<Wire<()>> },
+    /// Check heartbeats (sent by the supervisor to itself).
+    Tick,
+}
+
+/// Messages of a worker; every one may cross nodes.
+#[derive(RactorClusterMessage)]
+pub(crate) enum WorkerMsg {
+    /// Start a replica; the reply comes once its engine is loaded.
+    #[rpc]
+    SpawnReplica { spec: Wire<Box<ReplicaSpec>>, reply: RpcReplyPort<Wire<()>> },
+    /// Stop a replica (also one still loading); `true` when it existed.
+    #[rpc]
+    StopReplica { replica_uid: String, reply: RpcReplyPort<Wire<bool>> },
+    /// Send a heartbeat (sent by the worker to itself).
+    Tick,
+}

@@ -1,0 +1,87 @@
+//! Requests on a serving model: one replica runs it, or (P/D) a prefill replica computes the
+//! prompt and hands its KV to a decode replica (`handoff`); either way the caller pulls the
+//! events (`pull`). A caller that goes away before the request started is cleaned up by the
+//! `guard`.
+
+mod guard;
+mod handoff;
+pub(crate) mod pull;
+
+use crate::cluster::Cluster;
+use crate::error::ActorError;
+use crate::replica::ReplicaMsg;
+use crate::router::RouterMsg;
+use crate::wire::{Wire, call, call_local};
+use guard::RequestGuard;
+use pull::PullSettings;
+use xinf_engine::{GenerateRequest, TokenStream};
+
+/// A request id for a request that came without one.
+fn new_request_id() -> String {
+    format!("req-{:032x}", rand::random::<u128>())
+}
+
+impl Cluster {
+    /// Starts a request on one of the model's replicas (round-robin) and returns its events.
+    /// An empty `request_id` gets a generated one; an id already running is refused.
+    /// Dropping the stream aborts the request.
+    pub async fn generate(
+        &self,
+        model_uid: &str,
+        mut request: GenerateRequest,
+    ) -> Result<TokenStream, ActorError> {
+        let actors = self.serving(model_uid).await?;
+        if request.request_id.trim().is_empty() {
+            request.request_id = new_request_id();
+        }
+        let request_id = request.request_id.clone();
+        let t = self.timeout();
+        let routed = call_local(&actors.router, "router", t, |reply| RouterMsg::Route {
+            request_id: request_id.clone(),
+            reply,
+        })
+        .await?;
+        let mut replicas = vec![routed.replica.clone()];
+        replicas.extend(routed.prefill.as_ref().map(|(_, r)| r.clone()));
+        let mut guard = RequestGuard {
+            router: Some(actors.router.clone()),
+            replicas,
+            request_id: request_id.clone(),
+            timeout: t,
+        };
+        let started = match routed.prefill.clone() {
+            None => {
+                let what = format!("replica `{}`", routed.replica_uid);
+                call(&routed.replica, &what, t, |reply| ReplicaMsg::Generate {
+                    request: Wire::ok(request),
+                    reply,
+                })
+                .await
+            }
+            Some((prefill_uid, prefill)) => {
+                self.handoff(&prefill_uid, &prefill, &routed.replica_uid, &routed.replica, request).await
+            }
+        };
+        guard.router = None;
+        guard.replicas.clear();
+        if let Err(e) = started {
+            if actors.router.cast(RouterMsg::Finished { request_id }).is_err() {
+                tracing::debug!("the router is gone");
+            }
+            return Err(e);
+        }
+        let settings = PullSettings { long_poll: self.inner.options.long_poll, call: t };
+        Ok(pull::open(routed, actors.router, settings))
+    }
+
+    /// Aborts a request on every replica of the model; `true` when one was running it.
+    pub async fn abort(&self, model_uid: &str, request_id: &str) -> Result<bool, ActorError> {
+        let actors = self.serving(model_uid).await?;
+        // The fan-out itself calls every replica with the call time limit.
+        call_local(&actors.router, "router", 2 * self.timeout(), |reply| RouterMsg::Abort {
+            request_id: request_id.to_owned(),
+            reply,
+        })
+        .await
+    }
+}
