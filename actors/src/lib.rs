@@ -64,7 +64,6 @@ mod request;
 mod router;
 mod spec;
 mod supervisor;
-mod sync;
 #[cfg(test)]
 mod testing;
 mod view;

@@ -183,21 +183,7 @@ impl Actor for Replica {
                 let outcome = request.0.and_then(|request| start(state, request));
                 answer(reply, Wire(outcome));
             }
-            ReplicaMsg::NextEvents { request_id, reply } => match state.requests.get(&request_id) {
-                None => answer(reply, Wire(Err(ActorError::Engine(EngineError::UnknownRequest(request_id))))),
-                Some(slot) => {
-                    let table = state.requests.clone();
-                    let long_poll = state.times.long_poll;
-                    // Wait off the mailbox, so one slow request never holds up the others.
-                    tokio::spawn(async move {
-                        let batch = slot.next_batch(long_poll).await;
-                        if batch.done {
-                            table.remove(&request_id);
-                        }
-                        answer(reply, Wire::ok(batch));
-                    });
-                }
-            },
+            ReplicaMsg::NextEvents { request_id, reply } => next_events(state, request_id, reply),
             ReplicaMsg::Abort { request_id, reply } => {
                 let known = state.engine.abort(&request_id);
                 state.handoff.abort(&request_id);
@@ -205,71 +191,15 @@ impl Actor for Replica {
             }
             ReplicaMsg::Prefill { request, reply } => match request.0 {
                 Err(e) => answer(reply, Wire(Err(e))),
-                Ok(request) => {
-                    let prefill = state.handoff.prefill(request);
-                    let side = state.handoff.clone();
-                    // Compute off the mailbox: other requests and pulls go on meanwhile.
-                    tokio::spawn(async move {
-                        let result = prefill.await;
-                        let room = result.as_ref().ok().map(|h| h.room);
-                        if reply.send(Wire(result)).is_err()
-                            && let Some(room) = room
-                        {
-                            // Nobody will come for the pages.
-                            side.release(room);
-                        }
-                    });
-                }
+                Ok(request) => prefill(state, request, reply),
             },
             ReplicaMsg::GenerateImported { request, handoff, reply } => match (request.0, handoff.0) {
                 (Err(e), _) | (_, Err(e)) => answer(reply, Wire(Err(e))),
-                (Ok(request), Ok(handoff)) => {
-                    if state.requests.get(&request.request_id).is_some() {
-                        let id = request.request_id;
-                        answer(reply, Wire(Err(ActorError::Engine(EngineError::DuplicateRequest(id)))));
-                        return Ok(());
-                    }
-                    let fetch = state.handoff.fetch(&handoff);
-                    let (engine, requests, served) =
-                        (state.engine.clone(), state.requests.clone(), state.served.clone());
-                    let side = state.handoff.clone();
-                    tokio::spawn(async move {
-                        let started = async {
-                            let kv = fetch.await?;
-                            let id = request.request_id.clone();
-                            let stream =
-                                engine.submit_imported(request, kv).inspect_err(|_| side.failed())?;
-                            drain(&requests, &served, &id, stream);
-                            if side.was_aborted(&id) {
-                                // The abort came while the pages were in flight.
-                                engine.abort(&id);
-                            }
-                            Ok::<_, ActorError>(())
-                        }
-                        .await;
-                        answer(reply, Wire(started));
-                    });
-                }
+                (Ok(request), Ok(handoff)) => generate_imported(state, request, handoff, reply),
             },
             ReplicaMsg::Contract { reply } => answer(reply, Wire::ok(state.engine.contract().clone())),
             ReplicaMsg::Release { room, reply } => answer(reply, Wire::ok(state.handoff.release(room))),
-            ReplicaMsg::Stats { reply } => {
-                let s = state.engine.stats();
-                answer(
-                    reply,
-                    Wire::ok(ReplicaStats {
-                        replica_uid: state.replica_uid.clone(),
-                        worker_id: state.worker_id.clone(),
-                        running: s.running as u64,
-                        queued: s.queued as u64,
-                        requests_served: state.served.load(Ordering::Relaxed),
-                        prompt_tokens: s.prompt_tokens,
-                        generated_tokens: s.generated_tokens,
-                        pinned_blocks: s.pinned_blocks as u64,
-                        handoff: state.handoff.stats(),
-                    }),
-                );
-            }
+            ReplicaMsg::Stats { reply } => answer(reply, Wire::ok(stats(state))),
             ReplicaMsg::Sweep => {
                 for id in state.requests.expire(Instant::now(), state.times.idle_abort) {
                     tracing::info!(request_id = %id, replica_uid = %state.replica_uid, "nobody pulls the request any more; aborting it");
@@ -279,6 +209,91 @@ impl Actor for Replica {
             }
         }
         Ok(())
+    }
+}
+
+/// Answers a pull once events are buffered (or after the long poll), off the mailbox.
+fn next_events(state: &ReplicaState, request_id: String, reply: RpcReplyPort<Wire<EventBatch>>) {
+    match state.requests.get(&request_id) {
+        None => answer(reply, Wire(Err(ActorError::Engine(EngineError::UnknownRequest(request_id))))),
+        Some(slot) => {
+            let table = state.requests.clone();
+            let long_poll = state.times.long_poll;
+            // Wait off the mailbox, so one slow request never holds up the others.
+            tokio::spawn(async move {
+                let batch = slot.next_batch(long_poll).await;
+                if batch.done {
+                    table.remove(&request_id);
+                }
+                answer(reply, Wire::ok(batch));
+            });
+        }
+    }
+}
+
+/// Computes a prompt and publishes its KV off the mailbox; a room nobody will fetch (the caller
+/// went away) is released at once.
+fn prefill(state: &ReplicaState, request: GenerateRequest, reply: RpcReplyPort<Wire<Handoff>>) {
+    let prefill = state.handoff.prefill(request);
+    let side = state.handoff.clone();
+    // Compute off the mailbox: other requests and pulls go on meanwhile.
+    tokio::spawn(async move {
+        let result = prefill.await;
+        let room = result.as_ref().ok().map(|h| h.room);
+        if reply.send(Wire(result)).is_err()
+            && let Some(room) = room
+        {
+            // Nobody will come for the pages.
+            side.release(room);
+        }
+    });
+}
+
+/// Fetches a handoff's pages and starts the request on them, off the mailbox.
+fn generate_imported(
+    state: &ReplicaState,
+    request: GenerateRequest,
+    handoff: Box<Handoff>,
+    reply: RpcReplyPort<Wire<()>>,
+) {
+    if state.requests.get(&request.request_id).is_some() {
+        let id = request.request_id;
+        answer(reply, Wire(Err(ActorError::Engine(EngineError::DuplicateRequest(id)))));
+        return;
+    }
+    let fetch = state.handoff.fetch(&handoff);
+    let (engine, requests, served) = (state.engine.clone(), state.requests.clone(), state.served.clone());
+    let side = state.handoff.clone();
+    tokio::spawn(async move {
+        let started = async {
+            let kv = fetch.await?;
+            let id = request.request_id.clone();
+            let stream = engine.submit_imported(request, kv).inspect_err(|_| side.failed())?;
+            drain(&requests, &served, &id, stream);
+            if side.was_aborted(&id) {
+                // The abort came while the pages were in flight.
+                engine.abort(&id);
+            }
+            Ok::<_, ActorError>(())
+        }
+        .await;
+        answer(reply, Wire(started));
+    });
+}
+
+/// The replica's load figures.
+fn stats(state: &ReplicaState) -> ReplicaStats {
+    let s = state.engine.stats();
+    ReplicaStats {
+        replica_uid: state.replica_uid.clone(),
+        worker_id: state.worker_id.clone(),
+        running: s.running as u64,
+        queued: s.queued as u64,
+        requests_served: state.served.load(Ordering::Relaxed),
+        prompt_tokens: s.prompt_tokens,
+        generated_tokens: s.generated_tokens,
+        pinned_blocks: s.pinned_blocks as u64,
+        handoff: state.handoff.stats(),
     }
 }
 

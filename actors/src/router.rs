@@ -6,7 +6,7 @@
 pub(crate) mod policy;
 
 use crate::error::ActorError;
-use crate::launch::Role;
+use crate::spec::Role;
 use crate::replica::ReplicaMsg;
 use crate::wire::{answer, call};
 use policy::{RouteError, RouterPolicy};
@@ -72,6 +72,38 @@ pub(crate) struct RouterState {
 }
 
 impl RouterState {
+    /// Picks the replicas of a request (a prefill and a decode one in a P/D deployment) and
+    /// keeps what kills it when one of them is lost.
+    fn route(&mut self, request_id: &str, model_uid: &str) -> Result<Routed, ActorError> {
+        let request_id = request_id.to_owned();
+        let picked = if self.policy.is_pd() {
+            self.policy.begin_pd(&request_id).map(|(p, d)| (Some(p), d))
+        } else {
+            self.policy.begin(&request_id, Role::Hybrid).map(|r| (None, r))
+        };
+        match picked {
+            Err(RouteError::Duplicate) => Err(ActorError::DuplicateRequest(request_id.clone())),
+            Err(RouteError::NoReplica) => Err(ActorError::NoReplica(model_uid.to_owned())),
+            Ok((prefill_uid, replica_uid)) => {
+                let prefill = match prefill_uid {
+                    None => Ok(None),
+                    Some(uid) => self.refs.get(&uid).cloned().map(|r| Some((uid.clone(), r))).ok_or(uid),
+                };
+                match (self.refs.get(&replica_uid).cloned(), prefill) {
+                    (Some(replica), Ok(prefill)) => {
+                        let (kill, lost) = oneshot::channel();
+                        self.kills.insert(request_id.clone(), kill);
+                        Ok(Routed { request_id: request_id.clone(), replica_uid, replica, prefill, lost })
+                    }
+                    (None, _) | (_, Err(_)) => {
+                        self.policy.finish(&request_id);
+                        Err(ActorError::Internal(format!("replica `{replica_uid}` has no reference")))
+                    }
+                }
+            }
+        }
+    }
+
     fn kill(&mut self, request_id: &str, reason: &str) {
         if let Some(kill) = self.kills.remove(request_id) {
             // The stream may have ended already; nothing to tell then.
@@ -128,40 +160,7 @@ impl Actor for Router {
                     }
                     return Ok(());
                 }
-                let picked = if state.policy.is_pd() {
-                    state.policy.begin_pd(&request_id).map(|(p, d)| (Some(p), d))
-                } else {
-                    state.policy.begin(&request_id, Role::Hybrid).map(|r| (None, r))
-                };
-                let routed = match picked {
-                    Err(RouteError::Duplicate) => Err(ActorError::DuplicateRequest(request_id.clone())),
-                    Err(RouteError::NoReplica) => Err(ActorError::NoReplica(self.model_uid.clone())),
-                    Ok((prefill_uid, replica_uid)) => {
-                        let prefill = match prefill_uid {
-                            None => Ok(None),
-                            Some(uid) => {
-                                state.refs.get(&uid).cloned().map(|r| Some((uid.clone(), r))).ok_or(uid)
-                            }
-                        };
-                        match (state.refs.get(&replica_uid).cloned(), prefill) {
-                            (Some(replica), Ok(prefill)) => {
-                                let (kill, lost) = oneshot::channel();
-                                state.kills.insert(request_id.clone(), kill);
-                                Ok(Routed {
-                                    request_id: request_id.clone(),
-                                    replica_uid,
-                                    replica,
-                                    prefill,
-                                    lost,
-                                })
-                            }
-                            (None, _) | (_, Err(_)) => {
-                                state.policy.finish(&request_id);
-                                Err(ActorError::Internal(format!("replica `{replica_uid}` has no reference")))
-                            }
-                        }
-                    }
-                };
+                let routed = state.route(&request_id, &self.model_uid);
                 if reply.send(routed).is_err() {
                     // The caller gave up: the request will never run.
                     state.policy.finish(&request_id);
@@ -176,29 +175,7 @@ impl Actor for Router {
                 let now = std::time::Instant::now();
                 state.blocked.retain(|_, until| *until > now);
                 state.blocked.insert(request_id.clone(), now + ABORT_BLOCK);
-                let replicas: Vec<(String, ActorRef<ReplicaMsg>)> =
-                    state.refs.iter().map(|(uid, r)| (uid.clone(), r.clone())).collect();
-                let timeout = self.call_timeout;
-                // Fan out off the mailbox: a dead replica must not stall routing.
-                tokio::spawn(async move {
-                    let calls = replicas.iter().map(|(uid, replica)| {
-                        let request_id = request_id.clone();
-                        async move {
-                            call(replica, &format!("replica `{uid}`"), timeout, |reply| ReplicaMsg::Abort {
-                                request_id,
-                                reply,
-                            })
-                            .await
-                        }
-                    });
-                    let results = futures::future::join_all(calls).await;
-                    let found = results.iter().any(|r| matches!(r, Ok(true)));
-                    let outcome = match results.into_iter().find_map(Result::err) {
-                        Some(e) if !found => Err(e),
-                        _ => Ok(found),
-                    };
-                    answer(reply, outcome);
-                });
+                abort_everywhere(state, request_id, self.call_timeout, reply);
             }
             RouterMsg::RemoveReplica { replica_uid, reason } => {
                 state.refs.remove(&replica_uid);
@@ -220,4 +197,36 @@ impl Actor for Router {
         }
         Ok(())
     }
+}
+
+/// Aborts a request on every replica off the mailbox (a dead replica must not stall routing);
+/// `true` when one of them was running it.
+fn abort_everywhere(
+    state: &RouterState,
+    request_id: String,
+    timeout: Duration,
+    reply: RpcReplyPort<Result<bool, ActorError>>,
+) {
+    let replicas: Vec<(String, ActorRef<ReplicaMsg>)> =
+        state.refs.iter().map(|(uid, r)| (uid.clone(), r.clone())).collect();
+    // Fan out off the mailbox: a dead replica must not stall routing.
+    tokio::spawn(async move {
+        let calls = replicas.iter().map(|(uid, replica)| {
+            let request_id = request_id.clone();
+            async move {
+                call(replica, &format!("replica `{uid}`"), timeout, |reply| ReplicaMsg::Abort {
+                    request_id,
+                    reply,
+                })
+                .await
+            }
+        });
+        let results = futures::future::join_all(calls).await;
+        let found = results.iter().any(|r| matches!(r, Ok(true)));
+        let outcome = match results.into_iter().find_map(Result::err) {
+            Some(e) if !found => Err(e),
+            _ => Ok(found),
+        };
+        answer(reply, outcome);
+    });
 }

@@ -9,7 +9,7 @@ pub(crate) mod state;
 
 use crate::block_tracker::{BlockTracker, BlockTrackerMsg};
 use crate::error::ActorError;
-use crate::launch::{self, Placement};
+use crate::launch::{self, LaunchRequest, Placement};
 use crate::node::{Namespace, wait_for_member};
 pub(crate) use crate::protocol::SupervisorMsg;
 use crate::protocol::WorkerMsg;
@@ -17,12 +17,13 @@ use crate::replica::ReplicaMsg;
 use crate::router::{Router, RouterArgs, RouterMsg};
 use crate::spec::{ModelHandoff, ReplicaSpec};
 use crate::wire::{Wire, answer, call};
-use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use state::{LostReplica, SupervisorState};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use xinf_engine::{Engines, ModelSource};
+use xinf_transfer::sync::lock;
 
 /// The local actors of a serving model. They live on the supervisor node and never cross
 /// nodes, so they are kept here rather than in messages.
@@ -39,7 +40,7 @@ pub(crate) struct ModelTable(Mutex<HashMap<String, ModelActors>>);
 
 impl ModelTable {
     fn lock(&self) -> MutexGuard<'_, HashMap<String, ModelActors>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.0)
     }
 
     pub(crate) fn get(&self, uid: &str) -> Option<ModelActors> {
@@ -120,6 +121,59 @@ impl Supervisor {
     }
 
     /// Workers whose process group emptied (their node disconnected) are lost.
+    /// Validates and reserves a launch in the state, then builds it in a task that reports
+    /// back with `LaunchDone`; the reply comes once it serves (or at once, detached).
+    fn launch(
+        &self,
+        myself: &ActorRef<SupervisorMsg>,
+        state: &mut SupervisorState,
+        request: Result<Box<LaunchRequest>, ActorError>,
+        detach: bool,
+        reply: RpcReplyPort<Wire<String>>,
+    ) {
+        let started = request.and_then(|req| {
+            let spec = launch::validate(&req, self.local_mode, &self.engines)?;
+            let (uid, placements) =
+                state.begin_launch(&spec, &req.model_name, || format!("{:08x}", rand::random::<u32>()))?;
+            Ok((uid, placements, (spec.source.clone(), spec.handoff())))
+        });
+        match started {
+            Err(e) => answer(reply, Wire(Err(e))),
+            Ok((uid, placements, source)) => {
+                tracing::info!(model_uid = %uid, replicas = placements.len(), "launching");
+                let ctx = self.task_ctx(myself);
+                let reply = if detach {
+                    answer(reply, Wire::ok(uid.clone()));
+                    None
+                } else {
+                    Some(reply)
+                };
+                tokio::spawn(async move {
+                    let outcome = run_launch(&ctx, &uid, &source.0, &source.1, &placements).await;
+                    let recorded =
+                        call(&ctx.sup, "supervisor", ctx.times.call, |reply| SupervisorMsg::LaunchDone {
+                            model_uid: uid.clone(),
+                            outcome: Wire(outcome.clone()),
+                            reply,
+                        })
+                        .await;
+                    if outcome.is_ok() && recorded.is_err() {
+                        rollback(&ctx, &uid, &placements).await;
+                    }
+                    let result = outcome.and(recorded).map(|()| uid);
+                    match reply {
+                        Some(reply) => answer(reply, Wire(result)),
+                        None => {
+                            if let Err(e) = result {
+                                tracing::error!(error = %e, "a detached launch failed");
+                            }
+                        }
+                    }
+                });
+            }
+        }
+    }
+
     fn check_worker_groups(&self, state: &mut SupervisorState) {
         for id in state.alive_workers() {
             if ractor::pg::get_members(&self.ns.worker_group(&id)).is_empty() {
@@ -163,48 +217,7 @@ impl Actor for Supervisor {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             SupervisorMsg::Launch { request, detach, reply } => {
-                let started = request.0.and_then(|req| {
-                    let spec = launch::validate(&req, self.local_mode, &self.engines)?;
-                    let (uid, placements) = state
-                        .begin_launch(&spec, &req.model_name, || format!("{:08x}", rand::random::<u32>()))?;
-                    Ok((uid, placements, (spec.source.clone(), spec.handoff())))
-                });
-                match started {
-                    Err(e) => answer(reply, Wire(Err(e))),
-                    Ok((uid, placements, source)) => {
-                        tracing::info!(model_uid = %uid, replicas = placements.len(), "launching");
-                        let ctx = self.task_ctx(&myself);
-                        let reply = if detach {
-                            answer(reply, Wire::ok(uid.clone()));
-                            None
-                        } else {
-                            Some(reply)
-                        };
-                        tokio::spawn(async move {
-                            let outcome = run_launch(&ctx, &uid, &source.0, &source.1, &placements).await;
-                            let recorded = call(&ctx.sup, "supervisor", ctx.times.call, |reply| {
-                                SupervisorMsg::LaunchDone {
-                                    model_uid: uid.clone(),
-                                    outcome: Wire(outcome.clone()),
-                                    reply,
-                                }
-                            })
-                            .await;
-                            if outcome.is_ok() && recorded.is_err() {
-                                rollback(&ctx, &uid, &placements).await;
-                            }
-                            let result = outcome.and(recorded).map(|()| uid);
-                            match reply {
-                                Some(reply) => answer(reply, Wire(result)),
-                                None => {
-                                    if let Err(e) = result {
-                                        tracing::error!(error = %e, "a detached launch failed");
-                                    }
-                                }
-                            }
-                        });
-                    }
-                }
+                self.launch(&myself, state, request.0, detach, reply);
             }
             SupervisorMsg::LaunchDone { model_uid, outcome, reply } => {
                 match outcome.0 {
@@ -366,9 +379,9 @@ async fn build(
 /// difference is named.
 async fn check_contracts(
     ctx: &TaskCtx,
-    replicas: &[(String, crate::launch::Role, ActorRef<ReplicaMsg>)],
+    replicas: &[(String, crate::spec::Role, ActorRef<ReplicaMsg>)],
 ) -> Result<(), ActorError> {
-    use crate::launch::Role;
+    use crate::spec::Role;
     if !replicas.iter().any(|(_, role, _)| *role != Role::Hybrid) {
         return Ok(());
     }

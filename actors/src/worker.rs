@@ -7,13 +7,13 @@ use crate::node::Namespace;
 use crate::protocol::{SupervisorMsg, WorkerMsg};
 use crate::replica::{PullTimes, Replica, ReplicaArgs, ReplicaMsg};
 use crate::spec::ReplicaSpec;
-use crate::sync::lock;
 use crate::view::{GpuInfo, WorkerInfo};
 use crate::wire::{Wire, answer};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr, SupervisionEvent};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use xinf_transfer::sync::lock;
 
 #[cfg(test)]
 mod tests;

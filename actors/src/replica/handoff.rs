@@ -9,7 +9,6 @@ use super::rooms::{Leases, RoomError, RoomTable};
 use super::snapshot::{Inserted, SnapshotStore, chain_keys};
 use crate::block_tracker::{BlockTrackerHandle, BlockTrackerMsg};
 use crate::error::ActorError;
-use crate::sync::lock;
 use crate::view::{HandoffStats, LatencyHistogram};
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -21,6 +20,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::OnceCell;
 use xinf_engine::{Engine, EngineError, KvPages, ModelContract};
 use xinf_transfer::device::{DeviceLease, DeviceRoute, KvDevice};
+use xinf_transfer::sync::lock;
 use xinf_transfer::transport::{self, Endpoint, PageProvider, PageServer, TransferError, TransportKind};
 
 #[cfg(test)]

@@ -1,12 +1,12 @@
 //! The replica's request buffers: events wait here between the engine and the caller's pulls.
 
-use crate::sync::lock;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use xinf_engine::{EngineError, TokenEvent};
+use xinf_transfer::sync::lock;
 
 #[cfg(test)]
 mod tests;

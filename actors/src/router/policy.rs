@@ -2,7 +2,7 @@
 //! and the table of running requests (duplicate ids refused; a lost replica names the requests
 //! it takes down).
 
-use crate::launch::Role;
+use crate::spec::Role;
 use std::collections::{BTreeMap, HashMap};
 
 #[cfg(test)]
