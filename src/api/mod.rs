@@ -43,6 +43,7 @@ mod cluster;
 mod error;
 mod openai;
 mod routes;
+mod sampling;
 mod service;
 mod sse;
 

@@ -1,9 +1,10 @@
 //! `POST /v1/completions`.
 
-use super::{Generation, SamplingFields, generate, is_set, localized, parse_json, read_body, request_id};
+use super::{Generation, generate, is_set, localized, parse_json, read_body, request_id};
 use crate::api::AppState;
 use crate::api::error::{ApiError, Problem};
 use crate::api::openai::CompletionRequest;
+use crate::api::sampling::WithSampling;
 use crate::api::sse::Flavor;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::Value;
@@ -24,7 +25,7 @@ pub(crate) async fn create(
 
 async fn handle(req: &HttpRequest, payload: web::Payload, state: &AppState) -> Result<HttpResponse, Problem> {
     let body = read_body(req, payload, state.max_body_bytes).await?;
-    let r: CompletionRequest = parse_json(&body)?;
+    let WithSampling { mut sampling, rest: r } = parse_json::<WithSampling<CompletionRequest>>(&body)?;
     if r.echo == Some(true) {
         return Err(Problem::field("echo", "api-echo-unsupported", "unsupported_parameter"));
     }
@@ -41,22 +42,8 @@ async fn handle(req: &HttpRequest, payload: web::Payload, state: &AppState) -> R
         return Err(Problem::field("logit_bias", "api-logit-bias-unsupported", "unsupported_parameter"));
     }
     let prompt = prompt(r.prompt)?;
-    let sampling = SamplingFields {
-        max_tokens: Some(r.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
-        temperature: r.temperature,
-        top_p: r.top_p,
-        top_k: r.top_k,
-        min_p: r.min_p,
-        seed: r.seed,
-        stop: r.stop,
-        presence_penalty: r.presence_penalty,
-        frequency_penalty: r.frequency_penalty,
-        repetition_penalty: r.repetition_penalty,
-        ignore_eos: r.ignore_eos,
-        stop_token_ids: r.stop_token_ids,
-        n: r.n,
-    }
-    .into_params()?;
+    sampling.max_tokens.get_or_insert(DEFAULT_MAX_TOKENS);
+    let sampling = sampling.into_params()?;
     let request_id = request_id(req, r.request_id, "cmpl")?;
     let job = Generation {
         model: r.model,

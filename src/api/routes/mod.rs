@@ -1,5 +1,5 @@
 //! The routes, and what the generation routes share: reading a bounded JSON body, request
-//! ids, and OpenAI sampling fields turned into [`SamplingParams`].
+//! ids, and running a validated generation.
 
 pub(crate) mod chat;
 pub(crate) mod completions;
@@ -8,9 +8,7 @@ pub(crate) mod models;
 
 use crate::api::AppState;
 use crate::api::error::{ApiError, Problem, request_lang};
-use crate::api::openai::{
-    ChatChoice, ChatCompletion, Completion, OutMessage, StopField, TextChoice, UsageOut,
-};
+use crate::api::openai::{ChatChoice, ChatCompletion, Completion, OutMessage, TextChoice, UsageOut};
 use crate::api::sse::{self, Flavor, ResponseMeta};
 use actix_web::http::header;
 use actix_web::web::{self, Bytes, BytesMut};
@@ -19,7 +17,6 @@ use futures::StreamExt;
 use serde::de::DeserializeOwned;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tracing::Instrument;
-use xinf_engine::SamplingParams;
 
 /// Registers every route.
 pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
@@ -150,58 +147,6 @@ pub(crate) fn request_id(
             }
         }
         None => Ok(format!("{prefix}-{:032x}", rand::random::<u128>())),
-    }
-}
-
-/// The sampling fields both generation APIs share, as the client sent them.
-#[derive(Debug, Default)]
-pub(crate) struct SamplingFields {
-    pub(crate) max_tokens: Option<usize>,
-    pub(crate) temperature: Option<f32>,
-    pub(crate) top_p: Option<f32>,
-    pub(crate) top_k: Option<i64>,
-    pub(crate) min_p: Option<f32>,
-    pub(crate) seed: Option<u64>,
-    pub(crate) stop: Option<StopField>,
-    pub(crate) presence_penalty: Option<f32>,
-    pub(crate) frequency_penalty: Option<f32>,
-    pub(crate) repetition_penalty: Option<f32>,
-    pub(crate) ignore_eos: Option<bool>,
-    pub(crate) stop_token_ids: Option<Vec<u32>>,
-    pub(crate) n: Option<u64>,
-}
-
-impl SamplingFields {
-    /// Engine sampling settings with OpenAI defaults (temperature 1, top_p 1), checked: the
-    /// error names the first bad field.
-    pub(crate) fn into_params(self) -> Result<SamplingParams, Problem> {
-        if let Some(n) = self.n
-            && n != 1
-        {
-            return Err(Problem::field("n", "api-n-unsupported", "unsupported_parameter"));
-        }
-        let d = SamplingParams::default();
-        let top_k = match self.top_k {
-            None | Some(-1) | Some(0) => 0,
-            Some(k) if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
-            Some(_) => return Err(Problem::field("top_k", "api-top-k-invalid", "invalid_value")),
-        };
-        let params = SamplingParams {
-            max_tokens: self.max_tokens,
-            temperature: self.temperature.unwrap_or(d.temperature),
-            top_p: self.top_p.unwrap_or(d.top_p),
-            top_k,
-            min_p: self.min_p.unwrap_or(d.min_p),
-            seed: self.seed,
-            stop: self.stop.map(StopField::into_vec).unwrap_or_default(),
-            stop_token_ids: self.stop_token_ids.unwrap_or_default(),
-            ignore_eos: self.ignore_eos.unwrap_or(false),
-            presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
-            frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
-            repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
-        };
-        params.validate()?;
-        Ok(params)
     }
 }
 
