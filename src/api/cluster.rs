@@ -1,6 +1,6 @@
 //! [`ClusterService`]: the REST layer over an actor cluster (`xinf local`, `xinf supervisor`).
 
-use crate::api::service::{ModelInfo, ModelService, ModelStatus, ServiceError, ServiceFuture};
+use crate::api::service::{ModelInfo, ModelService, ServiceError, ServiceFuture};
 use futures::FutureExt;
 use xinf_actors::{ActorError, Cluster, LaunchRequest, ReplicaStatus};
 use xinf_engine::{GenerateRequest, TokenStream};
@@ -24,21 +24,12 @@ impl ClusterService {
     }
 }
 
-fn status(s: xinf_actors::ModelStatus) -> ModelStatus {
-    match s {
-        xinf_actors::ModelStatus::Launching => ModelStatus::Loading,
-        xinf_actors::ModelStatus::Ready => ModelStatus::Ready,
-        xinf_actors::ModelStatus::Error => ModelStatus::Failed,
-        xinf_actors::ModelStatus::Terminating => ModelStatus::Terminating,
-    }
-}
-
 fn info(m: xinf_actors::ModelInfo) -> ModelInfo {
     ModelInfo {
         replicas: m.replicas.iter().filter(|r| r.status != ReplicaStatus::Dead).count(),
         uid: m.model_uid,
         model_name: m.model_name,
-        status: status(m.status),
+        status: m.status,
         replica_details: m.replicas,
         engine: "native".into(),
         context_length: None,

@@ -48,9 +48,7 @@ mod service;
 mod sse;
 
 pub use cluster::ClusterService;
-pub use service::{
-    LocalService, ModelInfo, ModelService, ModelStatus, ServiceError, ServiceFuture, engine_stats_json,
-};
+pub use service::{LocalService, ModelInfo, ModelService, ServiceError, ServiceFuture, engine_stats_json};
 
 use actix_web::{App, HttpServer, web};
 use std::net::SocketAddr;

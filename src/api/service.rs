@@ -12,21 +12,39 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
+use xinf_actors::ModelStatus;
 use xinf_engine::{Engine, EngineError, EngineStats, ErrorClass, GenerateRequest, TokenStream};
 
-/// Whether a model can take requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum ModelStatus {
-    /// Launching: requests get "not ready" (HTTP 503) until it is ready.
-    Loading,
-    /// Serving.
-    Ready,
-    /// The launch failed or every replica was lost.
-    Failed,
-    /// Being torn down.
-    Terminating,
+/// The name `GET /v1/models` gives a model's status: `loading`, `ready`, `failed` or
+/// `terminating`. Clients match on these (`xinf launch` shows the progress of the `loading`
+/// model), so they are the REST API's own, not the actor layer's serde names.
+pub(crate) fn status_name(status: ModelStatus) -> &'static str {
+    match status {
+        ModelStatus::Launching => "loading",
+        ModelStatus::Ready => "ready",
+        ModelStatus::Error => "failed",
+        ModelStatus::Terminating => "terminating",
+    }
+}
+
+/// [`ModelInfo::status`] as JSON: by [`status_name`].
+mod status_serde {
+    use super::{ModelStatus, status_name};
+    use serde::{Deserialize, Deserializer, Serializer, de};
+
+    const ALL: [ModelStatus; 4] =
+        [ModelStatus::Launching, ModelStatus::Ready, ModelStatus::Error, ModelStatus::Terminating];
+
+    pub(super) fn serialize<S: Serializer>(status: &ModelStatus, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(status_name(*status))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<ModelStatus, D::Error> {
+        let name = String::deserialize(d)?;
+        ALL.into_iter()
+            .find(|s| status_name(*s) == name)
+            .ok_or_else(|| de::Error::unknown_variant(&name, &["loading", "ready", "failed", "terminating"]))
+    }
 }
 
 /// A served model, as `GET /v1/models` describes it (under the `xinf` key).
@@ -36,7 +54,8 @@ pub struct ModelInfo {
     pub uid: String,
     /// The registry name of the model (`smollm2-instruct`).
     pub model_name: String,
-    /// Whether it can take requests.
+    /// Whether it can take requests; in JSON `loading`, `ready`, `failed` or `terminating`.
+    #[serde(with = "status_serde")]
     pub status: ModelStatus,
     /// Replicas serving it (alive or loading).
     pub replicas: usize,
@@ -283,5 +302,39 @@ impl ModelService for LocalService {
 
     fn stats(&self, uid: &str) -> ServiceFuture<serde_json::Value> {
         ready(self.engine(uid).map(|e| engine_stats_json(&e.stats())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_names_in_json() {
+        let info = |status| ModelInfo {
+            uid: "m".into(),
+            model_name: "smollm2".into(),
+            status,
+            replicas: 1,
+            replica_details: Vec::new(),
+            engine: "native".into(),
+            context_length: None,
+            created: 0,
+        };
+        let names = [
+            (ModelStatus::Launching, "loading"),
+            (ModelStatus::Ready, "ready"),
+            (ModelStatus::Error, "failed"),
+            (ModelStatus::Terminating, "terminating"),
+        ];
+        for (status, name) in names {
+            let json = serde_json::to_value(info(status)).unwrap_or_default();
+            assert_eq!(json["status"], name);
+            assert_eq!(serde_json::from_value::<ModelInfo>(json).ok(), Some(info(status)));
+        }
+        let mut json = serde_json::to_value(info(ModelStatus::Ready)).unwrap_or_default();
+        json["status"] = "launching".into();
+        let err = serde_json::from_value::<ModelInfo>(json).err().map(|e| e.to_string());
+        assert!(err.is_some_and(|e| e.contains("unknown variant `launching`")));
     }
 }

@@ -107,7 +107,7 @@ pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     let _ = writeln!(out, "# HELP xinf_model_ready Whether the model takes requests (1) or not (0).");
     let _ = writeln!(out, "# TYPE xinf_model_ready gauge");
     for (m, (labels, _)) in models.iter().zip(&stats) {
-        let ready = u8::from(m.status == crate::api::ModelStatus::Ready);
+        let ready = u8::from(m.status == xinf_actors::ModelStatus::Ready);
         let _ = writeln!(out, "xinf_model_ready{{{labels}}} {ready}");
     }
     for (name, kind, key, help) in FAMILIES {
