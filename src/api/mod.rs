@@ -46,9 +46,11 @@ mod routes;
 mod sampling;
 mod service;
 mod sse;
+mod stats;
 
 pub use cluster::ClusterService;
-pub use service::{LocalService, ModelInfo, ModelService, ServiceError, ServiceFuture, engine_stats_json};
+pub use service::{LocalService, ModelInfo, ModelService, ServiceError, ServiceFuture};
+pub use stats::ModelStats;
 
 use actix_web::{App, HttpServer, web};
 use std::net::SocketAddr;

@@ -6,14 +6,15 @@
 //! [`ClusterService`](crate::api::ClusterService) answers through the actor cluster
 //! (supervisor, routers, replicas on any node).
 
+use crate::api::ModelStats;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
-use xinf_actors::ModelStatus;
-use xinf_engine::{Engine, EngineError, EngineStats, ErrorClass, GenerateRequest, TokenStream};
+use xinf_actors::{ModelStatus, WorkerStatus};
+use xinf_engine::{Engine, EngineError, ErrorClass, GenerateRequest, TokenStream};
 
 /// The name `GET /v1/models` gives a model's status: `loading`, `ready`, `failed` or
 /// `terminating`. Clients match on these (`xinf launch` shows the progress of the `loading`
@@ -143,11 +144,6 @@ pub type ServiceFuture<T> = BoxFuture<'static, Result<T, ServiceError>>;
 /// since a cluster answers over actors that may live on other nodes; an in-process service
 /// answers at once with a ready future.
 ///
-/// Stats are a JSON object. `GET /metrics` reads these keys when present (all numbers):
-/// `running`, `queued` (gauges), `prompt_tokens`, `generated_tokens` (counters since start),
-/// `used_blocks`, `total_blocks` (KV cache gauges). Other keys are shown as they are by
-/// `GET /v1/models/{uid}/stats`.
-///
 /// Managing models (launch, terminate, workers) is optional: the default methods answer
 /// [`ServiceError::Unsupported`], which the REST layer turns into 501.
 pub trait ModelService: Send + Sync + 'static {
@@ -164,8 +160,9 @@ pub trait ModelService: Send + Sync + 'static {
     /// Aborts request `request_id` of model `uid`: `true` when it was running or queued.
     fn abort(&self, uid: &str, request_id: &str) -> ServiceFuture<bool>;
 
-    /// Load figures of model `uid`, as a JSON object (see the trait documentation).
-    fn stats(&self, uid: &str) -> ServiceFuture<serde_json::Value>;
+    /// Load figures of model `uid`: `GET /v1/models/{uid}/stats` shows them, `GET /metrics`
+    /// exports them.
+    fn stats(&self, uid: &str) -> ServiceFuture<ModelStats>;
 
     /// Validates and launches a model from a launch request (`POST /v1/models`); returns its
     /// uid. With `wait_ready` the future ends when the model serves; without, once the launch
@@ -181,8 +178,8 @@ pub trait ModelService: Send + Sync + 'static {
         unsupported("terminating models")
     }
 
-    /// The cluster's workers (`GET /v1/workers`), as a JSON array.
-    fn workers(&self) -> ServiceFuture<serde_json::Value> {
+    /// The cluster's workers (`GET /v1/workers`).
+    fn workers(&self) -> ServiceFuture<Vec<WorkerStatus>> {
         unsupported("listing workers")
     }
 }
@@ -193,19 +190,6 @@ fn unsupported<T: Send + 'static>(what: &'static str) -> ServiceFuture<T> {
 
 fn ready<T: Send + 'static>(result: Result<T, ServiceError>) -> ServiceFuture<T> {
     futures::future::ready(result).boxed()
-}
-
-/// The JSON form of an engine's stats, with the keys [`ModelService::stats`] documents.
-pub fn engine_stats_json(s: &EngineStats) -> serde_json::Value {
-    serde_json::json!({
-        "running": s.running,
-        "queued": s.queued,
-        "used_blocks": s.used_blocks,
-        "pinned_blocks": s.pinned_blocks,
-        "total_blocks": s.total_blocks,
-        "prompt_tokens": s.prompt_tokens,
-        "generated_tokens": s.generated_tokens,
-    })
 }
 
 struct LocalModel {
@@ -300,8 +284,8 @@ impl ModelService for LocalService {
         ready(self.engine(uid).map(|e| e.abort(request_id)))
     }
 
-    fn stats(&self, uid: &str) -> ServiceFuture<serde_json::Value> {
-        ready(self.engine(uid).map(|e| engine_stats_json(&e.stats())))
+    fn stats(&self, uid: &str) -> ServiceFuture<ModelStats> {
+        ready(self.engine(uid).map(|e| ModelStats::from(&e.stats())))
     }
 }
 
