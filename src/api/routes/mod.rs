@@ -1,5 +1,5 @@
 //! The routes, and what the generation routes share: reading a bounded JSON body, request
-//! ids, and running a validated generation.
+//! ids, and the one handler that checks and runs a generation of either API.
 
 pub(crate) mod chat;
 pub(crate) mod completions;
@@ -8,7 +8,11 @@ pub(crate) mod models;
 
 use crate::api::AppState;
 use crate::api::error::{ApiError, Problem, request_lang};
-use crate::api::openai::{ChatChoice, ChatCompletion, Completion, OutMessage, TextChoice, UsageOut};
+use crate::api::openai::{
+    ChatChoice, ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, OutMessage, TextChoice,
+    UsageOut,
+};
+use crate::api::sampling::WithSampling;
 use crate::api::sse::{self, Flavor, ResponseMeta};
 use actix_web::http::header;
 use actix_web::web::{self, Bytes, BytesMut};
@@ -25,8 +29,8 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
         .service(
             web::scope("/v1")
                 .wrap(actix_web::middleware::from_fn(crate::api::auth::require_api_key))
-                .service(resource("/chat/completions").route(web::post().to(chat::create)))
-                .service(resource("/completions").route(web::post().to(completions::create)))
+                .service(resource("/chat/completions").route(web::post().to(create::<ChatCompletionRequest>)))
+                .service(resource("/completions").route(web::post().to(create::<CompletionRequest>)))
                 .service(
                     resource("/models")
                         .route(web::get().to(models::list))
@@ -161,12 +165,30 @@ pub(crate) fn is_set(v: &Option<serde_json::Value>) -> bool {
     }
 }
 
+/// The request type of a generation API: what it makes of a parsed body.
+pub(crate) trait GenerationRequest: DeserializeOwned {
+    /// The checked generation that `body` asks for; the error names the refused field.
+    fn generation(req: &HttpRequest, body: WithSampling<Self>) -> Result<Generation, Problem>;
+}
+
+/// The handler of both generation APIs, `R` being the API's request type: reads and checks the
+/// body, then runs the generation.
+async fn create<R: GenerationRequest>(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let result = async {
+        let body = read_body(&req, payload, state.max_body_bytes).await?;
+        let job = R::generation(&req, parse_json(&body)?)?;
+        generate(&state, &req, job).await
+    }
+    .await;
+    localized(&req, result)
+}
+
 /// Runs a generation request: the common part of both APIs once the prompt is built.
-pub(crate) async fn generate(
-    state: &AppState,
-    req: &HttpRequest,
-    job: Generation,
-) -> Result<HttpResponse, Problem> {
+async fn generate(state: &AppState, req: &HttpRequest, job: Generation) -> Result<HttpResponse, Problem> {
     let lang = request_lang(req);
     let meta = ResponseMeta { id: job.request.request_id.clone(), model: job.model.clone(), created: now() };
     // The request span is born here; the service call runs inside it.
