@@ -1,8 +1,9 @@
 //! [`ClusterService`]: the REST layer over an actor cluster (`xinf local`, `xinf supervisor`).
 
-use crate::api::service::{ModelInfo, ModelService, ModelStatus, ServiceError, ServiceFuture};
+use crate::api::ModelStats;
+use crate::api::service::{ModelInfo, ModelService, ServiceError, ServiceFuture};
 use futures::FutureExt;
-use xinf_actors::{ActorError, Cluster, LaunchRequest, ReplicaStatus};
+use xinf_actors::{ActorError, Cluster, LaunchRequest, ReplicaStatus, WorkerStatus};
 use xinf_engine::{GenerateRequest, TokenStream};
 
 /// A [`ModelService`] that answers through a [`Cluster`]: models are launched on workers,
@@ -24,21 +25,12 @@ impl ClusterService {
     }
 }
 
-fn status(s: xinf_actors::ModelStatus) -> ModelStatus {
-    match s {
-        xinf_actors::ModelStatus::Launching => ModelStatus::Loading,
-        xinf_actors::ModelStatus::Ready => ModelStatus::Ready,
-        xinf_actors::ModelStatus::Error => ModelStatus::Failed,
-        xinf_actors::ModelStatus::Terminating => ModelStatus::Terminating,
-    }
-}
-
 fn info(m: xinf_actors::ModelInfo) -> ModelInfo {
     ModelInfo {
         replicas: m.replicas.iter().filter(|r| r.status != ReplicaStatus::Dead).count(),
         uid: m.model_uid,
         model_name: m.model_name,
-        status: status(m.status),
+        status: m.status,
         replica_details: m.replicas,
         engine: "native".into(),
         context_length: None,
@@ -71,29 +63,10 @@ impl ModelService for ClusterService {
         async move { service(c.abort(&uid, &rid).await) }.boxed()
     }
 
-    /// The sum over alive replicas under the keys `/metrics` reads, and each replica under
-    /// `replicas`.
-    fn stats(&self, uid: &str) -> ServiceFuture<serde_json::Value> {
+    /// The sum over alive replicas, and each replica.
+    fn stats(&self, uid: &str) -> ServiceFuture<ModelStats> {
         let (c, uid) = (self.cluster.clone(), uid.to_owned());
-        async move {
-            let replicas = service(c.stats(&uid).await)?;
-            let sum = |f: fn(&xinf_actors::ReplicaStats) -> u64| replicas.iter().map(f).sum::<u64>();
-            let mut handoff = xinf_actors::HandoffStats::default();
-            for r in &replicas {
-                handoff.add(&r.handoff);
-            }
-            Ok(serde_json::json!({
-                "running": sum(|r| r.running),
-                "queued": sum(|r| r.queued),
-                "requests_served": sum(|r| r.requests_served),
-                "prompt_tokens": sum(|r| r.prompt_tokens),
-                "generated_tokens": sum(|r| r.generated_tokens),
-                "pinned_blocks": sum(|r| r.pinned_blocks),
-                "handoff": handoff,
-                "replicas": replicas,
-            }))
-        }
-        .boxed()
+        async move { service(c.stats(&uid).await).map(ModelStats::from_replicas) }.boxed()
     }
 
     fn launch(&self, request: LaunchRequest, wait_ready: bool) -> ServiceFuture<String> {
@@ -110,12 +83,8 @@ impl ModelService for ClusterService {
         async move { service(c.terminate(&uid).await) }.boxed()
     }
 
-    fn workers(&self) -> ServiceFuture<serde_json::Value> {
+    fn workers(&self) -> ServiceFuture<Vec<WorkerStatus>> {
         let c = self.cluster.clone();
-        async move {
-            let workers = service(c.list_workers().await)?;
-            serde_json::to_value(workers).map_err(|e| ServiceError::Unavailable(e.to_string()))
-        }
-        .boxed()
+        async move { service(c.list_workers().await) }.boxed()
     }
 }

@@ -304,10 +304,11 @@ impl ResponseError for ApiError {
 mod tests {
     use super::*;
     use crate::api::openai::ChatCompletionRequest;
+    use crate::api::sampling::WithSampling;
 
     fn parse(json: &str) -> Problem {
         let de = &mut serde_json::Deserializer::from_str(json);
-        match serde_path_to_error::deserialize::<_, ChatCompletionRequest>(de) {
+        match serde_path_to_error::deserialize::<_, WithSampling<ChatCompletionRequest>>(de) {
             Ok(_) => panic!("{json} parsed"),
             Err(e) => Problem::from_json(e),
         }

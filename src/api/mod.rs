@@ -43,13 +43,15 @@ mod cluster;
 mod error;
 mod openai;
 mod routes;
+mod sampling;
 mod service;
 mod sse;
+mod stats;
 
 pub use cluster::ClusterService;
-pub use service::{
-    LocalService, ModelInfo, ModelService, ModelStatus, ServiceError, ServiceFuture, engine_stats_json,
-};
+pub(crate) use service::status_name;
+pub use service::{LocalService, ModelInfo, ModelService, ServiceError, ServiceFuture};
+pub use stats::ModelStats;
 
 use actix_web::{App, HttpServer, web};
 use std::net::SocketAddr;

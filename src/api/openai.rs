@@ -70,40 +70,19 @@ pub(crate) struct InMessage {
     _audio: Option<IgnoredAny>,
 }
 
-/// `POST /v1/chat/completions`.
+/// `POST /v1/chat/completions`, less the sampling fields: the body is parsed as
+/// [`WithSampling<ChatCompletionRequest>`](crate::api::sampling::WithSampling).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ChatCompletionRequest {
     pub(crate) model: String,
     pub(crate) messages: Vec<InMessage>,
     #[serde(default)]
-    pub(crate) max_tokens: Option<usize>,
-    #[serde(default)]
     pub(crate) max_completion_tokens: Option<usize>,
-    #[serde(default)]
-    pub(crate) temperature: Option<f32>,
-    #[serde(default)]
-    pub(crate) top_p: Option<f32>,
-    #[serde(default)]
-    pub(crate) top_k: Option<i64>,
-    #[serde(default)]
-    pub(crate) min_p: Option<f32>,
-    #[serde(default)]
-    pub(crate) seed: Option<u64>,
-    #[serde(default)]
-    pub(crate) stop: Option<StopField>,
     #[serde(default)]
     pub(crate) stream: Option<bool>,
     #[serde(default)]
     pub(crate) stream_options: Option<StreamOptions>,
-    #[serde(default)]
-    pub(crate) presence_penalty: Option<f32>,
-    #[serde(default)]
-    pub(crate) frequency_penalty: Option<f32>,
-    #[serde(default)]
-    pub(crate) repetition_penalty: Option<f32>,
-    #[serde(default)]
-    pub(crate) n: Option<u64>,
     #[serde(default)]
     pub(crate) logprobs: Option<bool>,
     #[serde(default)]
@@ -114,10 +93,6 @@ pub(crate) struct ChatCompletionRequest {
     _user: Option<IgnoredAny>,
     #[serde(default)]
     pub(crate) request_id: Option<String>,
-    #[serde(default)]
-    pub(crate) ignore_eos: Option<bool>,
-    #[serde(default)]
-    pub(crate) stop_token_ids: Option<Vec<u32>>,
     #[serde(default)]
     pub(crate) tools: Option<Value>,
     #[serde(default)]
@@ -136,38 +111,17 @@ pub(crate) struct ChatCompletionRequest {
     _store: Option<IgnoredAny>,
 }
 
-/// `POST /v1/completions`.
+/// `POST /v1/completions`, less the sampling fields: the body is parsed as
+/// [`WithSampling<CompletionRequest>`](crate::api::sampling::WithSampling).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct CompletionRequest {
     pub(crate) model: String,
     pub(crate) prompt: Value,
     #[serde(default)]
-    pub(crate) max_tokens: Option<usize>,
-    #[serde(default)]
-    pub(crate) temperature: Option<f32>,
-    #[serde(default)]
-    pub(crate) top_p: Option<f32>,
-    #[serde(default)]
-    pub(crate) top_k: Option<i64>,
-    #[serde(default)]
-    pub(crate) min_p: Option<f32>,
-    #[serde(default)]
-    pub(crate) seed: Option<u64>,
-    #[serde(default)]
-    pub(crate) stop: Option<StopField>,
-    #[serde(default)]
     pub(crate) stream: Option<bool>,
     #[serde(default)]
     pub(crate) stream_options: Option<StreamOptions>,
-    #[serde(default)]
-    pub(crate) presence_penalty: Option<f32>,
-    #[serde(default)]
-    pub(crate) frequency_penalty: Option<f32>,
-    #[serde(default)]
-    pub(crate) repetition_penalty: Option<f32>,
-    #[serde(default)]
-    pub(crate) n: Option<u64>,
     #[serde(default)]
     pub(crate) best_of: Option<u64>,
     #[serde(default)]
@@ -182,10 +136,6 @@ pub(crate) struct CompletionRequest {
     _user: Option<IgnoredAny>,
     #[serde(default)]
     pub(crate) request_id: Option<String>,
-    #[serde(default)]
-    pub(crate) ignore_eos: Option<bool>,
-    #[serde(default)]
-    pub(crate) stop_token_ids: Option<Vec<u32>>,
 }
 
 /// Token counts of a response.

@@ -6,27 +6,46 @@
 //! [`ClusterService`](crate::api::ClusterService) answers through the actor cluster
 //! (supervisor, routers, replicas on any node).
 
+use crate::api::ModelStats;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
-use xinf_engine::{Engine, EngineError, EngineStats, ErrorClass, GenerateRequest, TokenStream};
+use xinf_actors::{ModelStatus, WorkerStatus};
+use xinf_engine::{Engine, EngineError, ErrorClass, GenerateRequest, TokenStream};
 
-/// Whether a model can take requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum ModelStatus {
-    /// Launching: requests get "not ready" (HTTP 503) until it is ready.
-    Loading,
-    /// Serving.
-    Ready,
-    /// The launch failed or every replica was lost.
-    Failed,
-    /// Being torn down.
-    Terminating,
+/// The name `GET /v1/models` gives a model's status: `loading`, `ready`, `failed` or
+/// `terminating`. Clients match on these (`xinf launch` shows the progress of the `loading`
+/// model), so they are the REST API's own, not the actor layer's serde names.
+pub(crate) fn status_name(status: ModelStatus) -> &'static str {
+    match status {
+        ModelStatus::Launching => "loading",
+        ModelStatus::Ready => "ready",
+        ModelStatus::Error => "failed",
+        ModelStatus::Terminating => "terminating",
+    }
+}
+
+/// [`ModelInfo::status`] as JSON: by [`status_name`].
+mod status_serde {
+    use super::{ModelStatus, status_name};
+    use serde::{Deserialize, Deserializer, Serializer, de};
+
+    const ALL: [ModelStatus; 4] =
+        [ModelStatus::Launching, ModelStatus::Ready, ModelStatus::Error, ModelStatus::Terminating];
+
+    pub(super) fn serialize<S: Serializer>(status: &ModelStatus, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(status_name(*status))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<ModelStatus, D::Error> {
+        let name = String::deserialize(d)?;
+        ALL.into_iter()
+            .find(|s| status_name(*s) == name)
+            .ok_or_else(|| de::Error::unknown_variant(&name, &["loading", "ready", "failed", "terminating"]))
+    }
 }
 
 /// A served model, as `GET /v1/models` describes it (under the `xinf` key).
@@ -36,7 +55,8 @@ pub struct ModelInfo {
     pub uid: String,
     /// The registry name of the model (`smollm2-instruct`).
     pub model_name: String,
-    /// Whether it can take requests.
+    /// Whether it can take requests; in JSON `loading`, `ready`, `failed` or `terminating`.
+    #[serde(with = "status_serde")]
     pub status: ModelStatus,
     /// Replicas serving it (alive or loading).
     pub replicas: usize,
@@ -124,11 +144,6 @@ pub type ServiceFuture<T> = BoxFuture<'static, Result<T, ServiceError>>;
 /// since a cluster answers over actors that may live on other nodes; an in-process service
 /// answers at once with a ready future.
 ///
-/// Stats are a JSON object. `GET /metrics` reads these keys when present (all numbers):
-/// `running`, `queued` (gauges), `prompt_tokens`, `generated_tokens` (counters since start),
-/// `used_blocks`, `total_blocks` (KV cache gauges). Other keys are shown as they are by
-/// `GET /v1/models/{uid}/stats`.
-///
 /// Managing models (launch, terminate, workers) is optional: the default methods answer
 /// [`ServiceError::Unsupported`], which the REST layer turns into 501.
 pub trait ModelService: Send + Sync + 'static {
@@ -145,8 +160,9 @@ pub trait ModelService: Send + Sync + 'static {
     /// Aborts request `request_id` of model `uid`: `true` when it was running or queued.
     fn abort(&self, uid: &str, request_id: &str) -> ServiceFuture<bool>;
 
-    /// Load figures of model `uid`, as a JSON object (see the trait documentation).
-    fn stats(&self, uid: &str) -> ServiceFuture<serde_json::Value>;
+    /// Load figures of model `uid`: `GET /v1/models/{uid}/stats` shows them, `GET /metrics`
+    /// exports them.
+    fn stats(&self, uid: &str) -> ServiceFuture<ModelStats>;
 
     /// Validates and launches a model from a launch request (`POST /v1/models`); returns its
     /// uid. With `wait_ready` the future ends when the model serves; without, once the launch
@@ -162,8 +178,8 @@ pub trait ModelService: Send + Sync + 'static {
         unsupported("terminating models")
     }
 
-    /// The cluster's workers (`GET /v1/workers`), as a JSON array.
-    fn workers(&self) -> ServiceFuture<serde_json::Value> {
+    /// The cluster's workers (`GET /v1/workers`).
+    fn workers(&self) -> ServiceFuture<Vec<WorkerStatus>> {
         unsupported("listing workers")
     }
 }
@@ -174,19 +190,6 @@ fn unsupported<T: Send + 'static>(what: &'static str) -> ServiceFuture<T> {
 
 fn ready<T: Send + 'static>(result: Result<T, ServiceError>) -> ServiceFuture<T> {
     futures::future::ready(result).boxed()
-}
-
-/// The JSON form of an engine's stats, with the keys [`ModelService::stats`] documents.
-pub fn engine_stats_json(s: &EngineStats) -> serde_json::Value {
-    serde_json::json!({
-        "running": s.running,
-        "queued": s.queued,
-        "used_blocks": s.used_blocks,
-        "pinned_blocks": s.pinned_blocks,
-        "total_blocks": s.total_blocks,
-        "prompt_tokens": s.prompt_tokens,
-        "generated_tokens": s.generated_tokens,
-    })
 }
 
 struct LocalModel {
@@ -281,7 +284,41 @@ impl ModelService for LocalService {
         ready(self.engine(uid).map(|e| e.abort(request_id)))
     }
 
-    fn stats(&self, uid: &str) -> ServiceFuture<serde_json::Value> {
-        ready(self.engine(uid).map(|e| engine_stats_json(&e.stats())))
+    fn stats(&self, uid: &str) -> ServiceFuture<ModelStats> {
+        ready(self.engine(uid).map(|e| ModelStats::from(&e.stats())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_names_in_json() {
+        let info = |status| ModelInfo {
+            uid: "m".into(),
+            model_name: "smollm2".into(),
+            status,
+            replicas: 1,
+            replica_details: Vec::new(),
+            engine: "native".into(),
+            context_length: None,
+            created: 0,
+        };
+        let names = [
+            (ModelStatus::Launching, "loading"),
+            (ModelStatus::Ready, "ready"),
+            (ModelStatus::Error, "failed"),
+            (ModelStatus::Terminating, "terminating"),
+        ];
+        for (status, name) in names {
+            let json = serde_json::to_value(info(status)).unwrap_or_default();
+            assert_eq!(json["status"], name);
+            assert_eq!(serde_json::from_value::<ModelInfo>(json).ok(), Some(info(status)));
+        }
+        let mut json = serde_json::to_value(info(ModelStatus::Ready)).unwrap_or_default();
+        json["status"] = "launching".into();
+        let err = serde_json::from_value::<ModelInfo>(json).err().map(|e| e.to_string());
+        assert!(err.is_some_and(|e| e.contains("unknown variant `launching`")));
     }
 }

@@ -2,6 +2,7 @@
 
 use super::launch::EndpointArgs;
 use clap::Args;
+use serde::Deserialize;
 use serde_json::{Value, json};
 use std::io::{BufRead, IsTerminal, Write};
 use xinf_i18n::Catalog;
@@ -26,6 +27,28 @@ pub(crate) struct ChatArgs {
     /// Seed for reproducible sampling.
     #[arg(long)]
     seed: Option<u64>,
+}
+
+/// A streamed chat chunk, as far as the chat reads it.
+#[derive(Deserialize)]
+struct Chunk {
+    choices: Vec<ChunkChoice>,
+}
+
+#[derive(Deserialize)]
+struct ChunkChoice {
+    delta: Delta,
+}
+
+#[derive(Deserialize)]
+struct Delta {
+    content: Option<String>,
+}
+
+/// The text a chunk adds, if any (the usage chunk has no choices).
+fn delta_text(event: &Value) -> Option<String> {
+    let chunk = Chunk::deserialize(event).ok()?;
+    chunk.choices.into_iter().next()?.delta.content
 }
 
 /// Reads a message per line from stdin and streams each answer to stdout, keeping the
@@ -69,8 +92,8 @@ pub(crate) fn chat(args: ChatArgs, cat: &Catalog) -> Result<(), String> {
         let mut answer = String::new();
         let mut out = std::io::stdout().lock();
         let streamed = client.stream("/v1/chat/completions", &body, |event| {
-            if let Some(delta) = event["choices"][0]["delta"]["content"].as_str() {
-                answer.push_str(delta);
+            if let Some(delta) = delta_text(event) {
+                answer.push_str(&delta);
                 let _ = out.write_all(delta.as_bytes());
                 let _ = out.flush();
             }

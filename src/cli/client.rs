@@ -4,9 +4,42 @@
 //! Blocking on purpose: each command makes a few calls in order, and `ureq` is already in the
 //! dependency tree (the Hugging Face hub client), so the CLI needs no second HTTP stack.
 
+use crate::api::ModelInfo;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read};
 use std::time::Duration;
+
+/// The error shape of every failed call and of a stream's `error` event:
+/// `{"error": {"message": ..}}` (other keys are not needed here).
+#[derive(Deserialize)]
+struct ErrorAnswer {
+    error: ErrorMessage,
+}
+
+#[derive(Deserialize)]
+struct ErrorMessage {
+    message: String,
+}
+
+/// `GET /v1/models`: of each entry, the CLI reads xinf's own description.
+#[derive(Deserialize)]
+pub(crate) struct ModelList {
+    data: Vec<ModelEntry>,
+}
+
+#[derive(Deserialize)]
+struct ModelEntry {
+    xinf: ModelInfo,
+}
+
+impl ModelList {
+    /// The models, in the server's order.
+    pub(crate) fn into_models(self) -> Vec<ModelInfo> {
+        self.data.into_iter().map(|m| m.xinf).collect()
+    }
+}
 
 /// Why a call failed, in words for the terminal.
 #[derive(Debug, thiserror::Error)]
@@ -65,10 +98,8 @@ impl Client {
         match e {
             ureq::Error::Status(status, res) => {
                 let text = res.into_string().unwrap_or_default();
-                let message = serde_json::from_str::<Value>(&text)
-                    .ok()
-                    .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
-                    .unwrap_or(text);
+                let message =
+                    serde_json::from_str::<ErrorAnswer>(&text).map(|a| a.error.message).unwrap_or(text);
                 ClientError::Status { status, message }
             }
             ureq::Error::Transport(t) => {
@@ -86,6 +117,17 @@ impl Client {
     pub(crate) fn get(&self, path: &str) -> Result<Value, ClientError> {
         let res = self.request("GET", path).call().map_err(|e| self.fail(e))?;
         self.json(res)
+    }
+
+    /// A JSON answer read as the type the server wrote it from.
+    pub(crate) fn typed<T: DeserializeOwned>(&self, answer: Value) -> Result<T, ClientError> {
+        serde_json::from_value(answer)
+            .map_err(|e| ClientError::Invalid { endpoint: self.endpoint.clone(), detail: e.to_string() })
+    }
+
+    /// `GET /v1/models` → xinf's description of each model.
+    pub(crate) fn models(&self) -> Result<Vec<ModelInfo>, ClientError> {
+        self.typed(self.get("/v1/models")?).map(ModelList::into_models)
     }
 
     /// `POST path` with a JSON body → JSON.
@@ -124,8 +166,8 @@ impl Client {
                 endpoint: self.endpoint.clone(),
                 detail: e.to_string(),
             })?;
-            if let Some(message) = event["error"]["message"].as_str() {
-                return Err(ClientError::Status { status: 500, message: message.to_owned() });
+            if let Ok(ErrorAnswer { error }) = ErrorAnswer::deserialize(&event) {
+                return Err(ClientError::Status { status: 500, message: error.message });
             }
             each(&event);
         }

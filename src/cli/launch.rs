@@ -2,11 +2,13 @@
 //! [`LaunchRequest`], then `POST /v1/models` with progress while the model loads.
 
 use super::client::{Client, ClientError};
+use crate::api::status_name;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::time::{Duration, Instant};
-use xinf_actors::{GpuCount, GpuIdx, LaunchRequest, ModelSize, ReplicaConfig};
+use xinf_actors::{GpuCount, GpuIdx, LaunchRequest, ModelSize, ModelStatus, ReplicaConfig, ReplicaStatus};
 use xinf_i18n::Catalog;
 
 /// What to launch. The flags mirror Xinference's `launch` command.
@@ -180,19 +182,20 @@ impl LaunchSource {
 
 /// The progress line of a model that is loading, from `GET /v1/models`.
 fn progress(client: &Client, uid: Option<&str>, name: &str) -> Option<String> {
-    let models = client.get("/v1/models").ok()?;
-    let model = models["data"].as_array()?.iter().map(|m| &m["xinf"]).find(|m| match uid {
-        Some(uid) => m["uid"] == uid,
-        None => m["model_name"] == name && m["status"] == "loading",
+    let models = client.models().ok()?;
+    let model = models.iter().find(|m| match uid {
+        Some(uid) => m.uid == uid,
+        None => m.model_name == name && m.status == ModelStatus::Launching,
     })?;
-    let replicas = model["replica_details"].as_array().map(Vec::as_slice).unwrap_or_default();
-    let alive = replicas.iter().filter(|r| r["status"] == "alive").count();
-    Some(format!(
-        "{} {}: {alive}/{} replicas",
-        model["uid"].as_str().unwrap_or(name),
-        model["status"].as_str().unwrap_or("?"),
-        replicas.len()
-    ))
+    let replicas = &model.replica_details;
+    let alive = replicas.iter().filter(|r| r.status == ReplicaStatus::Alive).count();
+    Some(format!("{} {}: {alive}/{} replicas", model.uid, status_name(model.status), replicas.len()))
+}
+
+/// The answer of `POST /v1/models`.
+#[derive(Deserialize)]
+struct Launched {
+    model_uid: String,
 }
 
 /// `xinf launch`: sends the request and shows progress until the model serves. Prints the
@@ -234,9 +237,9 @@ pub(crate) fn launch(args: LaunchArgs, cat: &Catalog) -> Result<(), String> {
     };
     bar.finish_and_clear();
     let answer = result.map_err(|e| e.to_string())?;
-    let uid = answer["model_uid"].as_str().unwrap_or_default();
+    let uid = Launched::deserialize(&answer).map(|a| a.model_uid).unwrap_or_default();
     let secs = format!("{:.1}", started.elapsed().as_secs_f64());
-    eprintln!("{}", cat.text("cli-launch-done", &[("uid", uid), ("secs", &secs)]));
+    eprintln!("{}", cat.text("cli-launch-done", &[("uid", &uid), ("secs", &secs)]));
     println!("{uid}");
     Ok(())
 }

@@ -1,8 +1,10 @@
 //! `xinf list` and `xinf terminate`.
 
+use super::client::ModelList;
 use super::launch::EndpointArgs;
+use crate::api::{ModelInfo, status_name};
 use clap::Args;
-use serde_json::Value;
+use xinf_actors::{GpuInfo, GpuUsage, ReplicaStatus, WorkerStatus};
 use xinf_i18n::Catalog;
 
 /// `xinf list`.
@@ -27,14 +29,6 @@ pub(crate) struct TerminateArgs {
     endpoint: EndpointArgs,
 }
 
-fn text(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Null => "-".into(),
-        other => other.to_string(),
-    }
-}
-
 /// Prints rows as columns padded to the widest cell.
 fn table(rows: &[Vec<String>]) {
     let widths: Vec<usize> = (0..rows.first().map_or(0, Vec::len))
@@ -49,38 +43,65 @@ fn table(rows: &[Vec<String>]) {
 /// A worker's GPUs for `xinf list --workers`: each index with its name, memory and the share of
 /// its memory the replicas on it hold, where known (`0 (NVIDIA H200, 139.8 GiB, used 0.8)`), or
 /// `cpu` when it has none.
-fn gpus_cell(worker: &Value) -> String {
-    let details = worker["info"]["gpu_details"].as_array().map(Vec::as_slice).unwrap_or_default();
-    let usage = worker["gpu_usage"].as_array().map(Vec::as_slice).unwrap_or_default();
-    let cells: Vec<String> = if details.is_empty() {
-        worker["info"]["gpus"].as_array().map(Vec::as_slice).unwrap_or_default().iter().map(text).collect()
+fn gpus_cell(worker: &WorkerStatus) -> String {
+    let cells: Vec<String> = if worker.info.gpu_details.is_empty() {
+        worker.info.gpus.iter().map(u32::to_string).collect()
     } else {
-        details
-            .iter()
-            .map(|g| {
-                let mut about: Vec<String> = Vec::new();
-                if let Some(name) = g["name"].as_str() {
-                    about.push(name.to_owned());
-                }
-                if let Some(bytes) = g["total_memory"].as_u64() {
-                    about.push(format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30)));
-                }
-                let used = usage
-                    .iter()
-                    .find(|u| u["index"] == g["index"])
-                    .and_then(|u| u["memory_fraction"].as_f64());
-                if let Some(f) = used.filter(|f| *f > 0.0) {
-                    about.push(format!("used {}", (f * 100.0).round() / 100.0));
-                }
-                if about.is_empty() {
-                    text(&g["index"])
-                } else {
-                    format!("{} ({})", text(&g["index"]), about.join(", "))
-                }
-            })
-            .collect()
+        worker.info.gpu_details.iter().map(|g| gpu_cell(g, &worker.gpu_usage)).collect()
     };
     if cells.is_empty() { "cpu".into() } else { cells.join("; ") }
+}
+
+/// One GPU of [`gpus_cell`].
+fn gpu_cell(gpu: &GpuInfo, usage: &[GpuUsage]) -> String {
+    let mut about: Vec<String> = Vec::new();
+    if let Some(name) = &gpu.name {
+        about.push(name.clone());
+    }
+    if let Some(bytes) = gpu.total_memory {
+        about.push(format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30)));
+    }
+    let used = usage.iter().find(|u| u.index == gpu.index).map(|u| u.memory_fraction);
+    if let Some(f) = used.filter(|f| *f > 0.0) {
+        about.push(format!("used {}", (f * 100.0).round() / 100.0));
+    }
+    if about.is_empty() { gpu.index.to_string() } else { format!("{} ({})", gpu.index, about.join(", ")) }
+}
+
+/// A replica's status as the API writes it.
+fn replica_status(status: ReplicaStatus) -> &'static str {
+    match status {
+        ReplicaStatus::Loading => "loading",
+        ReplicaStatus::Alive => "alive",
+        ReplicaStatus::Dead => "dead",
+    }
+}
+
+/// The rows of `xinf list --workers`.
+fn worker_rows(workers: &[WorkerStatus]) -> Vec<Vec<String>> {
+    let mut rows = vec![vec!["WORKER".into(), "ALIVE".into(), "GPUS".into(), "REPLICAS".into()]];
+    for w in workers {
+        rows.push(vec![w.info.worker_id.clone(), w.alive.to_string(), gpus_cell(w), w.replicas.join(",")]);
+    }
+    rows
+}
+
+/// The rows of `xinf list`: each model, and where its replicas run (their count for a single
+/// engine, which has no replica details).
+fn model_rows(models: &[ModelInfo]) -> Vec<Vec<String>> {
+    let mut rows = vec![vec!["UID".into(), "NAME".into(), "STATUS".into(), "REPLICAS".into()]];
+    for m in models {
+        let replicas = if m.replica_details.is_empty() {
+            m.replicas.to_string()
+        } else {
+            let each = m.replica_details.iter().map(|r| {
+                format!("{}({} {} {})", r.replica_uid, r.role, replica_status(r.status), r.worker_id)
+            });
+            each.collect::<Vec<_>>().join(" ")
+        };
+        rows.push(vec![m.uid.clone(), m.model_name.clone(), status_name(m.status).into(), replicas]);
+    }
+    rows
 }
 
 /// `xinf list`: the models (uid, name, status, replicas and where they run) or the workers.
@@ -92,43 +113,11 @@ pub(crate) fn list(args: ListArgs, _cat: &Catalog) -> Result<(), String> {
         println!("{answer:#}");
         return Ok(());
     }
-    if args.workers {
-        let mut rows = vec![vec!["WORKER".into(), "ALIVE".into(), "GPUS".into(), "REPLICAS".into()]];
-        for w in answer.as_array().map(Vec::as_slice).unwrap_or_default() {
-            rows.push(vec![
-                text(&w["info"]["worker_id"]),
-                text(&w["alive"]),
-                gpus_cell(w),
-                w["replicas"]
-                    .as_array()
-                    .map_or(String::new(), |r| r.iter().map(text).collect::<Vec<_>>().join(",")),
-            ]);
-        }
-        table(&rows);
-        return Ok(());
-    }
-    let mut rows = vec![vec!["UID".into(), "NAME".into(), "STATUS".into(), "REPLICAS".into()]];
-    for m in answer["data"].as_array().map(Vec::as_slice).unwrap_or_default() {
-        let x = &m["xinf"];
-        let replicas = x["replica_details"].as_array().map_or_else(
-            || text(&x["replicas"]),
-            |rs| {
-                rs.iter()
-                    .map(|r| {
-                        format!(
-                            "{}({} {} {})",
-                            text(&r["replica_uid"]),
-                            text(&r["role"]),
-                            text(&r["status"]),
-                            text(&r["worker_id"])
-                        )
-                    })
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            },
-        );
-        rows.push(vec![text(&x["uid"]), text(&x["model_name"]), text(&x["status"]), replicas]);
-    }
+    let rows = if args.workers {
+        worker_rows(&client.typed::<Vec<WorkerStatus>>(answer).map_err(|e| e.to_string())?)
+    } else {
+        model_rows(&client.typed::<ModelList>(answer).map_err(|e| e.to_string())?.into_models())
+    };
     table(&rows);
     Ok(())
 }
@@ -139,4 +128,34 @@ pub(crate) fn terminate(args: TerminateArgs, cat: &Catalog) -> Result<(), String
     client.delete(&format!("/v1/models/{}", args.model_uid)).map_err(|e| e.to_string())?;
     eprintln!("{}", cat.text("cli-terminated", &[("uid", &args.model_uid)]));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn rows_from_the_api_answers() {
+        let models = json!({"object": "list", "data": [{"id": "m", "object": "model", "created": 1,
+            "owned_by": "xinf", "xinf": {"uid": "m", "model_name": "smollm2", "status": "loading",
+            "replicas": 1, "replica_details": [{"replica_uid": "m-0", "role": "prefill", "worker_id": "w1",
+            "gpus": [0], "gpu_memory_utilization": 0.8, "status": "alive"}], "engine": "native",
+            "context_length": null, "created": 1}}, {"id": "one", "object": "model", "created": 1,
+            "owned_by": "xinf", "xinf": {"uid": "one", "model_name": "qwen3", "status": "ready",
+            "replicas": 1, "engine": "native", "context_length": 4096, "created": 1}}]});
+        let models = serde_json::from_value::<ModelList>(models).map(ModelList::into_models);
+        let rows = model_rows(&models.unwrap_or_default());
+        assert_eq!(rows[1], ["m", "smollm2", "loading", "m-0(prefill alive w1)"]);
+        assert_eq!(rows[2], ["one", "qwen3", "ready", "1"]);
+
+        let workers = json!([{"info": {"worker_id": "w1", "host": "h", "gpus": [0, 1], "gpu_details": [
+            {"index": 0, "name": "NVIDIA H200", "total_memory": 150_000_000_000u64},
+            {"index": 1, "name": null, "total_memory": null}], "allow_gpu_sharing": false},
+            "alive": true, "last_heartbeat_ms": 3, "replicas": ["m-0", "m-1"],
+            "gpu_usage": [{"index": 0, "replicas": ["m-0"], "memory_fraction": 0.8}]}]);
+        let workers = serde_json::from_value::<Vec<WorkerStatus>>(workers).unwrap_or_default();
+        let rows = worker_rows(&workers);
+        assert_eq!(rows[1], ["w1", "true", "0 (NVIDIA H200, 139.7 GiB, used 0.8); 1", "m-0,m-1"]);
+    }
 }

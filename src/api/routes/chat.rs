@@ -1,11 +1,11 @@
 //! `POST /v1/chat/completions`.
 
-use super::{Generation, SamplingFields, generate, is_set, localized, parse_json, read_body, request_id};
-use crate::api::AppState;
-use crate::api::error::{ApiError, Problem};
+use super::{Generation, GenerationRequest, is_set, request_id};
+use crate::api::error::Problem;
 use crate::api::openai::{ChatCompletionRequest, InMessage};
+use crate::api::sampling::WithSampling;
 use crate::api::sse::Flavor;
-use actix_web::{HttpRequest, HttpResponse, web};
+use actix_web::HttpRequest;
 use serde_json::Value;
 use xinf_engine::{ChatMessage, GenerateRequest, Prompt};
 
@@ -13,46 +13,22 @@ use xinf_engine::{ChatMessage, GenerateRequest, Prompt};
 const MULTIMODAL_PARTS: &[&str] =
     &["image_url", "input_image", "image", "input_audio", "audio_url", "video_url", "file", "input_file"];
 
-/// The handler.
-pub(crate) async fn create(
-    req: HttpRequest,
-    payload: web::Payload,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse, ApiError> {
-    let result = handle(&req, payload, &state).await;
-    localized(&req, result)
-}
-
-async fn handle(req: &HttpRequest, payload: web::Payload, state: &AppState) -> Result<HttpResponse, Problem> {
-    let body = read_body(req, payload, state.max_body_bytes).await?;
-    let r: ChatCompletionRequest = parse_json(&body)?;
-    refuse_unsupported(&r)?;
-    let messages = messages(r.messages)?;
-    let sampling = SamplingFields {
-        max_tokens: r.max_completion_tokens.or(r.max_tokens),
-        temperature: r.temperature,
-        top_p: r.top_p,
-        top_k: r.top_k,
-        min_p: r.min_p,
-        seed: r.seed,
-        stop: r.stop,
-        presence_penalty: r.presence_penalty,
-        frequency_penalty: r.frequency_penalty,
-        repetition_penalty: r.repetition_penalty,
-        ignore_eos: r.ignore_eos,
-        stop_token_ids: r.stop_token_ids,
-        n: r.n,
+impl GenerationRequest for ChatCompletionRequest {
+    fn generation(req: &HttpRequest, body: WithSampling<Self>) -> Result<Generation, Problem> {
+        let WithSampling { mut sampling, rest: r } = body;
+        refuse_unsupported(&r)?;
+        let messages = messages(r.messages)?;
+        sampling.max_tokens = r.max_completion_tokens.or(sampling.max_tokens);
+        let sampling = sampling.into_params()?;
+        let request_id = request_id(req, r.request_id, "chatcmpl")?;
+        Ok(Generation {
+            model: r.model,
+            request: GenerateRequest { request_id, prompt: Prompt::Chat(messages), sampling },
+            stream: r.stream.unwrap_or(false),
+            include_usage: r.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+            flavor: Flavor::Chat,
+        })
     }
-    .into_params()?;
-    let request_id = request_id(req, r.request_id, "chatcmpl")?;
-    let job = Generation {
-        model: r.model,
-        request: GenerateRequest { request_id, prompt: Prompt::Chat(messages), sampling },
-        stream: r.stream.unwrap_or(false),
-        include_usage: r.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
-        flavor: Flavor::Chat,
-    };
-    generate(state, req, job).await
 }
 
 fn refuse_unsupported(r: &ChatCompletionRequest) -> Result<(), Problem> {

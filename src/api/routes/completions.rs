@@ -1,71 +1,47 @@
 //! `POST /v1/completions`.
 
-use super::{Generation, SamplingFields, generate, is_set, localized, parse_json, read_body, request_id};
-use crate::api::AppState;
-use crate::api::error::{ApiError, Problem};
+use super::{Generation, GenerationRequest, is_set, request_id};
+use crate::api::error::Problem;
 use crate::api::openai::CompletionRequest;
+use crate::api::sampling::WithSampling;
 use crate::api::sse::Flavor;
-use actix_web::{HttpRequest, HttpResponse, web};
+use actix_web::HttpRequest;
 use serde_json::Value;
 use xinf_engine::{GenerateRequest, Prompt};
 
 /// OpenAI's default `max_tokens` for completions.
 const DEFAULT_MAX_TOKENS: usize = 16;
 
-/// The handler.
-pub(crate) async fn create(
-    req: HttpRequest,
-    payload: web::Payload,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse, ApiError> {
-    let result = handle(&req, payload, &state).await;
-    localized(&req, result)
-}
-
-async fn handle(req: &HttpRequest, payload: web::Payload, state: &AppState) -> Result<HttpResponse, Problem> {
-    let body = read_body(req, payload, state.max_body_bytes).await?;
-    let r: CompletionRequest = parse_json(&body)?;
-    if r.echo == Some(true) {
-        return Err(Problem::field("echo", "api-echo-unsupported", "unsupported_parameter"));
+impl GenerationRequest for CompletionRequest {
+    fn generation(req: &HttpRequest, body: WithSampling<Self>) -> Result<Generation, Problem> {
+        let WithSampling { mut sampling, rest: r } = body;
+        if r.echo == Some(true) {
+            return Err(Problem::field("echo", "api-echo-unsupported", "unsupported_parameter"));
+        }
+        if r.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+            return Err(Problem::field("suffix", "api-suffix-unsupported", "unsupported_parameter"));
+        }
+        if r.best_of.is_some_and(|b| b != 1) {
+            return Err(Problem::field("best_of", "api-n-unsupported", "unsupported_parameter"));
+        }
+        if r.logprobs.is_some() {
+            return Err(Problem::field("logprobs", "api-logprobs-unsupported", "unsupported_parameter"));
+        }
+        if is_set(&r.logit_bias) {
+            return Err(Problem::field("logit_bias", "api-logit-bias-unsupported", "unsupported_parameter"));
+        }
+        let prompt = prompt(r.prompt)?;
+        sampling.max_tokens.get_or_insert(DEFAULT_MAX_TOKENS);
+        let sampling = sampling.into_params()?;
+        let request_id = request_id(req, r.request_id, "cmpl")?;
+        Ok(Generation {
+            model: r.model,
+            request: GenerateRequest { request_id, prompt, sampling },
+            stream: r.stream.unwrap_or(false),
+            include_usage: r.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+            flavor: Flavor::Completion,
+        })
     }
-    if r.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
-        return Err(Problem::field("suffix", "api-suffix-unsupported", "unsupported_parameter"));
-    }
-    if r.best_of.is_some_and(|b| b != 1) {
-        return Err(Problem::field("best_of", "api-n-unsupported", "unsupported_parameter"));
-    }
-    if r.logprobs.is_some() {
-        return Err(Problem::field("logprobs", "api-logprobs-unsupported", "unsupported_parameter"));
-    }
-    if is_set(&r.logit_bias) {
-        return Err(Problem::field("logit_bias", "api-logit-bias-unsupported", "unsupported_parameter"));
-    }
-    let prompt = prompt(r.prompt)?;
-    let sampling = SamplingFields {
-        max_tokens: Some(r.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
-        temperature: r.temperature,
-        top_p: r.top_p,
-        top_k: r.top_k,
-        min_p: r.min_p,
-        seed: r.seed,
-        stop: r.stop,
-        presence_penalty: r.presence_penalty,
-        frequency_penalty: r.frequency_penalty,
-        repetition_penalty: r.repetition_penalty,
-        ignore_eos: r.ignore_eos,
-        stop_token_ids: r.stop_token_ids,
-        n: r.n,
-    }
-    .into_params()?;
-    let request_id = request_id(req, r.request_id, "cmpl")?;
-    let job = Generation {
-        model: r.model,
-        request: GenerateRequest { request_id, prompt, sampling },
-        stream: r.stream.unwrap_or(false),
-        include_usage: r.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
-        flavor: Flavor::Completion,
-    };
-    generate(state, req, job).await
 }
 
 /// The prompt: a string, a list of token ids, or a list holding exactly one of them.

@@ -1,5 +1,5 @@
 //! The routes, and what the generation routes share: reading a bounded JSON body, request
-//! ids, and OpenAI sampling fields turned into [`SamplingParams`].
+//! ids, and the one handler that checks and runs a generation of either API.
 
 pub(crate) mod chat;
 pub(crate) mod completions;
@@ -9,8 +9,10 @@ pub(crate) mod models;
 use crate::api::AppState;
 use crate::api::error::{ApiError, Problem, request_lang};
 use crate::api::openai::{
-    ChatChoice, ChatCompletion, Completion, OutMessage, StopField, TextChoice, UsageOut,
+    ChatChoice, ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, OutMessage, TextChoice,
+    UsageOut,
 };
+use crate::api::sampling::WithSampling;
 use crate::api::sse::{self, Flavor, ResponseMeta};
 use actix_web::http::header;
 use actix_web::web::{self, Bytes, BytesMut};
@@ -19,7 +21,6 @@ use futures::StreamExt;
 use serde::de::DeserializeOwned;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tracing::Instrument;
-use xinf_engine::SamplingParams;
 
 /// Registers every route.
 pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
@@ -28,8 +29,8 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
         .service(
             web::scope("/v1")
                 .wrap(actix_web::middleware::from_fn(crate::api::auth::require_api_key))
-                .service(resource("/chat/completions").route(web::post().to(chat::create)))
-                .service(resource("/completions").route(web::post().to(completions::create)))
+                .service(resource("/chat/completions").route(web::post().to(create::<ChatCompletionRequest>)))
+                .service(resource("/completions").route(web::post().to(create::<CompletionRequest>)))
                 .service(
                     resource("/models")
                         .route(web::get().to(models::list))
@@ -153,58 +154,6 @@ pub(crate) fn request_id(
     }
 }
 
-/// The sampling fields both generation APIs share, as the client sent them.
-#[derive(Debug, Default)]
-pub(crate) struct SamplingFields {
-    pub(crate) max_tokens: Option<usize>,
-    pub(crate) temperature: Option<f32>,
-    pub(crate) top_p: Option<f32>,
-    pub(crate) top_k: Option<i64>,
-    pub(crate) min_p: Option<f32>,
-    pub(crate) seed: Option<u64>,
-    pub(crate) stop: Option<StopField>,
-    pub(crate) presence_penalty: Option<f32>,
-    pub(crate) frequency_penalty: Option<f32>,
-    pub(crate) repetition_penalty: Option<f32>,
-    pub(crate) ignore_eos: Option<bool>,
-    pub(crate) stop_token_ids: Option<Vec<u32>>,
-    pub(crate) n: Option<u64>,
-}
-
-impl SamplingFields {
-    /// Engine sampling settings with OpenAI defaults (temperature 1, top_p 1), checked: the
-    /// error names the first bad field.
-    pub(crate) fn into_params(self) -> Result<SamplingParams, Problem> {
-        if let Some(n) = self.n
-            && n != 1
-        {
-            return Err(Problem::field("n", "api-n-unsupported", "unsupported_parameter"));
-        }
-        let d = SamplingParams::default();
-        let top_k = match self.top_k {
-            None | Some(-1) | Some(0) => 0,
-            Some(k) if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
-            Some(_) => return Err(Problem::field("top_k", "api-top-k-invalid", "invalid_value")),
-        };
-        let params = SamplingParams {
-            max_tokens: self.max_tokens,
-            temperature: self.temperature.unwrap_or(d.temperature),
-            top_p: self.top_p.unwrap_or(d.top_p),
-            top_k,
-            min_p: self.min_p.unwrap_or(d.min_p),
-            seed: self.seed,
-            stop: self.stop.map(StopField::into_vec).unwrap_or_default(),
-            stop_token_ids: self.stop_token_ids.unwrap_or_default(),
-            ignore_eos: self.ignore_eos.unwrap_or(false),
-            presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
-            frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
-            repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
-        };
-        params.validate()?;
-        Ok(params)
-    }
-}
-
 /// Whether an optional JSON value asks for something (not absent, null, empty or "none").
 pub(crate) fn is_set(v: &Option<serde_json::Value>) -> bool {
     match v {
@@ -216,12 +165,30 @@ pub(crate) fn is_set(v: &Option<serde_json::Value>) -> bool {
     }
 }
 
+/// The request type of a generation API: what it makes of a parsed body.
+pub(crate) trait GenerationRequest: DeserializeOwned {
+    /// The checked generation that `body` asks for; the error names the refused field.
+    fn generation(req: &HttpRequest, body: WithSampling<Self>) -> Result<Generation, Problem>;
+}
+
+/// The handler of both generation APIs, `R` being the API's request type: reads and checks the
+/// body, then runs the generation.
+async fn create<R: GenerationRequest>(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let result = async {
+        let body = read_body(&req, payload, state.max_body_bytes).await?;
+        let job = R::generation(&req, parse_json(&body)?)?;
+        generate(&state, &req, job).await
+    }
+    .await;
+    localized(&req, result)
+}
+
 /// Runs a generation request: the common part of both APIs once the prompt is built.
-pub(crate) async fn generate(
-    state: &AppState,
-    req: &HttpRequest,
-    job: Generation,
-) -> Result<HttpResponse, Problem> {
+async fn generate(state: &AppState, req: &HttpRequest, job: Generation) -> Result<HttpResponse, Problem> {
     let lang = request_lang(req);
     let meta = ResponseMeta { id: job.request.request_id.clone(), model: job.model.clone(), created: now() };
     // The request span is born here; the service call runs inside it.

@@ -2,11 +2,11 @@
 //! abort, and `GET /v1/workers`.
 
 use super::{localized, parse_json, read_body};
-use crate::api::AppState;
 use crate::api::error::{ApiError, Problem};
 use crate::api::openai::{ModelList, ModelObject};
+use crate::api::{AppState, ServiceError};
 use actix_web::{HttpRequest, HttpResponse, web};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use xinf_actors::LaunchRequest;
 
 /// Every model, in OpenAI's list shape.
@@ -66,8 +66,8 @@ pub(crate) async fn terminate(
 
 /// The cluster's workers: id, address, GPUs, liveness, replicas.
 pub(crate) async fn workers(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let result = state.service.workers().await.map_err(Problem::from);
-    localized(&req, result).map(|w| HttpResponse::Ok().json(w))
+    let result = state.service.workers().await.map_err(Problem::from).and_then(|w| sorted_json(&w));
+    localized(&req, result)
 }
 
 /// One model.
@@ -86,8 +86,16 @@ pub(crate) async fn stats(
     uid: web::Path<String>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let result = state.service.stats(&uid).await.map_err(Problem::from);
-    localized(&req, result).map(|stats| HttpResponse::Ok().json(stats))
+    let result = state.service.stats(&uid).await.map_err(Problem::from).and_then(|s| sorted_json(&s));
+    localized(&req, result)
+}
+
+/// A 200 answer of `value` with the keys of every object sorted (as a `serde_json::Value`
+/// writes them): the stats and workers answers keep one stable key order, whatever the field
+/// order of the types behind them.
+fn sorted_json<T: Serialize>(value: &T) -> Result<HttpResponse, Problem> {
+    let value = serde_json::to_value(value).map_err(|e| ServiceError::Unavailable(e.to_string()))?;
+    Ok(HttpResponse::Ok().json(value))
 }
 
 /// Aborts a request: `{"msg": "DONE"}`, or `{"msg": "NOT_FOUND"}` when no such request runs.
