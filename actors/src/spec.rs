@@ -1,7 +1,7 @@
 //! What the supervisor tells a worker about a replica to start: its model, role, engine and
 //! handoff settings.
 
-pub(crate) use crate::spec::Role;
+pub(crate) use crate::launch::Role;
 use serde::{Deserialize, Serialize};
 use xinf_engine::{EngineConfig, ModelSource};
 
