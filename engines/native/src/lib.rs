@@ -36,6 +36,7 @@ mod model;
 mod options;
 mod sampler;
 mod stop;
+mod sync;
 mod weights;
 
 pub use engine::NativeEngine;
