@@ -28,7 +28,6 @@
 mod config;
 mod detok;
 mod engine;
-#[cfg(feature = "cuda")]
 mod gpu;
 mod kv_cache;
 pub mod memory;
