@@ -28,7 +28,6 @@
 mod config;
 mod detok;
 mod engine;
-#[cfg(feature = "cuda")]
 mod gpu;
 mod kv_cache;
 mod loader;
@@ -37,6 +36,7 @@ mod model;
 mod options;
 mod sampler;
 mod stop;
+mod sync;
 mod weights;
 
 pub use engine::NativeEngine;

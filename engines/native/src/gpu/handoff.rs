@@ -11,7 +11,8 @@
 //! before its lease exists, so no peer can see half-written pages; every receive has copied the
 //! pages into this GPU's memory before it returns, so the peer's staging can go back to its pool.
 
-use super::{GpuError, driver};
+use super::error::{GpuError, driver};
+use crate::sync::lock;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Instant;
@@ -47,10 +48,6 @@ struct Pool<T> {
     free: Arc<Mutex<Vec<T>>>,
     /// Free entries kept at most (`usize::MAX`: never free any).
     keep: usize,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl<T: Staging> Pool<T> {

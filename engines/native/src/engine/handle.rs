@@ -1,0 +1,404 @@
+//! The engine's handle: what callers hold. It validates and tokenizes requests, answers what
+//! it can from the shared counters, and sends everything else to the compute thread.
+
+use super::load::{self, Device, model_err};
+use super::seq::{Import, Mode, Seq};
+use super::shared::{Command, Shared, dequeued};
+use super::worker::Worker;
+use crate::detok::Detokenizer;
+use crate::options::EngineOptions;
+use crate::sampler::Sampler;
+use crate::stop::StopMatcher;
+use crate::sync::lock;
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc as std_mpsc;
+use tokio::sync::{mpsc, oneshot};
+use xinf_engine::{
+    Engine, EngineError, EngineStats, GenerateRequest, ImportedKv, KvPages, ModelContract, PAGE_TOKENS,
+    PinnedPrefill, Prompt, TokenStream,
+};
+use xinf_models::{ModelError, ResolvedModel, TextTokenizer};
+use xinf_transfer::LayoutDescriptor;
+use xinf_transfer::device::{DeviceLease, DeviceRoute, DeviceSink, KvDevice};
+
+/// The native engine's handle. Cheap to share behind an `Arc`; dropping the last handle stops
+/// the compute thread.
+pub struct NativeEngine {
+    tx: std_mpsc::Sender<Command>,
+    shared: Arc<Shared>,
+    tokenizer: Arc<TextTokenizer>,
+    contract: ModelContract,
+    layout: LayoutDescriptor,
+    options: EngineOptions,
+    /// Longest sequence (prompt + output) a request may have.
+    max_seq_len: usize,
+    eos: Vec<u32>,
+    /// Set on a GPU: where the KV lives, and the sink receiving peers' pages GPU to GPU.
+    device: Device,
+    /// Steps the GPU backend computed by replaying a CUDA graph.
+    graph_steps: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for NativeEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NativeEngine").field("contract", &self.contract).finish_non_exhaustive()
+    }
+}
+
+impl NativeEngine {
+    /// Loads a model and starts its compute thread.
+    pub fn load(model: &ResolvedModel, options: EngineOptions) -> Result<Self, EngineError> {
+        let parts = load::load(model, options)?;
+        let shared = Arc::new(Shared::default());
+        let tokenizer = Arc::new(parts.tokenizer);
+        let (tx, rx) = std_mpsc::channel();
+        let worker = Worker::new(
+            parts.backend,
+            parts.cache,
+            rx,
+            shared.clone(),
+            parts.options.clone(),
+            tokenizer.clone(),
+        );
+        worker.spawn()?;
+        Ok(Self {
+            tx,
+            shared,
+            tokenizer,
+            contract: parts.contract,
+            layout: parts.layout,
+            options: parts.options,
+            max_seq_len: parts.max_seq_len,
+            eos: parts.eos,
+            device: parts.device,
+            graph_steps: parts.graph_steps,
+        })
+    }
+
+    /// The tokenizer (for callers that render or count tokens themselves).
+    pub fn tokenizer(&self) -> &TextTokenizer {
+        &self.tokenizer
+    }
+
+    /// The options this engine runs with.
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
+    }
+
+    /// Longest prompt plus output a request may have.
+    pub fn max_seq_len(&self) -> usize {
+        self.max_seq_len
+    }
+
+    /// Steps computed so far by replaying a captured CUDA graph (decode steps on a GPU with
+    /// `cuda_graphs` on); always 0 on the CPU. Tells tests and benchmarks that graphs were
+    /// really used, since the tokens are the same either way.
+    pub fn graph_steps(&self) -> u64 {
+        self.graph_steps.load(Ordering::Relaxed)
+    }
+
+    /// The logits after the last of `ids`, computed alone (outside any batch) into temporary
+    /// KV blocks. A test and diagnosis hook: golden tests compare it with transformers.
+    pub async fn prompt_logits(&self, ids: Vec<u32>) -> Result<Vec<f32>, EngineError> {
+        if ids.is_empty() || ids.len() > self.max_seq_len {
+            return Err(EngineError::invalid(
+                "prompt",
+                format!("must have 1 to {} tokens", self.max_seq_len),
+            ));
+        }
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(Command::Logits { ids, reply }).map_err(|_| EngineError::Stopped)?;
+        rx.await.map_err(|_| EngineError::Stopped)?
+    }
+
+    /// Tokenizes the prompt of a request.
+    pub fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
+        let ids = match prompt {
+            Prompt::Text(t) => self.tokenizer.encode(t, true).map_err(model_err)?,
+            Prompt::Tokens(ids) => ids.clone(),
+            Prompt::Chat(messages) => {
+                if messages.is_empty() {
+                    return Err(EngineError::invalid("messages", "must not be empty"));
+                }
+                self.tokenizer.encode_chat(messages).map_err(|e| match e {
+                    ModelError::Template(m) => EngineError::invalid("messages", m),
+                    other => model_err(other),
+                })?
+            }
+        };
+        if ids.is_empty() {
+            return Err(EngineError::invalid("prompt", "must not be empty"));
+        }
+        if let Some(bad) = ids.iter().find(|&&t| t as usize >= self.contract.vocab_size) {
+            return Err(EngineError::invalid(
+                "prompt",
+                format!("token id {bad} is outside the vocabulary of {} tokens", self.contract.vocab_size),
+            ));
+        }
+        Ok(ids)
+    }
+
+    /// Validates `request` and makes the sequence the compute thread runs for it, with the
+    /// stream its events go to. `max_tokens` defaults to the room the context leaves.
+    fn build_seq(
+        &self,
+        request: GenerateRequest,
+        mode: Mode,
+    ) -> Result<(Box<Seq>, TokenStream), EngineError> {
+        request.sampling.validate()?;
+        if request.request_id.is_empty() {
+            return Err(EngineError::invalid("request_id", "must not be empty"));
+        }
+        let prompt = self.prompt_ids(&request.prompt)?;
+        let room = self.max_seq_len.saturating_sub(prompt.len());
+        let max_tokens = match request.sampling.max_tokens {
+            Some(m) if m <= room => m,
+            None if room > 0 => room,
+            m => {
+                return Err(EngineError::ContextLength {
+                    prompt_tokens: prompt.len(),
+                    max_tokens: m.unwrap_or(1),
+                    context_length: self.max_seq_len,
+                });
+            }
+        };
+        let mut stop_ids = request.sampling.stop_token_ids.clone();
+        if !request.sampling.ignore_eos {
+            stop_ids.extend(&self.eos);
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let seq = Box::new(Seq {
+            id: request.request_id,
+            prompt_len: prompt.len(),
+            detok: Detokenizer::new(prompt.len()),
+            tokens: prompt,
+            computed: 0,
+            table: Vec::new(),
+            max_tokens,
+            sampler: Sampler::new(&request.sampling),
+            stop: StopMatcher::new(&request.sampling.stop),
+            stop_ids,
+            tx,
+            mode,
+            import: None,
+            preset: None,
+        });
+        let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).boxed();
+        Ok((seq, stream))
+    }
+
+    /// Hands a sequence to the compute thread, unless the queue is full or its id is in use
+    /// (running, queued or pinned). Counted as queued here, before it reaches the thread, so a
+    /// burst of submissions cannot overshoot `max_queue`.
+    fn enqueue(&self, seq: Box<Seq>) -> Result<(), EngineError> {
+        let queued = self.shared.queued.load(Ordering::Relaxed);
+        if queued >= self.options.max_queue {
+            return Err(EngineError::Overloaded { queued, limit: self.options.max_queue });
+        }
+        {
+            let mut active = lock(&self.shared.active);
+            if active.contains(&seq.id) || lock(&self.shared.pinned).contains(&seq.id) {
+                return Err(EngineError::DuplicateRequest(seq.id.clone()));
+            }
+            active.insert(seq.id.clone());
+        }
+        self.shared.queued.fetch_add(1, Ordering::Relaxed);
+        let id = seq.id.clone();
+        self.tx.send(Command::Submit(seq)).map_err(|_| {
+            dequeued(&self.shared.queued);
+            lock(&self.shared.active).remove(&id);
+            EngineError::Stopped
+        })
+    }
+}
+
+impl Engine for NativeEngine {
+    fn contract(&self) -> &ModelContract {
+        &self.contract
+    }
+
+    fn kv_layout(&self) -> &LayoutDescriptor {
+        &self.layout
+    }
+
+    fn submit(&self, request: GenerateRequest) -> Result<TokenStream, EngineError> {
+        let (seq, stream) = self.build_seq(request, Mode::Generate)?;
+        self.enqueue(seq)?;
+        Ok(stream)
+    }
+
+    fn abort(&self, request_id: &str) -> bool {
+        let known = lock(&self.shared.active).contains(request_id);
+        if known {
+            let _ = self.tx.send(Command::Abort(request_id.to_owned()));
+        }
+        known
+    }
+
+    fn prefill_pinned(
+        &self,
+        mut request: GenerateRequest,
+    ) -> BoxFuture<'static, Result<PinnedPrefill, EngineError>> {
+        request.sampling.max_tokens = Some(1);
+        let (reply, rx) = oneshot::channel();
+        let submitted = self.build_seq(request, Mode::Pinned(Some(reply))).and_then(|(seq, stream)| {
+            self.enqueue(seq)?;
+            Ok(stream)
+        });
+        Box::pin(async move {
+            // The stream only carries errors for a pinned prefill; keep it alive until the reply.
+            let _stream = submitted?;
+            rx.await.map_err(|_| EngineError::Stopped)?
+        })
+    }
+
+    fn prefill_pinned_with_prefix(
+        &self,
+        mut request: GenerateRequest,
+        prefix_pages: Vec<u8>,
+    ) -> BoxFuture<'static, Result<PinnedPrefill, EngineError>> {
+        request.sampling.max_tokens = Some(1);
+        let (reply, rx) = oneshot::channel();
+        let page_bytes = self.contract.page_bytes();
+        let max_batch = self.options.max_batch_tokens;
+        let submitted = self.build_seq(request, Mode::Pinned(Some(reply))).and_then(|(mut seq, stream)| {
+            if prefix_pages.len() % page_bytes != 0 {
+                return Err(EngineError::Import(format!(
+                    "a prefix of {} bytes is not a whole number of {page_bytes}-byte pages",
+                    prefix_pages.len()
+                )));
+            }
+            let tokens = prefix_pages.len() / page_bytes * PAGE_TOKENS;
+            if tokens >= seq.prompt_len {
+                return Err(EngineError::Import(format!(
+                    "a prefix of {tokens} tokens leaves nothing to compute of a {}-token prompt",
+                    seq.prompt_len
+                )));
+            }
+            if tokens > 0 {
+                let need = (tokens + max_batch).min(seq.prompt_len);
+                seq.import = Some(Import { pages: KvPages::Host(prefix_pages), tokens, need });
+            }
+            self.enqueue(seq)?;
+            Ok(stream)
+        });
+        Box::pin(async move {
+            let _stream = submitted?;
+            rx.await.map_err(|_| EngineError::Stopped)?
+        })
+    }
+
+    fn prompt_token_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
+        self.prompt_ids(prompt)
+    }
+
+    fn export_pages(
+        &self,
+        request_id: &str,
+        first_page: usize,
+        count: usize,
+    ) -> BoxFuture<'static, Result<Vec<u8>, EngineError>> {
+        let (reply, rx) = oneshot::channel();
+        let sent =
+            self.tx.send(Command::Export { id: request_id.to_owned(), first: first_page, count, reply });
+        Box::pin(async move {
+            sent.map_err(|_| EngineError::Stopped)?;
+            rx.await.map_err(|_| EngineError::Stopped)?
+        })
+    }
+
+    fn kv_device(&self) -> Option<KvDevice> {
+        self.device.as_ref().map(|(d, _)| d.clone())
+    }
+
+    fn export_pages_device(
+        &self,
+        request_id: &str,
+        first_page: usize,
+        count: usize,
+        route: DeviceRoute,
+    ) -> BoxFuture<'static, Result<DeviceLease, EngineError>> {
+        let (reply, rx) = oneshot::channel();
+        let sent = self.tx.send(Command::ExportDevice {
+            id: request_id.to_owned(),
+            first: first_page,
+            count,
+            route,
+            reply,
+        });
+        Box::pin(async move {
+            sent.map_err(|_| EngineError::Stopped)?;
+            rx.await.map_err(|_| EngineError::Stopped)?
+        })
+    }
+
+    fn device_sink(&self) -> Option<Arc<dyn DeviceSink>> {
+        self.device.as_ref().map(|(_, sink)| Arc::clone(sink))
+    }
+
+    fn release_pinned(&self, request_id: &str) -> bool {
+        let known = lock(&self.shared.pinned).remove(request_id);
+        if known {
+            let _ = self.tx.send(Command::Release(request_id.to_owned()));
+        }
+        known
+    }
+
+    fn submit_imported(&self, request: GenerateRequest, kv: ImportedKv) -> Result<TokenStream, EngineError> {
+        let (mut seq, stream) = self.build_seq(request, Mode::Generate)?;
+        if seq.tokens != kv.prompt_ids {
+            return Err(EngineError::Import("the prompt token ids differ from the prefill side's".into()));
+        }
+        let expect = self.import_len(seq.prompt_len).div_ceil(PAGE_TOKENS) * self.contract.page_bytes();
+        if matches!(kv.pages, KvPages::Device(_)) && self.device.is_none() {
+            return Err(EngineError::Import(
+                "GPU pages given to an engine whose KV cache is in host memory".into(),
+            ));
+        }
+        if kv.pages.len() != expect {
+            return Err(EngineError::Import(format!(
+                "{} bytes of pages for a {}-token prompt, expected {expect}",
+                kv.pages.len(),
+                seq.prompt_len
+            )));
+        }
+        if kv.first_token as usize >= self.contract.vocab_size {
+            return Err(EngineError::Import(format!(
+                "first token {} is outside the vocabulary",
+                kv.first_token
+            )));
+        }
+        let tokens = self.import_len(seq.prompt_len);
+        seq.import = Some(Import { pages: kv.pages, tokens, need: seq.prompt_len });
+        if !self.options.recompute_last_token {
+            seq.preset = Some(kv.first_token);
+        } else if seq.prompt_len < 2 {
+            return Err(EngineError::invalid(
+                "prompt",
+                "a 1-token prompt cannot be decoded from imported KV by an engine that recomputes the last prompt token",
+            ));
+        }
+        self.enqueue(seq)?;
+        Ok(stream)
+    }
+
+    fn import_len(&self, prompt_len: usize) -> usize {
+        if self.options.recompute_last_token { prompt_len.saturating_sub(1).max(1) } else { prompt_len }
+    }
+
+    fn stats(&self) -> EngineStats {
+        let s = &self.shared;
+        EngineStats {
+            running: s.running.load(Ordering::Relaxed),
+            queued: s.queued.load(Ordering::Relaxed),
+            used_blocks: s.used_blocks.load(Ordering::Relaxed),
+            pinned_blocks: s.pinned_blocks.load(Ordering::Relaxed),
+            total_blocks: self.layout.num_blocks - 1,
+            prompt_tokens: s.prompt_tokens.load(Ordering::Relaxed),
+            generated_tokens: s.generated_tokens.load(Ordering::Relaxed),
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! A request inside the engine: its tokens, the KV blocks that hold them, and where its output
+//! goes.
+
+use super::scheduler::Schedulable;
+use crate::detok::Detokenizer;
+use crate::sampler::Sampler;
+use crate::stop::StopMatcher;
+use tokio::sync::{mpsc, oneshot};
+use xinf_engine::{EngineError, KvPages, PinnedPrefill, TokenEvent};
+
+/// Where a generating request's events go.
+pub(super) type EventTx = mpsc::UnboundedSender<Result<TokenEvent, EngineError>>;
+
+/// Where a pinned prefill's answer goes.
+pub(super) type PinnedReply = oneshot::Sender<Result<PinnedPrefill, EngineError>>;
+
+/// What happens when a sequence has its first sampled token.
+pub(super) enum Mode {
+    /// Ordinary generation: stream every token.
+    Generate,
+    /// Prefill for export: reply with the first token and keep the KV pinned.
+    Pinned(Option<PinnedReply>),
+}
+
+/// One request as the compute thread runs it: its tokens (the prompt, then what was sampled),
+/// how far the cache holds them, and how its output is cut and streamed.
+pub(super) struct Seq {
+    pub(super) id: String,
+    pub(super) tokens: Vec<u32>,
+    pub(super) prompt_len: usize,
+    /// Tokens whose K and V are in the cache.
+    pub(super) computed: usize,
+    pub(super) table: Vec<u32>,
+    pub(super) max_tokens: usize,
+    pub(super) sampler: Sampler,
+    pub(super) stop: StopMatcher,
+    pub(super) detok: Detokenizer,
+    pub(super) stop_ids: Vec<u32>,
+    pub(super) tx: EventTx,
+    pub(super) mode: Mode,
+    /// Canonical pages to scatter into the cache on admission.
+    pub(super) import: Option<Import>,
+    /// Tokens already known not to need sampling (an imported first token).
+    pub(super) preset: Option<u32>,
+}
+
+/// Prompt KV given to a sequence instead of computed.
+pub(super) struct Import {
+    /// Canonical pages, back to back (host memory, or received into this engine's GPU).
+    pub(super) pages: KvPages,
+    /// Prompt tokens the pages cover (scattered into the cache).
+    pub(super) tokens: usize,
+    /// Tokens of cache to hold on admission.
+    pub(super) need: usize,
+}
+
+impl Schedulable for Seq {
+    fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    fn computed(&self) -> usize {
+        self.computed
+    }
+
+    fn table(&mut self) -> &mut Vec<u32> {
+        &mut self.table
+    }
+
+    fn import_need(&self) -> Option<usize> {
+        self.import.as_ref().map(|i| i.need)
+    }
+
+    fn forget(&mut self) {
+        self.computed = 0;
+        self.import = None;
+    }
+}

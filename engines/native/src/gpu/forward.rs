@@ -1,0 +1,376 @@
+//! The forward pass of one step, enqueued kernel by kernel and gemm by gemm.
+//!
+//! Embedding gather; per layer RMSNorm, one QKV matmul, a kernel that adds the bias,
+//! normalizes Q/K heads (Qwen3), applies RoPE and writes K and V into the cache through the
+//! block table, paged attention over each token's own sequence (prefill chunks and decode
+//! tokens alike), the output projection, RMSNorm, the fused gate/up matmul, SiLU·up, the down
+//! projection; the residual adds are fused into the norms. The residual stream and every
+//! matmul output are f32 (cuBLAS accumulates and writes f32 from f16/bf16 inputs), so only the
+//! weights, the matmul inputs and the cache carry the model's dtype. Kernels are compiled at
+//! run time with NVRTC, for the weights' and the cache's dtypes.
+
+// cudarc's kernel launches, cuBLAS calls and raw device pointers are `unsafe`. Every index a
+// kernel computes comes from values checked on the host (the step plan, the layout's reach
+// checked against each region at construction), which is what makes each call sound; the
+// SAFETY comments say which check covers which call.
+#![allow(unsafe_code)]
+
+use super::buffers::{Buf, GpuLayer, GpuWeights, StepBufs};
+use super::error::{GpuError, driver};
+use super::pages::CacheView;
+use super::plan::{ATTENTION_WARPS, check_matmul, elem_bytes, kernel_source, rope_tables};
+use crate::config::ModelConfig;
+use crate::weights::Weights;
+use cudarc::cublas::CudaBlas;
+use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+};
+use std::sync::Arc;
+use xinf_engine::KvDtype;
+use xinf_transfer::gpu::nvrtc_arch;
+
+/// A stream and the cuBLAS handle that enqueues on it: where a step's work goes.
+#[derive(Clone, Copy)]
+pub(super) struct Lane<'a> {
+    pub(super) stream: &'a Arc<CudaStream>,
+    pub(super) blas: &'a CudaBlas,
+}
+
+/// The forward pass's kernels, compiled for one pair of weight and cache dtypes.
+struct Kernels {
+    embed: CudaFunction,
+    add_rmsnorm: CudaFunction,
+    qkv_post: CudaFunction,
+    attention: CudaFunction,
+    silu_mul: CudaFunction,
+}
+
+impl Kernels {
+    /// Compiles the kernels for weights in `wdt` and a cache in `kdt`, for `ctx`'s GPU.
+    fn compile(ctx: &Arc<CudaContext>, wdt: KvDtype, kdt: KvDtype) -> Result<Self, GpuError> {
+        let (major, minor) = ctx.compute_capability().map_err(driver)?;
+        let opts =
+            cudarc::nvrtc::CompileOptions { arch: Some(nvrtc_arch(major, minor)), ..Default::default() };
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(kernel_source(wdt, kdt), opts)
+            .map_err(|e| GpuError::Compile(e.to_string()))?;
+        let module = ctx.load_module(ptx).map_err(driver)?;
+        let f = |name: &str| module.load_function(name).map_err(driver);
+        Ok(Self {
+            embed: f("embed")?,
+            add_rmsnorm: f("add_rmsnorm")?,
+            qkv_post: f("qkv_post")?,
+            attention: f("attention")?,
+            silu_mul: f("silu_mul")?,
+        })
+    }
+}
+
+fn cuda_type(dt: KvDtype) -> cudaDataType_t {
+    match dt {
+        KvDtype::F32 => cudaDataType_t::CUDA_R_32F,
+        KvDtype::F16 => cudaDataType_t::CUDA_R_16F,
+        KvDtype::Bf16 => cudaDataType_t::CUDA_R_16BF,
+    }
+}
+
+fn cfg1(blocks: u32, threads: u32) -> LaunchConfig {
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// What the forward pass reads besides a step's buffers and the cache: the model, its kernels
+/// and weights, and the RoPE tables.
+pub(super) struct Forward {
+    cfg: ModelConfig,
+    /// The weights' (compute) dtype.
+    wdt: KvDtype,
+    k: Kernels,
+    w: GpuWeights,
+    cos: CudaSlice<f32>,
+    sin: CudaSlice<f32>,
+    /// A stand-in for absent optional weights (never read: the kernels check the flags).
+    none: Buf,
+}
+
+impl Forward {
+    /// Compiles the kernels (for a cache in `kdt`) and uploads the weights, converted to `wdt`,
+    /// and RoPE tables for `max_positions`, on `s`.
+    pub(super) fn new(
+        s: &Arc<CudaStream>,
+        cfg: ModelConfig,
+        w: &Weights,
+        wdt: KvDtype,
+        kdt: KvDtype,
+        max_positions: usize,
+    ) -> Result<Self, GpuError> {
+        let k = Kernels::compile(s.context(), wdt, kdt)?;
+        let w = GpuWeights::upload(s, w, wdt, cfg.tie_word_embeddings)?;
+        let (cos, sin) = rope_tables(&cfg, max_positions);
+        let cos = s.clone_htod(&cos).map_err(driver)?;
+        let sin = s.clone_htod(&sin).map_err(driver)?;
+        let none = s.alloc_zeros::<u8>(16).map_err(driver)?;
+        Ok(Self { cfg, wdt, k, w, cos, sin, none })
+    }
+
+    pub(super) fn cfg(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// Enqueues the forward pass of a step of `t` tokens whose plan is in `bufs`, writing K
+    /// and V into `cache`, and the logits of its `n_rows` wanted rows, from the embedding to
+    /// the lm_head gemm. Every launch argument depends on the model, `t` and `n_rows` alone,
+    /// and every buffer is at a fixed address, so what a capture of this records is valid for
+    /// any step of the same shape.
+    ///
+    /// SAFETY (every launch of the step, here and in the helpers it calls): each kernel reads
+    /// exactly the arguments pushed, in this order and with these types. Token-indexed buffers
+    /// hold at least `t` rows of the widths `StepBufs::new` allocated them with (`upload`
+    /// checked the step fits), and kernels only index rows below `t` (the grid) or below
+    /// `n_rows` (≤ `t`); the prefixes uploaded this step hold the plan, whose `ids` were
+    /// checked below the vocabulary (embedding rows), `pos` below `max_positions` (RoPE rows),
+    /// and every block a position reaches through `tab_off`/`tables` below `num_blocks`, whose
+    /// farthest element was checked against each plane's region at construction. Weight
+    /// buffers hold the shapes the model config gives.
+    pub(super) fn record(
+        &self,
+        lane: Lane<'_>,
+        bufs: &mut StepBufs,
+        cache: &CacheView,
+        t: usize,
+        n_rows: usize,
+    ) -> Result<(), GpuError> {
+        let s = lane.stream;
+        let (hid, vocab) = (self.cfg.hidden_size, self.cfg.vocab_size);
+        // The first residual add reads `delta` before any layer wrote it.
+        {
+            let mut first = bufs
+                .delta
+                .try_slice_mut(..t * hid)
+                .ok_or_else(|| GpuError::Shape(format!("{t} tokens past the step buffers")))?;
+            s.memset_zeros(&mut first).map_err(driver)?;
+        }
+        let (hid_i, t_i) = (hid as i32, t as u32);
+        let mut b = s.launch_builder(&self.k.embed);
+        b.arg(&bufs.ids).arg(&self.w.embed).arg(&mut bufs.x).arg(&hid_i);
+        // SAFETY: see this function's doc.
+        unsafe { b.launch(cfg1(t_i, 256)) }.map_err(driver)?;
+
+        for (li, lw) in self.w.layers.iter().enumerate() {
+            self.record_layer(lane, bufs, cache, li, lw, t)?;
+        }
+        if n_rows == 0 {
+            return Ok(());
+        }
+        // The last residual add and the final norm, for the rows whose logits are wanted only
+        // (`rows` were built from token indices below `t`).
+        self.add_rmsnorm(s, bufs, true, &self.w.final_norm, n_rows as u32)?;
+        self.matmul(lane, self.w.head(), &bufs.act, &mut bufs.logits, [vocab, hid, n_rows])
+    }
+
+    /// Enqueues layer `li` (weights `lw`) of a step of `t` tokens.
+    fn record_layer(
+        &self,
+        lane: Lane<'_>,
+        bufs: &mut StepBufs,
+        cache: &CacheView,
+        li: usize,
+        lw: &GpuLayer,
+        t: usize,
+    ) -> Result<(), GpuError> {
+        let cfg = &self.cfg;
+        let s = lane.stream;
+        let (h, kvh, d) = (cfg.num_heads, cfg.kv_heads, cfg.head_dim);
+        let (hid, inter) = (cfg.hidden_size, cfg.intermediate_size);
+        let qkv_w = (h + 2 * kvh) * d;
+        let t_i = t as u32;
+
+        self.add_rmsnorm(s, bufs, false, &lw.attn_norm, t_i)?;
+        self.matmul(lane, &lw.wqkv, &bufs.act, &mut bufs.qkv, [qkv_w, hid, t])?;
+        self.qkv_post(s, bufs, cache, [li, t], lw)?;
+        self.attention(s, bufs, cache, [li, t])?;
+        self.matmul(lane, &lw.wo, &bufs.act, &mut bufs.delta, [hid, h * d, t])?;
+
+        self.add_rmsnorm(s, bufs, false, &lw.mlp_norm, t_i)?;
+        self.matmul(lane, &lw.w_gate_up, &bufs.act, &mut bufs.gu, [2 * inter, hid, t])?;
+
+        let (inter_i, n) = (inter as i32, (t * inter) as i64);
+        let blocks = (t * inter).div_ceil(256).min(65_535) as u32;
+        let mut b = s.launch_builder(&self.k.silu_mul);
+        b.arg(&bufs.gu).arg(&mut bufs.act).arg(&inter_i).arg(&n);
+        // SAFETY: see `record`'s doc.
+        unsafe { b.launch(cfg1(blocks, 256)) }.map_err(driver)?;
+        self.matmul(lane, &lw.w_down, &bufs.act, &mut bufs.delta, [hid, inter, t])
+    }
+
+    /// Enqueues the kernel after the QKV matmul of layer `li`: the bias, the Q/K norms, RoPE,
+    /// and K and V written into `cache` through the block tables, for `t` tokens.
+    fn qkv_post(
+        &self,
+        s: &Arc<CudaStream>,
+        bufs: &mut StepBufs,
+        c: &CacheView,
+        [li, t]: [usize; 2],
+        lw: &GpuLayer,
+    ) -> Result<(), GpuError> {
+        let cfg = &self.cfg;
+        let (h, kvh) = (cfg.num_heads, cfg.kv_heads);
+        let (h_i, kvh_i, d_i) = (h as i32, kvh as i32, cfg.head_dim as i32);
+        let eps = cfg.rms_norm_eps as f32;
+        let none = &self.none;
+        let has_bias = i32::from(lw.bqkv.is_some());
+        let has_norm = i32::from(lw.q_norm.is_some() && lw.k_norm.is_some());
+        let bias = lw.bqkv.as_ref().unwrap_or(none);
+        let (qn, kn) = match (&lw.q_norm, &lw.k_norm) {
+            (Some(a), Some(b)) => (a, b),
+            _ => (none, none),
+        };
+        let [kp, vp] = c.planes[li];
+        let mut b = s.launch_builder(&self.k.qkv_post);
+        b.arg(&bufs.qkv)
+            .arg(bias)
+            .arg(&has_bias)
+            .arg(qn)
+            .arg(kn)
+            .arg(&has_norm)
+            .arg(&self.cos)
+            .arg(&self.sin)
+            .arg(&bufs.pos)
+            .arg(&bufs.tab_off)
+            .arg(&bufs.tables)
+            .arg(&kp)
+            .arg(&vp)
+            .arg(&c.block_size)
+            .arg(&c.s_blk)
+            .arg(&c.s_tok)
+            .arg(&c.s_head)
+            .arg(&mut bufs.q)
+            .arg(&h_i)
+            .arg(&kvh_i)
+            .arg(&d_i)
+            .arg(&eps);
+        let grid = LaunchConfig {
+            grid_dim: (t as u32, (h + 2 * kvh) as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: see `record`'s doc.
+        unsafe { b.launch(grid) }.map_err(driver)?;
+        Ok(())
+    }
+
+    /// Enqueues paged attention of layer `li` for `t` query tokens, each over its own
+    /// sequence's keys in `cache` up to its position, into `act`.
+    fn attention(
+        &self,
+        s: &Arc<CudaStream>,
+        bufs: &mut StepBufs,
+        c: &CacheView,
+        [li, t]: [usize; 2],
+    ) -> Result<(), GpuError> {
+        let cfg = &self.cfg;
+        let (h, d) = (cfg.num_heads, cfg.head_dim);
+        let (h_i, kvh_i, d_i) = (h as i32, cfg.kv_heads as i32, d as i32);
+        let scale = 1.0f32 / (d as f32).sqrt();
+        let [kp, vp] = c.planes[li];
+        let mut b = s.launch_builder(&self.k.attention);
+        b.arg(&bufs.q)
+            .arg(&kp)
+            .arg(&vp)
+            .arg(&bufs.pos)
+            .arg(&bufs.tab_off)
+            .arg(&bufs.tables)
+            .arg(&c.block_size)
+            .arg(&c.s_blk)
+            .arg(&c.s_tok)
+            .arg(&c.s_head)
+            .arg(&mut bufs.act)
+            .arg(&h_i)
+            .arg(&kvh_i)
+            .arg(&d_i)
+            .arg(&scale);
+        let grid = LaunchConfig {
+            grid_dim: (t as u32, h as u32, 1),
+            block_dim: (32 * ATTENTION_WARPS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: see `record`'s doc.
+        unsafe { b.launch(grid) }.map_err(driver)?;
+        Ok(())
+    }
+
+    /// Enqueues the fused residual add and RMSNorm: `x += delta`, then `act = RMSNorm(x) ·
+    /// weight`, one block per row — the first `blocks` rows, or the rows listed in `rows` when
+    /// `use_rows` (the final norm, for the rows whose logits are wanted).
+    fn add_rmsnorm(
+        &self,
+        s: &Arc<CudaStream>,
+        bufs: &mut StepBufs,
+        use_rows: bool,
+        weight: &Buf,
+        blocks: u32,
+    ) -> Result<(), GpuError> {
+        let (hid, eps, use_rows) =
+            (self.cfg.hidden_size as i32, self.cfg.rms_norm_eps as f32, i32::from(use_rows));
+        let mut b = s.launch_builder(&self.k.add_rmsnorm);
+        b.arg(&mut bufs.x)
+            .arg(&bufs.delta)
+            .arg(&bufs.rows)
+            .arg(&use_rows)
+            .arg(weight)
+            .arg(&mut bufs.act)
+            .arg(&hid)
+            .arg(&eps);
+        // SAFETY: the kernel reads exactly these arguments, in this order and with these types;
+        // `record` passes step buffers of at least `blocks` rows of `hidden_size` (and `rows`
+        // holding indices below the step's token count), as its SAFETY comment says.
+        unsafe { b.launch(cfg1(blocks, 256)) }.map_err(driver)?;
+        Ok(())
+    }
+
+    /// `y[t][o] = Σ_i x[t][i] · w[o][i]` for `t < rows`: `w` is `[out, inp]` in the weights'
+    /// dtype, `x` `[rows, inp]` in the weights' dtype, `y` `[rows, out]` f32, enqueued on `lane`.
+    fn matmul(
+        &self,
+        lane: Lane<'_>,
+        w: &Buf,
+        x: &Buf,
+        y: &mut CudaSlice<f32>,
+        [out, inp, rows]: [usize; 3],
+    ) -> Result<(), GpuError> {
+        check_matmul([w.len(), x.len(), y.len()], elem_bytes(self.wdt), [out, inp, rows])
+            .map_err(GpuError::Shape)?;
+        let ty = cuda_type(self.wdt);
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (wp, _w) = w.device_ptr(lane.stream);
+        let (xp, _x) = x.device_ptr(lane.stream);
+        let (yp, _y) = y.device_ptr_mut(lane.stream);
+        // Column-major view: Yᵀ[out, rows] = W[out, inp] (row-major Wᵀ, transposed) · Xᵀ[inp, rows].
+        // SAFETY: the three buffers were checked above to hold the matrices the sizes and
+        // leading dimensions describe; alpha and beta are f32 as CUBLAS_COMPUTE_32F requires,
+        // and live until the call returns (cuBLAS reads host scalars before returning).
+        unsafe {
+            cudarc::cublas::result::gemm_ex(
+                *lane.blas.handle(),
+                cublasOperation_t::CUBLAS_OP_T,
+                cublasOperation_t::CUBLAS_OP_N,
+                out as i32,
+                rows as i32,
+                inp as i32,
+                (&alpha) as *const f32 as *const _,
+                wp as *const _,
+                ty,
+                inp as i32,
+                xp as *const _,
+                ty,
+                inp as i32,
+                (&beta) as *const f32 as *const _,
+                yp as *mut _,
+                cudaDataType_t::CUDA_R_32F,
+                out as i32,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| GpuError::Blas(e.to_string()))
+    }
+}

@@ -1,0 +1,218 @@
+//! The GPU backend: one model on one GPU, with its KV cache. It opens the GPU, builds the
+//! parts (weights and kernels, cache, step buffers, graphs) and runs each step: the plan
+//! checked and uploaded, then either a graph replayed or the forward pass launched eagerly,
+//! then the wanted logits copied back for the CPU sampler. Everything runs on one stream at a
+//! time, synchronized at the end of each step.
+//!
+//! The driver, NVRTC and cuBLAS are loaded at run time; without them loading the model fails
+//! with an error that names the missing library, never a panic.
+
+// Loading cuBLAS and turning cudarc's event tracking off are `unsafe`; the SAFETY comments say
+// why each call is sound.
+#![allow(unsafe_code)]
+
+use super::buffers::{Buf, StepBufs, give_workspace};
+use super::error::{GpuError, driver};
+use super::forward::{Forward, Lane};
+use super::graphs::Graphs;
+use super::handoff::GpuHandoff;
+use super::pages::KvMemory;
+use super::plan::{StepCapacity, StepLimits, StepPlan, check_model, elem_bytes, is_decode, plan_step};
+use crate::config::ModelConfig;
+use crate::kv_cache::KvCache;
+use crate::model::{Chunk, ComputeBackend};
+use crate::weights::Weights;
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaContext, CudaStream};
+use std::sync::Arc;
+use xinf_engine::KvDtype;
+use xinf_transfer::LayoutDescriptor;
+use xinf_transfer::device::{DeviceLease, DevicePages, DeviceRoute};
+use xinf_transfer::gpu::GpuPages;
+
+/// The GPU backend: one model on one GPU, with its KV cache.
+pub(crate) struct GpuModel {
+    /// Captured decode steps and their lane; declared first, so dropped before the memory
+    /// they use.
+    graphs: Graphs,
+    fwd: Forward,
+    /// The cache: its device memory, and its pages in and out.
+    kv: KvMemory,
+    /// The step's device buffers; `None` only while a step holds them.
+    bufs: Option<StepBufs>,
+    /// The weights' (compute) dtype.
+    wdt: KvDtype,
+    desc: LayoutDescriptor,
+    max_positions: usize,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    /// The memory cuBLAS works in (set on `blas`, so declared after it: freed after the handle).
+    _blas_workspace: Buf,
+}
+
+impl std::fmt::Debug for GpuModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuModel").field("ordinal", &self.ctx.ordinal()).finish_non_exhaustive()
+    }
+}
+
+impl GpuModel {
+    /// Opens GPU `ordinal`, compiles the kernels, uploads the weights (converted to `wdt`) and
+    /// allocates the KV cache of `desc` in `kdt`, with RoPE tables for `max_positions`, and the
+    /// step buffers for steps within `limits`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        ordinal: usize,
+        cfg: ModelConfig,
+        w: &Weights,
+        wdt: KvDtype,
+        kdt: KvDtype,
+        desc: LayoutDescriptor,
+        max_positions: usize,
+        limits: StepLimits,
+    ) -> Result<Self, GpuError> {
+        let planes = check_model(&cfg, &desc, kdt)?;
+        // Loads the driver and NVRTC (typed errors when missing) and opens the GPU.
+        let pages = GpuPages::new(ordinal)?;
+        // SAFETY: only tries to dlopen cuBLAS and reports whether that worked.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(GpuError::NoCublas);
+        }
+        let ctx = pages.context().clone();
+        // SAFETY: this engine orders its streams itself: the handoff stream's copies and
+        // allocations are waited for before the compute stream touches their memory, and an
+        // export's gather is waited for (an event) before another stream or process may read
+        // it (gpu/handoff.rs). cudarc's automatic tracking would otherwise create two events per
+        // allocation and, once a second stream exists, add a wait and a record per kernel
+        // argument to every launch of the forward pass.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = pages.stream().clone();
+        ctx.bind_to_thread().map_err(driver)?;
+        let blas = CudaBlas::new(stream.clone()).map_err(|e| GpuError::Blas(e.to_string()))?;
+        let blas_workspace = give_workspace(&blas, &stream)?;
+        let fwd = Forward::new(&stream, cfg, w, wdt, kdt, max_positions)?;
+        let kv = KvMemory::new(pages, desc.clone(), kdt, &planes)?;
+        let bufs = StepBufs::new(&stream, fwd.cfg(), elem_bytes(wdt), limits.capacity(desc.num_blocks))?;
+        let graphs = Graphs::new(&ctx, &limits)?;
+        stream.synchronize().map_err(driver)?;
+        Ok(Self {
+            graphs,
+            fwd,
+            kv,
+            bufs: Some(bufs),
+            wdt,
+            desc,
+            max_positions,
+            ctx,
+            stream,
+            blas,
+            _blas_workspace: blas_workspace,
+        })
+    }
+
+    /// The engine's GPU handoff side (its decode-side sink, and where it says its KV lives).
+    pub(crate) fn handoff(&self) -> Arc<GpuHandoff> {
+        self.kv.handoff()
+    }
+
+    fn step(&mut self, chunks: &[Chunk<'_>]) -> Result<Vec<Vec<f32>>, GpuError> {
+        let vocab = self.fwd.cfg().vocab_size;
+        let plan = plan_step(chunks, self.desc.block_size(), self.desc.num_blocks, vocab, self.max_positions)
+            .map_err(GpuError::Shape)?;
+        if plan.ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.ctx.bind_to_thread().map_err(driver)?;
+        let decode = is_decode(chunks);
+        match self.bufs.take() {
+            Some(mut bufs) if bufs.fits(&plan) => {
+                let out = self.run(&mut bufs, &plan, decode);
+                self.bufs = Some(bufs);
+                out
+            }
+            kept => {
+                self.bufs = kept;
+                let es = elem_bytes(self.wdt);
+                let mut own = StepBufs::new(&self.stream, self.fwd.cfg(), es, StepCapacity::of(&plan))?;
+                self.run(&mut own, &plan, false)
+            }
+        }
+    }
+
+    /// The default stream and its cuBLAS handle.
+    fn main_lane(&self) -> Lane<'_> {
+        Lane { stream: &self.stream, blas: &self.blas }
+    }
+
+    /// Uploads the plan into `bufs`, computes the step (replaying its graph when `decode` allows
+    /// one) and returns the wanted logits.
+    fn run(&mut self, bufs: &mut StepBufs, plan: &StepPlan, decode: bool) -> Result<Vec<Vec<f32>>, GpuError> {
+        let (t, n_rows, vocab) = (plan.ids.len(), plan.rows.len(), self.fwd.cfg().vocab_size);
+        let graphed = self.graphs.takes(decode, t, n_rows);
+        if graphed {
+            // Whatever the default stream still has queued comes first.
+            self.graphs.follow(&self.stream)?;
+        }
+        let stream = self.graphs.lane(self.main_lane(), graphed).stream.clone();
+        bufs.upload(&stream, plan)?;
+        let (fwd, cache) = (&self.fwd, self.kv.view());
+        if !(graphed && self.graphs.replay(t, |lane| fwd.record(lane, bufs, cache, t, t))?) {
+            self.fwd.record(self.graphs.lane(self.main_lane(), graphed), bufs, cache, t, n_rows)?;
+        }
+        if n_rows == 0 {
+            stream.synchronize().map_err(driver)?;
+            return Ok(Vec::new());
+        }
+        let mut host = vec![0f32; n_rows * vocab];
+        let wanted = bufs
+            .logits
+            .try_slice(..n_rows * vocab)
+            .ok_or_else(|| GpuError::Shape(format!("{n_rows} rows of logits past the buffer")))?;
+        stream.memcpy_dtoh(&wanted, &mut host).map_err(driver)?;
+        stream.synchronize().map_err(driver)?;
+        Ok(host.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+    }
+}
+
+impl ComputeBackend for GpuModel {
+    fn forward(&mut self, chunks: &[Chunk<'_>], _cache: &mut KvCache) -> candle_core::Result<Vec<Vec<f32>>> {
+        self.step(chunks).map_err(|e| candle_core::Error::Msg(format!("GPU: {e}")))
+    }
+
+    fn export_pages(
+        &mut self,
+        _cache: &mut KvCache,
+        table: &[u32],
+        len: usize,
+        first: usize,
+        count: usize,
+    ) -> Result<Vec<u8>, String> {
+        self.kv.export_host(table, len, first, count).map_err(|e| e.to_string())
+    }
+
+    fn export_device(
+        &mut self,
+        table: &[u32],
+        len: usize,
+        first: usize,
+        count: usize,
+        route: DeviceRoute,
+    ) -> Result<DeviceLease, String> {
+        self.kv.export_device(table, len, first, count, route).map_err(|e| e.to_string())
+    }
+
+    fn import_device(&mut self, table: &[u32], len: usize, pages: &DevicePages) -> Result<(), String> {
+        self.kv.import_device(table, len, pages).map_err(|e| e.to_string())
+    }
+
+    fn import_pages(
+        &mut self,
+        _cache: &mut KvCache,
+        table: &[u32],
+        len: usize,
+        pages: &[u8],
+    ) -> Result<(), String> {
+        self.kv.import_host(table, len, pages).map_err(|e| e.to_string())
+    }
+}

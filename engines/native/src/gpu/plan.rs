@@ -1,0 +1,280 @@
+//! The host side of the GPU backend: everything a launch relies on that can be computed and
+//! checked before any kernel runs. A step's plan (token ids, positions, block tables, rows of
+//! logits) is flattened and bounds-checked here; so are the model's shape against what the
+//! kernels handle, the cache layout's reach into its regions, the sizes of the step buffers
+//! and of every matmul. The kernels index memory with these values unchecked, which is what
+//! the SAFETY comments of the launches point back to.
+//!
+//! Nothing here touches CUDA, so this module is compiled in every build and its tests run on
+//! machines without a GPU.
+
+use crate::config::ModelConfig;
+use crate::model::{Chunk, inv_freq};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use xinf_engine::{KvDtype, PAGE_TOKENS};
+use xinf_transfer::LayoutDescriptor;
+
+/// The kernels' source; compiled at run time with the type codes and warp count defined first.
+const KERNELS: &str = include_str!("kernels.cu");
+
+/// Warps of one attention block (one query token and head). Each warp walks every
+/// `ATTENTION_WARPS`-th key with an online softmax, so the chain of dependent key loads a block
+/// waits for is `len / ATTENTION_WARPS` long: at batch 1 a decode step has only `heads` blocks
+/// per layer, and with 4 warps the walk over a few hundred keys dominated the step.
+pub(super) const ATTENTION_WARPS: u32 = 16;
+
+/// Largest head dimension the attention kernel holds in registers (32 lanes × 8).
+const MAX_HEAD_DIM: usize = 256;
+
+/// Decode steps of at most this many sequences are replayed as CUDA graphs, one graph per batch
+/// size: launch overhead dominates small batches, and this bounds the graphs kept to 64.
+const MAX_GRAPH_BATCH: usize = 64;
+
+/// Bytes of one element.
+pub(super) fn elem_bytes(dt: KvDtype) -> usize {
+    match dt {
+        KvDtype::F32 => 4,
+        KvDtype::F16 | KvDtype::Bf16 => 2,
+    }
+}
+
+/// The kernels' type code (`WT`/`KT`).
+fn type_code(dt: KvDtype) -> u32 {
+    match dt {
+        KvDtype::F32 => 0,
+        KvDtype::F16 => 1,
+        KvDtype::Bf16 => 2,
+    }
+}
+
+/// The kernels' source for weights in `wdt` and a cache in `kdt`.
+pub(super) fn kernel_source(wdt: KvDtype, kdt: KvDtype) -> String {
+    format!(
+        "#define WT {}\n#define KT {}\n#define WARPS {ATTENTION_WARPS}\n{KERNELS}",
+        type_code(wdt),
+        type_code(kdt)
+    )
+}
+
+/// Why a model or a cache layout cannot run on the GPU backend.
+#[derive(Debug, PartialEq)]
+pub(super) enum ShapeError {
+    /// The model has a shape the kernels do not handle.
+    Unsupported(String),
+    /// The cache layout does not fit the model or its own regions.
+    Layout(String),
+}
+
+/// Checks a model and its cache layout before anything is allocated: a head dimension the
+/// attention kernel can hold, a layout made for this model, and every layer's K and V planes
+/// inside their regions, as far as any block, token and head can reach. Returns each plane's
+/// `(region, byte offset)` in the cache's dtype `kdt`, per layer, K then V.
+pub(super) fn check_model(
+    cfg: &ModelConfig,
+    desc: &LayoutDescriptor,
+    kdt: KvDtype,
+) -> Result<Vec<[(usize, usize); 2]>, ShapeError> {
+    if cfg.head_dim > MAX_HEAD_DIM {
+        return Err(ShapeError::Unsupported(format!("head_dim {} (at most {MAX_HEAD_DIM})", cfg.head_dim)));
+    }
+    // The farthest element any row can reach in a plane.
+    let reach = (desc.num_blocks - 1) * desc.s_blk
+        + (desc.block_size() - 1) * desc.s_tok
+        + (desc.kv_heads - 1) * desc.s_head
+        + desc.head_dim;
+    let es = elem_bytes(kdt);
+    let mut planes = Vec::with_capacity(desc.num_layers);
+    for (layer, pl) in desc.planes.iter().enumerate() {
+        let mut pair = [(0, 0); 2];
+        for kv in 0..2 {
+            let plane = pl[kv];
+            if plane.region >= desc.num_regions || plane.offset + reach > desc.region_len {
+                return Err(ShapeError::Layout(format!("layer {layer} reaches past its region")));
+            }
+            pair[kv] = (plane.region, plane.offset * es);
+        }
+        planes.push(pair);
+    }
+    if desc.num_layers != cfg.num_layers || desc.kv_heads != cfg.kv_heads || desc.head_dim != cfg.head_dim {
+        return Err(ShapeError::Layout("the KV layout does not match the model".into()));
+    }
+    Ok(planes)
+}
+
+/// Bytes of one canonical page of `desc` in `dt`.
+pub(super) fn page_bytes(desc: &LayoutDescriptor, dt: KvDtype) -> usize {
+    2 * desc.num_layers * PAGE_TOKENS * desc.kv_heads * desc.head_dim * elem_bytes(dt)
+}
+
+/// Checks that canonical pages of `have` bytes cover a `len`-token sequence; returns how many
+/// pages that is.
+pub(super) fn pages_for(len: usize, have: usize, page_bytes: usize) -> Result<usize, String> {
+    let count = len.div_ceil(PAGE_TOKENS);
+    let need = count * page_bytes;
+    if have < need {
+        return Err(format!("{have} bytes of pages for {len} tokens, {need} expected"));
+    }
+    Ok(count)
+}
+
+/// RoPE's cos and sin tables, `[max_positions][head_dim / 2]`: the same f32 angles as the CPU
+/// backend, from Hugging Face's inverse frequencies. A plan's positions are checked below
+/// `max_positions`, the rows these tables have.
+pub(super) fn rope_tables(cfg: &ModelConfig, max_positions: usize) -> (Vec<f32>, Vec<f32>) {
+    let inv = inv_freq(cfg);
+    let mut cos = Vec::with_capacity(max_positions * inv.len());
+    let mut sin = Vec::with_capacity(max_positions * inv.len());
+    for p in 0..max_positions {
+        for f in &inv {
+            let a = p as f32 * f;
+            cos.push(a.cos());
+            sin.push(a.sin());
+        }
+    }
+    (cos, sin)
+}
+
+/// Checks that buffers of lengths `[w, x, y]` hold the matrices of `y[rows][out] =
+/// x[rows][inp] · w[out][inp]ᵀ` as cuBLAS will read and write them: `w` and `x` in bytes of
+/// `es`-byte elements, `y` in f32 elements.
+pub(super) fn check_matmul(
+    [w, x, y]: [usize; 3],
+    es: usize,
+    [out, inp, rows]: [usize; 3],
+) -> Result<(), String> {
+    if w < out * inp * es || x < rows * inp * es || y < rows * out {
+        return Err(format!("matmul [{rows}, {inp}] × [{out}, {inp}]ᵀ over short buffers"));
+    }
+    Ok(())
+}
+
+/// What one step computes, flattened for the kernels; built and checked on the host.
+#[derive(Debug, PartialEq)]
+pub(super) struct StepPlan {
+    /// Token ids, all chunks back to back.
+    pub(super) ids: Vec<u32>,
+    /// Position of each token.
+    pub(super) pos: Vec<i32>,
+    /// Where each token's block table starts in `tables`.
+    pub(super) tab_off: Vec<i32>,
+    /// The chunks' block tables (the blocks they reach), back to back.
+    pub(super) tables: Vec<u32>,
+    /// Token rows whose logits are wanted, in chunk order.
+    pub(super) rows: Vec<i32>,
+}
+
+/// Flattens a step and checks everything a kernel will index with: token ids below `vocab`,
+/// positions below `max_positions` (the RoPE table), block tables that cover every position
+/// with blocks below `num_blocks`.
+pub(super) fn plan_step(
+    chunks: &[Chunk<'_>],
+    block_size: usize,
+    num_blocks: usize,
+    vocab: usize,
+    max_positions: usize,
+) -> Result<StepPlan, String> {
+    let mut p = StepPlan {
+        ids: Vec::new(),
+        pos: Vec::new(),
+        tab_off: Vec::new(),
+        tables: Vec::new(),
+        rows: Vec::new(),
+    };
+    for c in chunks {
+        let end = c.start + c.tokens.len();
+        if end > max_positions {
+            return Err(format!("position {} is past the model's {max_positions}", end - 1));
+        }
+        let blocks = end.div_ceil(block_size);
+        let table = c
+            .block_table
+            .get(..blocks)
+            .ok_or_else(|| format!("a block table of {} blocks for {end} tokens", c.block_table.len()))?;
+        if let Some(b) = table.iter().find(|&&b| b as usize >= num_blocks) {
+            return Err(format!("block {b} is outside the cache's {num_blocks}"));
+        }
+        if let Some(t) = c.tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(format!("token {t} is outside the vocabulary of {vocab}"));
+        }
+        let off = p.tables.len() as i32;
+        p.tables.extend_from_slice(table);
+        for (i, &t) in c.tokens.iter().enumerate() {
+            p.ids.push(t);
+            p.pos.push((c.start + i) as i32);
+            p.tab_off.push(off);
+        }
+        if c.want_logits && !c.tokens.is_empty() {
+            p.rows.push(p.ids.len() as i32 - 1);
+        }
+    }
+    if p.tables.is_empty() {
+        p.tables.push(0);
+    }
+    Ok(p)
+}
+
+/// Whether a step may replay a graph: decode-only (one token per sequence, each wanting its
+/// logits), the steps whose launches depend on the batch size alone, since everything else
+/// about them (ids, positions, block tables, rows) is read from device memory.
+pub(super) fn is_decode(chunks: &[Chunk<'_>]) -> bool {
+    chunks.iter().all(|c| c.tokens.len() == 1 && c.want_logits)
+}
+
+/// What the persistent step buffers are sized for, and whether decode steps replay CUDA graphs.
+#[derive(Debug, Clone)]
+pub(crate) struct StepLimits {
+    /// Tokens of the largest step the engine forms (`max_batch_tokens`, at least
+    /// `max_num_seqs`, since every running sequence gets its decode token).
+    pub(crate) max_tokens: usize,
+    /// Sequences of one step at most (`max_num_seqs`): the rows of logits a step returns.
+    pub(crate) max_seqs: usize,
+    /// Replay decode-only steps as CUDA graphs (engine option `cuda_graphs`).
+    pub(crate) cuda_graphs: bool,
+    /// Counts the steps computed by replaying a graph; the engine reads it for tests and
+    /// benchmarks.
+    pub(crate) graph_steps: Arc<AtomicU64>,
+}
+
+impl StepLimits {
+    /// The room of the step buffers kept for the model's life, in a cache of `num_blocks`:
+    /// every sequence's blocks are its own, so the tables of one step hold at most the cache's
+    /// blocks (one stand-in entry when there are none).
+    pub(super) fn capacity(&self, num_blocks: usize) -> StepCapacity {
+        StepCapacity::new(self.max_tokens.max(self.max_seqs), num_blocks, self.max_seqs)
+    }
+
+    /// Graph slots to keep, indexed by batch size (`0..=` the largest graphed batch); none
+    /// with graphs off.
+    pub(super) fn graph_slots(&self) -> usize {
+        if self.cuda_graphs { self.max_seqs.min(MAX_GRAPH_BATCH) + 1 } else { 0 }
+    }
+}
+
+/// Room in a set of step buffers: tokens, block-table entries and rows of logits, each at
+/// least 1 (there are no empty device buffers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct StepCapacity {
+    pub(super) tokens: usize,
+    pub(super) tables: usize,
+    pub(super) rows: usize,
+}
+
+impl StepCapacity {
+    pub(super) fn new(tokens: usize, tables: usize, rows: usize) -> Self {
+        Self { tokens: tokens.max(1), tables: tables.max(1), rows: rows.max(1) }
+    }
+
+    /// Just the room `plan` needs.
+    pub(super) fn of(plan: &StepPlan) -> Self {
+        Self::new(plan.ids.len(), plan.tables.len(), plan.rows.len())
+    }
+
+    /// Whether `plan` fits.
+    pub(super) fn fits(&self, plan: &StepPlan) -> bool {
+        plan.ids.len() <= self.tokens && plan.tables.len() <= self.tables && plan.rows.len() <= self.rows
+    }
+}
+
+#[cfg(test)]
+mod tests;

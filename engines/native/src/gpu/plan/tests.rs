@@ -1,0 +1,213 @@
+use super::*;
+use xinf_transfer::KvLayout;
+
+fn chunk<'a>(tokens: &'a [u32], start: usize, table: &'a [u32], want: bool) -> Chunk<'a> {
+    Chunk { tokens, start, block_table: table, want_logits: want }
+}
+
+#[test]
+fn a_step_flattens_chunks_in_order() {
+    let (a, b) = ([5u32, 6, 7], [9u32]);
+    let (ta, tb) = ([3u32, 4], [8u32, 2, 6]);
+    let chunks = [chunk(&a, 14, &ta, true), chunk(&b, 40, &tb, true)];
+    let p = plan_step(&chunks, 16, 10, 100, 64).expect("plan");
+    assert_eq!(p.ids, vec![5, 6, 7, 9]);
+    assert_eq!(p.pos, vec![14, 15, 16, 40]);
+    // Only the blocks the positions reach are kept: 17 tokens → 2 blocks, 41 tokens → 3.
+    assert_eq!(p.tables, vec![3, 4, 8, 2, 6]);
+    assert_eq!(p.tab_off, vec![0, 0, 0, 2]);
+    assert_eq!(p.rows, vec![2, 3]);
+}
+
+#[test]
+fn logits_rows_only_for_chunks_that_want_them() {
+    let (a, b) = ([1u32, 2], [3u32]);
+    let t = [1u32];
+    let p = plan_step(&[chunk(&a, 0, &t, false), chunk(&b, 0, &t, true)], 64, 2, 10, 8).expect("plan");
+    assert_eq!(p.rows, vec![2]);
+}
+
+#[test]
+fn everything_a_kernel_indexes_with_is_checked() {
+    let toks = [1u32, 2, 3];
+    // The table does not cover position 16.
+    let short = [1u32];
+    let e = plan_step(&[chunk(&toks, 14, &short, true)], 16, 4, 10, 64).expect_err("short table");
+    assert!(e.contains("block table"), "{e}");
+    // A block past the cache.
+    let far = [1u32, 4];
+    let e = plan_step(&[chunk(&toks, 14, &far, true)], 16, 4, 10, 64).expect_err("far block");
+    assert!(e.contains("block 4"), "{e}");
+    // A token past the vocabulary.
+    let bad = [1u32, 10];
+    let e = plan_step(&[chunk(&bad, 0, &short, true)], 16, 4, 10, 64).expect_err("bad token");
+    assert!(e.contains("token 10"), "{e}");
+    // A position past the RoPE table.
+    let e = plan_step(&[chunk(&toks, 62, &[1, 2, 3, 3], true)], 16, 4, 10, 64).expect_err("far position");
+    assert!(e.contains("position 64"), "{e}");
+}
+
+#[test]
+fn an_empty_step_still_uploads_one_table_entry() {
+    let p = plan_step(&[], 16, 4, 10, 64).expect("plan");
+    assert_eq!((p.ids.len(), &p.tables[..], p.rows.len()), (0, &[0][..], 0));
+    assert!(StepCapacity::new(0, 0, 0).fits(&p));
+}
+
+#[test]
+fn the_kernels_get_one_type_code_per_dtype() {
+    assert_eq!([KvDtype::F32, KvDtype::F16, KvDtype::Bf16].map(type_code), [0, 1, 2]);
+    assert_eq!([KvDtype::F32, KvDtype::F16, KvDtype::Bf16].map(elem_bytes), [4, 2, 2]);
+    assert!(KERNELS.contains("#if WT == 0") && KERNELS.contains("#if KT == 0"));
+    let src = kernel_source(KvDtype::F16, KvDtype::Bf16);
+    assert!(
+        src.starts_with(&format!("#define WT 1\n#define KT 2\n#define WARPS {ATTENTION_WARPS}\n")),
+        "{src}"
+    );
+    assert!(src.ends_with(KERNELS));
+}
+
+/// A small Llama: 2 layers, 4 heads, 2 KV heads of 16.
+fn config() -> ModelConfig {
+    ModelConfig::from_hf_json(
+        &serde_json::json!({
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "vocab_size": 100, "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 512, "eos_token_id": [1, 2]
+        })
+        .to_string(),
+        "config.json",
+    )
+    .expect("a valid config")
+}
+
+fn layout_of(cfg: &ModelConfig, layout: KvLayout, blocks: usize) -> LayoutDescriptor {
+    layout.describe(cfg.num_layers, cfg.kv_heads, cfg.head_dim, blocks).expect("a valid layout")
+}
+
+#[test]
+fn every_supported_layout_of_the_model_passes_and_its_planes_stay_in_their_regions() {
+    let cfg = config();
+    for layout in KvLayout::all_supported() {
+        let desc = layout_of(&cfg, layout, 9);
+        let planes = check_model(&cfg, &desc, KvDtype::Bf16).expect("a layout made for the model");
+        assert_eq!(planes.len(), cfg.num_layers);
+        for (pair, want) in planes.iter().zip(&desc.planes) {
+            for (&got, p) in pair.iter().zip(want) {
+                assert_eq!(got, (p.region, p.offset * 2), "byte offsets in the cache's dtype");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_head_dimension_past_the_attention_kernel_is_refused() {
+    let mut cfg = config();
+    let desc = layout_of(&cfg, KvLayout::all_supported()[0], 9);
+    cfg.head_dim = MAX_HEAD_DIM * 2;
+    let e = check_model(&cfg, &desc, KvDtype::F32).expect_err("too wide");
+    assert_eq!(e, ShapeError::Unsupported("head_dim 512 (at most 256)".into()));
+}
+
+#[test]
+fn a_layout_for_another_model_is_refused() {
+    let cfg = config();
+    let mut other = cfg.clone();
+    other.kv_heads = 1;
+    let desc = layout_of(&other, KvLayout::all_supported()[0], 9);
+    let e = check_model(&cfg, &desc, KvDtype::F32).expect_err("another model's layout");
+    assert_eq!(e, ShapeError::Layout("the KV layout does not match the model".into()));
+}
+
+#[test]
+fn a_plane_reaching_past_its_region_is_refused() {
+    let cfg = config();
+    for layout in KvLayout::all_supported() {
+        let mut desc = layout_of(&cfg, layout, 9);
+        // The last element a row can reach is one past the region's end.
+        desc.region_len -= 1;
+        let e = check_model(&cfg, &desc, KvDtype::F32).expect_err("short region");
+        assert!(matches!(&e, ShapeError::Layout(m) if m.contains("reaches past its region")), "{e:?}");
+        let mut desc = layout_of(&cfg, layout, 9);
+        desc.planes[1][1].region = desc.num_regions;
+        assert!(check_model(&cfg, &desc, KvDtype::F32).is_err(), "a region that does not exist");
+    }
+}
+
+#[test]
+fn a_page_is_every_layers_k_and_v_of_64_tokens() {
+    let cfg = config();
+    let desc = layout_of(&cfg, KvLayout::all_supported()[0], 9);
+    // 2 layers × K and V × 64 tokens × 2 heads × 16 × 2 bytes.
+    assert_eq!(page_bytes(&desc, KvDtype::F16), 2 * 2 * 64 * 2 * 16 * 2);
+    assert_eq!(page_bytes(&desc, KvDtype::F32), 2 * page_bytes(&desc, KvDtype::Bf16));
+}
+
+#[test]
+fn imported_pages_must_cover_the_sequence() {
+    assert_eq!(pages_for(0, 0, 100), Ok(0));
+    assert_eq!(pages_for(64, 100, 100), Ok(1));
+    assert_eq!(pages_for(65, 250, 100), Ok(2));
+    assert_eq!(pages_for(65, 199, 100), Err("199 bytes of pages for 65 tokens, 200 expected".into()));
+}
+
+#[test]
+fn rope_tables_have_a_row_per_position() {
+    let cfg = config();
+    let (cos, sin) = rope_tables(&cfg, 10);
+    assert_eq!((cos.len(), sin.len()), (10 * 8, 10 * 8));
+    // Position 0 turns nothing; the first frequency of Hugging Face's is 1.
+    assert!(cos[..8].iter().all(|&c| c == 1.0) && sin[..8].iter().all(|&s| s == 0.0));
+    assert_eq!((cos[8], sin[8]), (1f32.cos(), 1f32.sin()));
+}
+
+#[test]
+fn matmuls_over_short_buffers_are_refused() {
+    let es = 2;
+    let (out, inp, rows) = (8, 4, 3);
+    let fit = [out * inp * es, rows * inp * es, rows * out];
+    assert_eq!(check_matmul(fit, es, [out, inp, rows]), Ok(()));
+    for short in 0..3 {
+        let mut lens = fit;
+        lens[short] -= 1;
+        assert!(check_matmul(lens, es, [out, inp, rows]).is_err(), "buffer {short} short");
+    }
+}
+
+fn limits(max_tokens: usize, max_seqs: usize, cuda_graphs: bool) -> StepLimits {
+    StepLimits { max_tokens, max_seqs, cuda_graphs, graph_steps: Arc::default() }
+}
+
+#[test]
+fn step_buffers_hold_the_largest_step_the_engine_forms() {
+    // A budget below the sequence count is raised to it: every sequence decodes a token.
+    assert_eq!(limits(4, 8, false).capacity(100), StepCapacity { tokens: 8, tables: 100, rows: 8 });
+    assert_eq!(limits(512, 8, false).capacity(100), StepCapacity { tokens: 512, tables: 100, rows: 8 });
+    let cap = limits(8, 2, false).capacity(10);
+    let (a, b) = ([1u32, 2, 3, 4], [5u32]);
+    let t = [1u32, 2];
+    let two = [chunk(&a, 0, &t, true), chunk(&b, 20, &t, true)];
+    assert!(cap.fits(&plan_step(&two, 16, 10, 10, 64).expect("plan")));
+    // One row of logits too many: the step gets buffers of its own.
+    let three = [chunk(&a, 0, &t, true), chunk(&b, 20, &t, true), chunk(&b, 3, &t, true)];
+    let p = plan_step(&three, 16, 10, 10, 64).expect("plan");
+    assert!(!cap.fits(&p));
+    assert!(StepCapacity::of(&p).fits(&p));
+}
+
+#[test]
+fn graphs_are_kept_per_batch_size_up_to_the_largest_graphed_batch() {
+    assert_eq!(limits(512, 8, false).graph_slots(), 0);
+    assert_eq!(limits(512, 8, true).graph_slots(), 9);
+    assert_eq!(limits(512, 1000, true).graph_slots(), MAX_GRAPH_BATCH + 1);
+}
+
+#[test]
+fn only_decode_steps_may_replay_a_graph() {
+    let (one, two) = ([1u32], [1u32, 2]);
+    let t = [1u32];
+    assert!(is_decode(&[chunk(&one, 5, &t, true), chunk(&one, 9, &t, true)]));
+    assert!(!is_decode(&[chunk(&one, 5, &t, true), chunk(&two, 0, &t, true)]), "a prompt chunk");
+    assert!(!is_decode(&[chunk(&one, 5, &t, false)]), "no logits wanted");
+}
