@@ -6,8 +6,8 @@
 pub(crate) mod policy;
 
 use crate::error::ActorError;
-use crate::spec::Role;
 use crate::replica::ReplicaMsg;
+use crate::spec::Role;
 use crate::wire::{answer, call};
 use policy::{RouteError, RouterPolicy};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};

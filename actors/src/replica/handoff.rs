@@ -9,7 +9,7 @@ use super::rooms::{Leases, RoomError, RoomTable};
 use super::snapshot::{Inserted, SnapshotStore, chain_keys};
 use crate::block_tracker::{BlockTrackerHandle, BlockTrackerMsg};
 use crate::error::ActorError;
-use crate::view::{HandoffStats, LatencyHistogram};
+use crate::view::HandoffStats;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
@@ -18,13 +18,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::OnceCell;
-use xinf_engine::{Engine, EngineError, KvPages, ModelContract};
+use xinf_engine::{Engine, EngineError, ModelContract};
 use xinf_transfer::device::{DeviceLease, DeviceRoute, KvDevice};
 use xinf_transfer::sync::lock;
-use xinf_transfer::transport::{self, Endpoint, PageProvider, PageServer, TransferError, TransportKind};
+use xinf_transfer::transport::{self, Endpoint, PageProvider, PageServer, TransferError};
 
+mod receive;
 #[cfg(test)]
 mod tests;
+
+use receive::Received;
 
 /// What a prefill hands to a decode replica.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -314,23 +317,6 @@ impl PageProvider for ChainPages {
     }
 }
 
-/// Counters of the decode side.
-#[derive(Debug, Default)]
-struct Received {
-    pages: AtomicU64,
-    bytes: AtomicU64,
-    tcp: AtomicU64,
-    in_process: AtomicU64,
-    nixl: AtomicU64,
-    gpu_in_process: AtomicU64,
-    cuda_ipc: AtomicU64,
-    nixl_vram: AtomicU64,
-    gpu_bytes: AtomicU64,
-    gpu_fallbacks: AtomicU64,
-    failed: AtomicU64,
-    latency: Mutex<LatencyHistogram>,
-}
-
 /// A replica's handoff machinery.
 pub(crate) struct HandoffSide {
     rooms: Arc<Mutex<RoomTable>>,
@@ -479,92 +465,7 @@ impl HandoffSide {
         &self,
         handoff: &Handoff,
     ) -> BoxFuture<'static, Result<xinf_engine::ImportedKv, ActorError>> {
-        let (engine, received, times) = (self.engine.clone(), self.received.clone(), self.times);
-        let handoff = handoff.clone();
-        async move {
-            let result = async {
-                if let Some(field) = engine.contract().first_difference(&handoff.contract) {
-                    return Err(ActorError::Engine(EngineError::Import(format!(
-                        "the prefill and decode replicas differ in {field}; their KV is not interchangeable"
-                    ))));
-                }
-                // The page rule: an engine that recomputes the last prompt token may need one
-                // page fewer; the prefill's last page then stays unread until its release.
-                let need = xinf_transfer::pages_for(engine.import_len(handoff.prompt_ids.len())) as u32;
-                if need > handoff.pages {
-                    return Err(ActorError::Engine(EngineError::Import(format!(
-                        "the decode engine needs {need} pages, the prefill published {}",
-                        handoff.pages
-                    ))));
-                }
-                let started = Instant::now();
-                let route = engine
-                    .device_sink()
-                    .zip(device_route(&handoff.endpoint, handoff.device.as_ref(), times.policy));
-                let on_device = match route {
-                    None => None,
-                    Some((sink, route)) => {
-                        let fetched = transport::fetch_device(
-                            &handoff.endpoint,
-                            handoff.room,
-                            0,
-                            need,
-                            route,
-                            sink,
-                            times.transfer,
-                        )
-                        .await;
-                        match fetched {
-                            // CUDA IPC can be refused by the platform (containers without a
-                            // shared IPC namespace, GPUs without peer access): the pages then
-                            // go through host memory, once, and the fallback is counted.
-                            Err(TransferError::Source(why)) if route == DeviceRoute::CudaIpc => {
-                                tracing::warn!(%why, "CUDA IPC handoff failed; moving the pages through host memory");
-                                received.gpu_fallbacks.fetch_add(1, Ordering::Relaxed);
-                                None
-                            }
-                            fetched => Some(fetched.map(|(pages, kind)| (KvPages::Device(pages), kind))),
-                        }
-                    }
-                };
-                let (pages, kind) = match on_device {
-                    Some(fetched) => fetched,
-                    None => {
-                        let policy = policy_for(&handoff.endpoint, times.policy);
-                        transport::fetch(&handoff.endpoint, handoff.room, 0, need, policy, times.transfer)
-                            .await
-                            .map(|(pages, kind)| (KvPages::Host(pages), kind))
-                    }
-                }
-                .map_err(|e| ActorError::Transfer(e.to_string()))?;
-                lock(&received.latency).observe(started.elapsed().as_secs_f64());
-                received.pages.fetch_add(u64::from(need), Ordering::Relaxed);
-                received.bytes.fetch_add(pages.len() as u64, Ordering::Relaxed);
-                if let KvPages::Device(_) = pages {
-                    received.gpu_bytes.fetch_add(pages.len() as u64, Ordering::Relaxed);
-                }
-                match kind {
-                    TransportKind::Tcp => &received.tcp,
-                    TransportKind::InProcess => &received.in_process,
-                    TransportKind::Nixl => &received.nixl,
-                    TransportKind::DeviceInProcess => &received.gpu_in_process,
-                    TransportKind::CudaIpc => &received.cuda_ipc,
-                    TransportKind::NixlVram => &received.nixl_vram,
-                }
-                .fetch_add(1, Ordering::Relaxed);
-                Ok(xinf_engine::ImportedKv {
-                    prompt_ids: handoff.prompt_ids,
-                    first_token: handoff.first_token,
-                    pages,
-                })
-            }
-            .await;
-            if result.is_err() {
-                received.failed.fetch_add(1, Ordering::Relaxed);
-            }
-            result
-        }
-        .boxed()
+        receive::fetch(self.engine.clone(), self.received.clone(), self.times, handoff.clone()).boxed()
     }
 
     /// Counts a failed import.

@@ -5,12 +5,13 @@ use crate::kv::{self, KvCache};
 use futures::future::BoxFuture;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use xinf_engine::{
     Engine, EngineError, EngineStats, FinishReason, GenerateRequest, ImportedKv, KvDtype, KvPages,
     MockConfig, MockFaults, ModelContract, PinnedPrefill, Prompt, TokenEvent, TokenStream, Usage,
 };
+use xinf_transfer::sync::lock;
 use xinf_transfer::{LayoutDescriptor, pages_for};
 
 /// Token ids below this are special (none is emitted); a byte `b` is token `b + 3`.
@@ -67,10 +68,6 @@ impl std::fmt::Debug for MockEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MockEngine").field("contract", &self.contract).finish_non_exhaustive()
     }
-}
-
-fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn fault(what: &str) -> EngineError {

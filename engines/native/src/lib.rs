@@ -36,7 +36,6 @@ mod model;
 mod options;
 mod sampler;
 mod stop;
-mod sync;
 mod weights;
 
 pub use engine::NativeEngine;

@@ -9,7 +9,6 @@ use crate::detok::Detokenizer;
 use crate::options::EngineOptions;
 use crate::sampler::Sampler;
 use crate::stop::StopMatcher;
-use crate::sync::lock;
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use std::sync::Arc;
@@ -23,6 +22,7 @@ use xinf_engine::{
 use xinf_models::{ModelError, ResolvedModel, TextTokenizer};
 use xinf_transfer::LayoutDescriptor;
 use xinf_transfer::device::{DeviceLease, DeviceRoute, DeviceSink, KvDevice};
+use xinf_transfer::sync::lock;
 
 /// The native engine's handle. Cheap to share behind an `Arc`; dropping the last handle stops
 /// the compute thread.

@@ -10,7 +10,6 @@ use crate::kv_cache::KvCache;
 use crate::model::{Chunk, ComputeBackend};
 use crate::options::EngineOptions;
 use crate::stop::StopOutcome;
-use crate::sync::lock;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -18,6 +17,7 @@ use std::sync::mpsc as std_mpsc;
 use xinf_engine::{EngineError, FinishReason, KvPages, PAGE_TOKENS, PinnedPrefill, TokenEvent, Usage};
 use xinf_models::TextTokenizer;
 use xinf_transfer::device::{DeviceLease, DeviceRoute};
+use xinf_transfer::sync::lock;
 
 impl BlockPool for KvCache {
     fn ensure(&mut self, table: &mut Vec<u32>, tokens: usize) -> bool {

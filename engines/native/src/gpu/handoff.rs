@@ -12,13 +12,13 @@
 //! pages into this GPU's memory before it returns, so the peer's staging can go back to its pool.
 
 use super::error::{GpuError, driver};
-use crate::sync::lock;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Instant;
 use xinf_transfer::device::{DeviceLease, DevicePages, DeviceRoute, DeviceSink, DeviceStage, KvDevice};
 use xinf_transfer::gpu_ipc::{DeviceBuffer, IpcHandle, IpcMapping};
 use xinf_transfer::nixl::{RemoteVram, VramAgent, VramRegion};
+use xinf_transfer::sync::lock;
 use xinf_transfer::transport::TransferError;
 
 /// Free plain buffers kept for reuse; more are freed.
