@@ -5,7 +5,7 @@ For every module scope (a crate root or a module with children) the direct child
 nodes; child A points to child B when any file under A names a path under B (`crate::b::…`,
 `super::b::…`, or `use` groups of those). A parent and its own children are not compared: a
 parent re-exporting its children and a child using its parent is the normal shape of a module.
-Test files (`tests.rs`, `tests/`) are left out. Exits 1 when any scope has a circle, printing it.
+Test files (`tests.rs`, `tests/`) and inline `mod tests { … }` are left out. Exits 1 when any scope has a circle, printing it.
 
     scripts/module-cycles.py actors/src transfer/src engines/*/src src
 """
@@ -55,6 +55,8 @@ def group_names(text: str, start: int) -> list:
 def references(text: str, here: tuple) -> set:
     """Absolute module paths (tuples of names) that a file refers to."""
     text = re.sub(r"//[^\n]*", "", text)
+    # An inline test module (by convention the file's last item) is a test file.
+    text = re.split(r"#\[cfg\(test\)\]\s*mod tests \{", text)[0]
     refs = set()
     for m in USE.finditer(text):
         base = () if m.group(1) == "crate" else here[:-1]

@@ -10,19 +10,12 @@
 //! otherwise); the NIXL part needs `XINF_NIXL_LIB_DIR` (the nixl-cu12 wheel's libraries).
 
 use crate::cluster::{SECRET, supervisor, worker};
-use crate::pd::{Cancel, LENGTHS, Lcg, cancelled_request, complete, launch, nixl_here, pages, prompt, stats};
+use crate::pd::{Cancel, LENGTHS, cancelled_request, complete, launch, nixl_here, pages, prompt, stats};
 use crate::util::{self, http, procs::poll};
 use serde_json::{Value, json};
+use xinf_test_util::Rng;
 
-fn gpu_enabled(test: &str) -> bool {
-    if std::env::var("XINF_TEST_GPU").as_deref() == Ok("1") {
-        return true;
-    }
-    eprintln!(
-        "SKIPPED {test}: set XINF_TEST_GPU=1 on a host with an NVIDIA GPU (and a --features cuda build)"
-    );
-    false
-}
+use xinf_test_util::gpu_tests_enabled as gpu_enabled;
 
 /// Bytes of one canonical page of SmolLM2-135M in F32: 2 (K, V) × 30 layers × 64 tokens × 3 KV
 /// heads × 64 dims × 4 bytes.
@@ -147,7 +140,7 @@ fn pd_on_one_gpu_moves_pages_gpu_to_gpu_between_processes() {
         .map(|t| {
             let model = models[t as usize % models.len()];
             std::thread::spawn(move || {
-                let mut rng = Lcg(t + 11);
+                let mut rng = Rng::new(t + 11);
                 for k in 0..5 {
                     let ids = prompt(2 + rng.below(300) as usize);
                     let how = match rng.below(3) {

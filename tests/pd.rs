@@ -8,6 +8,7 @@ use crate::util::procs::{local, poll};
 use crate::util::{self, http};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
+use xinf_test_util::Rng;
 
 /// Prompt lengths around the 64-token page boundaries, and a long one.
 pub(crate) const LENGTHS: &[usize] = &[2, 63, 64, 65, 66, 127, 128, 129, 130, 191, 192, 193, 194, 700];
@@ -198,16 +199,6 @@ fn pd_moves_pages_over_tcp_between_worker_processes() {
     assert!(!complete(addr, "hybrid", &prompt(10), false).is_empty());
 }
 
-/// A small deterministic generator for the cancellation schedule.
-pub(crate) struct Lcg(pub(crate) u64);
-
-impl Lcg {
-    pub(crate) fn below(&mut self, n: u64) -> u64 {
-        self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-        (self.0 >> 33) % n
-    }
-}
-
 /// How a request is cancelled.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Cancel {
@@ -267,7 +258,7 @@ fn pd_cancellations_leave_nothing_behind_and_roles_round_robin() {
     let threads: Vec<_> = (0..4u64)
         .map(|t| {
             std::thread::spawn(move || {
-                let mut rng = Lcg(t + 1);
+                let mut rng = Rng::new(t + 1);
                 for k in 0..25 {
                     let n = 2 + rng.below(130) as usize;
                     let ids = prompt(n);

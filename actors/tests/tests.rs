@@ -14,6 +14,7 @@ use xinf_engine::{
     EngineError, Engines, FinishReason, GenerateRequest, Prompt, SamplingParams, TokenEvent, TokenStream,
 };
 use xinf_engine_mock::MockLoader;
+use xinf_test_util::eventually;
 
 /// Logs to stderr when `RUST_LOG` asks for it (`RUST_LOG=xinf_actors=debug`).
 fn init_logs() {
@@ -85,19 +86,6 @@ async fn collect(mut stream: TokenStream) -> (String, Option<FinishReason>, Opti
     };
     let (reason, error) = tokio::time::timeout(Duration::from_secs(60), read).await.expect("the stream ends");
     (text, reason, error)
-}
-
-/// Polls `check` every 50 ms for at most `limit`.
-async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + limit;
-    while !check().await {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Local mode: two hybrid replicas take turns, duplicate ids are refused, abort and a dropped

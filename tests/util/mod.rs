@@ -172,10 +172,7 @@ pub async fn greedy_ids(engine: &dyn Engine, id: &str, prompt: Vec<u32>, n: usiz
     run(engine, id, Prompt::Tokens(prompt), sampling).await.ids
 }
 
-/// A tokio runtime for a test.
-pub fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
-}
+pub use xinf_test_util::runtime as rt;
 
 /// `true` when the path exists (helper for readable asserts).
 pub fn exists(p: &Path) -> bool {

@@ -86,11 +86,4 @@ pub fn local(uid: &str, extra: &[&str]) -> (Proc, SocketAddr) {
     (p, addr)
 }
 
-/// Waits until `check` holds, at most `limit`.
-pub fn poll(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !check() {
-        assert!(Instant::now() < deadline, "{what} did not happen within {limit:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
+pub use xinf_test_util::poll;

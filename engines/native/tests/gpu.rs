@@ -26,33 +26,9 @@ use xinf_engine::{Engine, GenerateRequest, ImportedKv, Prompt, SamplingParams, T
 use xinf_engine_native::{EngineOptions, NativeEngine};
 use xinf_models::{ResolvedModel, WeightsFormat};
 
-fn gpu_enabled(test: &str) -> bool {
-    if std::env::var("XINF_TEST_GPU").as_deref() == Ok("1") {
-        return true;
-    }
-    eprintln!("SKIPPED {test}: set XINF_TEST_GPU=1 on a host with an NVIDIA GPU to run the GPU tests");
-    false
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
-}
-
-/// A deterministic normal sampler (xorshift + Box-Muller).
-struct Rng(u64);
-
-impl Rng {
-    fn uniform(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f32 + 0.5) / (1u64 << 24) as f32
-    }
-    fn normal(&mut self) -> f32 {
-        let (a, b) = (self.uniform(), self.uniform());
-        (-2.0 * a.ln()).sqrt() * (2.0 * std::f32::consts::PI * b).cos()
-    }
-}
+use xinf_test_util::{
+    Rng, current_thread_runtime as rt, gpu_tests_enabled as gpu_enabled, scratch_dir as scratch,
+};
 
 const VOCAB: usize = 512;
 
@@ -121,7 +97,7 @@ fn make_model(dir: &Path, arch: Arch, dtype: candle_core::DType) -> ResolvedMode
         Arch::Qwen2 => 22,
         Arch::Qwen3 => 33,
     };
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ seed);
+    let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15 ^ seed);
     let mut tensors: HashMap<String, Tensor> = HashMap::new();
     let mut put = |name: String, shape: &[usize], kind: u8| {
         let n: usize = shape.iter().product();
@@ -296,10 +272,6 @@ fn compare(label: &str, model: &ResolvedModel, dtype: &str, vocab: usize) {
             eprintln!("{label} {layout}: greedy paths agree up to near ties (teacher-forced)");
         }
     }
-}
-
-fn scratch() -> tempfile::TempDir {
-    tempfile::tempdir().expect("tempdir")
 }
 
 #[test]

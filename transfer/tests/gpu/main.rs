@@ -8,13 +8,13 @@
 mod transport;
 
 use std::time::Instant;
+use xinf_test_util::Rng;
 use xinf_transfer::gpu::{GpuError, GpuPages};
 use xinf_transfer::{Direction, KvLayout, LayoutDescriptor, PAGE_TOKENS, copy_pages};
 
 /// The kernel on GPU 0, or `None` (with a loud note) when GPU tests are not asked for.
 fn gpu() -> Option<GpuPages> {
-    if std::env::var("XINF_TEST_GPU").ok().as_deref() != Some("1") {
-        eprintln!("SKIPPED: GPU tests need XINF_TEST_GPU=1 and an NVIDIA GPU");
+    if !xinf_test_util::gpu_tests_enabled("the transfer crate's GPU tests") {
         return None;
     }
     match GpuPages::new(0) {
@@ -25,13 +25,6 @@ fn gpu() -> Option<GpuPages> {
 }
 
 const POISON: u16 = 0xDEAD;
-
-fn xorshift(x: &mut u64) -> u64 {
-    *x ^= *x << 13;
-    *x ^= *x >> 7;
-    *x ^= *x << 17;
-    *x
-}
 
 /// A cache of `blocks` blocks in `layout`, filled with poison, and a shuffled table for
 /// `len` tokens (never block 0).
@@ -47,9 +40,9 @@ fn cache(
     let desc = layout.describe(layers, heads, dim, blocks).expect("valid layout");
     let regions = vec![vec![POISON; desc.region_len]; desc.num_regions];
     let mut ids: Vec<u32> = (1..blocks as u32).collect();
-    let mut x = seed | 1;
+    let mut x = Rng::new(seed | 1);
     for i in (1..ids.len()).rev() {
-        ids.swap(i, (xorshift(&mut x) % (i as u64 + 1)) as usize);
+        ids.swap(i, (x.next_u64() % (i as u64 + 1)) as usize);
     }
     ids.truncate(len.div_ceil(layout.block_size));
     (desc, regions, ids)
@@ -83,10 +76,10 @@ fn gpu_conversion_matches_the_cpu_in_every_layout_pair() {
                     let src_blocks = len.div_ceil(src_layout.block_size) + 2;
                     let (sdesc, mut sregions, stable) =
                         cache(*src_layout, layers, heads, dim, len, src_blocks, seed);
-                    let mut x = seed.wrapping_mul(0x9e37_79b9) | 1;
+                    let mut x = Rng::new(seed.wrapping_mul(0x9e37_79b9) | 1);
                     for r in &mut sregions {
                         for w in r.iter_mut() {
-                            *w = (xorshift(&mut x) & 0xffff) as u16;
+                            *w = (x.next_u64() & 0xffff) as u16;
                         }
                     }
                     let count = len.div_ceil(PAGE_TOKENS);
