@@ -1,0 +1,158 @@
+//! The launch keywords: top-level keys of a launch request that configure KV sharing and P/D
+//! transfers, not the engine. They arrive mixed with the engine keywords in
+//! [`LaunchRequest::extra`](super::request::LaunchRequest::extra) and are taken out of them
+//! once, typed, before anything reads them.
+
+use super::invalid;
+use crate::error::{ActorError, LaunchRule};
+use serde::Deserialize;
+use serde::de::{self, DeserializeOwned, Deserializer};
+use serde_json::{Map, Value};
+
+#[cfg(test)]
+mod tests;
+
+/// A transfer backend for P/D KV handoff.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum TransferBackend {
+    Xavier,
+    Nixl,
+}
+
+/// Named case-insensitively: `"NIXL"` names NIXL.
+impl<'de> Deserialize<'de> for TransferBackend {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        if name.eq_ignore_ascii_case("xavier") {
+            Ok(Self::Xavier)
+        } else if name.eq_ignore_ascii_case("nixl") {
+            Ok(Self::Nixl)
+        } else {
+            Err(de::Error::custom(format!("unknown transfer backend '{name}'")))
+        }
+    }
+}
+
+/// One launch keyword as given, and its value when it has the keyword's type.
+///
+/// A bad value does not fail the parse: it is kept, so that it is refused with its own
+/// keyword's rule and message, in the order the launch rules are checked (serde would stop at
+/// the first bad key, with its own text). `null` is as good as absent, but is kept too: the two
+/// names of the transfer backend are compared as given.
+#[derive(Debug)]
+struct Keyword<T> {
+    /// The JSON value, when the key is present.
+    given: Option<Value>,
+    /// The value, when the given one has the type.
+    value: Option<T>,
+}
+
+impl<T> Default for Keyword<T> {
+    fn default() -> Self {
+        Self { given: None, value: None }
+    }
+}
+
+impl<'de, T: DeserializeOwned> Deserialize<'de> for Keyword<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let given = Value::deserialize(d)?;
+        let value = T::deserialize(&given).ok();
+        Ok(Self { given: Some(given), value })
+    }
+}
+
+impl<T> Keyword<T> {
+    /// `Ok(None)` when absent or `null`, the value when it has the type, else what was given.
+    fn get(&self) -> Result<Option<&T>, &Value> {
+        match (&self.given, &self.value) {
+            (None | Some(Value::Null), _) => Ok(None),
+            (Some(_), Some(value)) => Ok(Some(value)),
+            (Some(given), None) => Err(given),
+        }
+    }
+}
+
+/// The launch keywords of a request. Strict types: a boolean given as a number, a negative or
+/// fractional byte count, a backend that is not a name, is refused.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(super) struct LaunchKeywords {
+    /// Xavier KV sharing between replicas (P/D roles imply it, unless transfers use NIXL).
+    enable_xavier: Keyword<bool>,
+    /// The P/D transfer backend.
+    transfer_backend_type: Keyword<TransferBackend>,
+    /// The same, under the name Xinference's vLLM launches use.
+    vllm_transfer_backend_type: Keyword<TransferBackend>,
+    /// The CPU snapshot cache of each prefill replica.
+    xavier_cache_bytes: Keyword<u64>,
+    /// Xavier's GPU cache budget, in bytes (0 turns it off).
+    xavier_gpu_cache_bytes: Keyword<u64>,
+}
+
+/// A request's extra keys, split in one pass: the fields of [`LaunchKeywords`] are taken out
+/// (serde's flattening hands a flattened struct exactly its own fields), and the rest are the
+/// engine keywords. The struct's fields are thus the one list of launch keywords.
+#[derive(Deserialize)]
+struct Split {
+    #[serde(flatten)]
+    keywords: LaunchKeywords,
+    #[serde(flatten)]
+    engine: Map<String, Value>,
+}
+
+impl LaunchKeywords {
+    /// Takes the launch keywords out of a request's extra keys; gives them and the engine
+    /// keywords left.
+    pub(super) fn take(extra: &Map<String, Value>) -> Result<(Self, Map<String, Value>), ActorError> {
+        // Every keyword takes any JSON value, so this fails only if serde does.
+        let split = Split::deserialize(Value::Object(extra.clone()))
+            .map_err(|e| invalid(LaunchRule::InvalidField, e.to_string()))?;
+        Ok((split.keywords, split.engine))
+    }
+
+    /// The P/D transfer backend, under either name; both names given must agree.
+    pub(super) fn transfer(&self) -> Result<Option<TransferBackend>, ActorError> {
+        let keyword = match (&self.transfer_backend_type.given, &self.vllm_transfer_backend_type.given) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(invalid(
+                    LaunchRule::UnknownTransferBackend,
+                    "transfer_backend_type and vllm_transfer_backend_type disagree; give one of them",
+                ));
+            }
+            (Some(_), _) => &self.transfer_backend_type,
+            (None, _) => &self.vllm_transfer_backend_type,
+        };
+        keyword.get().map(Option::<&TransferBackend>::copied).map_err(|other| {
+            let shown = other.as_str().map_or_else(|| other.to_string(), str::to_owned);
+            invalid(
+                LaunchRule::UnknownTransferBackend,
+                format!("Unknown transfer backend: '{shown}'; use xavier or nixl"),
+            )
+        })
+    }
+
+    /// `enable_xavier`, false when absent.
+    pub(super) fn enable_xavier(&self) -> Result<bool, ActorError> {
+        match self.enable_xavier.get() {
+            Ok(on) => Ok(on.copied().unwrap_or_default()),
+            Err(_) => Err(invalid(LaunchRule::InvalidField, "enable_xavier must be a boolean")),
+        }
+    }
+
+    /// `xavier_gpu_cache_bytes`, when given: any integer ≥ 0.
+    pub(super) fn gpu_cache_bytes(&self) -> Result<Option<u64>, ActorError> {
+        self.xavier_gpu_cache_bytes.get().map(Option::<&u64>::copied).map_err(|_| {
+            invalid(LaunchRule::CacheBudget, "xavier_gpu_cache_bytes must be a non-negative integer")
+        })
+    }
+
+    /// `xavier_cache_bytes`, when given: an integer ≥ 1 (a snapshot cache of no bytes is no
+    /// cache, and is refused rather than ignored).
+    pub(super) fn cache_bytes(&self) -> Result<Option<u64>, ActorError> {
+        match self.xavier_cache_bytes.get() {
+            Ok(None) => Ok(None),
+            Ok(Some(bytes)) if *bytes > 0 => Ok(Some(*bytes)),
+            _ => Err(invalid(LaunchRule::CacheBudget, "xavier_cache_bytes must be a positive integer")),
+        }
+    }
+}

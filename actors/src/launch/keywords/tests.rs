@@ -1,0 +1,136 @@
+//! The launch keywords: transfer backends and Xavier budgets.
+
+use super::*;
+use crate::launch::tests::*;
+use crate::launch::validate;
+use serde_json::{Value, json};
+
+// ---- transport and budgets ----
+
+#[test]
+fn unknown_transfer_backends_are_refused() {
+    let e = validate_err(json!({"model_name": "smollm2-instruct", "transfer_backend_type": "gloo"}), true);
+    assert_rule(
+        &e,
+        LaunchRule::UnknownTransferBackend,
+        "Unknown transfer backend: 'gloo'; use xavier or nixl",
+    );
+    let e = validate_err(json!({"model_name": "smollm2-instruct", "vllm_transfer_backend_type": 3}), true);
+    assert_rule(&e, LaunchRule::UnknownTransferBackend, "Unknown transfer backend: '3'");
+}
+
+#[test]
+fn nixl_needs_pd_roles() {
+    let e = validate_err(json!({"model_name": "smollm2-instruct", "transfer_backend_type": "nixl"}), true);
+    assert_rule(&e, LaunchRule::NixlRoles, "NIXL requires explicit prefill and decode replica roles");
+    let spec = validate(
+        &parse(json!({"model_name": "smollm2-instruct", "transfer_backend_type": "NIXL",
+            "replica_config": [{"role": "prefill"}, {"role": "decode"}]})),
+        true,
+        &engines(),
+    )
+    .expect("valid");
+    assert_eq!(spec.transfer, Some(TransferBackend::Nixl));
+}
+
+#[test]
+fn xavier_gpu_cache_bytes_must_be_a_non_negative_integer() {
+    for bad in [json!(true), json!(-1), json!(1.5), json!("256")] {
+        let e = validate_err(json!({"model_name": "smollm2-instruct", "xavier_gpu_cache_bytes": bad}), true);
+        assert_rule(&e, LaunchRule::CacheBudget, "xavier_gpu_cache_bytes must be a non-negative integer");
+    }
+}
+
+#[test]
+fn xavier_gpu_cache_bytes_needs_xavier_with_several_replicas() {
+    let e = validate_err(json!({"model_name": "smollm2-instruct", "xavier_gpu_cache_bytes": 1024}), true);
+    assert_rule(&e, LaunchRule::CacheBudget, "xavier_gpu_cache_bytes requires Xavier with multiple replicas");
+    let e = validate_err(
+        json!({"model_name": "smollm2-instruct", "enable_xavier": true, "xavier_gpu_cache_bytes": 1024}),
+        true,
+    );
+    assert_rule(&e, LaunchRule::CacheBudget, "requires Xavier with multiple replicas");
+    // 0 turns history off and is always allowed; Xavier with two replicas may have a budget.
+    assert!(
+        validate(
+            &parse(json!({"model_name": "smollm2-instruct", "xavier_gpu_cache_bytes": 0})),
+            true,
+            &engines()
+        )
+        .is_ok()
+    );
+    assert!(
+        validate(&parse(json!({"model_name": "smollm2-instruct", "enable_xavier": true, "replica": 2, "xavier_gpu_cache_bytes": 1024})),
+            true, &engines())
+        .is_ok()
+    );
+}
+
+#[test]
+fn xavier_cache_bytes_sizes_the_prefill_snapshot_cache() {
+    let e = validate_err(json!({"model_name": "smollm2-instruct", "xavier_cache_bytes": 1024}), true);
+    assert_rule(&e, LaunchRule::CacheBudget, "xavier_cache_bytes requires prefill and decode replica roles");
+    let pd = |v: Value| {
+        json!({"model_name": "smollm2-instruct", "xavier_cache_bytes": v,
+               "replica_config": [{"role": "prefill"}, {"role": "decode"}]})
+    };
+    for bad in [json!(0), json!(-1), json!("1024"), json!(1.5)] {
+        let e = validate_err(pd(bad.clone()), true);
+        assert_rule(&e, LaunchRule::CacheBudget, "xavier_cache_bytes must be a positive integer");
+    }
+    let spec = validate(&parse(pd(json!(1 << 20))), true, &engines()).expect("valid");
+    assert_eq!(spec.snapshot_cache_bytes, Some(1 << 20));
+    assert_eq!(spec.handoff().snapshot_cache_bytes, Some(1 << 20));
+}
+
+// ---- the split and the types ----
+
+#[test]
+fn launch_keywords_are_taken_out_of_the_engine_keywords() {
+    let extra = json!({"enable_xavier": true, "transfer_backend_type": "Xavier", "kv_cache_tokens": 1024});
+    let (keywords, engine) = LaunchKeywords::take(extra.as_object().expect("object")).expect("split");
+    assert_eq!(Value::Object(engine), json!({"kv_cache_tokens": 1024}));
+    assert!(keywords.enable_xavier().expect("a boolean"));
+    assert_eq!(keywords.transfer().expect("a backend"), Some(TransferBackend::Xavier));
+    assert_eq!(keywords.gpu_cache_bytes().expect("absent"), None);
+    assert_eq!(keywords.cache_bytes().expect("absent"), None);
+    // null is as good as absent.
+    let extra = json!({"enable_xavier": null, "xavier_cache_bytes": null});
+    let (keywords, engine) = LaunchKeywords::take(extra.as_object().expect("object")).expect("split");
+    assert!(engine.is_empty());
+    assert!(!keywords.enable_xavier().expect("absent"));
+    assert_eq!(keywords.cache_bytes().expect("absent"), None);
+}
+
+#[test]
+fn enable_xavier_must_be_a_boolean() {
+    for bad in [json!(1), json!("true")] {
+        let e = validate_err(json!({"model_name": "smollm2-instruct", "enable_xavier": bad}), true);
+        assert_rule(&e, LaunchRule::InvalidField, "enable_xavier must be a boolean");
+    }
+}
+
+#[test]
+fn both_backend_names_must_agree_as_given() {
+    // null against a name, and two spellings of one name, disagree.
+    for (a, b) in [(json!(null), json!("nixl")), (json!("NIXL"), json!("nixl"))] {
+        let e = validate_err(
+            json!({"model_name": "smollm2-instruct", "transfer_backend_type": a, "vllm_transfer_backend_type": b,
+                   "replica_config": [{"role": "prefill"}, {"role": "decode"}]}),
+            true,
+        );
+        assert_rule(
+            &e,
+            LaunchRule::UnknownTransferBackend,
+            "transfer_backend_type and vllm_transfer_backend_type disagree; give one of them",
+        );
+    }
+    let spec = validate(
+        &parse(json!({"model_name": "smollm2-instruct", "transfer_backend_type": "nixl",
+            "vllm_transfer_backend_type": "nixl", "replica_config": [{"role": "prefill"}, {"role": "decode"}]})),
+        true,
+        &engines(),
+    )
+    .expect("valid");
+    assert_eq!(spec.transfer, Some(TransferBackend::Nixl));
+}

@@ -1,0 +1,298 @@
+//! Placement: a validated launch checked against the cluster as it is (workers, visible and
+//! occupied GPUs, replica uids of other models), and one [`Placement`] per replica.
+
+use super::gpu::{GpuTenant, admit, refusal_error};
+use super::invalid;
+use super::request::{GpuCount, Role};
+use super::spec::{DeviceRequest, LaunchSpec, ReplicaDraft};
+use crate::error::{ActorError, LaunchRule};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use xinf_engine::{ComputeDevice, EngineConfig};
+
+#[cfg(test)]
+mod tests;
+
+/// The replicas on each GPU of one worker.
+type Tenants = BTreeMap<u32, Vec<GpuTenant>>;
+
+/// A worker as placement sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct WorkerSlot {
+    /// The worker's id (`ip:port`).
+    pub(crate) worker_id: String,
+    /// GPU indexes the worker can use.
+    pub(crate) gpus: Vec<u32>,
+    /// Whether several replicas may share one GPU on this worker without stating their
+    /// memory shares (`XINF_ALLOW_MULTI_REPLICA_PER_GPU`).
+    pub(crate) allow_gpu_sharing: bool,
+    /// GPUs in use, with the replicas (not dead) of running or launching models on each.
+    pub(crate) occupied: Tenants,
+}
+
+/// The cluster as placement sees it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ClusterView {
+    /// Whether this is `xinf local` (unknown worker addresses only warn).
+    pub(crate) local_mode: bool,
+    /// Alive workers, in a stable order.
+    pub(crate) workers: Vec<WorkerSlot>,
+    /// Replica uids in use, with their model.
+    pub(crate) replica_uids: BTreeMap<String, String>,
+    /// Where round-robin placement starts.
+    pub(crate) round_robin: usize,
+}
+
+/// Where one replica goes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Placement {
+    pub(crate) replica_uid: String,
+    pub(crate) role: Role,
+    pub(crate) worker_id: String,
+    /// GPU indexes on the worker; empty means the CPU.
+    pub(crate) gpus: Vec<u32>,
+    /// Its share of its GPU's memory (`engine_config.gpu_memory_utilization`).
+    pub(crate) gpu_memory_utilization: Option<f64>,
+    /// The engine's name, as registered.
+    pub(crate) engine: String,
+    /// Engine options, with `device` set from `gpus` (see [`with_device`]).
+    pub(crate) engine_config: EngineConfig,
+}
+
+fn find_worker<'a>(view: &'a ClusterView, ip: &str) -> Option<&'a WorkerSlot> {
+    if let Some(w) = view.workers.iter().find(|w| w.worker_id == ip) {
+        return Some(w);
+    }
+    // A bare host matches when exactly one worker runs there.
+    let mut by_host =
+        view.workers.iter().filter(|w| w.worker_id.rsplit_once(':').is_some_and(|(h, _)| h == ip));
+    match (by_host.next(), by_host.next()) {
+        (Some(w), None) => Some(w),
+        _ => None,
+    }
+}
+
+/// A replica's engine options with the device it was placed on: `cuda:N` for the first of its
+/// GPUs unless `engine_config.device` is given (an explicit device wins); a replica on no GPU
+/// keeps the CPU. Tensor parallelism is not implemented, so a replica placed on several GPUs
+/// computes on the first one only.
+fn with_device(engine_config: &EngineConfig, gpus: &[u32]) -> EngineConfig {
+    let mut config = engine_config.clone();
+    if let Some(first) = gpus.first().filter(|_| config.device().is_none()) {
+        config.set_device(ComputeDevice::Cuda(*first as usize));
+    }
+    config
+}
+
+/// Checks a validated launch against the cluster and places every replica.
+/// Returns the placements and the next round-robin start.
+pub(crate) fn place(
+    spec: &LaunchSpec,
+    model_uid: &str,
+    view: &ClusterView,
+) -> Result<(Vec<Placement>, usize), ActorError> {
+    let uids = replica_uids(spec, model_uid, view)?;
+    if view.workers.is_empty() {
+        return Err(invalid(LaunchRule::NoWorkers, "no worker is registered in the cluster"));
+    }
+    // Replicas on each GPU: those of other models, then those this launch places.
+    let mut tenants: BTreeMap<&str, Tenants> = BTreeMap::new();
+    let mut rr = view.round_robin;
+    let mut out = Vec::with_capacity(uids.len());
+    for (i, (draft, uid)) in spec.replicas.iter().zip(uids).enumerate() {
+        let worker = choose_worker(view, &draft.device, i, &mut rr)?;
+        let wid = worker.worker_id.as_str();
+        let on_worker = tenants.entry(wid).or_insert_with(|| worker.occupied.clone());
+        let fraction = draft.engine_config.gpu_memory_utilization();
+        let newcomer = GpuTenant { model_uid: model_uid.to_owned(), replica_uid: uid, fraction };
+        let (gpu_idx, n_gpu) = gpu_request(draft, worker, &newcomer.replica_uid)?;
+        let gpus = choose_gpus(worker, on_worker, gpu_idx, n_gpu, &newcomer)?;
+        check_share_has_gpu(draft, &gpus, &newcomer, wid)?;
+        for g in &gpus {
+            on_worker.entry(*g).or_default().push(newcomer.clone());
+        }
+        let engine_config = with_device(&draft.engine_config, &gpus);
+        out.push(Placement {
+            replica_uid: newcomer.replica_uid,
+            role: draft.role,
+            worker_id: wid.to_owned(),
+            gpus,
+            gpu_memory_utilization: fraction,
+            engine: draft.engine.clone(),
+            engine_config,
+        });
+    }
+    Ok((out, rr))
+}
+
+/// Every replica's uid (`{model_uid}-{i}` unless given), refusing one used twice in this
+/// launch or already used by another model.
+fn replica_uids(spec: &LaunchSpec, model_uid: &str, view: &ClusterView) -> Result<Vec<String>, ActorError> {
+    let uids: Vec<String> = spec
+        .replicas
+        .iter()
+        .enumerate()
+        .map(|(i, r)| r.replica_uid.clone().unwrap_or_else(|| format!("{model_uid}-{i}")))
+        .collect();
+    let mut seen = BTreeSet::new();
+    for uid in &uids {
+        if !seen.insert(uid.as_str()) {
+            return Err(invalid(LaunchRule::DuplicateReplicaUid, format!("Duplicate replica_uid '{uid}'")));
+        }
+        if let Some(model) = view.replica_uids.get(uid) {
+            return Err(invalid(
+                LaunchRule::DuplicateReplicaUid,
+                format!("Duplicate replica_uid '{uid}': model '{model}' already has a replica with this uid"),
+            ));
+        }
+    }
+    Ok(uids)
+}
+
+/// The worker for replica `i`: the one it names, else the next in round-robin order (`rr`
+/// advances). `view.workers` is not empty.
+fn choose_worker<'a>(
+    view: &'a ClusterView,
+    d: &DeviceRequest,
+    i: usize,
+    rr: &mut usize,
+) -> Result<&'a WorkerSlot, ActorError> {
+    let Some(ip) = &d.worker_ip else {
+        let w = &view.workers[*rr % view.workers.len()];
+        *rr = rr.wrapping_add(1);
+        return Ok(w);
+    };
+    match find_worker(view, ip) {
+        Some(w) => Ok(w),
+        None if view.local_mode => {
+            tracing::warn!(worker_ip = %ip, "worker_ip is not in the cluster; local mode places the replica on the local worker");
+            Ok(&view.workers[0])
+        }
+        None => {
+            let what = if d.from_replica_config {
+                format!("replica_config[{i}].worker_ip")
+            } else {
+                "worker_ip".to_owned()
+            };
+            let ids: Vec<&str> = view.workers.iter().map(|w| w.worker_id.as_str()).collect();
+            Err(invalid(
+                LaunchRule::UnknownWorker,
+                format!("{what} '{ip}' is not in the cluster. Registered workers: [{}]", ids.join(", ")),
+            ))
+        }
+    }
+}
+
+/// The GPUs a replica asks for, as `(gpu_idx, n_gpu)`. An explicit GPU device must exist on
+/// the worker; with placement left to `auto`, it also says which GPU the replica occupies (an
+/// explicit CPU, none).
+fn gpu_request(
+    draft: &ReplicaDraft,
+    worker: &WorkerSlot,
+    uid: &str,
+) -> Result<(Option<Vec<u32>>, GpuCount), ActorError> {
+    let d = &draft.device;
+    Ok(match draft.engine_config.device() {
+        Some(ComputeDevice::Cuda(n)) => {
+            let g = u32::try_from(n).unwrap_or(u32::MAX);
+            if !worker.gpus.contains(&g) {
+                return Err(invalid(
+                    LaunchRule::GpuNotVisible,
+                    format!(
+                        "engine_config.device cuda:{n} of replica '{uid}': GPU {n} is not visible on \
+                         worker {}. Visible GPUs: {:?}",
+                        worker.worker_id, worker.gpus
+                    ),
+                ));
+            }
+            match (&d.gpu_idx, d.n_gpu) {
+                (None, GpuCount::Auto | GpuCount::Count(0)) => (Some(vec![g]), GpuCount::Auto),
+                (idx, n_gpu) => (idx.clone(), n_gpu),
+            }
+        }
+        Some(ComputeDevice::Cpu) if d.gpu_idx.is_none() && d.n_gpu == GpuCount::Auto => {
+            (None, GpuCount::Count(0))
+        }
+        _ => (d.gpu_idx.clone(), d.n_gpu),
+    })
+}
+
+/// The GPUs a replica gets on its worker: those listed, none, or `n_gpu` (or for `auto`, at
+/// most one) of the free GPUs and then of those it may share.
+fn choose_gpus(
+    worker: &WorkerSlot,
+    on_worker: &Tenants,
+    gpu_idx: Option<Vec<u32>>,
+    n_gpu: GpuCount,
+    newcomer: &GpuTenant,
+) -> Result<Vec<u32>, ActorError> {
+    let wid = worker.worker_id.as_str();
+    let fraction = newcomer.fraction;
+    let here = |g: &u32| on_worker.get(g).map(Vec::as_slice).unwrap_or_default();
+    match (gpu_idx, n_gpu) {
+        (Some(idx), _) => {
+            for g in &idx {
+                if !worker.gpus.contains(g) {
+                    return Err(invalid(
+                        LaunchRule::GpuNotVisible,
+                        format!(
+                            "gpu_idx {g} is not visible on worker {wid}. Visible GPUs: {:?}",
+                            worker.gpus
+                        ),
+                    ));
+                }
+                admit(here(g), fraction, worker.allow_gpu_sharing).map_err(|r| {
+                    refusal_error(r, *g, wid, &newcomer.model_uid, here(g), &newcomer.replica_uid, fraction)
+                })?;
+            }
+            Ok(idx)
+        }
+        (None, GpuCount::Count(0)) => Ok(Vec::new()),
+        (None, n_gpu) => {
+            let busy = |g: &u32| !here(g).is_empty();
+            let free: Vec<u32> = worker.gpus.iter().copied().filter(|g| !busy(g)).collect();
+            // Free GPUs first, then those the replica may share.
+            let candidates: Vec<u32> =
+                free.iter()
+                    .copied()
+                    .chain(
+                        worker.gpus.iter().copied().filter(|g| {
+                            busy(g) && admit(here(g), fraction, worker.allow_gpu_sharing).is_ok()
+                        }),
+                    )
+                    .collect();
+            match n_gpu {
+                GpuCount::Count(n) => match candidates.get(..n as usize) {
+                    Some(chosen) => Ok(chosen.to_vec()),
+                    None => Err(invalid(
+                        LaunchRule::NotEnoughGpus,
+                        format!("worker {wid} has {} free GPUs, and n_gpu asks for {n}", free.len()),
+                    )),
+                },
+                GpuCount::Auto => Ok(candidates.first().map(|g| vec![*g]).unwrap_or_default()),
+            }
+        }
+    }
+}
+
+/// A memory share is a share of a GPU: a replica that states one must run on a GPU.
+fn check_share_has_gpu(
+    draft: &ReplicaDraft,
+    gpus: &[u32],
+    newcomer: &GpuTenant,
+    wid: &str,
+) -> Result<(), ActorError> {
+    let on_gpu = !gpus.is_empty() || matches!(draft.engine_config.device(), Some(ComputeDevice::Cuda(_)));
+    if newcomer.fraction.is_some() && !on_gpu {
+        return Err(invalid(
+            LaunchRule::EngineConfig,
+            format!(
+                "engine_config.gpu_memory_utilization is a share of a GPU's memory, and replica '{}' \
+                 runs on the CPU of worker {wid} (it has no free or shareable GPU, or the launch asks \
+                 for none)",
+                newcomer.replica_uid
+            ),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,54 @@
+//! What validation gives placement: a launch request normalised into one draft per replica,
+//! with the engine options already checked by the engine.
+
+use super::keywords::TransferBackend;
+use super::request::{GpuCount, Role};
+use xinf_engine::{EngineConfig, ModelSource};
+
+/// A placement request for one replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct DeviceRequest {
+    /// The worker asked for, and whether it came from `replica_config` (for the message).
+    pub(super) worker_ip: Option<String>,
+    pub(super) from_replica_config: bool,
+    pub(super) n_gpu: GpuCount,
+    pub(super) gpu_idx: Option<Vec<u32>>,
+}
+
+/// One replica of a validated launch.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct ReplicaDraft {
+    /// The explicit uid, if any.
+    pub(super) replica_uid: Option<String>,
+    pub(super) role: Role,
+    /// The engine's name, as registered.
+    pub(super) engine: String,
+    /// The merged, checked engine options. `device` in them, when given, wins over the device
+    /// placement would choose; `gpu_memory_utilization` is the replica's share of its GPU.
+    pub(super) engine_config: EngineConfig,
+    pub(super) device: DeviceRequest,
+}
+
+/// A launch request that passed every check that does not depend on the cluster's state.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct LaunchSpec {
+    pub(crate) model_uid: Option<String>,
+    pub(crate) source: ModelSource,
+    pub(super) replicas: Vec<ReplicaDraft>,
+    /// Whether the replicas have prefill/decode roles.
+    pub(crate) pd: bool,
+    /// The P/D transfer backend.
+    pub(super) transfer: Option<TransferBackend>,
+    /// `xavier_cache_bytes`: the snapshot cache of each prefill replica.
+    pub(super) snapshot_cache_bytes: Option<u64>,
+}
+
+impl LaunchSpec {
+    /// The handoff settings every replica of this launch gets.
+    pub(crate) fn handoff(&self) -> crate::replica::ModelHandoff {
+        crate::replica::ModelHandoff {
+            nixl: self.transfer == Some(TransferBackend::Nixl),
+            snapshot_cache_bytes: self.snapshot_cache_bytes,
+        }
+    }
+}
