@@ -18,8 +18,8 @@ pub(crate) mod rooms;
 pub(crate) mod snapshot;
 
 use crate::error::ActorError;
+use crate::spec::ReplicaSpec;
 use crate::spec::Role;
-pub(crate) use crate::spec::{ModelHandoff, ReplicaSpec};
 use crate::view::ReplicaStats;
 use crate::wire::{Wire, answer};
 use handoff::{Handoff, HandoffSide, HandoffTimes};

@@ -1,8 +1,8 @@
-//! What the supervisor tells a worker about a replica to start: its model, role, engine and
-//! handoff settings.
+//! What a replica is: its role, and what the supervisor tells a worker about a replica to
+//! start (its model, engine and handoff settings).
 
-pub(crate) use crate::launch::Role;
 use serde::{Deserialize, Serialize};
+use std::fmt;
 use xinf_engine::{EngineConfig, ModelSource};
 
 /// Everything a worker needs to start a replica; sent by the supervisor.
@@ -30,4 +30,34 @@ pub(crate) struct ModelHandoff {
     /// Snapshot cache of a prefill replica (`xavier_cache_bytes`); the node's default when
     /// not given.
     pub(crate) snapshot_cache_bytes: Option<u64>,
+}
+
+/// What a replica does in a deployment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Runs whole requests (the default).
+    #[default]
+    Hybrid,
+    /// Computes prompts and hands their KV to a decode replica.
+    Prefill,
+    /// Generates from KV computed by a prefill replica.
+    Decode,
+}
+
+impl Role {
+    /// The lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Hybrid => "hybrid",
+            Self::Prefill => "prefill",
+            Self::Decode => "decode",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }

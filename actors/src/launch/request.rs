@@ -2,6 +2,7 @@
 //! `replica_config` schema, with strict types (a count given as a string, a negative index or
 //! an unknown `replica_config` key does not parse).
 
+pub use crate::spec::Role;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{Map, Value};
@@ -44,35 +45,6 @@ pub const RESERVED_ENGINE_CONFIG_KEYS: &[&str] = &[
 ];
 
 /// Top-level keywords that configure the launch (KV sharing, transfers), not the engine.
-/// What a replica does in a deployment.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Runs whole requests (the default).
-    #[default]
-    Hybrid,
-    /// Computes prompts and hands their KV to a decode replica.
-    Prefill,
-    /// Generates from KV computed by a prefill replica.
-    Decode,
-}
-
-impl Role {
-    /// The lowercase name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Hybrid => "hybrid",
-            Self::Prefill => "prefill",
-            Self::Decode => "decode",
-        }
-    }
-}
-
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// `n_gpu`: a count, or `"auto"`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

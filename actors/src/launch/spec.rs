@@ -45,8 +45,8 @@ pub(crate) struct LaunchSpec {
 
 impl LaunchSpec {
     /// The handoff settings every replica of this launch gets.
-    pub(crate) fn handoff(&self) -> crate::replica::ModelHandoff {
-        crate::replica::ModelHandoff {
+    pub(crate) fn handoff(&self) -> crate::spec::ModelHandoff {
+        crate::spec::ModelHandoff {
             nixl: self.transfer == Some(TransferBackend::Nixl),
             snapshot_cache_bytes: self.snapshot_cache_bytes,
         }
