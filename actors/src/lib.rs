@@ -30,6 +30,19 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Floor plan (leaves first; no module imports one that imports it back):
+//! - `error`, `wire`: [`ActorError`]; messages' serialized results and calls with time limits.
+//! - `view`: what the layer hands out (models, replicas, workers, GPUs, load figures).
+//! - `spec`: [`Role`] and the replica spec a worker starts a replica from.
+//! - `launch`: the launch request, its validation rules and placement, as pure functions.
+//! - `protocol`: the supervisor's and the workers' messages (both sides send them).
+//! - `node`: names, process groups, node start-up and joining.
+//! - `replica`, `router`, `block_tracker`, `worker`, `supervisor`: the actors, each a shell
+//!   around a pure state machine.
+//! - `cluster`: the [`Cluster`] handle (start-up, options, launch, listings);
+//!   `request`: requests on it (the P/D handoff choreography, the abandoned-request guard,
+//!   the pull of events).
+//!
 //! Design notes:
 //! - The actors know no engine: a launch names one (`model_engine`), the supervisor checks the
 //!   model and the options with its [`xinf_engine::EngineLoader`] before anything starts, and a

@@ -1,9 +1,11 @@
-//! The replica's side of a P/D handoff (the place of the transfer actor): the prefill side
-//! publishes rooms and serves their pages, the decode side fetches pages and imports them.
+//! The replica's side of a P/D handoff (what DESIGN.md calls the transfer actor lives here, in
+//! the replica, not as an actor of its own): the prefill side publishes rooms and serves their
+//! pages, the decode side (`receive`) fetches pages and imports them.
 //!
 //! Control (prefill done, release) travels as actor messages; the pages themselves travel on
-//! the data plane of `xinf_transfer::transport`: in process when both replicas share one, else
-//! over the TCP page server of the prefill replica's process.
+//! the data plane of `xinf_transfer::transport`: in process when both replicas share one, GPU
+//! to GPU (CUDA IPC, NIXL VRAM) where both engines' KV is on a GPU, else over the TCP (or
+//! NIXL) page server of the prefill replica's process.
 
 use super::rooms::{Leases, RoomError, RoomTable};
 use super::snapshot::{Inserted, SnapshotStore, chain_keys};
