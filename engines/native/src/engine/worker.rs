@@ -365,8 +365,13 @@ impl Worker {
             Err(e) => {
                 let msg = format!("forward pass failed: {e}");
                 tracing::error!("{msg}");
-                for w in work.iter().rev() {
-                    let s = self.running.remove(w.seq);
+                // By falling index: the plan lists decodes first, so its order is not the
+                // order of `running`, and removing a lower index first would shift the others.
+                let mut failed: Vec<usize> = work.iter().map(|w| w.seq).collect();
+                failed.sort_unstable_by(|a, b| b.cmp(a));
+                failed.dedup();
+                for idx in failed {
+                    let s = self.running.remove(idx);
                     self.finish(s, None, Some(EngineError::Internal(msg.clone())));
                 }
                 None
