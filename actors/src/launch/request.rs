@@ -44,8 +44,6 @@ pub const RESERVED_ENGINE_CONFIG_KEYS: &[&str] = &[
     "xavier_gpu_cache_bytes",
 ];
 
-/// Top-level keywords that configure the launch (KV sharing, transfers), not the engine.
-
 /// `n_gpu`: a count, or `"auto"`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum GpuCount {
