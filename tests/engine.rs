@@ -22,6 +22,9 @@ fn layouts() -> Vec<serde_json::Value> {
     }
     v.push(serde_json::json!({"kv_layout": "token-pool"}));
     v.push(serde_json::json!({"kv_layout": "token-pool", "block_size": 64}));
+    // vLLM 0.26's layout, K and V packed per head, in both orders.
+    v.push(serde_json::json!({"kv_layout": "paged-packed", "block_size": 16}));
+    v.push(serde_json::json!({"kv_layout": "paged-packed", "kv_order": "HND", "block_size": 16}));
     v
 }
 

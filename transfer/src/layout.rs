@@ -15,6 +15,10 @@ pub enum KvLayoutKind {
     /// SGLang: per layer one K buffer and one V buffer of `[slots, H, D]`, slots grouped in
     /// pages of `B` tokens (`B = 1` is SGLang's default).
     TokenPool,
+    /// vLLM 0.26 (FlashAttention, Triton, FlashInfer): per layer logical `(NB, H, B, 2·D)`,
+    /// K and V packed in each head's `2·D` (K first); physically `(NB, B, H, 2·D)` in NHD (the
+    /// default), `(NB, H, B, 2·D)` in HND.
+    PagedPacked,
 }
 
 impl KvLayoutKind {
@@ -24,6 +28,7 @@ impl KvLayoutKind {
             Self::PagedKvFirst => "paged-kv-first",
             Self::PagedBlockFirst => "paged-block-first",
             Self::TokenPool => "token-pool",
+            Self::PagedPacked => "paged-packed",
         }
     }
 }
@@ -41,6 +46,7 @@ impl FromStr for KvLayoutKind {
             "paged-kv-first" => Ok(Self::PagedKvFirst),
             "paged-block-first" => Ok(Self::PagedBlockFirst),
             "token-pool" => Ok(Self::TokenPool),
+            "paged-packed" => Ok(Self::PagedPacked),
             other => Err(LayoutError::UnknownLayout(other.to_owned())),
         }
     }
@@ -105,7 +111,9 @@ impl fmt::Display for KvLayout {
 #[non_exhaustive]
 pub enum LayoutError {
     /// `kv_layout` names no known layout.
-    #[error("unknown kv_layout `{0}` (expected paged-kv-first, paged-block-first or token-pool)")]
+    #[error(
+        "unknown kv_layout `{0}` (expected paged-kv-first, paged-block-first, paged-packed or token-pool)"
+    )]
     UnknownLayout(String),
     /// `kv_order` is neither NHD nor HND.
     #[error("unknown kv_order `{0}` (expected NHD or HND)")]
@@ -133,7 +141,7 @@ impl KvLayout {
     /// per block, the token pool takes pages of 1 or 64 tokens and only NHD.
     pub fn validate(&self) -> Result<(), LayoutError> {
         match self.kind {
-            KvLayoutKind::PagedKvFirst | KvLayoutKind::PagedBlockFirst => {
+            KvLayoutKind::PagedKvFirst | KvLayoutKind::PagedBlockFirst | KvLayoutKind::PagedPacked => {
                 if ![16, 32, 64].contains(&self.block_size) {
                     return Err(LayoutError::BlockSize {
                         kind: self.kind,
@@ -158,11 +166,11 @@ impl KvLayout {
         Ok(())
     }
 
-    /// Every layout [`validate`](Self::validate) accepts: both paged families in NHD and HND
+    /// Every layout [`validate`](Self::validate) accepts: the three paged families in NHD and HND
     /// with blocks of 16, 32 and 64 tokens, and the token pool with pages of 1 and 64.
     pub fn all_supported() -> Vec<Self> {
         let mut v = Vec::new();
-        for kind in [KvLayoutKind::PagedKvFirst, KvLayoutKind::PagedBlockFirst] {
+        for kind in [KvLayoutKind::PagedKvFirst, KvLayoutKind::PagedBlockFirst, KvLayoutKind::PagedPacked] {
             for order in [KvOrder::Nhd, KvOrder::Hnd] {
                 for block_size in [16, 32, 64] {
                     v.push(Self { kind, order, block_size });
@@ -195,15 +203,18 @@ impl KvLayout {
             }
         }
         let (b, h, d, nb) = (self.block_size, kv_heads, head_dim, num_blocks);
+        // A token's row of one head: `D` elements, or `2·D` where K and V are packed together.
+        let w = if self.kind == KvLayoutKind::PagedPacked { 2 * d } else { d };
         let (tok, head) = match self.order {
-            KvOrder::Nhd => (h * d, d),
-            KvOrder::Hnd => (d, b * d),
+            KvOrder::Nhd => (h * w, w),
+            KvOrder::Hnd => (w, b * w),
         };
         let block_elems = b * h * d;
         let (s_blk, v_offset, region_len, regions_per_layer) = match self.kind {
             KvLayoutKind::PagedKvFirst => (block_elems, nb * block_elems, 2 * nb * block_elems, 1),
             KvLayoutKind::PagedBlockFirst => (2 * block_elems, block_elems, 2 * nb * block_elems, 1),
             KvLayoutKind::TokenPool => (block_elems, 0, nb * block_elems, 2),
+            KvLayoutKind::PagedPacked => (2 * block_elems, d, 2 * nb * block_elems, 1),
         };
         let planes = (0..num_layers)
             .map(|l| {

@@ -161,6 +161,7 @@ fn layouts(f32_model: bool) -> Vec<serde_json::Value> {
     let mut v = vec![
         serde_json::json!({"kv_layout": "paged-kv-first", "kv_order": "hnd", "block_size": 16}),
         serde_json::json!({"kv_layout": "token-pool"}),
+        serde_json::json!({"kv_layout": "paged-packed", "block_size": 16}),
     ];
     if f32_model {
         v.push(serde_json::json!({"kv_layout": "paged-block-first", "kv_order": "nhd", "block_size": 64}));

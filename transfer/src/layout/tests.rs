@@ -43,6 +43,20 @@ fn vllm_flash_attention_hnd_strides() {
 }
 
 #[test]
+fn vllm_0_26_packed_strides() {
+    // What vLLM 0.26 hands a connector on the H200: logical (NB, H, B, 2·D) = (NB, 2, 16, 128)
+    // with strides (4096, 128, 256, 1) for NHD; K is the first D of each head's 2·D, V the rest.
+    let layout = KvLayout { kind: KvLayoutKind::PagedPacked, order: KvOrder::Nhd, block_size: 16 };
+    let d = layout.describe(24, 2, 64, 10).expect("valid");
+    assert_eq!((d.s_blk, d.s_tok, d.s_head), (4096, 256, 128));
+    assert_eq!(d.planes[3], [Plane { region: 3, offset: 0 }, Plane { region: 3, offset: 64 }]);
+    assert_eq!((d.num_regions, d.region_len), (24, 10 * 4096));
+    let hnd = KvLayout { order: KvOrder::Hnd, ..layout }.describe(24, 2, 64, 10).expect("valid");
+    assert_eq!((hnd.s_blk, hnd.s_tok, hnd.s_head), (4096, 128, 16 * 128));
+    assert_eq!("paged-packed".parse::<KvLayoutKind>(), Ok(KvLayoutKind::PagedPacked));
+}
+
+#[test]
 fn bad_combinations_are_refused() {
     let bad = KvLayout { kind: KvLayoutKind::TokenPool, order: KvOrder::Hnd, block_size: 1 };
     assert_eq!(bad.validate(), Err(LayoutError::PoolOrder));
