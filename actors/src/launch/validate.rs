@@ -422,8 +422,7 @@ fn check_options(loader: &dyn EngineLoader, config: &Map<String, Value>) -> Resu
 
 /// The names of the engines that pass `filter`, as a message lists them.
 fn engine_names(engines: &Engines, filter: impl Fn(&dyn EngineLoader) -> bool) -> String {
-    let names: Vec<&str> =
-        engines.names().into_iter().filter(|n| engines.get(n).is_some_and(|l| filter(l.as_ref()))).collect();
+    let names: Vec<&str> = engines.loaders().filter(|l| filter(l.as_ref())).map(|l| l.name()).collect();
     if names.is_empty() { "registered".to_owned() } else { names.join(" or ") }
 }
 

@@ -318,8 +318,8 @@ impl EngineConfig {
         self.native().gpu_memory_utilization
     }
 
-    /// The options as the JSON object a launch would give, without the absent ones: for
-    /// listings and logs.
+    /// The options as the JSON object a launch would give, without the absent ones: what tests
+    /// and diagnostics compare against a launch's `engine_config`.
     pub fn to_json(&self) -> Value {
         let mut out = Map::new();
         let mut put = |v: Result<Value, serde_json::Error>| {

@@ -75,8 +75,13 @@ impl Engines {
         self.0.first()
     }
 
+    /// The registered engines, default first.
+    pub fn loaders(&self) -> impl Iterator<Item = &Arc<dyn EngineLoader>> {
+        self.0.iter()
+    }
+
     /// The registered names, default first.
     pub fn names(&self) -> Vec<&str> {
-        self.0.iter().map(|l| l.name()).collect()
+        self.loaders().map(|l| l.name()).collect()
     }
 }

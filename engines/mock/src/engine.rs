@@ -24,12 +24,17 @@ const DEFAULT_CONTEXT: usize = 4096;
 /// KV cache tokens when `engine_config` gives none.
 const DEFAULT_CACHE_TOKENS: usize = 8192;
 
-/// The output token `i` of a prompt: a letter or a space, from a hash of every prompt token.
+/// The hash of every prompt token that the output is drawn from (computed once per request).
+fn prompt_hash(prompt: &[u32]) -> u64 {
+    prompt.iter().fold(0xcbf2_9ce4_8422_2325, |h, &id| (h ^ u64::from(id)).wrapping_mul(0x100_0000_01b3))
+}
+
+/// The output token `i` of a prompt: a letter or a space, from the prompt's hash.
 fn output_token(prompt: &[u32], i: usize) -> u32 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &id in prompt {
-        h = (h ^ u64::from(id)).wrapping_mul(0x100_0000_01b3);
-    }
+    token_at(prompt_hash(prompt), i)
+}
+
+fn token_at(h: u64, i: usize) -> u32 {
     let x = (h ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xBF58_476D_1CE4_E5B9) >> 32;
     let byte = if x % 6 == 0 { b' ' } else { b'a' + (x % 26) as u8 };
     BYTE_BASE + u32::from(byte)
@@ -172,10 +177,11 @@ impl MockEngine {
         };
         let step = Duration::from_millis(self.faults.step_ms.unwrap_or(0));
         let fail_after = self.faults.fail_after_tokens;
-        let (prompt, max_tokens, inner) = (run.prompt, run.max_tokens, self.inner.clone());
+        let (hash, prompt_tokens) = (prompt_hash(&run.prompt), run.prompt.len());
+        let (max_tokens, inner) = (run.max_tokens, self.inner.clone());
         let state = (0usize, false, guard);
         Box::pin(futures::stream::unfold(state, move |(i, done, guard)| {
-            let (prompt, cancel, inner) = (prompt.clone(), cancel.clone(), inner.clone());
+            let (cancel, inner) = (cancel.clone(), inner.clone());
             async move {
                 if done {
                     return None;
@@ -190,12 +196,12 @@ impl MockEngine {
                     return Some((Err(fault(&format!("failed after {i} tokens"))), (i, true, guard)));
                 }
                 if i == max_tokens {
-                    let usage = Usage { prompt_tokens: prompt.len(), completion_tokens: i };
+                    let usage = Usage { prompt_tokens, completion_tokens: i };
                     let end = TokenEvent::Finished { reason: FinishReason::Length, usage };
                     return Some((Ok(end), (i, true, guard)));
                 }
                 lock(&inner).generated_tokens += 1;
-                let token_id = output_token(&prompt, i);
+                let token_id = token_at(hash, i);
                 let delta = TokenEvent::Delta { token_id, text: token_text(token_id) };
                 Some((Ok(delta), (i + 1, false, guard)))
             }
