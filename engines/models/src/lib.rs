@@ -3,6 +3,7 @@
 //! weight files (GGUF, safetensors), tokenizers and chat templates.
 
 mod chat_template;
+mod config;
 mod digest;
 mod error;
 mod hub;
@@ -11,6 +12,7 @@ mod registry;
 mod tokenizer;
 
 pub use chat_template::ChatTemplate;
+pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use digest::{weights_digest, xinf_home};
 pub use error::ModelError;
 pub use hub::{ModelRequest, ResolvedModel, WeightsFormat, resolve};

@@ -25,7 +25,6 @@
 //! # Ok(()) }
 //! ```
 
-mod config;
 mod detok;
 mod engine;
 mod gpu;

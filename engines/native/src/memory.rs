@@ -7,10 +7,10 @@
 //! to fit. The arithmetic is [`kv_cache_tokens`], a pure function; [`fit_kv_cache`] feeds it
 //! the GPU's total memory from the driver.
 
-use crate::config::ModelConfig;
 use crate::options::{ComputeDevice, EngineOptions};
 use crate::weights::Weights;
 use xinf_engine::{EngineError, KvDtype};
+use xinf_models::ModelConfig;
 
 #[cfg(test)]
 mod tests;

@@ -5,10 +5,10 @@
 //! MLP run once over all the step's tokens; attention runs per chunk, on K and V gathered from
 //! the cache through the layout descriptor, so every layout is exercised by every forward.
 
-use crate::config::{ModelConfig, RopeScaling};
 use crate::kv_cache::KvCache;
 use crate::weights::Weights;
 use candle_core::{DType, Device, Tensor};
+use xinf_models::{ModelConfig, RopeScaling};
 use xinf_transfer::device::{DeviceLease, DevicePages, DeviceRoute};
 
 /// One sequence's part of a step.

@@ -4,12 +4,12 @@
 //! one matrix, and so are the gate and up projections: one matmul each instead of three and
 //! two, which matters most at decode where every matmul is small.
 
-use crate::config::{Architecture, ModelConfig};
 use candle_core::quantized::gguf_file;
 use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
 use std::path::Path;
 use xinf_models::ModelError;
+use xinf_models::{Architecture, ModelConfig};
 
 /// One transformer layer.
 pub(crate) struct LayerWeights {

@@ -2,7 +2,6 @@
 //! from GGUF or safetensors, the KV cache sized to the memory there is, the contract peers
 //! check before a handoff, and the backend (CPU, or a GPU with the feature `cuda`).
 
-use crate::config::ModelConfig;
 use crate::kv_cache::KvCache;
 use crate::model::{ComputeBackend, CpuModel};
 use crate::options::{ComputeDevice, EngineOptions};
@@ -12,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use xinf_engine::{EngineError, KvDtype, ModelContract};
+use xinf_models::ModelConfig;
 use xinf_models::{ModelError, ResolvedModel, TextTokenizer, WeightsFormat};
 use xinf_transfer::LayoutDescriptor;
 use xinf_transfer::device::{DeviceSink, KvDevice};

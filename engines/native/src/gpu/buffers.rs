@@ -8,13 +8,13 @@
 
 use super::error::{GpuError, driver};
 use super::plan::{StepCapacity, StepPlan};
-use crate::config::ModelConfig;
 use crate::weights::Weights;
 use candle_core::{DType, Tensor};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
 use xinf_engine::KvDtype;
+use xinf_models::ModelConfig;
 
 /// Bytes of the workspace given to cuBLAS (32 MiB, what cuBLAS itself uses on Hopper): a
 /// workspace of our own means cuBLAS never allocates while a graph is captured, and eager and

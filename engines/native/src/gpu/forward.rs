@@ -19,7 +19,6 @@ use super::buffers::{Buf, GpuLayer, GpuWeights, StepBufs};
 use super::error::{GpuError, driver};
 use super::pages::CacheView;
 use super::plan::{ATTENTION_WARPS, check_matmul, elem_bytes, kernel_source, rope_tables};
-use crate::config::ModelConfig;
 use crate::weights::Weights;
 use cudarc::cublas::CudaBlas;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t};
@@ -28,6 +27,7 @@ use cudarc::driver::{
 };
 use std::sync::Arc;
 use xinf_engine::KvDtype;
+use xinf_models::ModelConfig;
 use xinf_transfer::gpu::nvrtc_arch;
 
 /// A stream and the cuBLAS handle that enqueues on it: where a step's work goes.

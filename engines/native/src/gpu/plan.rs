@@ -8,11 +8,11 @@
 //! Nothing here touches CUDA, so this module is compiled in every build and its tests run on
 //! machines without a GPU.
 
-use crate::config::ModelConfig;
 use crate::model::{Chunk, inv_freq};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use xinf_engine::{KvDtype, PAGE_TOKENS};
+use xinf_models::ModelConfig;
 use xinf_transfer::LayoutDescriptor;
 
 /// The kernels' source; compiled at run time with the type codes and warp count defined first.

@@ -71,7 +71,7 @@ fn the_whole_gpu_is_a_valid_share() {
 #[test]
 fn a_fraction_on_the_cpu_is_refused() {
     let options = EngineOptions { gpu_memory_utilization: Some(0.5), ..EngineOptions::default() };
-    let cfg = crate::config::ModelConfig::from_hf_json(
+    let cfg = xinf_models::ModelConfig::from_hf_json(
         &serde_json::json!({
             "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
             "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,

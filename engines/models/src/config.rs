@@ -1,14 +1,15 @@
-//! The model configuration the native engine needs, read from `config.json` or GGUF metadata.
+//! The model configuration xinf serves, read from `config.json` or GGUF metadata.
 //!
-//! Everything the engine does not implement is refused here, at load, with the field named:
-//! a model that loads is a model the engine computes correctly.
+//! Everything xinf does not serve (architectures other than Llama, Qwen2 and Qwen3, multimodal,
+//! pre-quantized safetensors, sliding windows, MLP biases) is refused here, at load, with the
+//! field named: a model that loads is one every engine behind xinf computes the same way.
 
+use crate::ModelError;
 use serde::Deserialize;
-use xinf_models::ModelError;
 
 /// Supported architecture families.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Architecture {
+pub enum Architecture {
     /// Llama 2/3 (and SmolLM, which is Llama-shaped).
     Llama,
     /// Qwen2 / Qwen2.5: biases on the Q, K and V projections.
@@ -19,7 +20,7 @@ pub(crate) enum Architecture {
 
 impl Architecture {
     /// Lower-case family name, as used in contracts.
-    pub(crate) fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Llama => "llama",
             Self::Qwen2 => "qwen2",
@@ -30,7 +31,7 @@ impl Architecture {
 
 /// How positions are scaled before RoPE.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum RopeScaling {
+pub enum RopeScaling {
     /// Plain RoPE.
     None,
     /// Positions divided by `factor`.
@@ -53,41 +54,41 @@ pub(crate) enum RopeScaling {
 
 /// The shape and settings of a model.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct ModelConfig {
+pub struct ModelConfig {
     /// Family.
-    pub(crate) architecture: Architecture,
+    pub architecture: Architecture,
     /// Hidden size.
-    pub(crate) hidden_size: usize,
+    pub hidden_size: usize,
     /// MLP inner size.
-    pub(crate) intermediate_size: usize,
+    pub intermediate_size: usize,
     /// Transformer layers.
-    pub(crate) num_layers: usize,
+    pub num_layers: usize,
     /// Query heads.
-    pub(crate) num_heads: usize,
+    pub num_heads: usize,
     /// KV heads.
-    pub(crate) kv_heads: usize,
+    pub kv_heads: usize,
     /// Head dimension.
-    pub(crate) head_dim: usize,
+    pub head_dim: usize,
     /// Vocabulary size.
-    pub(crate) vocab_size: usize,
+    pub vocab_size: usize,
     /// RMSNorm epsilon.
-    pub(crate) rms_norm_eps: f64,
+    pub rms_norm_eps: f64,
     /// RoPE base.
-    pub(crate) rope_theta: f64,
+    pub rope_theta: f64,
     /// RoPE scaling.
-    pub(crate) rope_scaling: RopeScaling,
+    pub rope_scaling: RopeScaling,
     /// Longest position the model supports.
-    pub(crate) max_position_embeddings: usize,
+    pub max_position_embeddings: usize,
     /// The output projection is the embedding matrix.
-    pub(crate) tie_word_embeddings: bool,
+    pub tie_word_embeddings: bool,
     /// Q, K, V projections carry biases.
-    pub(crate) qkv_bias: bool,
+    pub qkv_bias: bool,
     /// Per-head RMSNorm on queries and keys.
-    pub(crate) qk_norm: bool,
+    pub qk_norm: bool,
     /// BOS token id, when the model has one.
-    pub(crate) bos_token_id: Option<u32>,
+    pub bos_token_id: Option<u32>,
     /// End-of-sequence token ids.
-    pub(crate) eos_token_ids: Vec<u32>,
+    pub eos_token_ids: Vec<u32>,
 }
 
 fn unsupported(field: &str, value: impl ToString, reason: &str) -> ModelError {
@@ -160,7 +161,7 @@ fn parse_rope_scaling(v: Option<&serde_json::Value>) -> Result<RopeScaling, Mode
 
 impl ModelConfig {
     /// Parses and checks a Hugging Face `config.json`.
-    pub(crate) fn from_hf_json(text: &str, file: &str) -> Result<Self, ModelError> {
+    pub fn from_hf_json(text: &str, file: &str) -> Result<Self, ModelError> {
         let raw: HfConfig = serde_json::from_str(text)
             .map_err(|e| ModelError::Corrupt { file: file.to_owned(), reason: e.to_string() })?;
         let model_type = raw.model_type.clone().unwrap_or_default();
@@ -235,9 +236,7 @@ impl ModelConfig {
     }
 
     /// Reads the configuration from GGUF metadata (llama.cpp key names).
-    pub(crate) fn from_gguf(
-        content: &candle_core::quantized::gguf_file::Content,
-    ) -> Result<Self, ModelError> {
+    pub fn from_gguf(content: &candle_core::quantized::gguf_file::Content) -> Result<Self, ModelError> {
         use candle_core::quantized::gguf_file::Value;
         let md = &content.metadata;
         let get = |k: &str| md.get(k);
