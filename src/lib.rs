@@ -39,7 +39,11 @@ pub use xinf_models as models;
 pub use xinf_transfer as transfer;
 
 /// The engines this build offers to launches (`model_engine`), the default first: xinf's
-/// native engine.
+/// native engine, then vLLM and SGLang (their own servers, started by the worker; they must be
+/// installed for the interpreter the launch names).
 pub fn engines() -> xinf_engine::Engines {
-    xinf_engine::Engines::new(vec![std::sync::Arc::new(xinf_engine_native::NativeLoader)])
+    let mut loaders: Vec<std::sync::Arc<dyn xinf_engine::EngineLoader>> =
+        vec![std::sync::Arc::new(xinf_engine_native::NativeLoader)];
+    loaders.extend(xinf_engine_external::loaders());
+    xinf_engine::Engines::new(loaders)
 }

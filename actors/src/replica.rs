@@ -149,6 +149,7 @@ impl Actor for Replica {
         handoff.join_tracker(&spec.replica_uid, &args.tracker_group);
         let handoff = Arc::new(handoff);
         ractor::pg::join(args.group, vec![myself.get_cell()]);
+        watch_engine(&myself, &engine, &spec.replica_uid);
         myself.send_interval(Duration::from_millis(500).min(args.times.idle_abort), || ReplicaMsg::Sweep);
         Ok(ReplicaState {
             engine,
@@ -168,6 +169,12 @@ impl Actor for Replica {
     ) -> Result<(), ActorProcessingErr> {
         for id in state.requests.drain_all() {
             state.engine.abort(&id);
+        }
+        // An engine with processes of its own stops them before the replica is gone, so a
+        // replica launched next on the same GPU finds its memory free.
+        let engine = state.engine.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || engine.shutdown()).await {
+            tracing::warn!(replica_uid = %state.replica_uid, error = %e, "stopping the engine failed");
         }
         Ok(())
     }
@@ -210,6 +217,18 @@ impl Actor for Replica {
         }
         Ok(())
     }
+}
+
+/// Stops the replica as soon as its engine can serve no more (its server process died): the
+/// worker sees the replica stop and tells the supervisor, which marks it dead, so the router
+/// stops sending to it and the model's status says so.
+fn watch_engine(myself: &ActorRef<ReplicaMsg>, engine: &Arc<dyn Engine>, replica_uid: &str) {
+    let (exited, myself, uid) = (engine.exited(), myself.clone(), replica_uid.to_owned());
+    tokio::spawn(async move {
+        let why = exited.await;
+        tracing::error!(replica_uid = %uid, error = %why, "the replica's engine died");
+        myself.stop(Some(why.to_string()));
+    });
 }
 
 /// Answers a pull once events are buffered (or after the long poll), off the mailbox.

@@ -279,6 +279,65 @@ impl MockConfig {
     }
 }
 
+/// A value of an external engine's own command-line flag, as `engine_config` gave it: typed
+/// here because JSON values cannot cross nodes inside bincode.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FlagValue {
+    /// `true` or `false`: a switch (`--flag`, or `--no-flag` where the engine has one).
+    Switch(bool),
+    /// A number or a string, as its text.
+    Text(String),
+    /// A list: one argument per item after the flag.
+    List(Vec<String>),
+    /// A JSON object, passed as its JSON text (vLLM's `--compilation-config '{…}'`).
+    Json(String),
+}
+
+impl FlagValue {
+    /// The value as JSON again (for [`EngineConfig::to_json`]).
+    fn to_json(&self) -> Value {
+        match self {
+            Self::Switch(b) => Value::Bool(*b),
+            Self::Text(t) => serde_json::from_str::<serde_json::Number>(t)
+                .map(Value::Number)
+                .unwrap_or_else(|_| Value::String(t.clone())),
+            Self::List(items) => Value::Array(items.iter().cloned().map(Value::String).collect()),
+            Self::Json(text) => serde_json::from_str(text).unwrap_or(Value::String(text.clone())),
+        }
+    }
+}
+
+/// Options of an engine that runs as its own server process (vLLM, SGLang): what xinf itself
+/// decides about the process, and the engine's own flags, checked against the engine's flag
+/// table by its loader before the value is built.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServerConfig {
+    /// The Python interpreter that runs the engine (`python`; else `XINF_PYTHON`, else
+    /// `python3`).
+    pub python: Option<String>,
+    /// Extra environment of the engine process (`env`).
+    pub env: Vec<(String, String)>,
+    /// How long the engine may take to answer its health check (`launch_timeout_s`).
+    pub launch_timeout_s: Option<u64>,
+    /// Caps the context length (`context_length`; vLLM `--max-model-len`, SGLang
+    /// `--context-length`).
+    pub context_length: Option<usize>,
+    /// The share of the GPU's memory the engine may take (vLLM `--gpu-memory-utilization`,
+    /// SGLang `--mem-fraction-static`).
+    pub gpu_memory_utilization: Option<f64>,
+    /// The GPU it runs on (placement sets it; `CUDA_VISIBLE_DEVICES`).
+    #[serde(with = "by_name")]
+    pub device: Option<ComputeDevice>,
+    /// The engine's own flags, by `engine_config` key (`max_num_seqs`), in the launch's order.
+    pub flags: Vec<(String, FlagValue)>,
+}
+
+impl ServerConfig {
+    /// The keys xinf reads itself; every other key is one of the engine's flags.
+    pub const KEYS: &'static [&'static str] =
+        &["python", "env", "launch_timeout_s", "context_length", "gpu_memory_utilization", "device"];
+}
+
 /// A replica's engine options, typed by engine kind.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum EngineConfig {
@@ -286,36 +345,36 @@ pub enum EngineConfig {
     Native(NativeConfig),
     /// The mock engine (tests only; never offered to users).
     Mock(MockConfig),
+    /// An engine that runs as its own server process.
+    Server(ServerConfig),
 }
 
 impl EngineConfig {
-    fn native(&self) -> &NativeConfig {
-        match self {
-            Self::Native(c) => c,
-            Self::Mock(c) => &c.engine,
-        }
-    }
-
-    fn native_mut(&mut self) -> &mut NativeConfig {
-        match self {
-            Self::Native(c) => c,
-            Self::Mock(c) => &mut c.engine,
-        }
-    }
-
     /// The device `engine_config` names, if it names one.
     pub fn device(&self) -> Option<ComputeDevice> {
-        self.native().device
+        match self {
+            Self::Native(c) => c.device,
+            Self::Mock(c) => c.engine.device,
+            Self::Server(c) => c.device,
+        }
     }
 
     /// Sets the device (placement does, from the replica's GPUs).
     pub fn set_device(&mut self, device: ComputeDevice) {
-        self.native_mut().device = Some(device);
+        match self {
+            Self::Native(c) => c.device = Some(device),
+            Self::Mock(c) => c.engine.device = Some(device),
+            Self::Server(c) => c.device = Some(device),
+        }
     }
 
     /// The replica's share of its GPU's memory (`gpu_memory_utilization`), if given.
     pub fn gpu_memory_utilization(&self) -> Option<f64> {
-        self.native().gpu_memory_utilization
+        match self {
+            Self::Native(c) => c.gpu_memory_utilization,
+            Self::Mock(c) => c.engine.gpu_memory_utilization,
+            Self::Server(c) => c.gpu_memory_utilization,
+        }
     }
 
     /// The options as the JSON object a launch would give, without the absent ones: what tests
@@ -332,6 +391,26 @@ impl EngineConfig {
             Self::Mock(c) => {
                 put(serde_json::to_value(&c.engine));
                 put(serde_json::to_value(&c.faults));
+            }
+            Self::Server(c) => {
+                let mut m = Map::new();
+                let mut set = |k: &str, v: Option<Value>| {
+                    if let Some(v) = v {
+                        m.insert(k.to_owned(), v);
+                    }
+                };
+                set("python", c.python.clone().map(Value::String));
+                let env: Map<String, Value> =
+                    c.env.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
+                set("env", (!env.is_empty()).then_some(Value::Object(env)));
+                set("launch_timeout_s", c.launch_timeout_s.map(Value::from));
+                set("context_length", c.context_length.map(Value::from));
+                set("gpu_memory_utilization", c.gpu_memory_utilization.map(Value::from));
+                set("device", c.device.map(|d| Value::String(d.to_string())));
+                for (k, v) in &c.flags {
+                    m.insert(k.clone(), v.to_json());
+                }
+                out.extend(m);
             }
         }
         Value::Object(out)

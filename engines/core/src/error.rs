@@ -82,6 +82,13 @@ pub enum EngineError {
     /// Imported KV does not fit this engine.
     #[error("imported KV cache rejected: {0}")]
     Import(String),
+    /// An engine server refused the request (its own validation), with its message.
+    #[error("the engine refused the request: {0}")]
+    Rejected(String),
+    /// An engine server process failed to start, died, or stopped answering; the text says
+    /// which, with the last lines of its log where they help.
+    #[error("{0}")]
+    Process(String),
     /// Anything else; a bug.
     #[error("internal engine error: {0}")]
     Internal(String),
@@ -96,14 +103,15 @@ impl EngineError {
     /// The class of this error.
     pub fn class(&self) -> ErrorClass {
         match self {
-            Self::InvalidRequest { .. } | Self::ContextLength { .. } | Self::Import(_) => {
-                ErrorClass::InvalidInput
-            }
+            Self::InvalidRequest { .. }
+            | Self::ContextLength { .. }
+            | Self::Import(_)
+            | Self::Rejected(_) => ErrorClass::InvalidInput,
             Self::Overloaded { .. } => ErrorClass::Overloaded,
             Self::DuplicateRequest(_) => ErrorClass::Conflict,
             Self::UnknownRequest(_) | Self::UnknownModel { .. } => ErrorClass::NotFound,
             Self::Aborted => ErrorClass::Cancelled,
-            Self::Model(_) | Self::Stopped => ErrorClass::Unavailable,
+            Self::Model(_) | Self::Stopped | Self::Process(_) => ErrorClass::Unavailable,
             Self::Internal(_) => ErrorClass::Internal,
         }
     }
@@ -121,6 +129,8 @@ impl EngineError {
             Self::UnknownModel { .. } => "unknown_model",
             Self::Stopped => "engine_stopped",
             Self::Import(_) => "kv_import_rejected",
+            Self::Rejected(_) => "engine_rejected",
+            Self::Process(_) => "engine_process",
             Self::Internal(_) => "internal_error",
         }
     }

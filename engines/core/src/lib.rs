@@ -13,7 +13,9 @@ mod error;
 mod loader;
 mod request;
 
-pub use config::{ComputeDevice, EngineConfig, KvDtypeChoice, MockConfig, MockFaults, NativeConfig};
+pub use config::{
+    ComputeDevice, EngineConfig, FlagValue, KvDtypeChoice, MockConfig, MockFaults, NativeConfig, ServerConfig,
+};
 pub use contract::{KvDtype, ModelContract};
 pub use error::{EngineError, ErrorClass};
 pub use loader::{EngineLoader, Engines, ModelSource};
@@ -205,4 +207,15 @@ pub trait Engine: Send + Sync {
 
     /// Current load.
     fn stats(&self) -> EngineStats;
+
+    /// Resolves once the engine can serve nothing more (its server process exited), with why.
+    /// The replica then stops, so the router stops sending to it and the model's status says
+    /// so. An engine that lives as long as its handle never resolves it.
+    fn exited(&self) -> BoxFuture<'static, EngineError> {
+        Box::pin(futures::future::pending())
+    }
+
+    /// Stops the engine's own processes, if it has any (the replica is going away). Requests
+    /// still running fail.
+    fn shutdown(&self) {}
 }

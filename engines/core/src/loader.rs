@@ -41,6 +41,12 @@ pub trait EngineLoader: Send + Sync {
     /// reading weights: [`EngineError::UnknownModel`] names the known ones.
     fn check_model(&self, model: &ModelSource) -> Result<(), EngineError>;
 
+    /// Whether the engine computes only on a GPU: a replica placed on no GPU is refused at
+    /// launch instead of failing to load.
+    fn needs_gpu(&self) -> bool {
+        false
+    }
+
     /// Reads a replica's `engine_config` object into this engine's typed options, refusing
     /// unknown keys and bad values naming the key.
     fn check_config(&self, config: &Map<String, Value>) -> Result<EngineConfig, EngineError>;

@@ -76,3 +76,39 @@ pub fn weights_digest(files: &[PathBuf]) -> Result<String, ModelError> {
     }
     Ok(format!("{:x}", total.finalize()))
 }
+
+/// The weight files of a Hugging Face folder, in shard order.
+pub fn safetensors_files(dir: &Path) -> Result<Vec<std::path::PathBuf>, ModelError> {
+    let single = dir.join("model.safetensors");
+    if single.is_file() {
+        return Ok(vec![single]);
+    }
+    let index = dir.join("model.safetensors.index.json");
+    if !index.is_file() {
+        return Err(ModelError::MissingFile {
+            dir: dir.display().to_string(),
+            file: "model.safetensors".into(),
+        });
+    }
+    let text = std::fs::read_to_string(&index).map_err(|e| ModelError::io(&index, e))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| ModelError::Corrupt { file: index.display().to_string(), reason: e.to_string() })?;
+    let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| ModelError::Corrupt {
+        file: index.display().to_string(),
+        reason: "no weight_map".into(),
+    })?;
+    let mut shards: Vec<String> = map.values().filter_map(|s| s.as_str().map(str::to_owned)).collect();
+    shards.sort();
+    shards.dedup();
+    shards
+        .into_iter()
+        .map(|s| {
+            let p = dir.join(&s);
+            if p.is_file() {
+                Ok(p)
+            } else {
+                Err(ModelError::MissingFile { dir: dir.display().to_string(), file: s })
+            }
+        })
+        .collect()
+}

@@ -13,7 +13,7 @@ mod tokenizer;
 
 pub use chat_template::ChatTemplate;
 pub use config::{Architecture, ModelConfig, RopeScaling};
-pub use digest::{weights_digest, xinf_home};
+pub use digest::{safetensors_files, weights_digest, xinf_home};
 pub use error::ModelError;
 pub use hub::{ModelRequest, ResolvedModel, WeightsFormat, resolve};
 pub use random::{RandomCheckpoint, RandomDtype, SplitMix64, write_random_checkpoint};

@@ -175,7 +175,7 @@ fn build(cfg: &ModelConfig, src: &mut Source<'_>, names: &Names) -> Result<Weigh
 
 /// Loads safetensors weights from a Hugging Face folder (single file or sharded with an index).
 pub(crate) fn load_safetensors(dir: &Path, cfg: &ModelConfig, dtype: DType) -> Result<Weights, ModelError> {
-    let files = safetensors_files(dir)?;
+    let files = xinf_models::safetensors_files(dir)?;
     let mut tensors = HashMap::new();
     for f in &files {
         let part = candle_core::safetensors::load(f, &Device::Cpu).map_err(|e| corrupt(f, e))?;
@@ -184,39 +184,6 @@ pub(crate) fn load_safetensors(dir: &Path, cfg: &ModelConfig, dtype: DType) -> R
     let index = dir.join("model.safetensors");
     let file = files.first().map(|p| p.as_path()).unwrap_or(index.as_path());
     build(cfg, &mut Source { tensors, file, dtype }, &HF_NAMES)
-}
-
-/// The weight files of a Hugging Face folder, in shard order.
-pub(crate) fn safetensors_files(dir: &Path) -> Result<Vec<std::path::PathBuf>, ModelError> {
-    let single = dir.join("model.safetensors");
-    if single.is_file() {
-        return Ok(vec![single]);
-    }
-    let index = dir.join("model.safetensors.index.json");
-    if !index.is_file() {
-        return Err(ModelError::MissingFile {
-            dir: dir.display().to_string(),
-            file: "model.safetensors".into(),
-        });
-    }
-    let text = std::fs::read_to_string(&index).map_err(|e| ModelError::io(&index, e))?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| corrupt(&index, e))?;
-    let map =
-        v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| corrupt(&index, "no weight_map"))?;
-    let mut shards: Vec<String> = map.values().filter_map(|s| s.as_str().map(str::to_owned)).collect();
-    shards.sort();
-    shards.dedup();
-    shards
-        .into_iter()
-        .map(|s| {
-            let p = dir.join(&s);
-            if p.is_file() {
-                Ok(p)
-            } else {
-                Err(ModelError::MissingFile { dir: dir.display().to_string(), file: s })
-            }
-        })
-        .collect()
 }
 
 /// Undoes llama.cpp's Q/K row permutation, so that HF's rotate-half RoPE applies.

@@ -120,7 +120,7 @@ fn read_safetensors(dir: &Path, on_gpu: bool) -> Result<ModelFiles, EngineError>
     })?;
     let cfg = ModelConfig::from_hf_json(&text, &cfg_path.display().to_string()).map_err(model_err)?;
     let tokenizer = TextTokenizer::from_hf_dir(dir, &cfg.eos_token_ids).map_err(model_err)?;
-    let files = weights::safetensors_files(dir).map_err(model_err)?;
+    let files = xinf_models::safetensors_files(dir).map_err(model_err)?;
     let weights_dtype = safetensors_dtype(&files).unwrap_or(KvDtype::F32);
     let load_dtype = if on_gpu { compute_dtype(weights_dtype) } else { DType::F32 };
     let weights = weights::load_safetensors(dir, &cfg, load_dtype).map_err(model_err)?;

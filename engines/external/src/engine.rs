@@ -1,0 +1,290 @@
+//! An engine server behind xinf's [`Engine`] trait: xinf tokenizes (so the ids are the same
+//! for every engine of a model), the server computes, and each request's stream is proxied.
+//! The server's death ends the engine: [`Engine::exited`] resolves and the replica stops.
+
+use crate::Flavor;
+use crate::process::ServerProcess;
+use crate::stream::{self, Call, Counters};
+use futures::future::BoxFuture;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use xinf_engine::{
+    Engine, EngineError, EngineStats, FinishReason, GenerateRequest, ImportedKv, ModelContract,
+    PinnedPrefill, Prompt, TokenEvent, TokenStream, Usage,
+};
+use xinf_models::{ModelError, TextTokenizer};
+use xinf_transfer::LayoutDescriptor;
+use xinf_transfer::sync::lock;
+
+/// How long a stopping server gets between SIGTERM and SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(20);
+
+/// A running request, for [`Engine::abort`].
+struct Running {
+    task: tokio::task::AbortHandle,
+    tx: mpsc::Sender<Result<TokenEvent, EngineError>>,
+    emitted: Arc<AtomicUsize>,
+    prompt_len: usize,
+}
+
+/// What a loaded server engine is made of.
+pub(crate) struct Parts {
+    pub(crate) flavor: Flavor,
+    pub(crate) process: ServerProcess,
+    pub(crate) base_url: String,
+    pub(crate) served_name: String,
+    pub(crate) tokenizer: TextTokenizer,
+    pub(crate) contract: ModelContract,
+    pub(crate) layout: LayoutDescriptor,
+}
+
+/// vLLM or SGLang as an xinf engine.
+pub struct ServerEngine {
+    flavor: Flavor,
+    process: Arc<ServerProcess>,
+    base_url: String,
+    served_name: String,
+    client: reqwest::Client,
+    tokenizer: TextTokenizer,
+    contract: ModelContract,
+    layout: LayoutDescriptor,
+    running: Arc<Mutex<HashMap<String, Running>>>,
+    counters: Arc<Counters>,
+    idle_timeout: Duration,
+}
+
+impl ServerEngine {
+    pub(crate) fn new(parts: Parts) -> Result<Self, EngineError> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| EngineError::Internal(format!("building the HTTP client: {e}")))?;
+        Ok(Self {
+            flavor: parts.flavor,
+            process: Arc::new(parts.process),
+            base_url: parts.base_url,
+            served_name: parts.served_name,
+            client,
+            tokenizer: parts.tokenizer,
+            contract: parts.contract,
+            layout: parts.layout,
+            running: Arc::default(),
+            counters: Arc::default(),
+            idle_timeout: stream::IDLE_TIMEOUT,
+        })
+    }
+
+    /// The engine's server log (what it printed since it started).
+    pub fn log_path(&self) -> &std::path::Path {
+        self.process.log()
+    }
+
+    /// The address the server listens on (loopback).
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
+        let model = |e: ModelError| EngineError::Model(e.to_string());
+        let ids = match prompt {
+            Prompt::Text(t) => self.tokenizer.encode(t, true).map_err(model)?,
+            Prompt::Tokens(ids) => ids.clone(),
+            Prompt::Chat(messages) => {
+                if messages.is_empty() {
+                    return Err(EngineError::invalid("messages", "must not be empty"));
+                }
+                self.tokenizer.encode_chat(messages).map_err(|e| match e {
+                    ModelError::Template(m) => EngineError::invalid("messages", m),
+                    other => model(other),
+                })?
+            }
+        };
+        if ids.is_empty() {
+            return Err(EngineError::invalid("prompt", "must not be empty"));
+        }
+        if let Some(bad) = ids.iter().find(|&&t| t as usize >= self.contract.vocab_size) {
+            return Err(EngineError::invalid(
+                "prompt",
+                format!("token id {bad} is outside the vocabulary of {} tokens", self.contract.vocab_size),
+            ));
+        }
+        Ok(ids)
+    }
+
+    /// Refuses what the server would refuse anyway, in xinf's words (the same as the native
+    /// engine's), before a connection is made.
+    fn check(&self, request: &GenerateRequest, prompt_len: usize) -> Result<usize, EngineError> {
+        request.sampling.validate()?;
+        let context = self.contract.context_length;
+        let max_tokens = request.sampling.max_tokens.unwrap_or(context.saturating_sub(prompt_len));
+        if prompt_len + max_tokens > context || max_tokens == 0 {
+            return Err(EngineError::ContextLength {
+                prompt_tokens: prompt_len,
+                max_tokens,
+                context_length: context,
+            });
+        }
+        Ok(max_tokens)
+    }
+
+    fn not_pd(&self) -> EngineError {
+        EngineError::invalid(
+            "model_engine",
+            format!(
+                "a {} replica serves ordinary requests only: prefill/decode needs xinf's KV connector",
+                self.flavor
+            ),
+        )
+    }
+}
+
+impl Engine for ServerEngine {
+    fn contract(&self) -> &ModelContract {
+        &self.contract
+    }
+
+    fn kv_layout(&self) -> &LayoutDescriptor {
+        &self.layout
+    }
+
+    fn submit(&self, request: GenerateRequest) -> Result<TokenStream, EngineError> {
+        if let Some(how) = self.process.exit_status() {
+            return Err(self.process.death(&how));
+        }
+        let ids = self.prompt_ids(&request.prompt)?;
+        let max_new = self.check(&request, ids.len())?;
+        let id = request.request_id.clone();
+        let mut running = lock(&self.running);
+        if running.contains_key(&id) {
+            return Err(EngineError::DuplicateRequest(id));
+        }
+        let body = crate::protocol::generate_body(
+            self.flavor,
+            &self.served_name,
+            &id,
+            &ids,
+            &request.sampling,
+            max_new,
+        );
+        let emitted = Arc::new(AtomicUsize::new(0));
+        let call = Call {
+            flavor: self.flavor,
+            client: self.client.clone(),
+            url: format!("{}{}", self.base_url, crate::protocol::generate_path(self.flavor)),
+            body,
+            prompt_len: ids.len(),
+            counters: self.counters.clone(),
+            emitted: emitted.clone(),
+            idle_timeout: self.idle_timeout,
+        };
+        let (tx, mut rx) = mpsc::channel(256);
+        let table = self.running.clone();
+        let task_tx = tx.clone();
+        let task_id = id.clone();
+        let handle = tokio::runtime::Handle::try_current()
+            .map_err(|_| EngineError::Internal("a server engine is driven from a tokio runtime".into()))?;
+        let task = handle.spawn(async move {
+            stream::run(call, task_tx).await;
+            lock(&table).remove(&task_id);
+        });
+        running.insert(id.clone(), Running { task: task.abort_handle(), tx, emitted, prompt_len: ids.len() });
+        drop(running);
+        // Dropping the stream ends the task (and so the upstream request).
+        let guard = AbortOnDrop { task: task.abort_handle(), table: self.running.clone(), id };
+        Ok(Box::pin(futures::stream::poll_fn(move |cx| {
+            let _ = &guard;
+            rx.poll_recv(cx)
+        })))
+    }
+
+    fn abort(&self, request_id: &str) -> bool {
+        let Some(r) = lock(&self.running).remove(request_id) else { return false };
+        r.task.abort();
+        let usage =
+            Usage { prompt_tokens: r.prompt_len, completion_tokens: r.emitted.load(Ordering::Relaxed) };
+        let _ = r.tx.try_send(Ok(TokenEvent::Finished { reason: FinishReason::Abort, usage }));
+        if self.flavor == Flavor::Sglang {
+            // Closing the connection aborts too; this frees the engine without waiting for it.
+            let (client, url) = (self.client.clone(), format!("{}/abort_request", self.base_url));
+            let rid = request_id.to_owned();
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(async move {
+                    let call = client.post(url).json(&serde_json::json!({ "rid": rid })).send();
+                    if let Ok(Err(e)) = tokio::time::timeout(Duration::from_secs(5), call).await {
+                        tracing::debug!(error = %e, "SGLang's abort_request failed (the disconnect aborts anyway)");
+                    }
+                });
+            }
+        }
+        true
+    }
+
+    fn prefill_pinned(
+        &self,
+        _request: GenerateRequest,
+    ) -> BoxFuture<'static, Result<PinnedPrefill, EngineError>> {
+        let e = self.not_pd();
+        Box::pin(async move { Err(e) })
+    }
+
+    fn prompt_token_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
+        self.prompt_ids(prompt)
+    }
+
+    fn export_pages(&self, _: &str, _: usize, _: usize) -> BoxFuture<'static, Result<Vec<u8>, EngineError>> {
+        let e = self.not_pd();
+        Box::pin(async move { Err(e) })
+    }
+
+    fn release_pinned(&self, _request_id: &str) -> bool {
+        false
+    }
+
+    fn submit_imported(
+        &self,
+        _request: GenerateRequest,
+        _kv: ImportedKv,
+    ) -> Result<TokenStream, EngineError> {
+        Err(self.not_pd())
+    }
+
+    fn stats(&self) -> EngineStats {
+        EngineStats {
+            running: lock(&self.running).len(),
+            prompt_tokens: self.counters.prompt_tokens.load(Ordering::Relaxed),
+            generated_tokens: self.counters.generated_tokens.load(Ordering::Relaxed),
+            ..EngineStats::default()
+        }
+    }
+
+    fn exited(&self) -> BoxFuture<'static, EngineError> {
+        Box::pin(self.process.exited())
+    }
+
+    fn shutdown(&self) {
+        for (_, r) in lock(&self.running).drain() {
+            r.task.abort();
+        }
+        self.process.stop(STOP_GRACE);
+    }
+}
+
+/// Ends a request's task when its stream is dropped.
+struct AbortOnDrop {
+    task: tokio::task::AbortHandle,
+    table: Arc<Mutex<HashMap<String, Running>>>,
+    id: String,
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if !self.task.is_finished() {
+            self.task.abort();
+            lock(&self.table).remove(&self.id);
+        }
+    }
+}

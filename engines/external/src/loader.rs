@@ -1,0 +1,344 @@
+//! vLLM and SGLang behind the cluster's engine seam: launch options checked against the
+//! engine's flag table, models checked to be what xinf serves (FP16/BF16 dense Llama, Qwen2,
+//! Qwen3 from a Hugging Face folder), and a replica loaded by starting the engine's server.
+
+use crate::Flavor;
+use crate::engine::{Parts, ServerEngine};
+use crate::process::{ServerProcess, Spawn};
+use serde_json::{Map, Value};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use xinf_engine::{
+    ComputeDevice, Engine, EngineConfig, EngineError, EngineLoader, KvDtype, ModelContract, ModelSource,
+    ServerConfig,
+};
+use xinf_models::{ModelConfig, ModelRequest, TextTokenizer, WeightsFormat};
+use xinf_transfer::{KvLayout, KvLayoutKind, KvOrder, LayoutDescriptor};
+
+/// How long a server may take to become healthy unless `launch_timeout_s` says otherwise:
+/// vLLM compiles and captures CUDA graphs, SGLang captures its own, each for a minute or more.
+const DEFAULT_LAUNCH_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// The [`EngineLoader`] of one engine server kind.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerLoader {
+    flavor: Flavor,
+}
+
+impl ServerLoader {
+    /// The loader of `flavor`.
+    pub fn new(flavor: Flavor) -> Self {
+        Self { flavor }
+    }
+}
+
+fn field(key: &str) -> String {
+    format!("engine_config.{key}")
+}
+
+/// Reads xinf's own keys of a server engine's `engine_config`.
+fn read_own_key(config: &mut ServerConfig, key: &str, value: &Value) -> Result<(), EngineError> {
+    let bad = |what: &str| Err(EngineError::invalid(field(key), format!("must be {what}")));
+    let whole = |min: u64| value.as_u64().filter(|n| *n >= min);
+    match key {
+        "python" => match value.as_str().map(str::trim).filter(|s| !s.is_empty()) {
+            Some(p) => config.python = Some(p.to_owned()),
+            None => return bad("the path or name of a Python interpreter"),
+        },
+        "env" => {
+            let Some(map) = value.as_object() else { return bad("an object of environment variables") };
+            for (k, v) in map {
+                let Some(v) = v.as_str() else {
+                    return Err(EngineError::invalid(field(&format!("env.{k}")), "must be a string"));
+                };
+                if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+                    return Err(EngineError::invalid(field(&format!("env.{k}")), "is not a valid variable"));
+                }
+                if k == "CUDA_VISIBLE_DEVICES" {
+                    return Err(EngineError::invalid(
+                        field("env.CUDA_VISIBLE_DEVICES"),
+                        "xinf sets it from the replica's placement (gpu_idx)",
+                    ));
+                }
+                config.env.push((k.clone(), v.to_owned()));
+            }
+        }
+        "launch_timeout_s" => match whole(1) {
+            Some(n) => config.launch_timeout_s = Some(n),
+            None => return bad("a whole number of seconds ≥ 1"),
+        },
+        "context_length" => match whole(2) {
+            Some(n) => config.context_length = Some(n as usize),
+            None => return bad("an integer ≥ 2"),
+        },
+        "gpu_memory_utilization" => match value.as_f64().filter(|f| *f > 0.0 && *f <= 1.0) {
+            Some(f) => config.gpu_memory_utilization = Some(f),
+            None => return bad("a number in (0, 1]"),
+        },
+        "device" => match value.as_str().map(str::parse::<ComputeDevice>) {
+            Some(Ok(ComputeDevice::Cuda(n))) => config.device = Some(ComputeDevice::Cuda(n)),
+            Some(Ok(ComputeDevice::Cpu)) => {
+                return bad("a GPU (cuda or cuda:N): the engine computes on GPUs");
+            }
+            Some(Err(e)) => return Err(EngineError::invalid(field(key), e)),
+            None => return bad("a string (cuda or cuda:N)"),
+        },
+        _ => return Err(EngineError::Internal(format!("{key} is not one of xinf's keys"))),
+    }
+    Ok(())
+}
+
+/// The KV element type the server will use: its `dtype` flag, else the checkpoint's.
+fn kv_dtype(dir: &Path, config: &ServerConfig) -> Result<KvDtype, EngineError> {
+    let flag = config.flags.iter().find(|(k, _)| crate::flags::flag_name(k) == "dtype");
+    let from_flag = match flag {
+        Some((_, xinf_engine::FlagValue::Text(t))) if t != "auto" => Some((t.clone(), "engine_config.dtype")),
+        _ => None,
+    };
+    let text = std::fs::read_to_string(dir.join("config.json")).unwrap_or_default();
+    let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+    let from_checkpoint = || {
+        let name = v.get("torch_dtype").or_else(|| v.get("dtype")).and_then(Value::as_str)?;
+        Some((name.to_owned(), "torch_dtype of config.json"))
+    };
+    let (name, source) = from_flag.or_else(from_checkpoint).unwrap_or(("bfloat16".into(), "the default"));
+    match name.as_str() {
+        "float16" | "half" | "fp16" => Ok(KvDtype::F16),
+        "bfloat16" | "bf16" => Ok(KvDtype::Bf16),
+        other => Err(EngineError::Model(format!(
+            "{source} is {other}: replicas of external engines serve FP16 and BF16 models (their KV moves \
+             between engines as 16-bit pages)"
+        ))),
+    }
+}
+
+/// What a model's folder says it is, as the contract peers compare.
+fn contract(
+    dir: &Path,
+    config: &ServerConfig,
+    tokenizer: &TextTokenizer,
+) -> Result<ModelContract, EngineError> {
+    let model = |e: xinf_models::ModelError| EngineError::Model(e.to_string());
+    let cfg_path = dir.join("config.json");
+    let text =
+        std::fs::read_to_string(&cfg_path).map_err(|e| model(xinf_models::ModelError::io(&cfg_path, e)))?;
+    let cfg = ModelConfig::from_hf_json(&text, &cfg_path.display().to_string()).map_err(model)?;
+    let files = xinf_models::safetensors_files(dir).map_err(model)?;
+    let weights_digest = xinf_models::weights_digest(&files).map_err(model)?;
+    let context_length =
+        config.context_length.map_or(cfg.max_position_embeddings, |c| c.min(cfg.max_position_embeddings));
+    Ok(ModelContract {
+        architecture: cfg.architecture.as_str().to_owned(),
+        dtype: kv_dtype(dir, config)?,
+        num_layers: cfg.num_layers,
+        num_heads: cfg.num_heads,
+        kv_heads: cfg.kv_heads,
+        head_dim: cfg.head_dim,
+        vocab_size: cfg.vocab_size,
+        context_length,
+        rope_theta: cfg.rope_theta,
+        weights_digest,
+        tokenizer_digest: tokenizer.digest().to_owned(),
+    })
+}
+
+impl ServerLoader {
+    /// The layout of the server's KV cache, as xinf's layout set names it. The block count is the
+    /// server's own; xinf learns it only through the KV connector.
+    fn layout(&self, c: &ModelContract) -> Result<LayoutDescriptor, EngineError> {
+        let layout = match self.flavor {
+            Flavor::Vllm => KvLayout { kind: KvLayoutKind::PagedPacked, order: KvOrder::Nhd, block_size: 16 },
+            Flavor::Sglang => KvLayout { kind: KvLayoutKind::TokenPool, order: KvOrder::Nhd, block_size: 1 },
+        };
+        layout
+            .describe(c.num_layers, c.kv_heads, c.head_dim, 1)
+            .map_err(|e| EngineError::Internal(e.to_string()))
+    }
+
+    /// The folder of the weights: a Hugging Face folder, never a GGUF file.
+    fn model_dir(&self, model: &ModelSource) -> Result<std::path::PathBuf, EngineError> {
+        let request = ModelRequest {
+            model_name: model.model_name.clone(),
+            size_in_billions: model.size_in_billions.clone(),
+            model_format: Some(model.model_format.clone().unwrap_or_else(|| "pytorch".into())),
+            quantization: model.quantization.clone(),
+            model_path: model.model_path.as_ref().map(Into::into),
+        };
+        let resolved = xinf_models::resolve(&request).map_err(|e| EngineError::Model(e.to_string()))?;
+        if resolved.format != WeightsFormat::Safetensors {
+            return Err(self.gguf_refused());
+        }
+        Ok(resolved.path)
+    }
+
+    fn gguf_refused(&self) -> EngineError {
+        EngineError::invalid(
+            "model_format",
+            format!(
+                "{} replicas load Hugging Face folders (config.json and FP16/BF16 safetensors); GGUF \
+                 files are quantized",
+                self.flavor
+            ),
+        )
+    }
+}
+
+impl EngineLoader for ServerLoader {
+    fn name(&self) -> &str {
+        self.flavor.name()
+    }
+
+    fn serves_pd(&self) -> bool {
+        false
+    }
+
+    fn needs_gpu(&self) -> bool {
+        true
+    }
+
+    fn check_model(&self, model: &ModelSource) -> Result<(), EngineError> {
+        let gguf = |s: &str| {
+            let s = s.trim().to_ascii_lowercase();
+            s == "gguf" || s == "ggufv2"
+        };
+        if model.model_format.as_deref().is_some_and(gguf)
+            || model.model_path.as_deref().is_some_and(|p| p.trim().to_ascii_lowercase().ends_with(".gguf"))
+        {
+            return Err(self.gguf_refused());
+        }
+        if let Some(q) =
+            model.quantization.as_deref().map(str::trim).filter(|q| !q.is_empty() && *q != "none")
+        {
+            return Err(EngineError::invalid(
+                "quantization",
+                format!("{q}: {} replicas serve unquantized FP16/BF16 models", self.flavor),
+            ));
+        }
+        if model.model_path.as_deref().is_some_and(|p| !p.trim().is_empty()) {
+            return Ok(());
+        }
+        match xinf_models::find_family(&model.model_name) {
+            Some(f) if f.specs.iter().any(|s| s.format == "pytorch") => Ok(()),
+            Some(f) => Err(EngineError::invalid(
+                "model_name",
+                format!("{} has no Hugging Face (pytorch) weights in the registry; give model_path", f.name),
+            )),
+            None => Err(EngineError::UnknownModel {
+                name: model.model_name.clone(),
+                known: xinf_models::families().iter().map(|f| f.name.to_owned()).collect(),
+            }),
+        }
+    }
+
+    fn check_config(&self, map: &Map<String, Value>) -> Result<EngineConfig, EngineError> {
+        let mut config = ServerConfig::default();
+        for (key, value) in map {
+            if ServerConfig::KEYS.contains(&key.as_str()) {
+                if !value.is_null() {
+                    read_own_key(&mut config, key, value)?;
+                }
+                continue;
+            }
+            let flag = crate::flags::flag_name(key);
+            if let Some(why) = self.flavor.reserved(&flag) {
+                return Err(EngineError::invalid(field(key), format!("--{flag} may not be set: {why}")));
+            }
+            if let Some(v) = self.flavor.table().read(key, value)? {
+                config.flags.push((key.clone(), v));
+            }
+        }
+        Ok(EngineConfig::Server(config))
+    }
+
+    fn load(&self, model: &ModelSource, config: &EngineConfig) -> Result<Arc<dyn Engine>, EngineError> {
+        Ok(Arc::new(self.load_server(model, config)?))
+    }
+}
+
+impl ServerLoader {
+    /// [`EngineLoader::load`], as the concrete engine (its log and address are there).
+    pub fn load_server(
+        &self,
+        model: &ModelSource,
+        config: &EngineConfig,
+    ) -> Result<ServerEngine, EngineError> {
+        let EngineConfig::Server(config) = config else {
+            return Err(EngineError::Internal(format!(
+                "the {} engine was given another engine's options",
+                self.flavor
+            )));
+        };
+        let gpu = match config.device {
+            Some(ComputeDevice::Cuda(n)) => n,
+            _ => {
+                return Err(EngineError::Model(format!(
+                    "{} computes on a GPU, and this replica was placed on none (give it gpu_idx, or run it on \
+                     a worker with a free GPU)",
+                    self.flavor.display()
+                )));
+            }
+        };
+        let dir = self.model_dir(model)?;
+        let model_err = |e: xinf_models::ModelError| EngineError::Model(e.to_string());
+        let cfg_text = std::fs::read_to_string(dir.join("config.json")).unwrap_or_default();
+        let eos =
+            ModelConfig::from_hf_json(&cfg_text, "config.json").map(|c| c.eos_token_ids).unwrap_or_default();
+        let tokenizer = TextTokenizer::from_hf_dir(&dir, &eos).map_err(model_err)?;
+        let contract = contract(&dir, config, &tokenizer)?;
+        let layout = self.layout(&contract)?;
+        let port = free_port()?;
+        let dir_text = dir.display().to_string();
+        let served_name = format!("{}-{port}", sanitize(&model.model_name));
+        let args = crate::flavor::ServerArgs {
+            model_dir: &dir_text,
+            served_name: &served_name,
+            port,
+            memory_share: config.gpu_memory_utilization,
+            context_length: config.context_length,
+            user_args: self.flavor.table().args(&config.flags),
+        };
+        let mut env = vec![
+            ("CUDA_VISIBLE_DEVICES".to_owned(), gpu.to_string()),
+            // The machines xinf runs on are often offline; neither engine needs to phone home.
+            ("VLLM_NO_USAGE_STATS".to_owned(), "1".to_owned()),
+            ("DO_NOT_TRACK".to_owned(), "1".to_owned()),
+        ];
+        env.extend(config.env.iter().cloned());
+        let program = config
+            .python
+            .clone()
+            .or_else(|| std::env::var("XINF_PYTHON").ok().filter(|p| !p.trim().is_empty()))
+            .unwrap_or_else(|| "python3".to_owned());
+        let log = xinf_models::xinf_home().join("logs").join(format!("{}-{served_name}.log", self.flavor));
+        let what = format!("the {} server of {} (port {port})", self.flavor.display(), model.model_name);
+        let process =
+            ServerProcess::spawn(Spawn { program, args: self.flavor.command_args(&args), env, log, what })?;
+        let base_url = format!("http://127.0.0.1:{port}");
+        let timeout = config.launch_timeout_s.map_or(DEFAULT_LAUNCH_TIMEOUT, Duration::from_secs);
+        if let Err(e) = process.wait_healthy(&format!("{base_url}/health"), timeout) {
+            process.stop(Duration::from_secs(10));
+            return Err(e);
+        }
+        tracing::info!(engine = %self.flavor, %base_url, log = %process.log().display(), "engine server ready");
+        let parts =
+            Parts { flavor: self.flavor, process, base_url, served_name, tokenizer, contract, layout };
+        ServerEngine::new(parts)
+    }
+}
+
+/// A port on loopback that was free a moment ago.
+fn free_port() -> Result<u16, EngineError> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| EngineError::Process(format!("no free port on 127.0.0.1: {e}")))?;
+    listener.local_addr().map(|a| a.port()).map_err(|e| EngineError::Process(format!("no free port: {e}")))
+}
+
+/// A model name as part of a file name.
+fn sanitize(name: &str) -> String {
+    let s: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' })
+        .collect();
+    if s.is_empty() { "model".into() } else { s.chars().take(64).collect() }
+}

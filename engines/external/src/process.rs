@@ -1,0 +1,224 @@
+//! An engine server as a child process: started in its own process group (so stopping it stops
+//! every process it started, such as vLLM's engine core and SGLang's scheduler), its output in a
+//! log file whose last lines go into errors, a thread that notices at once when it exits, and a
+//! health poll with a deadline.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use xinf_engine::EngineError;
+
+/// How much of the log's end is read for an error message.
+const TAIL_BYTES: u64 = 16 * 1024;
+/// Lines of the log's end an error message quotes.
+const TAIL_LINES: usize = 25;
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub(crate) struct Spawn {
+    /// The interpreter (or any program).
+    pub(crate) program: String,
+    /// Its arguments.
+    pub(crate) args: Vec<String>,
+    /// Extra environment.
+    pub(crate) env: Vec<(String, String)>,
+    /// Where its standard output and error go (appended).
+    pub(crate) log: PathBuf,
+    /// What the process is, for messages (`the vllm server of replica m-0`).
+    pub(crate) what: String,
+}
+
+/// A running engine server.
+#[derive(Debug)]
+pub(crate) struct ServerProcess {
+    /// Its pid, which is also its process group's id.
+    pid: u32,
+    log: PathBuf,
+    what: String,
+    /// `Some(how it ended)` once the process has exited.
+    exit: watch::Receiver<Option<String>>,
+}
+
+impl ServerProcess {
+    /// Starts the process in a new process group, its output appended to the log file.
+    pub(crate) fn spawn(s: Spawn) -> Result<Self, EngineError> {
+        if let Some(dir) = s.log.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                EngineError::Process(format!("cannot create the log folder {}: {e}", dir.display()))
+            })?;
+        }
+        let open = || {
+            std::fs::OpenOptions::new().create(true).append(true).open(&s.log).map_err(|e| {
+                EngineError::Process(format!("cannot open the log file {}: {e}", s.log.display()))
+            })
+        };
+        let (out, err) = (open()?, open()?);
+        let mut cmd = Command::new(&s.program);
+        cmd.args(&s.args).envs(s.env.iter().cloned()).stdin(Stdio::null()).stdout(out).stderr(err);
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let mut child = cmd.spawn().map_err(|e| {
+            EngineError::Process(format!("{} could not be started ({}): {e}", s.what, s.program))
+        })?;
+        let pid = child.id();
+        tracing::info!(pid, log = %s.log.display(), what = %s.what, "started an engine server");
+        let (tx, rx) = watch::channel(None);
+        let what = s.what.clone();
+        std::thread::Builder::new()
+            .name(format!("xinf-wait-{pid}"))
+            .spawn(move || {
+                let how = match child.wait() {
+                    Ok(status) => status.to_string(),
+                    Err(e) => format!("could not be waited for ({e})"),
+                };
+                // Whatever the leader left behind goes with it.
+                signal_group(pid, libc::SIGKILL);
+                tracing::info!(pid, what = %what, %how, "an engine server exited");
+                let _ = tx.send(Some(how));
+            })
+            .map_err(|e| EngineError::Process(format!("cannot start a thread to watch {}: {e}", s.what)))?;
+        Ok(Self { pid, log: s.log, what: s.what, exit: rx })
+    }
+
+    /// The log file.
+    pub(crate) fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// How the process ended, once it has.
+    pub(crate) fn exit_status(&self) -> Option<String> {
+        self.exit.borrow().clone()
+    }
+
+    /// The error a dead process stands for: what ended, how, and the end of its log.
+    pub(crate) fn death(&self, how: &str) -> EngineError {
+        EngineError::Process(format!("{} exited ({how}).{}", self.what, self.tail_text()))
+    }
+
+    /// Resolves once the process has exited, with the error it stands for.
+    pub(crate) fn exited(&self) -> impl std::future::Future<Output = EngineError> + Send + 'static {
+        let mut rx = self.exit.clone();
+        let (what, log) = (self.what.clone(), self.log.clone());
+        async move {
+            let how = match rx.wait_for(Option::is_some).await {
+                Ok(how) => how.clone().unwrap_or_default(),
+                Err(_) => "its watcher stopped".to_owned(),
+            };
+            EngineError::Process(format!("{what} exited ({how}).{}", tail_text(&log)))
+        }
+    }
+
+    /// Polls `url` until it answers 200, the process exits, or the deadline passes (blocking).
+    pub(crate) fn wait_healthy(&self, url: &str, timeout: Duration) -> Result<(), EngineError> {
+        let deadline = Instant::now() + timeout;
+        let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(5)).build();
+        loop {
+            if let Some(how) = self.exit_status() {
+                return Err(self.death(&how));
+            }
+            if let Ok(r) = agent.get(url).call()
+                && r.status() == 200
+            {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(EngineError::Process(format!(
+                    "{} did not become healthy within {} s (engine_config.launch_timeout_s sets the limit).{}",
+                    self.what,
+                    timeout.as_secs(),
+                    self.tail_text()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// Stops the process group: SIGTERM, then SIGKILL after `grace`; returns once no process
+    /// of the group is left (blocking).
+    pub(crate) fn stop(&self, grace: Duration) {
+        if !group_alive(self.pid) {
+            return;
+        }
+        tracing::info!(pid = self.pid, what = %self.what, "stopping an engine server");
+        signal_group(self.pid, libc::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while group_alive(self.pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if group_alive(self.pid) {
+            tracing::warn!(pid = self.pid, what = %self.what, "the engine server ignored SIGTERM; killing it");
+            signal_group(self.pid, libc::SIGKILL);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while group_alive(self.pid) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// The end of the log, as text to append to a message.
+    fn tail_text(&self) -> String {
+        tail_text(&self.log)
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        // Never leave an engine running behind a handle nobody holds.
+        if self.exit_status().is_none() {
+            signal_group(self.pid, libc::SIGKILL);
+        }
+    }
+}
+
+/// The last lines of a log file, introduced, or nothing when there are none.
+pub(crate) fn tail_text(log: &Path) -> String {
+    let lines = tail(log);
+    if lines.is_empty() {
+        return String::new();
+    }
+    format!(" Last lines of {}:\n{}", log.display(), lines.join("\n"))
+}
+
+/// The last [`TAIL_LINES`] non-empty lines of a file (nothing if it cannot be read).
+fn tail(path: &Path) -> Vec<String> {
+    let Ok(mut f) = File::open(path) else { return Vec::new() };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    if f.seek(SeekFrom::Start(len.saturating_sub(TAIL_BYTES))).is_err() {
+        return Vec::new();
+    }
+    let mut buf = Vec::new();
+    if f.read_to_end(&mut buf).is_err() {
+        return Vec::new();
+    }
+    let text = String::from_utf8_lossy(&buf);
+    let lines: Vec<&str> = text.lines().map(str::trim_end).filter(|l| !l.is_empty()).collect();
+    lines[lines.len().saturating_sub(TAIL_LINES)..].iter().map(|l| (*l).to_owned()).collect()
+}
+
+/// Sends `sig` to every process of the group `pgid`.
+#[allow(unsafe_code)]
+fn signal_group(pgid: u32, sig: libc::c_int) {
+    let Ok(pgid) = libc::pid_t::try_from(pgid) else { return };
+    if pgid <= 1 {
+        return;
+    }
+    // SAFETY: kill(2) with a negative pid signals the process group; it reads no memory of ours.
+    // The group id is that of a child started with its own group, never 0 or 1 (checked above),
+    // so it cannot signal this process's own group or every process.
+    unsafe {
+        libc::kill(-pgid, sig);
+    }
+}
+
+/// Whether any process of the group `pgid` is left.
+#[allow(unsafe_code)]
+fn group_alive(pgid: u32) -> bool {
+    let Ok(pgid) = libc::pid_t::try_from(pgid) else { return false };
+    if pgid <= 1 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks that the group exists and may be signalled; see signal_group.
+    unsafe { libc::kill(-pgid, 0) == 0 }
+}

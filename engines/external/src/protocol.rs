@@ -1,0 +1,186 @@
+//! What xinf sends each engine server and how it reads the answer: the prompt always goes as
+//! token ids (xinf tokenizes once, so both sides of a handoff see the same ids), the answer is a
+//! server-sent-event stream whose chunks carry the new token ids and text.
+//!
+//! vLLM: `POST /v1/completions` with `return_token_ids` (each chunk's `choices[0].token_ids`
+//! are the new ids) and `stream_options.include_usage`. SGLang: `POST /generate` with
+//! `input_ids`, started with `--incremental-streaming-output` (each chunk's `output_ids` are
+//! the new ids; `meta_info` carries the finish reason and the counts).
+
+use crate::Flavor;
+use serde_json::{Value, json};
+use xinf_engine::{EngineError, FinishReason, SamplingParams, Usage};
+
+/// What one chunk of an engine's stream says.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Chunk {
+    /// New token ids.
+    pub(crate) token_ids: Vec<u32>,
+    /// New text.
+    pub(crate) text: String,
+    /// Set on the last chunk.
+    pub(crate) finish: Option<FinishReason>,
+    /// Token counts, when the chunk carries them.
+    pub(crate) usage: Option<Usage>,
+}
+
+/// The path a generation request goes to.
+pub(crate) fn generate_path(flavor: Flavor) -> &'static str {
+    match flavor {
+        Flavor::Vllm => "/v1/completions",
+        Flavor::Sglang => "/generate",
+    }
+}
+
+/// The body of a streamed generation of `ids` with `sampling`. `max_new` is the output limit
+/// when the request has none (what is left of the context: SGLang's own default is 128).
+pub(crate) fn generate_body(
+    flavor: Flavor,
+    served_name: &str,
+    request_id: &str,
+    ids: &[u32],
+    sampling: &SamplingParams,
+    max_new: usize,
+) -> Value {
+    let max_tokens = sampling.max_tokens.unwrap_or(max_new);
+    match flavor {
+        Flavor::Vllm => {
+            let mut body = json!({
+                "model": served_name,
+                "prompt": ids,
+                "request_id": request_id,
+                "stream": true,
+                "stream_options": {"include_usage": true},
+                "return_token_ids": true,
+                "max_tokens": max_tokens,
+                "temperature": sampling.temperature,
+                "top_p": sampling.top_p,
+                "top_k": sampling.top_k,
+                "min_p": sampling.min_p,
+                "stop": sampling.stop,
+                "stop_token_ids": sampling.stop_token_ids,
+                "ignore_eos": sampling.ignore_eos,
+                "presence_penalty": sampling.presence_penalty,
+                "frequency_penalty": sampling.frequency_penalty,
+                "repetition_penalty": sampling.repetition_penalty,
+            });
+            if let Some(seed) = sampling.seed {
+                body["seed"] = json!(seed as i64);
+            }
+            body
+        }
+        Flavor::Sglang => {
+            let mut params = json!({
+                "max_new_tokens": max_tokens,
+                "temperature": sampling.temperature,
+                "top_p": sampling.top_p,
+                "min_p": sampling.min_p,
+                "stop": sampling.stop,
+                "stop_token_ids": sampling.stop_token_ids,
+                "ignore_eos": sampling.ignore_eos,
+                "presence_penalty": sampling.presence_penalty,
+                "frequency_penalty": sampling.frequency_penalty,
+                "repetition_penalty": sampling.repetition_penalty,
+            });
+            // SGLang's "all tokens" is -1 (0 is refused).
+            params["top_k"] = json!(if sampling.top_k == 0 { -1 } else { sampling.top_k as i64 });
+            if let Some(seed) = sampling.seed {
+                params["sampling_seed"] = json!(seed as i64);
+            }
+            json!({
+                "input_ids": ids,
+                "rid": request_id,
+                "stream": true,
+                "sampling_params": params,
+            })
+        }
+    }
+}
+
+/// Reads one `data:` payload of an engine's stream; `None` for `[DONE]` and for chunks that
+/// carry nothing xinf uses.
+pub(crate) fn parse_chunk(flavor: Flavor, data: &str) -> Result<Option<Chunk>, EngineError> {
+    if data.trim() == "[DONE]" {
+        return Ok(None);
+    }
+    let v: Value = serde_json::from_str(data).map_err(|e| {
+        EngineError::Process(format!("the engine sent a chunk that is not JSON ({e}): {data:.200}"))
+    })?;
+    if let Some(message) = error_message(&v) {
+        return Err(EngineError::Rejected(message));
+    }
+    Ok(Some(match flavor {
+        Flavor::Vllm => vllm_chunk(&v),
+        Flavor::Sglang => sglang_chunk(&v),
+    }))
+}
+
+fn ids(v: Option<&Value>) -> Vec<u32> {
+    v.and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_u64).filter_map(|x| u32::try_from(x).ok()).collect())
+        .unwrap_or_default()
+}
+
+fn finish(reason: Option<&str>) -> Option<FinishReason> {
+    match reason? {
+        "length" => Some(FinishReason::Length),
+        "abort" => Some(FinishReason::Abort),
+        _ => Some(FinishReason::Stop),
+    }
+}
+
+fn count(v: &Value, key: &str) -> usize {
+    v.get(key).and_then(Value::as_u64).map_or(0, |n| n as usize)
+}
+
+fn vllm_chunk(v: &Value) -> Chunk {
+    let mut chunk = Chunk::default();
+    if let Some(choice) = v.get("choices").and_then(Value::as_array).and_then(|c| c.first()) {
+        chunk.token_ids = ids(choice.get("token_ids"));
+        chunk.text = choice.get("text").and_then(Value::as_str).unwrap_or_default().to_owned();
+        chunk.finish = finish(choice.get("finish_reason").and_then(Value::as_str));
+    }
+    if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+        chunk.usage = Some(Usage {
+            prompt_tokens: count(u, "prompt_tokens"),
+            completion_tokens: count(u, "completion_tokens"),
+        });
+    }
+    chunk
+}
+
+fn sglang_chunk(v: &Value) -> Chunk {
+    let meta = v.get("meta_info");
+    let reason =
+        meta.and_then(|m| m.get("finish_reason")).and_then(|r| r.get("type")).and_then(Value::as_str);
+    let finish = finish(reason);
+    Chunk {
+        token_ids: ids(v.get("output_ids")),
+        text: v.get("text").and_then(Value::as_str).unwrap_or_default().to_owned(),
+        finish,
+        usage: meta.filter(|_| finish.is_some()).map(|m| Usage {
+            prompt_tokens: count(m, "prompt_tokens"),
+            completion_tokens: count(m, "completion_tokens"),
+        }),
+    }
+}
+
+/// The message of an error body, in either engine's shape (`{"error": {"message"}}`,
+/// `{"error": "…"}`, `{"object": "error", "message"}`, FastAPI's `{"detail"}`).
+pub(crate) fn error_message(v: &Value) -> Option<String> {
+    let text = |v: &Value| match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Null => None,
+        other => Some(other.to_string()),
+    };
+    if let Some(e) = v.get("error") {
+        return e.get("message").and_then(text).or_else(|| text(e));
+    }
+    if v.get("object").and_then(Value::as_str) == Some("error") {
+        return v.get("message").and_then(text);
+    }
+    v.get("detail").and_then(text)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,75 @@
+use super::*;
+
+#[test]
+fn vllm_chunks_carry_ids_text_finish_and_usage() {
+    let c = parse_chunk(
+        Flavor::Vllm,
+        r#"{"choices":[{"index":0,"text":" hi","token_ids":[5,6],"finish_reason":null}],"usage":null}"#,
+    )
+    .expect("parse")
+    .expect("chunk");
+    assert_eq!(c, Chunk { token_ids: vec![5, 6], text: " hi".into(), finish: None, usage: None });
+    let c =
+        parse_chunk(Flavor::Vllm, r#"{"choices":[{"text":"","token_ids":[7],"finish_reason":"length"}]}"#)
+            .expect("parse")
+            .expect("chunk");
+    assert_eq!(c.finish, Some(FinishReason::Length));
+    let c = parse_chunk(Flavor::Vllm, r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#)
+        .expect("parse")
+        .expect("chunk");
+    assert_eq!(c.usage, Some(Usage { prompt_tokens: 3, completion_tokens: 2 }));
+    assert_eq!(parse_chunk(Flavor::Vllm, "[DONE]").expect("done"), None);
+    let e = parse_chunk(Flavor::Vllm, r#"{"error":{"message":"bad things","code":400}}"#).expect_err("error");
+    assert_eq!(e, EngineError::Rejected("bad things".into()));
+    assert!(parse_chunk(Flavor::Vllm, "not json").is_err());
+}
+
+#[test]
+fn sglang_chunks_carry_ids_and_meta_info() {
+    let c = parse_chunk(
+        Flavor::Sglang,
+        r#"{"text":"ab","output_ids":[9],"meta_info":{"finish_reason":null,"prompt_tokens":4,"completion_tokens":1}}"#,
+    )
+    .expect("parse")
+    .expect("chunk");
+    assert_eq!(c, Chunk { token_ids: vec![9], text: "ab".into(), finish: None, usage: None });
+    let c = parse_chunk(
+        Flavor::Sglang,
+        r#"{"text":"","output_ids":[2],"meta_info":{"finish_reason":{"type":"stop","matched":2},"prompt_tokens":4,"completion_tokens":5}}"#,
+    )
+    .expect("parse")
+    .expect("chunk");
+    assert_eq!(c.finish, Some(FinishReason::Stop));
+    assert_eq!(c.usage, Some(Usage { prompt_tokens: 4, completion_tokens: 5 }));
+}
+
+#[test]
+fn bodies_send_ids_and_the_engines_own_spellings() {
+    let mut s = SamplingParams::greedy(4);
+    s.seed = Some(3);
+    let v = generate_body(Flavor::Vllm, "m", "r1", &[1, 2], &s, 100);
+    assert_eq!(v["prompt"], json!([1, 2]));
+    assert_eq!(v["return_token_ids"], json!(true));
+    assert_eq!(v["max_tokens"], json!(4));
+    assert_eq!(v["request_id"], json!("r1"));
+    assert_eq!(v["seed"], json!(3));
+    let v = generate_body(Flavor::Sglang, "m", "r1", &[1, 2], &SamplingParams { max_tokens: None, ..s }, 100);
+    assert_eq!(v["input_ids"], json!([1, 2]));
+    assert_eq!(v["rid"], json!("r1"));
+    assert_eq!(v["sampling_params"]["max_new_tokens"], json!(100), "no limit: what the context leaves");
+    assert_eq!(v["sampling_params"]["top_k"], json!(-1), "SGLang spells all tokens -1");
+    assert_eq!(v["sampling_params"]["sampling_seed"], json!(3));
+}
+
+#[test]
+fn error_bodies_of_either_shape_give_their_message() {
+    for (body, want) in [
+        (json!({"error": {"message": "m1"}}), "m1"),
+        (json!({"error": "m2"}), "m2"),
+        (json!({"object": "error", "message": "m3"}), "m3"),
+        (json!({"detail": "m4"}), "m4"),
+    ] {
+        assert_eq!(error_message(&body).as_deref(), Some(want));
+    }
+    assert_eq!(error_message(&json!({"ok": true})), None);
+}

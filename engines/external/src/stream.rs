@@ -1,0 +1,174 @@
+//! One proxied request: a task that posts it to the engine server and turns the streamed answer
+//! into xinf's token events. Dropping the events' stream (the client went away) or aborting
+//! ends the task, which drops the HTTP response: the engine sees its client disconnect and
+//! aborts the request itself.
+
+use crate::Flavor;
+use crate::protocol::{self, Chunk};
+use crate::sse::SseDecoder;
+use futures::StreamExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use xinf_engine::{EngineError, FinishReason, TokenEvent, Usage};
+
+/// How long the server may take to answer with headers (it answers as soon as it queued the
+/// request).
+const HEADERS_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a stream may go without a chunk before the request is failed: a long queue or a
+/// long prompt delays the first token, a stuck engine delays it for ever.
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+/// The most of an error body that is read.
+const MAX_ERROR_BODY: usize = 64 << 10;
+
+/// Token counters shared by all requests of an engine.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) prompt_tokens: AtomicU64,
+    pub(crate) generated_tokens: AtomicU64,
+}
+
+/// One request to run.
+pub(crate) struct Call {
+    pub(crate) flavor: Flavor,
+    pub(crate) client: reqwest::Client,
+    pub(crate) url: String,
+    pub(crate) body: serde_json::Value,
+    pub(crate) prompt_len: usize,
+    pub(crate) counters: Arc<Counters>,
+    /// Tokens sent so far (read by an abort, for its usage).
+    pub(crate) emitted: Arc<AtomicUsize>,
+    pub(crate) idle_timeout: Duration,
+}
+
+type Tx = mpsc::Sender<Result<TokenEvent, EngineError>>;
+
+/// Runs the request, sending its events; the last is `Finished` or an error.
+pub(crate) async fn run(call: Call, tx: Tx) {
+    let prompt_len = call.prompt_len;
+    let counters = call.counters.clone();
+    let emitted = call.emitted.clone();
+    match drive(call, &tx).await {
+        Ok((reason, usage)) => {
+            counters.prompt_tokens.fetch_add(prompt_len as u64, Ordering::Relaxed);
+            counters.generated_tokens.fetch_add(usage.completion_tokens as u64, Ordering::Relaxed);
+            let _ = tx.send(Ok(TokenEvent::Finished { reason, usage })).await;
+        }
+        Err(e) => {
+            counters.generated_tokens.fetch_add(emitted.load(Ordering::Relaxed) as u64, Ordering::Relaxed);
+            let _ = tx.send(Err(e)).await;
+        }
+    }
+}
+
+/// Posts the request and forwards its tokens; returns how it finished.
+async fn drive(call: Call, tx: &Tx) -> Result<(FinishReason, Usage), EngineError> {
+    let send = call.client.post(&call.url).json(&call.body).send();
+    let response = tokio::time::timeout(HEADERS_TIMEOUT, send)
+        .await
+        .map_err(|_| {
+            EngineError::Process(format!(
+                "the {} server did not answer within {HEADERS_TIMEOUT:?}",
+                call.flavor
+            ))
+        })?
+        .map_err(|e| EngineError::Process(format!("the {} server could not be reached: {e}", call.flavor)))?;
+    let status = response.status();
+    if !status.is_success() {
+        return Err(refusal(call.flavor, status, response).await);
+    }
+    let mut body = response.bytes_stream();
+    let mut sse = SseDecoder::default();
+    let mut state = Progress::default();
+    loop {
+        let next = tokio::time::timeout(call.idle_timeout, body.next()).await.map_err(|_| {
+            EngineError::Process(format!(
+                "the {} server sent nothing for {} s; the request was given up",
+                call.flavor,
+                call.idle_timeout.as_secs()
+            ))
+        })?;
+        let ended = next.is_none();
+        let payloads = match next {
+            Some(Ok(bytes)) => sse.push(&bytes)?,
+            Some(Err(e)) => {
+                return Err(EngineError::Process(format!("the {} server's stream broke: {e}", call.flavor)));
+            }
+            None => sse.finish().into_iter().collect(),
+        };
+        for data in payloads {
+            if let Some(chunk) = protocol::parse_chunk(call.flavor, &data)? {
+                state.apply(chunk, tx, &call.emitted).await?;
+            }
+        }
+        if ended {
+            break;
+        }
+    }
+    match state.finish {
+        Some(reason) => {
+            let generated = call.emitted.load(Ordering::Relaxed);
+            let usage =
+                state.usage.unwrap_or(Usage { prompt_tokens: call.prompt_len, completion_tokens: generated });
+            Ok((reason, usage))
+        }
+        None => Err(EngineError::Process(format!(
+            "the {} server ended the stream before the request finished",
+            call.flavor
+        ))),
+    }
+}
+
+/// What the chunks said so far.
+#[derive(Default)]
+struct Progress {
+    finish: Option<FinishReason>,
+    usage: Option<Usage>,
+    /// Text that came without a token id, sent with the next one.
+    pending_text: String,
+}
+
+impl Progress {
+    /// Forwards a chunk's tokens (one event per token id, the chunk's text with the last).
+    async fn apply(&mut self, chunk: Chunk, tx: &Tx, emitted: &AtomicUsize) -> Result<(), EngineError> {
+        self.pending_text.push_str(&chunk.text);
+        let n = chunk.token_ids.len();
+        for (i, token_id) in chunk.token_ids.into_iter().enumerate() {
+            let text = if i + 1 == n { std::mem::take(&mut self.pending_text) } else { String::new() };
+            emitted.fetch_add(1, Ordering::Relaxed);
+            if tx.send(Ok(TokenEvent::Delta { token_id, text })).await.is_err() {
+                // Nobody reads any more: stop, which drops the response and aborts upstream.
+                return Err(EngineError::Aborted);
+            }
+        }
+        if chunk.finish.is_some() {
+            self.finish = chunk.finish;
+        }
+        if chunk.usage.is_some() {
+            self.usage = chunk.usage;
+        }
+        Ok(())
+    }
+}
+
+/// The error of a non-success answer: the engine's own message, as a refusal of the request
+/// for a 4xx status and as a failure of the engine otherwise.
+async fn refusal(flavor: Flavor, status: reqwest::StatusCode, response: reqwest::Response) -> EngineError {
+    let mut body = Vec::new();
+    let mut stream = response.bytes_stream();
+    while let Ok(Some(Ok(bytes))) = tokio::time::timeout(Duration::from_secs(5), stream.next()).await {
+        body.extend_from_slice(&bytes);
+        if body.len() >= MAX_ERROR_BODY {
+            body.truncate(MAX_ERROR_BODY);
+            break;
+        }
+    }
+    let text = String::from_utf8_lossy(&body).into_owned();
+    let message = serde_json::from_str(&text).ok().and_then(|v| protocol::error_message(&v)).unwrap_or(text);
+    if status.is_client_error() {
+        EngineError::Rejected(message)
+    } else {
+        EngineError::Process(format!("the {flavor} server answered {status}: {message}"))
+    }
+}

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""A stand-in for vLLM's and SGLang's servers, for the process-management tests: started the
+way xinf starts an engine (`<python> -m <module> --port N ...`), it speaks the two endpoints
+xinf uses (vLLM `/v1/completions`, SGLang `/generate`, both streamed) and `/health`.
+
+Output token i of a prompt is (sum(prompt) + 7 * i) % 40 + 3, its text "t<id> ". What it is
+asked to do is set by FAKE_ENGINE_MODE:
+  ok              serve (the default)
+  exit-at-start   print an error and exit 3 before listening
+  never-healthy   listen, but answer /health with 503
+  die-mid-stream  exit (status 9) after the first streamed token
+FAKE_STEP_MS delays each token; FAKE_START_S delays readiness. Every request, abort and
+disconnect is printed, so tests read the log to see what reached the engine.
+"""
+import json
+import os
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+args = sys.argv[1:]
+module = args[args.index("-m") + 1] if "-m" in args else ""
+flavor = "sglang" if module.startswith("sglang") else "vllm"
+port = int(args[args.index("--port") + 1])
+mode = os.environ.get("FAKE_ENGINE_MODE", "ok")
+step = float(os.environ.get("FAKE_STEP_MS", "0")) / 1000.0
+ready_at = time.time() + float(os.environ.get("FAKE_START_S", "0"))
+print(f"fake {flavor} server starting: {' '.join(args)}", flush=True)
+print(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}", flush=True)
+if mode == "exit-at-start":
+    print("RuntimeError: CUDA out of memory (fake)", file=sys.stderr, flush=True)
+    sys.exit(3)
+
+
+def token(prompt, i):
+    return (sum(prompt) + 7 * i) % 40 + 3
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def reply(self, status, body):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/health":
+            healthy = mode != "never-healthy" and time.time() >= ready_at
+            self.reply(200 if healthy else 503, {})
+        else:
+            self.reply(404, {"detail": "Not Found"})
+
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length", "0"))
+        body = json.loads(self.rfile.read(n) or b"{}")
+        if self.path == "/abort_request":
+            print(f"abort_request {body.get('rid')}", flush=True)
+            self.reply(200, {})
+            return
+        if flavor == "vllm" and self.path == "/v1/completions":
+            prompt, rid = body["prompt"], body.get("request_id")
+            max_tokens = body.get("max_tokens") or 16
+        elif flavor == "sglang" and self.path == "/generate":
+            prompt, rid = body["input_ids"], body.get("rid")
+            max_tokens = body["sampling_params"].get("max_new_tokens", 128)
+        else:
+            self.reply(404, {"detail": "Not Found"})
+            return
+        print(f"request {rid} prompt={len(prompt)} max_tokens={max_tokens}", flush=True)
+        if max_tokens > 100000:
+            self.reply(400, {"error": {"message": f"max_tokens {max_tokens} is too large (fake)"}})
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def send(obj):
+            data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        try:
+            for i in range(max_tokens):
+                time.sleep(step)
+                t = token(prompt, i)
+                last = i + 1 == max_tokens
+                if flavor == "vllm":
+                    send({"choices": [{"index": 0, "text": f"t{t} ", "token_ids": [t],
+                                       "finish_reason": "length" if last else None}], "usage": None})
+                else:
+                    meta = {"id": rid, "prompt_tokens": len(prompt), "completion_tokens": i + 1,
+                            "finish_reason": {"type": "length", "length": max_tokens} if last else None}
+                    send({"text": f"t{t} ", "output_ids": [t], "meta_info": meta})
+                if mode == "die-mid-stream":
+                    print("fake engine dies mid-stream", flush=True)
+                    os._exit(9)
+            if flavor == "vllm":
+                send({"choices": [], "usage": {"prompt_tokens": len(prompt), "completion_tokens": max_tokens}})
+            send(b"[DONE]")
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+            print(f"finished {rid}", flush=True)
+        except (BrokenPipeError, ConnectionResetError):
+            print(f"client disconnected {rid}", flush=True)
+
+
+ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()

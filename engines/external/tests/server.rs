@@ -1,0 +1,277 @@
+//! Engine-server management against a real child process: `fake_engine.py` stands in for vLLM
+//! and SGLang (started the same way, speaking the same streamed endpoints), so starting,
+//! health, proxying, abort, a crash, a failed start and terminate are all exercised without a
+//! GPU.
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use xinf_engine::{
+    Engine, EngineError, EngineLoader, FinishReason, GenerateRequest, ModelSource, Prompt, SamplingParams,
+    TokenEvent,
+};
+use xinf_engine_external::{Flavor, ServerEngine, ServerLoader};
+
+fn fake_engine() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake_engine.py").display().to_string()
+}
+
+/// A Hugging Face folder with what xinf reads itself (config, tokenizer; the weights are only
+/// hashed, never parsed, by a server engine's loader).
+fn model_dir(dir: &Path) -> PathBuf {
+    let words = ["<unk>", "<eos>", "hello", "world", "the", "cat", "sat", "on", "mat"];
+    let vocab: serde_json::Map<String, Value> =
+        words.iter().enumerate().map(|(i, w)| ((*w).to_owned(), json!(i))).collect();
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+        "decoder": null, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
+    });
+    let config = json!({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 64, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 256, "hidden_act": "silu", "eos_token_id": 1, "torch_dtype": "float16"
+    });
+    let out = dir.join("tiny");
+    std::fs::create_dir_all(&out).expect("model dir");
+    std::fs::write(out.join("tokenizer.json"), tokenizer.to_string()).expect("tokenizer");
+    std::fs::write(
+        out.join("tokenizer_config.json"),
+        json!({"eos_token": "<eos>", "chat_template": "{% for m in messages %}{{ m['content'] }} {% endfor %}"})
+            .to_string(),
+    )
+    .expect("tokenizer config");
+    std::fs::write(out.join("config.json"), config.to_string()).expect("config");
+    std::fs::write(out.join("model.safetensors"), b"weights are only hashed here").expect("weights");
+    out
+}
+
+struct Fixture {
+    _scratch: tempfile::TempDir,
+    model: ModelSource,
+}
+
+fn fixture() -> Fixture {
+    let scratch = xinf_test_util::scratch_dir();
+    let dir = model_dir(scratch.path());
+    Fixture {
+        model: ModelSource {
+            model_name: "tiny".into(),
+            model_path: Some(dir.display().to_string()),
+            ..Default::default()
+        },
+        _scratch: scratch,
+    }
+}
+
+fn config(extra: Value) -> serde_json::Map<String, Value> {
+    let mut m = json!({"python": fake_engine(), "device": "cuda:0", "launch_timeout_s": 30})
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    if let Value::Object(e) = extra {
+        m.extend(e);
+    }
+    m
+}
+
+fn load(f: &Fixture, flavor: Flavor, extra: Value) -> Result<ServerEngine, EngineError> {
+    let loader = ServerLoader::new(flavor);
+    let typed = loader.check_config(&config(extra))?;
+    loader.load_server(&f.model, &typed)
+}
+
+fn request(id: &str, text: &str, max_tokens: usize) -> GenerateRequest {
+    GenerateRequest {
+        request_id: id.into(),
+        prompt: Prompt::Text(text.into()),
+        sampling: SamplingParams::greedy(max_tokens),
+    }
+}
+
+/// The fake's output for a prompt of these ids.
+fn expected(prompt: &[u32], n: usize) -> Vec<u32> {
+    let sum: u32 = prompt.iter().sum();
+    (0..n as u32).map(|i| (sum + 7 * i) % 40 + 3).collect()
+}
+
+async fn collect(engine: &dyn Engine, req: GenerateRequest) -> (Vec<u32>, String, Option<FinishReason>) {
+    let mut stream = engine.submit(req).expect("submit");
+    let (mut ids, mut text, mut reason) = (Vec::new(), String::new(), None);
+    while let Some(event) = stream.next().await {
+        match event.expect("event") {
+            TokenEvent::Delta { token_id, text: t } => {
+                ids.push(token_id);
+                text.push_str(&t);
+            }
+            TokenEvent::Finished { reason: r, usage } => {
+                assert_eq!(usage.completion_tokens, ids.len());
+                reason = Some(r);
+            }
+        }
+    }
+    (ids, text, reason)
+}
+
+fn log_of(engine: &ServerEngine) -> String {
+    std::fs::read_to_string(engine.log_path()).unwrap_or_default()
+}
+
+#[test]
+fn both_engines_serve_through_their_servers_and_stop_with_the_replica() {
+    let rt = xinf_test_util::runtime();
+    let _in_runtime = rt.enter();
+    let f = fixture();
+    for flavor in Flavor::ALL {
+        let engine = load(&f, flavor, json!({"env": {"FAKE_STEP_MS": "5"}})).expect("load");
+        assert_eq!(engine.contract().architecture, "llama");
+        assert_eq!(engine.contract().context_length, 256);
+        let ids = engine.prompt_token_ids(&Prompt::Text("hello world the cat".into())).expect("ids");
+        assert_eq!(ids, vec![2, 3, 4, 5]);
+        let (out, text, reason) = rt.block_on(collect(&engine, request("a", "hello world the cat", 6)));
+        assert_eq!(out, expected(&ids, 6), "{flavor}: the server's tokens, in order");
+        assert_eq!(text, out.iter().map(|t| format!("t{t} ")).collect::<String>());
+        assert_eq!(reason, Some(FinishReason::Length));
+        assert_eq!(engine.stats().generated_tokens, 6);
+
+        // A refusal of the server reaches the caller as the request's error, with its message.
+        let mut big = request("b", "hello", 1);
+        big.sampling.max_tokens = Some(200_000);
+        let err = engine.submit(big).err().expect("context check");
+        assert!(matches!(err, EngineError::ContextLength { .. }), "{err}");
+
+        // Abort: the caller sees Finished(abort) and the server sees its client go away.
+        let stream = engine.submit(request("c", "the mat", 200)).expect("submit");
+        rt.block_on(async {
+            let mut stream = stream;
+            let first = stream.next().await.expect("first").expect("event");
+            assert!(matches!(first, TokenEvent::Delta { .. }));
+            assert!(engine.abort("c"));
+            let mut last = None;
+            while let Some(e) = stream.next().await {
+                last = Some(e.expect("event"));
+            }
+            assert!(
+                matches!(last, Some(TokenEvent::Finished { reason: FinishReason::Abort, .. })),
+                "{last:?}"
+            );
+        });
+        xinf_test_util::poll(Duration::from_secs(10), "the abort reaching the server", || {
+            log_of(&engine).contains("client disconnected c")
+        });
+        if flavor == Flavor::Sglang {
+            xinf_test_util::poll(Duration::from_secs(10), "SGLang's abort_request", || {
+                log_of(&engine).contains("abort_request c")
+            });
+        }
+        // Terminate: the process group goes, and the engine says it exited.
+        let exited = engine.exited();
+        engine.shutdown();
+        let why = rt
+            .block_on(async { tokio::time::timeout(Duration::from_secs(10), exited).await })
+            .expect("exit seen");
+        assert!(why.to_string().contains("exited"), "{why}");
+        assert!(engine.submit(request("d", "hello", 2)).is_err(), "a stopped server takes no requests");
+        let log = log_of(&engine);
+        assert!(log.contains("CUDA_VISIBLE_DEVICES=0"), "the GPU goes by CUDA_VISIBLE_DEVICES:\n{log}");
+        assert_eq!(log.contains("--incremental-streaming-output"), flavor == Flavor::Sglang, "{log}");
+    }
+}
+
+#[test]
+fn a_server_that_fails_to_start_names_why_with_its_log() {
+    let f = fixture();
+    let err =
+        load(&f, Flavor::Vllm, json!({"env": {"FAKE_ENGINE_MODE": "exit-at-start"}})).err().expect("fails");
+    let text = err.to_string();
+    assert!(text.contains("exited") && text.contains("CUDA out of memory (fake)"), "{text}");
+
+    let err = load(
+        &f,
+        Flavor::Sglang,
+        json!({"env": {"FAKE_ENGINE_MODE": "never-healthy"}, "launch_timeout_s": 2}),
+    )
+    .err()
+    .expect("times out");
+    let text = err.to_string();
+    assert!(text.contains("launch_timeout_s") && text.contains("fake sglang server starting"), "{text}");
+}
+
+#[test]
+fn a_server_that_dies_fails_its_requests_and_ends_the_engine() {
+    let rt = xinf_test_util::runtime();
+    let _in_runtime = rt.enter();
+    let f = fixture();
+    let engine =
+        load(&f, Flavor::Vllm, json!({"env": {"FAKE_ENGINE_MODE": "die-mid-stream", "FAKE_STEP_MS": "20"}}))
+            .expect("load");
+    let exited = engine.exited();
+    let stream = engine.submit(request("x", "hello", 50)).expect("submit");
+    let events: Vec<_> = rt.block_on(stream.collect());
+    assert!(events.last().is_some_and(|e| e.is_err()), "the request fails: {events:?}");
+    let why = rt
+        .block_on(async { tokio::time::timeout(Duration::from_secs(10), exited).await })
+        .expect("exit seen");
+    let text = why.to_string();
+    assert!(text.contains("exited") && text.contains("dies mid-stream"), "{text}");
+    engine.shutdown();
+}
+
+#[test]
+fn engine_config_is_checked_against_the_engines_flags() {
+    let vllm = ServerLoader::new(Flavor::Vllm);
+    let sglang = ServerLoader::new(Flavor::Sglang);
+    let map = |v: Value| v.as_object().cloned().unwrap_or_default();
+    let ok = vllm
+        .check_config(&map(json!({"max_num_seqs": 8, "enforce-eager": true, "enable_prefix_caching": false})))
+        .expect("vLLM flags");
+    assert_eq!(
+        ok.to_json(),
+        json!({"max_num_seqs": 8, "enforce-eager": true, "enable_prefix_caching": false})
+    );
+    let field = |r: Result<xinf_engine::EngineConfig, EngineError>| match r {
+        Err(EngineError::InvalidRequest { field, reason }) => format!("{field}: {reason}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    let e = field(vllm.check_config(&map(json!({"max_num_seq": 8}))));
+    assert!(e.starts_with("engine_config.max_num_seq:") && e.contains("no flag --max-num-seq"), "{e}");
+    let e = field(vllm.check_config(&map(json!({"tensor_parallel_size": 2}))));
+    assert!(e.contains("one GPU"), "{e}");
+    let e = field(vllm.check_config(&map(json!({"max_model_len": 100}))));
+    assert!(e.contains("engine_config.context_length"), "{e}");
+    let e = field(vllm.check_config(&map(json!({"enforce_eager": "yes"}))));
+    assert!(e.contains("true or false"), "{e}");
+    let e = field(sglang.check_config(&map(json!({"mem_fraction_static": 0.5}))));
+    assert!(e.contains("gpu_memory_utilization"), "{e}");
+    let e = field(sglang.check_config(&map(json!({"disaggregation_mode": "prefill"}))));
+    assert!(e.contains("prefill/decode"), "{e}");
+    let e = field(sglang.check_config(&map(json!({"device": "cpu"}))));
+    assert!(e.contains("GPU"), "{e}");
+    let e = field(sglang.check_config(&map(json!({"env": {"CUDA_VISIBLE_DEVICES": "3"}}))));
+    assert!(e.contains("placement"), "{e}");
+    sglang
+        .check_config(&map(
+            json!({"attention_backend": "triton", "disable_radix_cache": true, "cuda_graph_max_bs": null}),
+        ))
+        .expect("SGLang flags; nulls are absent options");
+}
+
+#[test]
+fn models_the_servers_do_not_serve_are_refused_before_anything_starts() {
+    let loader = ServerLoader::new(Flavor::Vllm);
+    let src = |path: &str, format: Option<&str>, quant: Option<&str>| ModelSource {
+        model_name: "m".into(),
+        model_path: Some(path.into()),
+        model_format: format.map(Into::into),
+        quantization: quant.map(Into::into),
+        ..Default::default()
+    };
+    assert!(loader.check_model(&src("/m/model.Q4_1.gguf", None, None)).is_err());
+    assert!(loader.check_model(&src("/m", Some("ggufv2"), None)).is_err());
+    assert!(loader.check_model(&src("/m", None, Some("Q4_1"))).is_err());
+    loader.check_model(&src("/m", Some("pytorch"), Some("none"))).expect("an FP16 folder");
+    let unknown = ModelSource { model_name: "no-such-model".into(), ..Default::default() };
+    assert!(matches!(loader.check_model(&unknown), Err(EngineError::UnknownModel { .. })));
+}
