@@ -135,14 +135,18 @@ impl ServerProcess {
         }
     }
 
-    /// Stops the process group: SIGTERM, then SIGKILL after `grace`; returns once no process
-    /// of the group is left (blocking).
+    /// Stops the server: SIGTERM to the server itself (it shuts its own workers down; a
+    /// SIGTERM to all of them at once makes SGLang's parent take its crash path), then SIGKILL
+    /// to the whole group after `grace`; returns once no process of the group is left
+    /// (blocking).
     pub(crate) fn stop(&self, grace: Duration) {
         if !group_alive(self.pid) {
             return;
         }
         tracing::info!(pid = self.pid, what = %self.what, "stopping an engine server");
-        signal_group(self.pid, libc::SIGTERM);
+        if self.exit_status().is_none() {
+            signal_process(self.pid, libc::SIGTERM);
+        }
         let deadline = Instant::now() + grace;
         while group_alive(self.pid) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
@@ -209,6 +213,21 @@ fn signal_group(pgid: u32, sig: libc::c_int) {
     // so it cannot signal this process's own group or every process.
     unsafe {
         libc::kill(-pgid, sig);
+    }
+}
+
+/// Sends `sig` to the process `pid` alone.
+#[allow(unsafe_code)]
+fn signal_process(pid: u32, sig: libc::c_int) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return };
+    if pid <= 1 {
+        return;
+    }
+    // SAFETY: kill(2) with a positive pid signals that process; it reads no memory of ours. The
+    // pid is that of our own child, not yet reaped (its exit status is unknown), so it has not
+    // been reused.
+    unsafe {
+        libc::kill(pid, sig);
     }
 }
 
