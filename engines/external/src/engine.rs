@@ -7,7 +7,7 @@ use crate::process::ServerProcess;
 use crate::stream::{self, Call, Counters};
 use futures::future::BoxFuture;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -25,9 +25,9 @@ const STOP_GRACE: Duration = Duration::from_secs(20);
 /// A running request, for [`Engine::abort`].
 struct Running {
     task: tokio::task::AbortHandle,
-    tx: mpsc::Sender<Result<TokenEvent, EngineError>>,
-    emitted: Arc<AtomicUsize>,
-    prompt_len: usize,
+    /// Set by an abort: the request's stream ends with `Finished(abort)`, whatever the task
+    /// still sent before it stopped.
+    aborted: Arc<AtomicBool>,
 }
 
 /// What a loaded server engine is made of.
@@ -183,30 +183,47 @@ impl Engine for ServerEngine {
         };
         let (tx, mut rx) = mpsc::channel(256);
         let table = self.running.clone();
-        let task_tx = tx.clone();
         let task_id = id.clone();
+        let prompt_len = ids.len();
         let handle = tokio::runtime::Handle::try_current()
             .map_err(|_| EngineError::Internal("a server engine is driven from a tokio runtime".into()))?;
         let task = handle.spawn(async move {
-            stream::run(call, task_tx).await;
+            stream::run(call, tx).await;
             lock(&table).remove(&task_id);
         });
-        running.insert(id.clone(), Running { task: task.abort_handle(), tx, emitted, prompt_len: ids.len() });
+        let aborted = Arc::new(AtomicBool::new(false));
+        running.insert(id.clone(), Running { task: task.abort_handle(), aborted: aborted.clone() });
         drop(running);
         // Dropping the stream ends the task (and so the upstream request).
         let guard = AbortOnDrop { task: task.abort_handle(), table: self.running.clone(), id };
+        let mut done = false;
         Ok(Box::pin(futures::stream::poll_fn(move |cx| {
             let _ = &guard;
-            rx.poll_recv(cx)
+            if done {
+                return std::task::Poll::Ready(None);
+            }
+            if aborted.load(Ordering::Acquire) {
+                done = true;
+                let usage =
+                    Usage { prompt_tokens: prompt_len, completion_tokens: emitted.load(Ordering::Relaxed) };
+                return std::task::Poll::Ready(Some(Ok(TokenEvent::Finished {
+                    reason: FinishReason::Abort,
+                    usage,
+                })));
+            }
+            let next = rx.poll_recv(cx);
+            if let std::task::Poll::Ready(Some(Ok(TokenEvent::Finished { .. }) | Err(_))) = &next {
+                done = true;
+            }
+            next
         })))
     }
 
     fn abort(&self, request_id: &str) -> bool {
         let Some(r) = lock(&self.running).remove(request_id) else { return false };
+        r.aborted.store(true, Ordering::Release);
+        // The task's end drops its sender, which wakes the stream to report the abort.
         r.task.abort();
-        let usage =
-            Usage { prompt_tokens: r.prompt_len, completion_tokens: r.emitted.load(Ordering::Relaxed) };
-        let _ = r.tx.try_send(Ok(TokenEvent::Finished { reason: FinishReason::Abort, usage }));
         if self.flavor == Flavor::Sglang {
             // Closing the connection aborts too; this frees the engine without waiting for it.
             let (client, url) = (self.client.clone(), format!("{}/abort_request", self.base_url));

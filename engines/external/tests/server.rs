@@ -196,7 +196,7 @@ fn a_server_that_fails_to_start_names_why_with_its_log() {
     .err()
     .expect("times out");
     let text = err.to_string();
-    assert!(text.contains("launch_timeout_s") && text.contains("fake sglang server starting"), "{text}");
+    assert!(text.contains("launch_timeout_s") && text.contains("Last lines of"), "{text}");
 }
 
 #[test]
