@@ -408,13 +408,15 @@ fn launch_checks_replica_config_client_side() {
         assert!(err.contains(message), "{args:?} → {err}");
         assert!(!err.contains("cannot reach"), "{args:?} was sent: {err}");
     }
-    // -en (Xinference's short flag) reaches the request checks.
+    // -en (Xinference's short flag) reaches the request checks: vLLM loads Hugging Face
+    // folders, not GGUF files.
     let out = xinf()
-        .args(["launch", "-e", endpoint, "-n", "smollm2-instruct", "-en", "vllm"])
+        .args(["launch", "-e", endpoint, "-n", "smollm2-instruct", "-en", "vllm", "-f", "ggufv2"])
         .output()
         .expect("run");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("vllm"), "{err}");
+    assert!(!out.status.success() && err.contains("vllm replicas load Hugging Face folders"), "{err}");
+    assert!(!err.contains("cannot reach"), "was sent: {err}");
 }
 
 /// `xinf local` told it has one GPU (`XINF_GPUS=0`, on any machine): the worker lists it; two

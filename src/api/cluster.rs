@@ -26,13 +26,21 @@ impl ClusterService {
 }
 
 fn info(m: xinf_actors::ModelInfo) -> ModelInfo {
+    // The replicas' engines, once each in launch order (`vllm+sglang` for a mixed launch).
+    let mut engines: Vec<&str> = Vec::new();
+    for r in &m.replicas {
+        if !engines.contains(&r.engine.as_str()) {
+            engines.push(&r.engine);
+        }
+    }
+    let engine = if engines.is_empty() { "native".to_owned() } else { engines.join("+") };
     ModelInfo {
         replicas: m.replicas.iter().filter(|r| r.status != ReplicaStatus::Dead).count(),
         uid: m.model_uid,
         model_name: m.model_name,
         status: m.status,
         replica_details: m.replicas,
-        engine: "native".into(),
+        engine,
         context_length: None,
         created: m.created,
     }

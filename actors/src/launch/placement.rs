@@ -108,6 +108,15 @@ pub(crate) fn place(
         let (gpu_idx, n_gpu) = gpu_request(draft, worker, &newcomer.replica_uid)?;
         let gpus = choose_gpus(worker, on_worker, gpu_idx, n_gpu, &newcomer)?;
         check_share_has_gpu(draft, &gpus, &newcomer, wid)?;
+        if draft.needs_gpu && gpus.is_empty() {
+            return Err(invalid(
+                LaunchRule::NotEnoughGpus,
+                format!(
+                    "replica '{}' runs model_engine {}, which computes on a GPU, and worker {wid} has                      no GPU for it (visible GPUs: {:?})",
+                    newcomer.replica_uid, draft.engine, worker.gpus
+                ),
+            ));
+        }
         for g in &gpus {
             on_worker.entry(*g).or_default().push(newcomer.clone());
         }

@@ -27,6 +27,8 @@ pub(super) struct ReplicaDraft {
     /// placement would choose; `gpu_memory_utilization` is the replica's share of its GPU.
     pub(super) engine_config: EngineConfig,
     pub(super) device: DeviceRequest,
+    /// The engine computes only on a GPU: placing it on none is refused.
+    pub(super) needs_gpu: bool,
 }
 
 /// A launch request that passed every check that does not depend on the cluster's state.

@@ -377,6 +377,7 @@ fn legacy_drafts(
             engine: launch_engine.name().to_owned(),
             engine_config: base_checked.clone(),
             device: device.clone(),
+            needs_gpu: launch_engine.needs_gpu(),
         })
         .collect()
 }
@@ -410,6 +411,7 @@ fn entry_drafts(
             engine: own_engine.name().to_owned(),
             engine_config,
             device,
+            needs_gpu: own_engine.needs_gpu(),
         });
     }
     Ok(out)

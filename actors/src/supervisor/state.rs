@@ -179,6 +179,7 @@ impl SupervisorState {
                 role: p.role,
                 worker_id: p.worker_id.clone(),
                 gpus: p.gpus.clone(),
+                engine: p.engine.clone(),
                 gpu_memory_utilization: p.gpu_memory_utilization,
                 status: ReplicaStatus::Loading,
             })

@@ -222,7 +222,11 @@ impl EngineLoader for ServerLoader {
             Some(f) if f.specs.iter().any(|s| s.format == "pytorch") => Ok(()),
             Some(f) => Err(EngineError::invalid(
                 "model_name",
-                format!("{} has no Hugging Face (pytorch) weights in the registry; give model_path", f.name),
+                format!(
+                    "{} has no Hugging Face (pytorch) weights in the registry, and {} replicas load those; \
+                     give model_path",
+                    f.name, self.flavor
+                ),
             )),
             None => Err(EngineError::UnknownModel {
                 name: model.model_name.clone(),

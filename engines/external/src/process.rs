@@ -59,7 +59,8 @@ impl ServerProcess {
         let mut cmd = Command::new(&s.program);
         cmd.args(&s.args).envs(s.env.iter().cloned()).stdin(Stdio::null()).stdout(out).stderr(err);
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-        let mut child = cmd.spawn().map_err(|e| {
+        die_with_parent(&mut cmd);
+        let mut child = spawn_from_keeper(cmd).map_err(|e| {
             EngineError::Process(format!("{} could not be started ({}): {e}", s.what, s.program))
         })?;
         let pid = child.id();
@@ -199,6 +200,53 @@ fn tail(path: &Path) -> Vec<String> {
     let text = String::from_utf8_lossy(&buf);
     let lines: Vec<&str> = text.lines().map(str::trim_end).filter(|l| !l.is_empty()).collect();
     lines[lines.len().saturating_sub(TAIL_LINES)..].iter().map(|l| (*l).to_owned()).collect()
+}
+
+/// Makes the server get SIGTERM when xinf dies, however it dies: both engines stop their own
+/// workers on SIGTERM (vLLM's engine core, SGLang's scheduler), which a SIGKILL of the server
+/// alone would leave running, holding the GPU.
+#[allow(unsafe_code)]
+fn die_with_parent(cmd: &mut Command) {
+    let parent = std::process::id();
+    // SAFETY: the closure runs in the forked child before exec and calls only prctl(2),
+    // getppid(2) and _exit(2), which are async-signal-safe; it touches no lock or allocation.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(cmd, move || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            // xinf died between the fork and the prctl: nobody would ever stop this child.
+            if libc::getppid() as u32 != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Forks children from one thread that lives as long as the process. Linux sends the
+/// parent-death signal when the *thread* that forked a child ends, so a child forked from a
+/// loading thread (which tokio retires when idle) would be killed with that thread.
+fn spawn_from_keeper(cmd: Command) -> std::io::Result<std::process::Child> {
+    use std::sync::mpsc;
+    type Job = (Command, mpsc::Sender<std::io::Result<std::process::Child>>);
+    static KEEPER: std::sync::OnceLock<std::sync::Mutex<mpsc::Sender<Job>>> = std::sync::OnceLock::new();
+    let keeper = KEEPER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let started = std::thread::Builder::new().name("xinf-engine-spawner".into()).spawn(move || {
+            for (mut cmd, reply) in rx {
+                let _ = reply.send(cmd.spawn());
+            }
+        });
+        if let Err(e) = started {
+            tracing::error!(error = %e, "cannot start the thread that starts engine servers");
+        }
+        std::sync::Mutex::new(tx)
+    });
+    let (reply, answer) = mpsc::channel();
+    let sent = xinf_transfer::sync::lock(keeper).send((cmd, reply));
+    if sent.is_err() {
+        return Err(std::io::Error::other("the thread that starts engine servers is gone"));
+    }
+    answer.recv().map_err(|_| std::io::Error::other("the thread that starts engine servers is gone"))?
 }
 
 /// Sends `sig` to every process of the group `pgid`.

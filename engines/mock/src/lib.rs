@@ -37,6 +37,7 @@ use xinf_engine::{Engine, EngineConfig, EngineError, EngineLoader, MockConfig, M
 pub struct MockLoader {
     name: String,
     models: Vec<String>,
+    gpu_only: bool,
 }
 
 impl Default for MockLoader {
@@ -48,7 +49,14 @@ impl Default for MockLoader {
 impl MockLoader {
     /// A mock engine registered as `name`, knowing every model name.
     pub fn named(name: &str) -> Self {
-        Self { name: name.to_owned(), models: Vec::new() }
+        Self { name: name.to_owned(), models: Vec::new(), gpu_only: false }
+    }
+
+    /// Stands in for an engine that computes only on a GPU (as vLLM and SGLang do): launches
+    /// must place it on one.
+    pub fn gpu_only(mut self) -> Self {
+        self.gpu_only = true;
+        self
     }
 
     /// Knows only these model names (and any `model_path`).
@@ -61,6 +69,10 @@ impl MockLoader {
 impl EngineLoader for MockLoader {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn needs_gpu(&self) -> bool {
+        self.gpu_only
     }
 
     fn check_model(&self, model: &ModelSource) -> Result<(), EngineError> {

@@ -124,6 +124,24 @@ fn auto_uses_a_free_gpu_or_the_cpu() {
 }
 
 #[test]
+fn an_engine_that_needs_a_gpu_is_never_placed_on_the_cpu() {
+    let engines = xinf_engine::Engines::new(vec![
+        std::sync::Arc::new(xinf_engine_mock::MockLoader::named("native")),
+        std::sync::Arc::new(xinf_engine_mock::MockLoader::named("vllm").gpu_only()),
+    ]);
+    let req = json!({"model_name": "m", "model_path": "/m", "model_engine": "vLLM", "replica": 2});
+    let spec = validate(&parse(req), false, &engines).expect("valid");
+    let (placed, _) = place(&spec, "m", &view(vec![worker("w:1", &[0, 1])])).expect("two GPUs");
+    assert_eq!(placed.iter().map(|p| p.gpus.clone()).collect::<Vec<_>>(), vec![vec![0], vec![1]]);
+    let e = place(&spec, "m", &view(vec![worker("w:1", &[0])])).expect_err("one GPU for two");
+    assert_rule(
+        &e,
+        LaunchRule::NotEnoughGpus,
+        "replica 'm-1' runs model_engine vllm, which computes on a GPU",
+    );
+}
+
+#[test]
 fn no_workers_no_placement() {
     let e = place_err(json!({"model_name": "smollm2-instruct"}), &view(vec![]));
     assert_rule(&e, LaunchRule::NoWorkers, "no worker is registered");
