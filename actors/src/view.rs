@@ -54,7 +54,8 @@ pub struct ReplicaInfo {
     pub worker_id: String,
     /// GPU indexes on that worker; empty means the CPU.
     pub gpus: Vec<u32>,
-    /// The engine it runs (`native`, `vllm`, `sglang`).
+    /// The engine it runs (`native`, `vllm`, `sglang`); empty from a server that did not say.
+    #[serde(default)]
     pub engine: String,
     /// The share of its GPU's memory it may take (`engine_config.gpu_memory_utilization`),
     /// which lets replicas share a GPU.

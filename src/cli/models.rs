@@ -140,7 +140,7 @@ mod tests {
         let models = json!({"object": "list", "data": [{"id": "m", "object": "model", "created": 1,
             "owned_by": "xinf", "xinf": {"uid": "m", "model_name": "smollm2", "status": "loading",
             "replicas": 1, "replica_details": [{"replica_uid": "m-0", "role": "prefill", "worker_id": "w1",
-            "gpus": [0], "gpu_memory_utilization": 0.8, "status": "alive"}], "engine": "native",
+            "gpus": [0], "engine": "native", "gpu_memory_utilization": 0.8, "status": "alive"}], "engine": "native",
             "context_length": null, "created": 1}}, {"id": "one", "object": "model", "created": 1,
             "owned_by": "xinf", "xinf": {"uid": "one", "model_name": "qwen3", "status": "ready",
             "replicas": 1, "engine": "native", "context_length": 4096, "created": 1}}]});

@@ -7,6 +7,8 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use xinf_engine::EngineError;
@@ -40,6 +42,8 @@ pub(crate) struct ServerProcess {
     what: String,
     /// `Some(how it ended)` once the process has exited.
     exit: watch::Receiver<Option<String>>,
+    /// Set by [`stop`](Self::stop): an exit that was asked for is no death.
+    stopping: Arc<AtomicBool>,
 }
 
 impl ServerProcess {
@@ -80,7 +84,7 @@ impl ServerProcess {
                 let _ = tx.send(Some(how));
             })
             .map_err(|e| EngineError::Process(format!("cannot start a thread to watch {}: {e}", s.what)))?;
-        Ok(Self { pid, log: s.log, what: s.what, exit: rx })
+        Ok(Self { pid, log: s.log, what: s.what, exit: rx, stopping: Arc::default() })
     }
 
     /// The log file.
@@ -98,15 +102,19 @@ impl ServerProcess {
         EngineError::Process(format!("{} exited ({how}).{}", self.what, self.tail_text()))
     }
 
-    /// Resolves once the process has exited, with the error it stands for.
+    /// Resolves once the process has exited on its own, with the error it stands for; never
+    /// after [`stop`](Self::stop) was called.
     pub(crate) fn exited(&self) -> impl std::future::Future<Output = EngineError> + Send + 'static {
         let mut rx = self.exit.clone();
-        let (what, log) = (self.what.clone(), self.log.clone());
+        let (what, log, stopping) = (self.what.clone(), self.log.clone(), self.stopping.clone());
         async move {
             let how = match rx.wait_for(Option::is_some).await {
                 Ok(how) => how.clone().unwrap_or_default(),
                 Err(_) => "its watcher stopped".to_owned(),
             };
+            if stopping.load(Ordering::Acquire) {
+                std::future::pending::<()>().await;
+            }
             EngineError::Process(format!("{what} exited ({how}).{}", tail_text(&log)))
         }
     }
@@ -141,6 +149,7 @@ impl ServerProcess {
     /// to the whole group after `grace`; returns once no process of the group is left
     /// (blocking).
     pub(crate) fn stop(&self, grace: Duration) {
+        self.stopping.store(true, Ordering::Release);
         if !group_alive(self.pid) {
             return;
         }
