@@ -239,7 +239,12 @@ fn check_topology(
     if !pd {
         return Ok(());
     }
-    if !model_type_ok || !serves_pd(engine) {
+    // A replica's own engine must serve P/D too (its role is prefill or decode).
+    let own = entries
+        .iter()
+        .filter_map(|e| e.model_engine.as_deref())
+        .find(|name| engines.get(name).is_some_and(|l| !l.serves_pd()));
+    if !model_type_ok || !serves_pd(engine) || own.is_some() {
         return Err(invalid(
             LaunchRule::PdEngine,
             format!(

@@ -38,6 +38,7 @@ pub struct MockLoader {
     name: String,
     models: Vec<String>,
     gpu_only: bool,
+    no_pd: bool,
 }
 
 impl Default for MockLoader {
@@ -49,7 +50,13 @@ impl Default for MockLoader {
 impl MockLoader {
     /// A mock engine registered as `name`, knowing every model name.
     pub fn named(name: &str) -> Self {
-        Self { name: name.to_owned(), models: Vec::new(), gpu_only: false }
+        Self { name: name.to_owned(), models: Vec::new(), gpu_only: false, no_pd: false }
+    }
+
+    /// Stands in for an engine that serves ordinary replicas only (no prefill/decode roles).
+    pub fn ordinary_only(mut self) -> Self {
+        self.no_pd = true;
+        self
     }
 
     /// Stands in for an engine that computes only on a GPU (as vLLM and SGLang do): launches
@@ -73,6 +80,10 @@ impl EngineLoader for MockLoader {
 
     fn needs_gpu(&self) -> bool {
         self.gpu_only
+    }
+
+    fn serves_pd(&self) -> bool {
+        !self.no_pd
     }
 
     fn check_model(&self, model: &ModelSource) -> Result<(), EngineError> {

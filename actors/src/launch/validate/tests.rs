@@ -239,6 +239,21 @@ fn pd_needs_llm_and_the_native_engine() {
 }
 
 #[test]
+fn pd_replicas_of_an_engine_without_pd_are_refused() {
+    let engines = xinf_engine::Engines::new(vec![
+        std::sync::Arc::new(xinf_engine_mock::MockLoader::named("native")),
+        std::sync::Arc::new(xinf_engine_mock::MockLoader::named("vllm").ordinary_only()),
+    ]);
+    let req = json!({"model_name": "m", "model_path": "/m", "replica_config": [
+        {"role": "prefill", "model_engine": "vLLM", "devices": device("w:1")},
+        {"role": "decode", "devices": device("w:1")}]});
+    let e = validate(&parse(req), false, &engines).expect_err("vllm serves no P/D here");
+    assert_rule(&e, LaunchRule::PdEngine, "PD separation requires model_type=LLM and model_engine=native");
+    let ordinary = json!({"model_name": "m", "model_path": "/m", "model_engine": "vllm", "replica": 2});
+    validate(&parse(ordinary), false, &engines).expect("ordinary replicas of it are fine");
+}
+
+#[test]
 fn pd_needs_both_roles_and_no_hybrid() {
     for roles in [
         json!([{"role": "prefill"}]),
