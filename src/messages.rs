@@ -28,6 +28,9 @@ pub fn engine_error_text(cat: &Catalog, e: &EngineError) -> String {
         EngineError::Model(detail) => cat.text("error-model", &[("detail", detail)]),
         EngineError::Stopped => cat.text("error-engine-stopped", &[]),
         EngineError::Import(detail) => cat.text("error-kv-import", &[("detail", detail)]),
+        EngineError::Rejected(detail) => cat.text("error-engine-rejected", &[("detail", detail)]),
+        // The engine process's own words (with its log's last lines): not translated.
+        EngineError::Process(detail) => cat.text("error-engine-process", &[("detail", detail)]),
         EngineError::Internal(detail) => cat.text("error-internal", &[("detail", detail)]),
         other => cat.text("error-internal", &[("detail", &other.to_string())]),
     }

@@ -9,6 +9,8 @@ error-aborted = the request was aborted
 error-model = cannot load the model: { $detail }
 error-engine-stopped = the engine has stopped
 error-kv-import = imported KV cache rejected: { $detail }
+error-engine-rejected = the engine refused the request: { $detail }
+error-engine-process = { $detail }
 error-internal = internal error: { $detail }
 error-usage = { $detail }
 # CLI output.

@@ -9,6 +9,8 @@ error-aborted = 请求已中止
 error-model = 无法加载模型：{ $detail }
 error-engine-stopped = 引擎已停止
 error-kv-import = 导入的 KV 缓存被拒绝：{ $detail }
+error-engine-rejected = 引擎拒绝了该请求：{ $detail }
+error-engine-process = { $detail }
 error-internal = 内部错误：{ $detail }
 error-usage = { $detail }
 # 命令行输出。
