@@ -15,7 +15,7 @@ use xinf_engine::{
     Engine, EngineError, EngineStats, FinishReason, GenerateRequest, ImportedKv, ModelContract,
     PinnedPrefill, Prompt, TokenEvent, TokenStream, Usage,
 };
-use xinf_models::{ModelError, TextTokenizer};
+use xinf_models::TextTokenizer;
 use xinf_transfer::LayoutDescriptor;
 use xinf_transfer::sync::lock;
 
@@ -89,30 +89,7 @@ impl ServerEngine {
     }
 
     fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
-        let model = |e: ModelError| EngineError::Model(e.to_string());
-        let ids = match prompt {
-            Prompt::Text(t) => self.tokenizer.encode(t, true).map_err(model)?,
-            Prompt::Tokens(ids) => ids.clone(),
-            Prompt::Chat(messages) => {
-                if messages.is_empty() {
-                    return Err(EngineError::invalid("messages", "must not be empty"));
-                }
-                self.tokenizer.encode_chat(messages).map_err(|e| match e {
-                    ModelError::Template(m) => EngineError::invalid("messages", m),
-                    other => model(other),
-                })?
-            }
-        };
-        if ids.is_empty() {
-            return Err(EngineError::invalid("prompt", "must not be empty"));
-        }
-        if let Some(bad) = ids.iter().find(|&&t| t as usize >= self.contract.vocab_size) {
-            return Err(EngineError::invalid(
-                "prompt",
-                format!("token id {bad} is outside the vocabulary of {} tokens", self.contract.vocab_size),
-            ));
-        }
-        Ok(ids)
+        self.tokenizer.prompt_ids(prompt, self.contract.vocab_size)
     }
 
     /// Refuses what the server would refuse anyway, in xinf's words (the same as the native

@@ -7,7 +7,7 @@ use candle_core::quantized::tokenizer::TokenizerFromGguf;
 use sha2::{Digest, Sha256};
 use std::path::Path;
 use tokenizers::Tokenizer;
-use xinf_engine::ChatMessage;
+use xinf_engine::{ChatMessage, EngineError, Prompt};
 
 /// A tokenizer, its chat template and the ids that end generation.
 pub struct TextTokenizer {
@@ -208,6 +208,36 @@ impl TextTokenizer {
     /// Token ids of rendered chat messages (the rendered text already holds the special tokens).
     pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, ModelError> {
         self.encode(&self.render_chat(messages)?, false)
+    }
+
+    /// The token ids a request's prompt becomes, as every engine behind xinf sees it: text with
+    /// the tokenizer's special tokens, ids as they are, chat through the template. Refuses an
+    /// empty prompt and ids outside a vocabulary of `vocab_size`, naming the field.
+    pub fn prompt_ids(&self, prompt: &Prompt, vocab_size: usize) -> Result<Vec<u32>, EngineError> {
+        let model = |e: ModelError| EngineError::Model(e.to_string());
+        let ids = match prompt {
+            Prompt::Text(t) => self.encode(t, true).map_err(model)?,
+            Prompt::Tokens(ids) => ids.clone(),
+            Prompt::Chat(messages) => {
+                if messages.is_empty() {
+                    return Err(EngineError::invalid("messages", "must not be empty"));
+                }
+                self.encode_chat(messages).map_err(|e| match e {
+                    ModelError::Template(m) => EngineError::invalid("messages", m),
+                    other => model(other),
+                })?
+            }
+        };
+        if ids.is_empty() {
+            return Err(EngineError::invalid("prompt", "must not be empty"));
+        }
+        if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab_size) {
+            return Err(EngineError::invalid(
+                "prompt",
+                format!("token id {bad} is outside the vocabulary of {vocab_size} tokens"),
+            ));
+        }
+        Ok(ids)
     }
 
     /// Whether a chat template is available.

@@ -1,7 +1,7 @@
 //! The engine's handle: what callers hold. It validates and tokenizes requests, answers what
 //! it can from the shared counters, and sends everything else to the compute thread.
 
-use super::load::{self, Device, model_err};
+use super::load::{self, Device};
 use super::seq::{Import, Mode, Seq};
 use super::shared::{Command, Shared, dequeued};
 use super::worker::Worker;
@@ -19,7 +19,7 @@ use xinf_engine::{
     Engine, EngineError, EngineStats, GenerateRequest, ImportedKv, KvPages, ModelContract, PAGE_TOKENS,
     PinnedPrefill, Prompt, TokenStream,
 };
-use xinf_models::{ModelError, ResolvedModel, TextTokenizer};
+use xinf_models::{ResolvedModel, TextTokenizer};
 use xinf_transfer::LayoutDescriptor;
 use xinf_transfer::device::{DeviceLease, DeviceRoute, DeviceSink, KvDevice};
 use xinf_transfer::sync::lock;
@@ -116,29 +116,7 @@ impl NativeEngine {
 
     /// Tokenizes the prompt of a request.
     pub fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
-        let ids = match prompt {
-            Prompt::Text(t) => self.tokenizer.encode(t, true).map_err(model_err)?,
-            Prompt::Tokens(ids) => ids.clone(),
-            Prompt::Chat(messages) => {
-                if messages.is_empty() {
-                    return Err(EngineError::invalid("messages", "must not be empty"));
-                }
-                self.tokenizer.encode_chat(messages).map_err(|e| match e {
-                    ModelError::Template(m) => EngineError::invalid("messages", m),
-                    other => model_err(other),
-                })?
-            }
-        };
-        if ids.is_empty() {
-            return Err(EngineError::invalid("prompt", "must not be empty"));
-        }
-        if let Some(bad) = ids.iter().find(|&&t| t as usize >= self.contract.vocab_size) {
-            return Err(EngineError::invalid(
-                "prompt",
-                format!("token id {bad} is outside the vocabulary of {} tokens", self.contract.vocab_size),
-            ));
-        }
-        Ok(ids)
+        self.tokenizer.prompt_ids(prompt, self.contract.vocab_size)
     }
 
     /// Validates `request` and makes the sequence the compute thread runs for it, with the
