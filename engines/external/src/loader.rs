@@ -89,16 +89,16 @@ fn read_own_key(config: &mut ServerConfig, key: &str, value: &Value) -> Result<(
     Ok(())
 }
 
-/// The KV element type the server will use: its `dtype` flag, else the checkpoint's.
-fn kv_dtype(dir: &Path, config: &ServerConfig) -> Result<KvDtype, EngineError> {
+/// The KV element type the server will use: its `dtype` flag, else the checkpoint's
+/// (`config_json`, the folder's `config.json`).
+fn kv_dtype(config_json: &Value, config: &ServerConfig) -> Result<KvDtype, EngineError> {
     let flag = config.flags.iter().find(|(k, _)| crate::flags::flag_name(k) == "dtype");
     let from_flag = match flag {
         Some((_, xinf_engine::FlagValue::Text(t))) if t != "auto" => Some((t.clone(), "engine_config.dtype")),
         _ => None,
     };
-    let text = std::fs::read_to_string(dir.join("config.json")).unwrap_or_default();
-    let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
     let from_checkpoint = || {
+        let v = config_json;
         let name = v.get("torch_dtype").or_else(|| v.get("dtype")).and_then(Value::as_str)?;
         Some((name.to_owned(), "torch_dtype of config.json"))
     };
@@ -113,34 +113,22 @@ fn kv_dtype(dir: &Path, config: &ServerConfig) -> Result<KvDtype, EngineError> {
     }
 }
 
-/// What a model's folder says it is, as the contract peers compare.
-fn contract(
-    dir: &Path,
-    config: &ServerConfig,
-    tokenizer: &TextTokenizer,
-) -> Result<ModelContract, EngineError> {
+/// What a model's folder holds, read once: its config (refusing what xinf does not serve), its
+/// tokenizer, and the contract peers compare.
+fn read_model(dir: &Path, config: &ServerConfig) -> Result<(TextTokenizer, ModelContract), EngineError> {
     let model = |e: xinf_models::ModelError| EngineError::Model(e.to_string());
     let cfg_path = dir.join("config.json");
     let text =
         std::fs::read_to_string(&cfg_path).map_err(|e| model(xinf_models::ModelError::io(&cfg_path, e)))?;
     let cfg = ModelConfig::from_hf_json(&text, &cfg_path.display().to_string()).map_err(model)?;
+    let dtype = kv_dtype(&serde_json::from_str(&text).unwrap_or(Value::Null), config)?;
+    let tokenizer = TextTokenizer::from_hf_dir(dir, &cfg.eos_token_ids).map_err(model)?;
     let files = xinf_models::safetensors_files(dir).map_err(model)?;
     let weights_digest = xinf_models::weights_digest(&files).map_err(model)?;
     let context_length =
         config.context_length.map_or(cfg.max_position_embeddings, |c| c.min(cfg.max_position_embeddings));
-    Ok(ModelContract {
-        architecture: cfg.architecture.as_str().to_owned(),
-        dtype: kv_dtype(dir, config)?,
-        num_layers: cfg.num_layers,
-        num_heads: cfg.num_heads,
-        kv_heads: cfg.kv_heads,
-        head_dim: cfg.head_dim,
-        vocab_size: cfg.vocab_size,
-        context_length,
-        rope_theta: cfg.rope_theta,
-        weights_digest,
-        tokenizer_digest: tokenizer.digest().to_owned(),
-    })
+    let contract = cfg.contract(&tokenizer, dtype, context_length, weights_digest);
+    Ok((tokenizer, contract))
 }
 
 impl ServerLoader {
@@ -284,12 +272,7 @@ impl ServerLoader {
             }
         };
         let dir = self.model_dir(model)?;
-        let model_err = |e: xinf_models::ModelError| EngineError::Model(e.to_string());
-        let cfg_text = std::fs::read_to_string(dir.join("config.json")).unwrap_or_default();
-        let eos =
-            ModelConfig::from_hf_json(&cfg_text, "config.json").map(|c| c.eos_token_ids).unwrap_or_default();
-        let tokenizer = TextTokenizer::from_hf_dir(&dir, &eos).map_err(model_err)?;
-        let contract = contract(&dir, config, &tokenizer)?;
+        let (tokenizer, contract) = read_model(&dir, config)?;
         let layout = self.layout(&contract)?;
         let port = free_port()?;
         let dir_text = dir.display().to_string();

@@ -332,6 +332,31 @@ impl ModelConfig {
         Ok(config)
     }
 
+    /// What a peer must match to exchange KV with an engine computing this model: the shape
+    /// from here, the rest from the engine (its KV dtype, its context length cap, the digest of
+    /// the weight files it loaded, its tokenizer).
+    pub fn contract(
+        &self,
+        tokenizer: &crate::TextTokenizer,
+        dtype: xinf_engine::KvDtype,
+        context_length: usize,
+        weights_digest: String,
+    ) -> xinf_engine::ModelContract {
+        xinf_engine::ModelContract {
+            architecture: self.architecture.as_str().to_owned(),
+            dtype,
+            num_layers: self.num_layers,
+            num_heads: self.num_heads,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            vocab_size: self.vocab_size,
+            context_length,
+            rope_theta: self.rope_theta,
+            weights_digest,
+            tokenizer_digest: tokenizer.digest().to_owned(),
+        }
+    }
+
     fn check(&self) -> Result<(), ModelError> {
         for (name, v) in [
             ("hidden_size", self.hidden_size),

@@ -87,7 +87,7 @@ pub(super) fn load(model: &ResolvedModel, options: EngineOptions) -> Result<Load
         .describe(cfg.num_layers, cfg.kv_heads, cfg.head_dim, num_blocks)
         .map_err(|e| EngineError::invalid("engine_config.kv_layout", e.to_string()))?;
     let max_seq_len = context_length.min((num_blocks - 1) * block_size);
-    let contract = contract(&cfg, &tokenizer, dtype, context_length, digest);
+    let contract = cfg.contract(&tokenizer, dtype, context_length, digest);
     let eos = eos_ids(&cfg, &tokenizer);
     let graph_steps = Arc::new(AtomicU64::new(0));
     let shape = CacheShape { layout: layout.clone(), dtype, context_length };
@@ -140,29 +140,6 @@ fn check_vocab(cfg: &ModelConfig, tokenizer: &TextTokenizer) -> Result<(), Engin
             tokenizer.vocab_size()
         ),
     }))
-}
-
-/// What a peer must match to exchange KV with this engine.
-fn contract(
-    cfg: &ModelConfig,
-    tokenizer: &TextTokenizer,
-    dtype: KvDtype,
-    context_length: usize,
-    weights_digest: String,
-) -> ModelContract {
-    ModelContract {
-        architecture: cfg.architecture.as_str().to_owned(),
-        dtype,
-        num_layers: cfg.num_layers,
-        num_heads: cfg.num_heads,
-        kv_heads: cfg.kv_heads,
-        head_dim: cfg.head_dim,
-        vocab_size: cfg.vocab_size,
-        context_length,
-        rope_theta: cfg.rope_theta,
-        weights_digest,
-        tokenizer_digest: tokenizer.digest().to_owned(),
-    }
 }
 
 /// The end-of-sequence ids of the tokenizer and of the model config, sorted, once each.
