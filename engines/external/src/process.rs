@@ -99,7 +99,7 @@ impl ServerProcess {
 
     /// The error a dead process stands for: what ended, how, and the end of its log.
     pub(crate) fn death(&self, how: &str) -> EngineError {
-        EngineError::Process(format!("{} exited ({how}).{}", self.what, self.tail_text()))
+        death(&self.what, how, &self.log)
     }
 
     /// Resolves once the process has exited on its own, with the error it stands for; never
@@ -115,7 +115,7 @@ impl ServerProcess {
             if stopping.load(Ordering::Acquire) {
                 std::future::pending::<()>().await;
             }
-            EngineError::Process(format!("{what} exited ({how}).{}", tail_text(&log)))
+            death(&what, &how, &log)
         }
     }
 
@@ -184,6 +184,11 @@ impl Drop for ServerProcess {
             signal_group(self.pid, libc::SIGKILL);
         }
     }
+}
+
+/// The error of a server that exited on its own: what, how, and the end of its log.
+fn death(what: &str, how: &str, log: &Path) -> EngineError {
+    EngineError::Process(format!("{what} exited ({how}).{}", tail_text(log)))
 }
 
 /// The last lines of a log file, introduced, or nothing when there are none.

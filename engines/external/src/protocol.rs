@@ -43,49 +43,40 @@ pub(crate) fn generate_body(
     max_new: usize,
 ) -> Value {
     let max_tokens = sampling.max_tokens.unwrap_or(max_new);
+    // The settings both engines spell alike.
+    let mut params = json!({
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "min_p": sampling.min_p,
+        "stop": sampling.stop,
+        "stop_token_ids": sampling.stop_token_ids,
+        "ignore_eos": sampling.ignore_eos,
+        "presence_penalty": sampling.presence_penalty,
+        "frequency_penalty": sampling.frequency_penalty,
+        "repetition_penalty": sampling.repetition_penalty,
+    });
+    let seed = sampling.seed.map(|s| json!(s as i64));
     match flavor {
         Flavor::Vllm => {
-            let mut body = json!({
-                "model": served_name,
-                "prompt": ids,
-                "request_id": request_id,
-                "stream": true,
-                "stream_options": {"include_usage": true},
-                "return_token_ids": true,
-                "max_tokens": max_tokens,
-                "temperature": sampling.temperature,
-                "top_p": sampling.top_p,
-                "top_k": sampling.top_k,
-                "min_p": sampling.min_p,
-                "stop": sampling.stop,
-                "stop_token_ids": sampling.stop_token_ids,
-                "ignore_eos": sampling.ignore_eos,
-                "presence_penalty": sampling.presence_penalty,
-                "frequency_penalty": sampling.frequency_penalty,
-                "repetition_penalty": sampling.repetition_penalty,
-            });
-            if let Some(seed) = sampling.seed {
-                body["seed"] = json!(seed as i64);
+            params["model"] = json!(served_name);
+            params["prompt"] = json!(ids);
+            params["request_id"] = json!(request_id);
+            params["stream"] = json!(true);
+            params["stream_options"] = json!({"include_usage": true});
+            params["return_token_ids"] = json!(true);
+            params["max_tokens"] = json!(max_tokens);
+            params["top_k"] = json!(sampling.top_k);
+            if let Some(seed) = seed {
+                params["seed"] = seed;
             }
-            body
+            params
         }
         Flavor::Sglang => {
-            let mut params = json!({
-                "max_new_tokens": max_tokens,
-                "temperature": sampling.temperature,
-                "top_p": sampling.top_p,
-                "min_p": sampling.min_p,
-                "stop": sampling.stop,
-                "stop_token_ids": sampling.stop_token_ids,
-                "ignore_eos": sampling.ignore_eos,
-                "presence_penalty": sampling.presence_penalty,
-                "frequency_penalty": sampling.frequency_penalty,
-                "repetition_penalty": sampling.repetition_penalty,
-            });
+            params["max_new_tokens"] = json!(max_tokens);
             // SGLang's "all tokens" is -1 (0 is refused).
             params["top_k"] = json!(if sampling.top_k == 0 { -1 } else { sampling.top_k as i64 });
-            if let Some(seed) = sampling.seed {
-                params["sampling_seed"] = json!(seed as i64);
+            if let Some(seed) = seed {
+                params["sampling_seed"] = seed;
             }
             json!({
                 "input_ids": ids,

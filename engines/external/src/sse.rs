@@ -20,15 +20,7 @@ impl SseDecoder {
         let mut out = Vec::new();
         while let Some(end) = find_event_end(&self.buf) {
             let event: Vec<u8> = self.buf.drain(..end.0 + end.1).take(end.0).collect();
-            let text = String::from_utf8_lossy(&event);
-            let data: Vec<&str> = text
-                .lines()
-                .filter_map(|l| l.strip_prefix("data:"))
-                .map(|d| d.strip_prefix(' ').unwrap_or(d))
-                .collect();
-            if !data.is_empty() {
-                out.push(data.join("\n"));
-            }
+            out.extend(payload(&String::from_utf8_lossy(&event)));
         }
         if self.buf.len() > MAX_EVENT_BYTES {
             return Err(EngineError::Process(format!(
@@ -42,10 +34,18 @@ impl SseDecoder {
     pub(crate) fn finish(&mut self) -> Option<String> {
         let text = String::from_utf8_lossy(&self.buf).into_owned();
         self.buf.clear();
-        let data: Vec<&str> =
-            text.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim_start).collect();
-        (!data.is_empty()).then(|| data.join("\n"))
+        payload(&text)
     }
+}
+
+/// The `data` of one event (its `data:` lines joined), if it has any.
+fn payload(event: &str) -> Option<String> {
+    let data: Vec<&str> = event
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(|d| d.strip_prefix(' ').unwrap_or(d))
+        .collect();
+    (!data.is_empty()).then(|| data.join("\n"))
 }
 
 /// Where the first event ends: `(length of the event, length of the separator)`.
@@ -59,24 +59,4 @@ fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn splits_events_across_pushes() {
-        let mut d = SseDecoder::default();
-        assert!(d.push(b"data: {\"a\"").expect("push").is_empty());
-        let got = d.push(b":1}\n\ndata: [DONE]\n\n").expect("push");
-        assert_eq!(got, vec!["{\"a\":1}".to_owned(), "[DONE]".to_owned()]);
-        assert!(d.push(b"data: x\r\n\r\n: comment\n\n").expect("push") == vec!["x".to_owned()]);
-        assert!(d.push(b"data: tail").expect("push").is_empty());
-        assert_eq!(d.finish().as_deref(), Some("tail"));
-    }
-
-    #[test]
-    fn refuses_an_event_that_never_ends() {
-        let mut d = SseDecoder::default();
-        let big = vec![b'x'; MAX_EVENT_BYTES + 1];
-        assert!(d.push(&big).is_err());
-    }
-}
+mod tests;
