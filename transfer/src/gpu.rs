@@ -8,7 +8,12 @@
 //! (`table[t/B]·s_blk + (t%B)·s_tok` in the engine, `page·PAGE + off·H·D` in the canonical
 //! pages), so only the plane pointers and the block table are uploaded; gather and scatter are
 //! the same kernel with the direction flag. Rows past the prompt are zero-filled in the pages
-//! (gather) and skipped in the engine (scatter), as on the CPU.
+//! (gather) and skipped in the engine (scatter), as on the CPU; a scatter may also start past
+//! the sequence's first token, leaving a prefix the engine already holds untouched.
+//!
+//! The engine memory is a set of `CudaSlice`s (the native engine's own cache), or raw device
+//! addresses of another runtime's tensors in this process (`gather_raw`, `scatter_raw`: an
+//! engine server's KV cache, reached through the Python extension).
 //!
 //! The driver and NVRTC are loaded when a [`GpuPages`] is created; without them the error says
 //! so instead of panicking.
@@ -29,7 +34,7 @@ extern "C" __global__ void kv_pages_copy(
     const unsigned long long* eng_plane, const unsigned int* table, int block_size,
     long long s_blk, long long s_tok, long long eng_head,
     const unsigned long long* can_plane, long long page_bytes, long long can_tok, long long can_head,
-    int gather, long long len, int first_page,
+    int gather, long long start, long long len, int first_page,
     int heads, int row_bytes, int n_rows, int vec16, int rows_per_block)
 {
     int lk = blockIdx.y;
@@ -45,7 +50,7 @@ extern "C" __global__ void kv_pages_copy(
         long long t = (long long)(first_page + p) * 64 + o;
         int h = rem / per_head, j = rem - h * per_head;
         unsigned char* c = cp + p * page_bytes + o * can_tok + h * can_head;
-        if (t >= len) {                                    // past the prompt
+        if (t >= len || t < start) {                       // outside the tokens copied
             if (gather) {
                 if (vec16) ((uint4*)c)[j] = make_uint4(0, 0, 0, 0); else c[j] = 0;
             }
@@ -241,6 +246,64 @@ impl GpuPages {
         self.stream.synchronize().map_err(driver)
     }
 
+    /// Queues the gather of pages `range` of a `len`-token sequence out of engine memory that
+    /// this crate does not own (another runtime's tensors: an engine server's KV cache) into
+    /// `pages`. Regions and pages are device addresses of this GPU.
+    ///
+    /// # Safety
+    /// Each of `regions` must be the start of live device memory of this context holding at
+    /// least `desc.region_len * elem_bytes` bytes, `pages` of at least `pages_len` bytes, and
+    /// both must stay allocated until the queued copy is over ([`synchronize`](Self::synchronize)).
+    /// Everything else (shapes, the block table, every offset against those lengths) is checked.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gather_raw(
+        &self,
+        desc: &LayoutDescriptor,
+        elem_bytes: usize,
+        regions: &[u64],
+        block_table: &[u32],
+        len: usize,
+        range: Range<usize>,
+        pages: u64,
+        pages_len: usize,
+    ) -> Result<(), GpuError> {
+        let copy =
+            Copy { direction: Direction::Gather, desc, es: elem_bytes, block_table, start: 0, len, range };
+        // SAFETY: the caller's contract is this function's.
+        unsafe { self.launch_raw(&copy, regions, pages, pages_len) }
+    }
+
+    /// Queues the scatter of `pages` (pages `range` of a `len`-token sequence) into engine memory
+    /// this crate does not own; only tokens `start..len` are written, so a prefix the engine
+    /// already holds stays untouched.
+    ///
+    /// # Safety
+    /// As for [`gather_raw`](Self::gather_raw).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn scatter_raw(
+        &self,
+        desc: &LayoutDescriptor,
+        elem_bytes: usize,
+        regions: &[u64],
+        block_table: &[u32],
+        tokens: Range<usize>,
+        range: Range<usize>,
+        pages: u64,
+        pages_len: usize,
+    ) -> Result<(), GpuError> {
+        let copy = Copy {
+            direction: Direction::Scatter,
+            desc,
+            es: elem_bytes,
+            block_table,
+            start: tokens.start,
+            len: tokens.end,
+            range,
+        };
+        // SAFETY: the caller's contract is this function's.
+        unsafe { self.launch_raw(&copy, regions, pages, pages_len) }
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn launch(
         &self,
@@ -253,25 +316,12 @@ impl GpuPages {
         range: Range<usize>,
         pages: &CudaSlice<u8>,
     ) -> Result<(), GpuError> {
-        let shape = |m: String| Err(GpuError::Shape(m));
-        let (l, h, d) = (desc.num_layers, desc.kv_heads, desc.head_dim);
-        let count = range.len();
-        if count == 0 {
-            return Ok(());
-        }
         if regions.len() != desc.num_regions || regions.iter().any(|r| r.len() != desc.region_len * es) {
-            return shape(format!("{} regions of {} bytes expected", desc.num_regions, desc.region_len * es));
-        }
-        let page_bytes = 2 * l * PAGE_TOKENS * h * d * es;
-        if pages.len() < count * page_bytes {
-            return shape(format!("{} bytes of pages for {count} pages of {page_bytes}", pages.len()));
-        }
-        let b = desc.block_size();
-        let needed = len.min(range.end * PAGE_TOKENS).div_ceil(b);
-        if block_table.len() < needed
-            || block_table.iter().take(needed).any(|&blk| blk as usize >= desc.num_blocks)
-        {
-            return shape(format!("the block table must name {needed} blocks below {}", desc.num_blocks));
+            return Err(GpuError::Shape(format!(
+                "{} regions of {} bytes expected",
+                desc.num_regions,
+                desc.region_len * es
+            )));
         }
         let stream = &self.stream;
         let (pages_ptr, _sync) = pages.device_ptr(stream);
@@ -282,6 +332,44 @@ impl GpuPages {
             bases.push(ptr);
             guards.push(sync);
         }
+        let copy = Copy { direction, desc, es, block_table, start: 0, len, range };
+        // SAFETY: the regions and pages are live buffers of this context, borrowed (with their
+        // stream guards) for the whole call, of the lengths checked above and passed.
+        unsafe { self.launch_raw(&copy, &bases, pages_ptr, pages.len()) }
+    }
+
+    /// # Safety
+    /// As for [`gather_raw`](Self::gather_raw).
+    unsafe fn launch_raw(
+        &self,
+        copy: &Copy<'_>,
+        bases: &[u64],
+        pages_ptr: u64,
+        pages_len: usize,
+    ) -> Result<(), GpuError> {
+        let Copy { direction, desc, es, block_table, start, len, ref range } = *copy;
+        let range = range.clone();
+        let shape = |m: String| Err(GpuError::Shape(m));
+        if bases.len() != desc.num_regions {
+            return shape(format!("{} regions expected, {} given", desc.num_regions, bases.len()));
+        }
+        let (l, h, d) = (desc.num_layers, desc.kv_heads, desc.head_dim);
+        let count = range.len();
+        if count == 0 {
+            return Ok(());
+        }
+        let page_bytes = 2 * l * PAGE_TOKENS * h * d * es;
+        if pages_len < count * page_bytes {
+            return shape(format!("{pages_len} bytes of pages for {count} pages of {page_bytes}"));
+        }
+        let b = desc.block_size();
+        let needed = len.min(range.end * PAGE_TOKENS).div_ceil(b);
+        if block_table.len() < needed
+            || block_table.iter().take(needed).any(|&blk| blk as usize >= desc.num_blocks)
+        {
+            return shape(format!("the block table must name {needed} blocks below {}", desc.num_blocks));
+        }
+        let stream = &self.stream;
         // The farthest engine byte a row can reach, checked against every plane's region.
         let max_blk = block_table.iter().take(needed).copied().max().unwrap_or(0) as usize;
         let row_span = ((h - 1) * desc.s_head + d) * es;
@@ -320,7 +408,7 @@ impl GpuPages {
         let rows_per_block = (THREADS / units.max(1)).max(1);
         let grid_x = rows.div_ceil(rows_per_block) as u32;
         let gather = i32::from(direction == Direction::Gather);
-        let (block_size, len, first_page) = (b as i32, len as i64, range.start as i32);
+        let (block_size, start, len, first_page) = (b as i32, start as i64, len as i64, range.start as i32);
         let (heads, row_bytes, n_rows, vec16) = (h as i32, row_bytes as i32, rows as i32, i32::from(vec16));
         let rows_per_block = rows_per_block as i32;
         let cfg = LaunchConfig {
@@ -341,6 +429,7 @@ impl GpuPages {
             .arg(&can_tok)
             .arg(&can_head)
             .arg(&gather)
+            .arg(&start)
             .arg(&len)
             .arg(&first_page)
             .arg(&heads)
@@ -348,13 +437,25 @@ impl GpuPages {
             .arg(&n_rows)
             .arg(&vec16)
             .arg(&rows_per_block);
-        // SAFETY: every plane pointer lies in a live buffer held by this call's borrows; the
+        // SAFETY: every plane pointer lies in a live buffer (this function's contract); the
         // farthest engine byte any row can reach (largest block of the table, last token of a
         // block, last head) was checked against each plane's region above, the canonical side
-        // against `pages.len()` through `count * page_bytes`; the table holds every block the
+        // against `pages_len` through `count * page_bytes`; the table holds every block the
         // rows below `len` index; and the kernel reads exactly the arguments pushed, in this
         // order and with these types.
         unsafe { launch.launch(cfg) }.map_err(driver)?;
         Ok(())
     }
+}
+
+/// One conversion's arguments, those of [`copy_pages`](crate::copy_pages) plus the element size
+/// and the first token copied.
+struct Copy<'a> {
+    direction: Direction,
+    desc: &'a LayoutDescriptor,
+    es: usize,
+    block_table: &'a [u32],
+    start: usize,
+    len: usize,
+    range: Range<usize>,
 }

@@ -25,6 +25,8 @@ mod error;
 #[cfg(feature = "cuda")]
 pub mod gpu;
 #[cfg(feature = "cuda")]
+pub mod gpu_handoff;
+#[cfg(feature = "cuda")]
 pub mod gpu_ipc;
 mod layout;
 pub mod nixl;
@@ -36,5 +38,6 @@ pub mod transport;
 pub use error::TransferError;
 pub use layout::{KvLayout, KvLayoutKind, KvOrder, LayoutDescriptor, LayoutError, Plane};
 pub use page::{
-    Direction, PAGE_LAYOUT_VERSION, PAGE_TOKENS, PageDtype, PageHeader, PageShape, copy_pages, pages_for,
+    Direction, PAGE_LAYOUT_VERSION, PAGE_TOKENS, PageDtype, PageHeader, PageShape, copy_pages,
+    copy_token_pages, pages_for,
 };

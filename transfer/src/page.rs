@@ -114,6 +114,24 @@ pub fn copy_pages<T: Copy + Default>(
     range: std::ops::Range<usize>,
     pages: &mut [T],
 ) {
+    copy_token_pages(direction, desc, regions, block_table, 0..len, range, pages);
+}
+
+/// [`copy_pages`] for the tokens `tokens` of the sequence only: a gather zero-fills every other
+/// position, a scatter leaves every other position of the engine untouched (a prefix the decode
+/// engine holds already, say).
+///
+/// # Panics
+/// As [`copy_pages`], for a block table that does not cover `tokens.end` tokens.
+pub fn copy_token_pages<T: Copy + Default>(
+    direction: Direction,
+    desc: &LayoutDescriptor,
+    regions: &mut [&mut [T]],
+    block_table: &[u32],
+    tokens: std::ops::Range<usize>,
+    range: std::ops::Range<usize>,
+    pages: &mut [T],
+) {
     let (first_page, count) = (range.start, range.len());
     let shape = PageShape { layers: desc.num_layers, kv_heads: desc.kv_heads, head_dim: desc.head_dim };
     let d = desc.head_dim;
@@ -127,7 +145,7 @@ pub fn copy_pages<T: Copy + Default>(
                     for head in 0..desc.kv_heads {
                         let c = shape.index(p, layer, kv, off, head);
                         let canon = &mut pages[c..c + d];
-                        if t >= len {
+                        if !tokens.contains(&t) {
                             if direction == Direction::Gather {
                                 canon.fill(T::default());
                             }

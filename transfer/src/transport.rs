@@ -35,7 +35,7 @@ mod wire;
 
 pub use crate::error::TransferError;
 pub use crate::process::process_nonce;
-pub use client::{fetch, fetch_device};
+pub use client::{fetch, fetch_device, release};
 pub use endpoint::{Endpoint, TransportKind, TransportPolicy};
 pub use provider::{PageProvider, Registration};
 pub use server::PageServer;

@@ -22,8 +22,10 @@
 //! - `buffers`: the weights on the device, the step buffers and cuBLAS's workspace;
 //! - `graphs`: capturing and replaying decode steps;
 //! - `pages`: the cache's device memory, and its canonical pages in and out;
-//! - `handoff`: staging and receiving pages GPU to GPU;
 //! - `error`: why the backend could not load or run.
+//!
+//! Staging and receiving pages GPU to GPU is `xinf_transfer::gpu_handoff`, shared with the
+//! engine servers' connectors.
 
 // Without `cuda` only the tests use the plan.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -38,7 +40,6 @@ mod forward;
 #[cfg(feature = "cuda")]
 mod graphs;
 #[cfg(feature = "cuda")]
-mod handoff;
 #[cfg(feature = "cuda")]
 mod model;
 #[cfg(feature = "cuda")]

@@ -83,6 +83,24 @@ pub async fn fetch_device(
     Ok((pages, kind))
 }
 
+/// Frees `room` at `endpoint` (the decode side is done with it), within `timeout`: `true` when
+/// the provider held it, `false` when it was gone already (freed by its lease, say).
+pub async fn release(endpoint: &Endpoint, room: u64, timeout: Duration) -> Result<bool, TransferError> {
+    if endpoint.process == process_nonce()
+        && let Some(p) = provider::lookup(endpoint.provider)
+    {
+        return Ok(p.release(room));
+    }
+    let request = Request::Release(Pages { room, provider: endpoint.provider, first: 0, count: 0 });
+    let (_, body) = tokio::time::timeout(timeout, request_answer(endpoint, &request))
+        .await
+        .map_err(|_| timed_out(endpoint, timeout))??;
+    match body.as_slice() {
+        [flag] => Ok(*flag == 1),
+        other => Err(TransferError::Protocol(format!("a release answer of {} bytes", other.len()))),
+    }
+}
+
 /// The in-process GPU route: the provider's lease holds the staging memory itself, dropped once
 /// the sink's copy is over.
 async fn device_in_process(

@@ -39,6 +39,13 @@ pub trait PageProvider: Send + Sync + 'static {
         let _ = (room, first_page, count, route);
         Box::pin(async { Err(TransferError::Source("the prefill replica's KV is not in GPU memory".into())) })
     }
+
+    /// Frees `room` at its holder's request (a provider whose rooms are freed by the holder's
+    /// own calls, not over the wire, keeps the default); `false` when it was gone already.
+    fn release(&self, room: u64) -> bool {
+        let _ = room;
+        false
+    }
 }
 
 type Registry = Mutex<HashMap<u64, Weak<dyn PageProvider>>>;

@@ -99,6 +99,10 @@ async fn serve(mut stream: TcpStream, options: &ServeOptions) -> std::io::Result
         let keep_until = |timeout_ms: u32| received + Duration::from_millis(u64::from(timeout_ms));
         match request {
             Ok(Request::Host(pages)) => serve_host(&mut stream, options, pages).await?,
+            Ok(Request::Release(pages)) => {
+                let released = provider::lookup(pages.provider).is_some_and(|p| p.release(pages.room));
+                write_answer(&mut stream, OK, &[u8::from(released)], Fault::None).await?;
+            }
             Ok(Request::Nixl { pages, timeout_ms }) => {
                 serve_nixl(&mut stream, options, pages, keep_until(timeout_ms)).await?;
             }

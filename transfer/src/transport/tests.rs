@@ -45,6 +45,40 @@ impl PageProvider for Slow {
 
 const T: Duration = Duration::from_secs(5);
 
+/// Holds rooms 1 and 2 until they are released.
+#[derive(Default)]
+struct Held(std::sync::Mutex<Vec<u64>>);
+
+impl PageProvider for Held {
+    fn pages(&self, room: u64, _: u32, _: u32) -> BoxFuture<'static, Result<Vec<u8>, TransferError>> {
+        futures::future::ready(Err(TransferError::UnknownRoom(room))).boxed()
+    }
+
+    fn release(&self, room: u64) -> bool {
+        let mut rooms = self.0.lock().expect("rooms");
+        let before = rooms.len();
+        rooms.retain(|&r| r != room);
+        rooms.len() < before
+    }
+}
+
+#[tokio::test]
+async fn a_release_frees_the_room_once_in_process_and_over_tcp() {
+    let server = PageServer::start("127.0.0.1".parse().expect("ip")).await.expect("server");
+    let held = Arc::new(Held(std::sync::Mutex::new(vec![1, 2])));
+    let provider: Arc<dyn PageProvider> = held.clone();
+    let reg = server.register(&provider);
+    assert!(super::release(reg.endpoint(), 1, T).await.expect("in process"));
+    assert!(!super::release(reg.endpoint(), 1, T).await.expect("again"));
+    let remote = Endpoint { process: process_nonce() ^ 1, ..reg.endpoint().clone() };
+    assert!(super::release(&remote, 2, T).await.expect("over tcp"));
+    assert!(!super::release(&remote, 2, T).await.expect("again over tcp"));
+    assert!(held.0.lock().expect("rooms").is_empty());
+    // A provider that is gone releases nothing, and says so.
+    let gone = Endpoint { provider: 9999, ..remote };
+    assert!(!super::release(&gone, 3, T).await.expect("unknown provider"));
+}
+
 #[tokio::test]
 async fn both_paths_move_the_same_bytes() {
     let server = PageServer::start("127.0.0.1".parse().expect("ip")).await.expect("server");

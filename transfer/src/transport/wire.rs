@@ -11,6 +11,7 @@
 //! | `b"XKV1"` | host pages, in the answer        | nothing                   | 28          |
 //! | `b"XKN1"` | host pages, read with NIXL       | `timeout_ms:u32`          | 32          |
 //! | `b"XKG1"` | GPU pages (CUDA IPC, NIXL VRAM)  | `timeout_ms:u32 route:u8` | 33          |
+//! | `b"XKR1"` | release the room (`first`, `count` 0) | nothing              | 28          |
 //!
 //! `route` is [`DeviceRoute::code`]: 1 CUDA IPC, 2 NIXL VRAM (0, in process, never needs the
 //! wire but is understood).
@@ -18,7 +19,8 @@
 //! **Answer** (server to client, one per request): `status:u8 len:u64`, then `len` bytes (at
 //! most [`MAX_FRAME`]):
 //!
-//! - status 0 ([`OK`]): for `XKV1` the pages, back to back; for `XKN1` the NIXL stage,
+//! - status 0 ([`OK`]): for `XKV1` the pages, back to back; for `XKR1` one byte, 1 when the
+//!   room was there and is now freed, 0 when it was gone already; for `XKN1` the NIXL stage,
 //!   `agent_len:u32 agent generation:u64 md_len:u32 md addr:u64 len:u64 dev:u64` (the staging
 //!   agent, its metadata and where the range lies); for `XKG1` the JSON pair `[stage, len]` of
 //!   a [`DeviceStage`] and the bytes staged, e.g. `[{"cuda-ipc":{"handle":"…"}},3000]`;
@@ -40,6 +42,8 @@ const MAGIC_HOST: [u8; 4] = *b"XKV1";
 const MAGIC_NIXL: [u8; 4] = *b"XKN1";
 /// GPU pages, staged in device memory.
 const MAGIC_DEVICE: [u8; 4] = *b"XKG1";
+/// The end of a room: the decode side is done with it.
+const MAGIC_RELEASE: [u8; 4] = *b"XKR1";
 /// The longest request after its magic (`XKG1`).
 const MAX_BODY: usize = 29;
 
@@ -71,6 +75,8 @@ pub(crate) enum Request {
     Nixl { pages: Pages, timeout_ms: u32 },
     /// `XKG1`: the pages staged in GPU memory for `route`, kept as for [`Request::Nixl`].
     Device { pages: Pages, timeout_ms: u32, route: DeviceRoute },
+    /// `XKR1`: frees the room (its `first` and `count` are 0).
+    Release(Pages),
 }
 
 /// A frame that is not a request.
@@ -98,6 +104,7 @@ impl Request {
             Self::Host(pages) => (MAGIC_HOST, pages),
             Self::Nixl { pages, .. } => (MAGIC_NIXL, pages),
             Self::Device { pages, .. } => (MAGIC_DEVICE, pages),
+            Self::Release(pages) => (MAGIC_RELEASE, pages),
         };
         let mut out = Vec::with_capacity(magic.len() + MAX_BODY);
         out.extend_from_slice(&magic);
@@ -106,7 +113,7 @@ impl Request {
         out.extend_from_slice(&pages.first.to_le_bytes());
         out.extend_from_slice(&pages.count.to_le_bytes());
         match self {
-            Self::Host(_) => {}
+            Self::Host(_) | Self::Release(_) => {}
             Self::Nixl { timeout_ms, .. } => out.extend_from_slice(&timeout_ms.to_le_bytes()),
             Self::Device { timeout_ms, route, .. } => {
                 out.extend_from_slice(&timeout_ms.to_le_bytes());
@@ -128,6 +135,7 @@ impl Request {
         };
         let request = match magic {
             MAGIC_HOST => Self::Host(pages),
+            MAGIC_RELEASE => Self::Release(pages),
             MAGIC_NIXL => Self::Nixl { pages, timeout_ms: fields.u32()? },
             MAGIC_DEVICE => {
                 let timeout_ms = fields.u32()?;
@@ -155,7 +163,7 @@ impl Request {
             Err(e) => return Err(e),
         }
         let body = match [frame[0], frame[1], frame[2], frame[3]] {
-            MAGIC_HOST => 24,
+            MAGIC_HOST | MAGIC_RELEASE => 24,
             MAGIC_NIXL => 28,
             MAGIC_DEVICE => MAX_BODY,
             other => return Ok(Some(Err(BadRequest::Magic(other)))),

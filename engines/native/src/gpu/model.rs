@@ -15,7 +15,6 @@ use super::buffers::{Buf, StepBufs, give_workspace};
 use super::error::{GpuError, driver};
 use super::forward::{Forward, Lane};
 use super::graphs::Graphs;
-use super::handoff::GpuHandoff;
 use super::pages::KvMemory;
 use super::plan::{StepCapacity, StepLimits, StepPlan, check_model, elem_bytes, is_decode, plan_step};
 use crate::kv_cache::KvCache;
@@ -29,6 +28,7 @@ use xinf_models::ModelConfig;
 use xinf_transfer::LayoutDescriptor;
 use xinf_transfer::device::{DeviceLease, DevicePages, DeviceRoute};
 use xinf_transfer::gpu::GpuPages;
+use xinf_transfer::gpu_handoff::GpuHandoff;
 
 /// The GPU backend: one model on one GPU, with its KV cache.
 pub(crate) struct GpuModel {

@@ -7,7 +7,6 @@
 
 use super::buffers::Buf;
 use super::error::{GpuError, driver};
-use super::handoff::{GpuHandoff, Received};
 use super::plan::{elem_bytes, page_bytes, pages_for};
 use cudarc::driver::DevicePtr;
 use std::sync::Arc;
@@ -15,6 +14,7 @@ use xinf_engine::KvDtype;
 use xinf_transfer::LayoutDescriptor;
 use xinf_transfer::device::{DeviceLease, DevicePages, DeviceRoute};
 use xinf_transfer::gpu::GpuPages;
+use xinf_transfer::gpu_handoff::{GpuHandoff, Received};
 
 /// The cache as the kernels address it: strides in elements, and each layer's K and V plane.
 pub(super) struct CacheView {
@@ -138,7 +138,7 @@ impl KvMemory {
         // waited for before the lease (and so the handle or address) exists.
         let done = self.pages.stream().record_event(None).map_err(driver)?;
         done.synchronize().map_err(driver)?;
-        self.handoff.lease(route, staged, bytes)
+        self.handoff.lease(route, staged, bytes).map_err(GpuError::from)
     }
 
     /// Scatters pages received into this GPU's memory, covering positions `0..len`.

@@ -14,6 +14,7 @@ fn route() -> impl Strategy<Value = DeviceRoute> {
 fn request() -> impl Strategy<Value = Request> {
     prop_oneof![
         pages().prop_map(Request::Host),
+        pages().prop_map(Request::Release),
         (pages(), any::<u32>()).prop_map(|(pages, timeout_ms)| Request::Nixl { pages, timeout_ms }),
         (pages(), any::<u32>(), route()).prop_map(|(pages, timeout_ms, route)| Request::Device {
             pages,
@@ -83,6 +84,8 @@ fn frames_are_the_documented_bytes() {
         (&device[..4], &device[4..28], &device[28..32], device[32]),
         (&b"XKG1"[..], &head[4..28], &500u32.to_le_bytes()[..], 1)
     );
+    let release = Request::Release(Pages { first: 0, count: 0, ..pages }).encode();
+    assert_eq!((&release[..4], &release[4..20], release.len()), (&b"XKR1"[..], &head[4..20], 28));
     assert_eq!(AnswerHead { status: 1, len: 5 }.encode(), [1, 5, 0, 0, 0, 0, 0, 0, 0]);
     let stage = DeviceStage::CudaIpc { handle: "ab".into() };
     let body = device_stage_body(&stage, 3000);

@@ -1,5 +1,6 @@
-//! The GPU engine's side of GPU-to-GPU handoffs: staging memory for exported pages, and the
-//! [`DeviceSink`] that receives a peer's pages into this GPU's memory.
+//! An engine's side of GPU-to-GPU handoffs (feature `cuda`): staging memory for exported pages,
+//! and the [`DeviceSink`] that receives a peer's pages into this GPU's memory. The native GPU
+//! engine and the engine servers' connectors (through the Python extension) share it.
 //!
 //! Staging memory comes from `cuMemAlloc` ([`DeviceBuffer`]), the only kind CUDA IPC exports
 //! and UCX registers; it is pooled, since an allocation (and for NIXL a registration) costs far
@@ -11,15 +12,15 @@
 //! before its lease exists, so no peer can see half-written pages; every receive has copied the
 //! pages into this GPU's memory before it returns, so the peer's staging can go back to its pool.
 
-use super::error::{GpuError, driver};
+use crate::device::{DeviceLease, DevicePages, DeviceRoute, DeviceSink, DeviceStage, KvDevice};
+use crate::gpu::GpuError;
+use crate::gpu_ipc::{DeviceBuffer, IpcHandle, IpcMapping};
+use crate::nixl::{RemoteVram, VramAgent, VramRegion};
+use crate::sync::lock;
+use crate::transport::TransferError;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Instant;
-use xinf_transfer::device::{DeviceLease, DevicePages, DeviceRoute, DeviceSink, DeviceStage, KvDevice};
-use xinf_transfer::gpu_ipc::{DeviceBuffer, IpcHandle, IpcMapping};
-use xinf_transfer::nixl::{RemoteVram, VramAgent, VramRegion};
-use xinf_transfer::sync::lock;
-use xinf_transfer::transport::TransferError;
 
 /// Free plain buffers kept for reuse; more are freed.
 const KEEP_FREE: usize = 4;
@@ -27,8 +28,14 @@ const KEEP_FREE: usize = 4;
 const MIN_STAGING: usize = 1 << 20;
 
 /// Memory that can back a pool entry.
-pub(crate) trait Staging: Send + Sync + 'static {
+pub trait Staging: Send + Sync + 'static {
+    /// Bytes of the memory.
     fn len(&self) -> usize;
+
+    /// Whether it holds no bytes (never: staging is at least one byte).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 impl Staging for DeviceBuffer {
@@ -82,7 +89,7 @@ impl<T: Staging> Pool<T> {
 
 /// An entry taken from a [`Pool`]; back in the pool when dropped (or freed, past the pool's
 /// keep count or once the pool is gone).
-pub(crate) struct Pooled<T: Staging> {
+pub struct Pooled<T: Staging> {
     item: Option<T>,
     home: Weak<Mutex<Vec<T>>>,
     keep: usize,
@@ -118,17 +125,24 @@ impl<T: Staging> Drop for Pooled<T> {
 }
 
 /// Pages received into this GPU's memory (what [`DevicePages`] holds for this engine).
-pub(crate) enum Received {
+pub enum Received {
+    /// Plain device memory (CUDA IPC, in process).
     Plain(Pooled<DeviceBuffer>),
+    /// Memory registered with NIXL (a VRAM read).
     Vram(Pooled<VramRegion>),
 }
 
 impl Received {
     /// The memory the scatter kernel reads.
-    pub(crate) fn slice(&self) -> Result<&CudaSlice<u8>, GpuError> {
+    pub fn slice(&self) -> Result<&CudaSlice<u8>, GpuError> {
+        Ok(self.buffer()?.slice())
+    }
+
+    /// The device buffer the pages are in.
+    pub fn buffer(&self) -> Result<&DeviceBuffer, GpuError> {
         match self {
-            Self::Plain(b) => Ok(b.get()?.slice()),
-            Self::Vram(r) => Ok(r.get()?.buffer().slice()),
+            Self::Plain(b) => b.get(),
+            Self::Vram(r) => Ok(r.get()?.buffer()),
         }
     }
 }
@@ -139,10 +153,14 @@ fn vram_agent(ctx: &Arc<CudaContext>) -> Result<Arc<VramAgent>, TransferError> {
     static AGENT: OnceLock<Result<Arc<VramAgent>, TransferError>> = OnceLock::new();
     AGENT
         .get_or_init(|| {
-            let name = format!("xinf-{:016x}-vram", xinf_transfer::transport::process_nonce());
+            let name = format!("xinf-{:016x}-vram", crate::transport::process_nonce());
             VramAgent::new(&name, ctx).map(Arc::new)
         })
         .clone()
+}
+
+fn driver(e: impl std::fmt::Display) -> GpuError {
+    GpuError::Driver(e.to_string())
 }
 
 fn transfer_err(e: GpuError) -> TransferError {
@@ -151,7 +169,7 @@ fn transfer_err(e: GpuError) -> TransferError {
 
 /// The GPU handoff machinery of one engine (shared by its compute thread, which exports, and
 /// its decode-side fetches, which receive).
-pub(crate) struct GpuHandoff {
+pub struct GpuHandoff {
     ctx: Arc<CudaContext>,
     /// Receives copy on a stream of their own, off the compute stream.
     stream: Arc<CudaStream>,
@@ -171,14 +189,24 @@ impl std::fmt::Debug for GpuHandoff {
 }
 
 /// The staging memory an export lease holds.
-pub(crate) enum Exported {
+pub enum Exported {
+    /// Plain device memory (CUDA IPC, in process).
     Plain(Pooled<DeviceBuffer>),
+    /// Memory registered with NIXL (a VRAM read).
     Vram(Pooled<VramRegion>),
 }
 
 impl Exported {
+    /// The device buffer gathered into.
+    pub fn buffer(&self) -> Result<&DeviceBuffer, GpuError> {
+        match self {
+            Self::Plain(b) => b.get(),
+            Self::Vram(r) => Ok(r.get()?.buffer()),
+        }
+    }
+
     /// The memory to gather into.
-    pub(crate) fn slice_mut(&mut self) -> Result<&mut CudaSlice<u8>, GpuError> {
+    pub fn slice_mut(&mut self) -> Result<&mut CudaSlice<u8>, GpuError> {
         match self {
             Self::Plain(b) => Ok(b.get_mut()?.slice_mut()),
             Self::Vram(r) => Ok(r.get_mut()?.slice_mut()),
@@ -187,7 +215,9 @@ impl Exported {
 }
 
 impl GpuHandoff {
-    pub(crate) fn new(ctx: &Arc<CudaContext>) -> Result<Self, GpuError> {
+    /// The handoff machinery of an engine whose KV is on `ctx`'s GPU, with a copy stream of its
+    /// own.
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, GpuError> {
         let stream = ctx.new_stream().map_err(driver)?;
         Ok(Self {
             ctx: Arc::clone(ctx),
@@ -200,12 +230,12 @@ impl GpuHandoff {
     }
 
     /// Where this engine's KV lives.
-    pub(crate) fn kv_device(&self) -> KvDevice {
-        KvDevice { host: xinf_transfer::device::host_id().to_owned(), ordinal: self.ctx.ordinal() as u32 }
+    pub fn kv_device(&self) -> KvDevice {
+        KvDevice { host: crate::device::host_id().to_owned(), ordinal: self.ctx.ordinal() as u32 }
     }
 
     fn plain(&self, pool: &Pool<DeviceBuffer>, len: usize) -> Result<Pooled<DeviceBuffer>, GpuError> {
-        pool.take(len, |size| Ok(DeviceBuffer::zeroed(&self.stream, size)?))
+        pool.take(len, |size| DeviceBuffer::zeroed(&self.stream, size))
     }
 
     fn vram(&self, pool: &Pool<VramRegion>, len: usize) -> Result<Pooled<VramRegion>, GpuError> {
@@ -217,7 +247,7 @@ impl GpuHandoff {
     }
 
     /// Staging memory for an export of `len` bytes by `route`, and the slice to gather into.
-    pub(crate) fn export_staging(&self, route: DeviceRoute, len: usize) -> Result<Exported, GpuError> {
+    pub fn export_staging(&self, route: DeviceRoute, len: usize) -> Result<Exported, GpuError> {
         Ok(match route {
             DeviceRoute::InProcess | DeviceRoute::CudaIpc => Exported::Plain(self.plain(&self.exports, len)?),
             DeviceRoute::NixlVram => Exported::Vram(self.vram(&self.vram_exports, len)?),
@@ -225,12 +255,7 @@ impl GpuHandoff {
     }
 
     /// The lease of `len` gathered bytes in `staged` (the gather already waited for).
-    pub(crate) fn lease(
-        &self,
-        route: DeviceRoute,
-        staged: Exported,
-        len: usize,
-    ) -> Result<DeviceLease, GpuError> {
+    pub fn lease(&self, route: DeviceRoute, staged: Exported, len: usize) -> Result<DeviceLease, GpuError> {
         let stage = match (&staged, route) {
             (Exported::Plain(_), DeviceRoute::InProcess) => DeviceStage::InProcess,
             (Exported::Plain(b), DeviceRoute::CudaIpc) => {
@@ -270,17 +295,17 @@ impl GpuHandoff {
                 Ok(Received::Plain(dst))
             }
             DeviceStage::CudaIpc { handle } => {
-                let handle = IpcHandle::from_hex(handle).map_err(|e| transfer_err(e.into()))?;
+                let handle = IpcHandle::from_hex(handle).map_err(transfer_err)?;
                 if handle.size < len as u64 {
                     return Err(TransferError::Protocol(format!(
                         "{len} bytes from an IPC range of {}",
                         handle.size
                     )));
                 }
-                let mapping = IpcMapping::open(&self.ctx, &handle).map_err(|e| transfer_err(e.into()))?;
+                let mapping = IpcMapping::open(&self.ctx, &handle).map_err(transfer_err)?;
                 let mut dst = self.plain(&self.receives, len).map_err(transfer_err)?;
                 let to = dst.get_mut().map_err(transfer_err)?.slice_mut();
-                mapping.copy_into(&self.stream, 0..len, to).map_err(|e| transfer_err(e.into()))?;
+                mapping.copy_into(&self.stream, 0..len, to).map_err(transfer_err)?;
                 Ok(Received::Plain(dst))
             }
             DeviceStage::NixlVram { remote } => {

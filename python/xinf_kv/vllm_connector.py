@@ -1,0 +1,272 @@
+"""``XinfConnector``: vLLM 0.26 as a prefill or decode replica of xinf (KV connector v1).
+
+Selected with ``--kv-transfer-config`` ``{"kv_connector": "XinfConnector",
+"kv_connector_module_path": "xinf_kv.vllm_connector", "kv_role": "kv_producer" | "kv_consumer"
+| "kv_both", "kv_connector_extra_config": {"page_ip": "10.0.0.5"}}`` (``page_ip``: where this
+host's page server listens, loopback by default).
+
+The scheduler side (``vllm_state.SchedulerState``) decides; the worker side moves bytes
+through ``xinf_kv._native``: a prefill's KV is gathered into staging right after the forward
+that computed it and served as a room by a page server in this process (``PageHost``); a
+decode's KV is fetched and scattered into the blocks vLLM allocated, in the background
+(``PageLoader``), and reported through ``get_finished``. Only the per-request hooks are used,
+never the per-layer ones, so CUDA graphs need no change.
+
+Rules vLLM imposes, kept here: no scheduler hook raises (an exception stops EngineCore); a
+failed load is reported by its block ids, and its request still in ``finished_recving``; no
+request id is reported twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorHandshakeMetadata,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from xinf_kv import vllm_layout
+from xinf_kv.vllm_state import Meta, SchedulerState
+
+log = logging.getLogger("xinf_kv")
+
+#: Time limit of one load, in milliseconds.
+LOAD_TIMEOUT_MS = int(os.environ.get("XINF_KV_LOAD_TIMEOUT_MS", "30000"))
+
+
+@dataclass
+class XinfMetadata(KVConnectorMetadata):
+    """One step's saves and loads, scheduler side to worker side."""
+
+    meta: Meta
+
+
+@dataclass
+class XinfHandshake(KVConnectorHandshakeMetadata):
+    """Where a worker's page server is (worker side to scheduler side, once)."""
+
+    endpoint: str | None
+    device: str | None
+
+
+# The worker's page server when the scheduler runs in the same process (one GPU), in case
+# the engine hands no handshake to the scheduler side.
+_LOCAL: XinfHandshake | None = None
+
+
+class XinfConnector(KVConnectorBase_V1):
+    """xinf's KV connector for vLLM; see the module doc."""
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        cfg = self._kv_transfer_config
+        extra = dict(getattr(cfg, "kv_connector_extra_config", None) or {})
+        self._role_name = getattr(cfg, "kv_role", "kv_both")
+        self._page_ip = str(extra.get("page_ip", "127.0.0.1"))
+        block_size = int(vllm_config.cache_config.block_size)
+        self._state = SchedulerState(block_size) if role == KVConnectorRole.SCHEDULER else None
+        # Worker side.
+        self._layout = None
+        self._regions: list[int] = []
+        self._host = None
+        self._loader = None
+        self._block_size = block_size
+        self._loading: dict[str, list[int]] = {}
+        self._finished: set[str] = set()
+        self._bad_blocks: set[int] = set()
+
+    # ==== worker side =====================================================================
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        global _LOCAL
+        from xinf_kv import _native
+
+        names = vllm_layout.layer_order(list(kv_caches))
+        tensors = [kv_caches[n] for n in names]
+        try:
+            args = vllm_layout.describe(tensors)
+        except ValueError as e:
+            log.error("xinf connector: %s; KV handoffs are off on this engine", e)
+            return
+        self._layout = _native.Layout(**args)
+        self._regions = [vllm_layout.address(t) for t in tensors]
+        device = tensors[0].device.index if tensors[0].is_cuda else None
+        if self._role_name in ("kv_producer", "kv_both"):
+            self._host = _native.PageHost(self._page_ip, device)
+            _LOCAL = XinfHandshake(self._host.endpoint, self._host.kv_device)
+        if self._role_name in ("kv_consumer", "kv_both"):
+            self._loader = _native.PageLoader(device)
+        log.info(
+            "xinf connector: %s over %d layers%s",
+            self._layout,
+            len(tensors),
+            f", rooms served at {self._host.endpoint}" if self._host else "",
+        )
+
+    def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:
+        if self._host is None:
+            return None
+        return XinfHandshake(self._host.endpoint, self._host.kv_device)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        meta = self._meta()
+        if meta is None:
+            return
+        for load in meta.loads:
+            self._loading[load.request_id] = self._load_blocks(load.block_ids, load.start, load.end)
+            if self._loader is None or self._layout is None:
+                log.error("request %s: this engine cannot load KV (no loader); recomputing", load.request_id)
+                self._fail(load.request_id)
+                continue
+            try:
+                self._loader.start(
+                    load.request_id,
+                    load.endpoint,
+                    load.room,
+                    load.device,
+                    self._layout,
+                    self._regions,
+                    load.block_ids,
+                    (load.start, load.end),
+                    LOAD_TIMEOUT_MS,
+                )
+            except Exception as e:  # noqa: BLE001 - a bad load must not stop the engine
+                log.error("request %s: loading KV: %s", load.request_id, e)
+                self._fail(load.request_id)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+        return
+
+    def wait_for_save(self) -> None:
+        meta = self._meta()
+        if meta is None or not meta.saves:
+            return
+        for save in meta.saves:
+            if self._host is None or self._layout is None:
+                log.error("request %s: this engine cannot publish KV (no page host)", save.request_id)
+                continue
+            try:
+                self._host.publish(
+                    save.room,
+                    self._layout,
+                    self._regions,
+                    save.block_ids,
+                    save.prompt_len,
+                    save.lease_ms,
+                )
+            except Exception as e:  # noqa: BLE001 - a failed publish must not stop the engine
+                log.error("request %s: publishing KV as room %d: %s", save.request_id, save.room, e)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if self._loader is not None:
+            for request_id, error in self._loader.poll():
+                blocks = self._loading.pop(request_id, [])
+                if error is not None:
+                    self._bad_blocks.update(blocks)
+                self._finished.add(request_id)
+        done, self._finished = self._finished, set()
+        return None, (done or None)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        bad, self._bad_blocks = self._bad_blocks, set()
+        return bad
+
+    def shutdown(self) -> None:
+        self._host = None
+        self._loader = None
+
+    # ==== scheduler side ==================================================================
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        try:
+            n = self._state.matched(
+                request.request_id, request.kv_transfer_params, request.num_prompt_tokens, num_computed_tokens
+            )
+        except Exception as e:  # noqa: BLE001
+            log.error("request %s: %s", getattr(request, "request_id", "?"), e)
+            return 0, False
+        return n, n > 0
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        try:
+            ids = blocks.get_block_ids()
+            block_ids = list(ids[0]) if ids else []
+            self._state.allocated(
+                request.request_id, request.kv_transfer_params, request.num_prompt_tokens, block_ids, num_external_tokens
+            )
+        except Exception as e:  # noqa: BLE001
+            log.error("request %s: %s", getattr(request, "request_id", "?"), e)
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        try:
+            new = [(r.req_id, list(r.block_ids[0]) if r.block_ids else [], r.num_computed_tokens)
+                   for r in scheduler_output.scheduled_new_reqs]
+            c = scheduler_output.scheduled_cached_reqs
+            resumed = getattr(c, "resumed_req_ids", set()) or set()
+            cached = [
+                (rid, (list(b[0]) if b else None), rid in resumed)
+                for rid, b in zip(c.req_ids, c.new_block_ids)
+            ]
+            meta = self._state.step(new, cached, dict(scheduler_output.num_scheduled_tokens))
+        except Exception as e:  # noqa: BLE001
+            log.error("xinf connector: planning a step: %s", e)
+            meta = Meta()
+        return XinfMetadata(meta)
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        try:
+            self._learn_endpoint()
+            ok = _finished_ok(request)
+            return False, self._state.finished(request.request_id, ok)
+        except Exception as e:  # noqa: BLE001
+            log.error("request %s: %s", getattr(request, "request_id", "?"), e)
+            return False, None
+
+    def set_xfer_handshake_metadata(self, metadata: dict[int, KVConnectorHandshakeMetadata]) -> None:
+        for m in metadata.values():
+            if isinstance(m, XinfHandshake) and m.endpoint and self._state is not None:
+                self._state.endpoint, self._state.device = m.endpoint, m.device
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
+        return None
+
+    # ==== helpers =========================================================================
+
+    def _meta(self) -> Meta | None:
+        if not self.has_connector_metadata():
+            return None
+        m = self._get_connector_metadata()
+        return m.meta if isinstance(m, XinfMetadata) else None
+
+    def _load_blocks(self, block_ids: list[int], start: int, end: int) -> list[int]:
+        b = self._block_size
+        return list(block_ids[start // b : -(-end // b)])
+
+    def _fail(self, request_id: str) -> None:
+        self._bad_blocks.update(self._loading.pop(request_id, []))
+        self._finished.add(request_id)
+
+    def _learn_endpoint(self) -> None:
+        if self._state is not None and self._state.endpoint is None and _LOCAL is not None:
+            self._state.endpoint, self._state.device = _LOCAL.endpoint, _LOCAL.device
+
+
+def _finished_ok(request: Any) -> bool:
+    """Whether the request finished by its length or a stop (not aborted or failed): only then
+    is its KV complete."""
+    try:
+        from vllm.v1.request import RequestStatus
+
+        return request.status in (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED)
+    except Exception:  # noqa: BLE001
+        return False
