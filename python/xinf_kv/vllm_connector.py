@@ -35,6 +35,13 @@ from xinf_kv import vllm_layout
 from xinf_kv.vllm_state import Meta, SchedulerState
 
 log = logging.getLogger("xinf_kv")
+if os.environ.get("XINF_KV_LOG"):
+    # The engines configure their own loggers only: give this one a handler of its own.
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s xinf_kv: %(message)s"))
+    log.addHandler(_handler)
+    log.setLevel(os.environ["XINF_KV_LOG"].upper())
+    log.propagate = False
 
 #: Time limit of one load, in milliseconds.
 LOAD_TIMEOUT_MS = int(os.environ.get("XINF_KV_LOAD_TIMEOUT_MS", "30000"))
@@ -165,6 +172,8 @@ class XinfConnector(KVConnectorBase_V1):
                 )
             except Exception as e:  # noqa: BLE001 - a failed publish must not stop the engine
                 log.error("request %s: publishing KV as room %d: %s", save.request_id, save.room, e)
+                continue
+            log.info("request %s: KV published as room %d; %s", save.request_id, save.room, dict(self._host.stats()))
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self._loader is not None:
@@ -173,6 +182,7 @@ class XinfConnector(KVConnectorBase_V1):
                 if error is not None:
                     self._bad_blocks.update(blocks)
                 self._finished.add(request_id)
+                log.info("request %s: KV load %s; %s", request_id, error or "done", dict(self._loader.stats()))
         done, self._finished = self._finished, set()
         return None, (done or None)
 
