@@ -120,7 +120,13 @@ fn load_engine(spec: &ReplicaSpec, engines: &Engines) -> Result<Arc<dyn Engine>,
             ),
         )
     })?;
-    Ok(loader.load(&spec.source, &spec.engine_config)?)
+    let mut config = spec.engine_config.clone();
+    match spec.role {
+        crate::spec::Role::Prefill => config.set_kv_role(xinf_engine::KvRole::Producer),
+        crate::spec::Role::Decode => config.set_kv_role(xinf_engine::KvRole::Consumer),
+        crate::spec::Role::Hybrid => {}
+    }
+    Ok(loader.load(&spec.source, &config)?)
 }
 
 impl Actor for Replica {
@@ -280,14 +286,27 @@ fn generate_imported(
         answer(reply, Wire(Err(ActorError::Engine(EngineError::DuplicateRequest(id)))));
         return;
     }
-    let fetch = state.handoff.fetch(&handoff);
     let (engine, requests, served) = (state.engine.clone(), state.requests.clone(), state.served.clone());
     let side = state.handoff.clone();
+    // An engine that loads the KV itself (an engine server) is told the room instead, and the
+    // answer (after which the router releases the room) waits for its stream's first event:
+    // the engine's load is over by then.
+    let fetch = (!engine.fetches_kv()).then(|| state.handoff.fetch(&handoff));
     tokio::spawn(async move {
         let started = async {
-            let kv = fetch.await?;
             let id = request.request_id.clone();
-            let stream = engine.submit_imported(request, kv).inspect_err(|_| side.failed())?;
+            let stream = match fetch {
+                Some(fetch) => {
+                    let kv = fetch.await?;
+                    engine.submit_imported(request, kv).inspect_err(|_| side.failed())?
+                }
+                None => {
+                    let kv = side.remote_kv(&handoff)?;
+                    let mut stream = engine.submit_remote(request, kv).inspect_err(|_| side.failed())?;
+                    let first = futures::StreamExt::next(&mut stream).await;
+                    Box::pin(futures::StreamExt::chain(futures::stream::iter(first), stream))
+                }
+            };
             drain(&requests, &served, &id, stream);
             if side.was_aborted(&id) {
                 // The abort came while the pages were in flight.

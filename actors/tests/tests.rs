@@ -192,6 +192,45 @@ async fn local_mode_round_robins_over_two_replicas() {
     assert!(cluster.list_models().await.is_err(), "the supervisor is gone");
 }
 
+/// P/D with a decode engine that loads a handoff's KV itself, from the prefill side's page
+/// server (as an engine server does in its own process): greedy output equals the ordinary
+/// replica's, and the room is released only after the decode engine has read it (a release
+/// before would fail the load, and so the request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decode_engine_that_fetches_its_own_kv_serves_pd() {
+    let cluster = Cluster::start_local_with(options()).await.expect("start");
+    let ordinary = cluster.launch(launch_request(json!({"model_uid": "ordinary"}))).await.expect("ordinary");
+    let pd = cluster
+        .launch(launch_request(json!({"model_uid": "pd", "replica_config": [
+            {"role": "prefill"},
+            {"role": "decode", "engine_config": {"fetches_kv": true, "recompute_last_token": true}},
+        ]})))
+        .await
+        .expect("pd");
+    let words = "the of and to in is you that it he was for on are as with his they at be this ";
+    for n in [1, 2, 4, 7, 10] {
+        let prompt = words.repeat(n);
+        let (want, _, e) =
+            collect(cluster.generate(&ordinary, request("", &prompt, 8)).await.expect("ordinary")).await;
+        assert!(e.is_none(), "{e:?}");
+        let (got, reason, e) =
+            collect(cluster.generate(&pd, request("", &prompt, 8)).await.expect("pd")).await;
+        assert!(e.is_none(), "{n}: {e:?}");
+        assert!(matches!(reason, Some(FinishReason::Length | FinishReason::Stop)));
+        assert_eq!(got, want, "{n} repeats");
+    }
+    let (c, u) = (&cluster, pd.as_str());
+    eventually(Duration::from_secs(10), "every room released and nothing pinned", || async move {
+        let stats = c.stats(u).await.expect("stats");
+        stats.iter().all(|s| s.handoff.active_rooms == 0 && s.pinned_blocks == 0)
+    })
+    .await;
+    let stats = cluster.stats(&pd).await.expect("stats");
+    let served: u64 = stats.iter().map(|s| s.requests_served).sum();
+    assert!(served >= 5, "{stats:?}");
+    cluster.shutdown().await;
+}
+
 /// A launch whose weights do not load leaves no actor and no state behind, and the same uid
 /// can be launched again; a request that fails validation creates nothing at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -415,7 +415,12 @@ impl HandoffSide {
                 }
             };
             let pages = xinf_transfer::pages_for(pinned.prompt_ids.len()) as u32;
-            let room = rand::random::<u64>() >> 1;
+            // An engine server published the room itself, in its own process; the table here
+            // still holds it, for its lease and its release.
+            let (room, endpoint, device) = match pinned.remote {
+                Some(r) => (r.room, r.endpoint, r.device),
+                None => (rand::random::<u64>() >> 1, endpoint, engine.kv_device()),
+            };
             if !lock(&rooms).publish(room, &pinned.request_id, pages, keys, Instant::now()) {
                 engine.release_pinned(&pinned.request_id);
                 return Err(ActorError::Engine(EngineError::Aborted));
@@ -427,7 +432,7 @@ impl HandoffSide {
                 pages,
                 endpoint,
                 contract: engine.contract().clone(),
-                device: engine.kv_device(),
+                device,
             })
         }
         .boxed()
@@ -459,6 +464,20 @@ impl HandoffSide {
             tracing::warn!(%request_id, "a handoff lease expired; freeing its pinned KV");
             self.engine.release_pinned(&request_id);
         }
+    }
+
+    /// What an engine that loads a handoff's KV itself is told of it, after the same checks as
+    /// a fetch (the contracts agree, the room holds the pages the engine needs).
+    pub(crate) fn remote_kv(&self, handoff: &Handoff) -> Result<xinf_engine::RemoteKv, ActorError> {
+        receive::pages_needed(self.engine.as_ref(), handoff)?;
+        Ok(xinf_engine::RemoteKv {
+            prompt_ids: handoff.prompt_ids.clone(),
+            first_token: handoff.first_token,
+            room: handoff.room,
+            endpoint: handoff.endpoint.clone(),
+            device: handoff.device.clone(),
+            pages: handoff.pages,
+        })
     }
 
     /// Fetches a handoff's pages and checks them against this engine's contract: what the

@@ -243,12 +243,16 @@ pub struct MockFaults {
     /// Wait this long before every token (a slow engine).
     #[serde(default)]
     pub step_ms: Option<u64>,
+    /// Fetch a handoff's pages itself, over the page plane's TCP path (as an engine server
+    /// does in its own process), instead of being handed them by the replica.
+    #[serde(default)]
+    pub fetches_kv: Option<bool>,
 }
 
 impl MockFaults {
     /// The keys of the faults.
     pub const KEYS: &'static [&'static str] =
-        &["fail_at_admission", "fail_after_tokens", "stall_export_ms", "step_ms"];
+        &["fail_at_admission", "fail_after_tokens", "stall_export_ms", "step_ms", "fetches_kv"];
 }
 
 /// Options of the mock engine: the native engine's options it honours (KV layout and size,
@@ -330,6 +334,20 @@ pub struct ServerConfig {
     pub device: Option<ComputeDevice>,
     /// The engine's own flags, by `engine_config` key (`max_num_seqs`), in the launch's order.
     pub flags: Vec<(String, FlagValue)>,
+    /// The replica's side of P/D handoffs, set by the worker from the replica's role (never an
+    /// `engine_config` key): the engine then runs with xinf's KV connector.
+    #[serde(default)]
+    pub kv_role: Option<KvRole>,
+}
+
+/// Which side of P/D handoffs an engine server's KV connector takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvRole {
+    /// A prefill replica: it publishes its prompts' KV as rooms.
+    Producer,
+    /// A decode replica: it loads prompts' KV from rooms.
+    Consumer,
 }
 
 impl ServerConfig {
@@ -365,6 +383,14 @@ impl EngineConfig {
             Self::Native(c) => c.device = Some(device),
             Self::Mock(c) => c.engine.device = Some(device),
             Self::Server(c) => c.device = Some(device),
+        }
+    }
+
+    /// Sets the replica's side of P/D handoffs (the worker does, from the replica's role); only
+    /// an engine server needs it told, to run with xinf's KV connector.
+    pub fn set_kv_role(&mut self, role: KvRole) {
+        if let Self::Server(c) = self {
+            c.kv_role = Some(role);
         }
     }
 

@@ -14,7 +14,8 @@ mod loader;
 mod request;
 
 pub use config::{
-    ComputeDevice, EngineConfig, FlagValue, KvDtypeChoice, MockConfig, MockFaults, NativeConfig, ServerConfig,
+    ComputeDevice, EngineConfig, FlagValue, KvDtypeChoice, KvRole, MockConfig, MockFaults, NativeConfig,
+    ServerConfig,
 };
 pub use contract::{KvDtype, ModelContract};
 pub use error::{EngineError, ErrorClass};
@@ -26,6 +27,7 @@ use futures::stream::BoxStream;
 use std::sync::Arc;
 use xinf_transfer::LayoutDescriptor;
 use xinf_transfer::device::{DeviceLease, DevicePages, DeviceRoute, DeviceSink, KvDevice};
+use xinf_transfer::transport::Endpoint;
 
 /// Tokens per canonical page.
 pub use xinf_transfer::PAGE_TOKENS;
@@ -42,6 +44,39 @@ pub struct PinnedPrefill {
     pub prompt_ids: Vec<u32>,
     /// The first token the engine sampled after the prompt.
     pub first_token: u32,
+    /// Set by an engine that publishes the room itself, in its own process (an engine server
+    /// through xinf's KV connector): where decode sides fetch the pages. `None`: the replica
+    /// publishes the room and serves the pages out of [`Engine::export_pages`].
+    pub remote: Option<RemoteRoom>,
+}
+
+/// A room an engine published in its own process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteRoom {
+    /// The room's id at that page server.
+    pub room: u64,
+    /// The page server and provider serving it.
+    pub endpoint: Endpoint,
+    /// Where its staged pages are when on a GPU.
+    pub device: Option<KvDevice>,
+}
+
+/// Prompt KV a decode engine fetches itself, in its own process, from the prefill side's room
+/// (an engine server through xinf's KV connector; see [`Engine::fetches_kv`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteKv {
+    /// Prompt token ids; the room holds the KV of every one of them.
+    pub prompt_ids: Vec<u32>,
+    /// The prefill side's first sampled token.
+    pub first_token: u32,
+    /// The room, its page server, where its pages are staged, and its page count.
+    pub room: u64,
+    /// The page server and provider serving the room.
+    pub endpoint: Endpoint,
+    /// Where the room's pages are when on a GPU.
+    pub device: Option<KvDevice>,
+    /// Canonical pages in the room.
+    pub pages: u32,
 }
 
 /// Prompt KV handed to a decode engine, in canonical pages.
@@ -204,6 +239,20 @@ pub trait Engine: Send + Sync {
 
     /// Starts a request whose prompt KV is `kv` instead of computing it.
     fn submit_imported(&self, request: GenerateRequest, kv: ImportedKv) -> Result<TokenStream, EngineError>;
+
+    /// Whether this engine fetches a handoff's pages itself ([`submit_remote`](Self::submit_remote))
+    /// instead of being handed them: an engine server, whose KV cache is in its own process.
+    fn fetches_kv(&self) -> bool {
+        false
+    }
+
+    /// Starts a request whose prompt KV the engine loads itself from the prefill side's room.
+    /// The stream's first event comes once the load is over (or has failed and the engine
+    /// computed the prompt instead), so the room may be released after it.
+    fn submit_remote(&self, request: GenerateRequest, kv: RemoteKv) -> Result<TokenStream, EngineError> {
+        let _ = (request, kv);
+        Err(EngineError::Internal("this engine is handed a handoff's pages; it fetches none itself".into()))
+    }
 
     /// Current load.
     fn stats(&self) -> EngineStats;

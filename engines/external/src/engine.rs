@@ -13,11 +13,12 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use xinf_engine::{
     Engine, EngineError, EngineStats, FinishReason, GenerateRequest, ImportedKv, ModelContract,
-    PinnedPrefill, Prompt, TokenEvent, TokenStream, Usage,
+    PinnedPrefill, Prompt, RemoteKv, TokenEvent, TokenStream, Usage,
 };
 use xinf_models::TextTokenizer;
 use xinf_transfer::LayoutDescriptor;
 use xinf_transfer::sync::lock;
+use xinf_transfer::transport::Endpoint;
 
 /// How long a stopping server gets between SIGTERM and SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(20);
@@ -39,6 +40,8 @@ pub(crate) struct Parts {
     pub(crate) tokenizer: TextTokenizer,
     pub(crate) contract: ModelContract,
     pub(crate) layout: LayoutDescriptor,
+    /// The server runs with xinf's KV connector.
+    pub(crate) connector: bool,
 }
 
 /// vLLM or SGLang as an xinf engine.
@@ -54,6 +57,10 @@ pub struct ServerEngine {
     running: Arc<Mutex<HashMap<String, Running>>>,
     counters: Arc<Counters>,
     idle_timeout: Duration,
+    /// Whether the server runs with xinf's KV connector (a prefill or decode replica).
+    connector: bool,
+    /// Rooms the server published for prefills, by request id, until released.
+    rooms: Arc<Mutex<HashMap<String, (Endpoint, u64)>>>,
 }
 
 impl ServerEngine {
@@ -75,6 +82,8 @@ impl ServerEngine {
             running: Arc::default(),
             counters: Arc::default(),
             idle_timeout: stream::IDLE_TIMEOUT,
+            connector: parts.connector,
+            rooms: Arc::default(),
         })
     }
 
@@ -112,34 +121,30 @@ impl ServerEngine {
         EngineError::invalid(
             "model_engine",
             format!(
-                "a {} replica serves ordinary requests only: prefill/decode needs xinf's KV connector",
+                "this {} replica serves ordinary requests only: prefill/decode needs xinf's KV connector",
                 self.flavor
             ),
         )
     }
-}
 
-impl Engine for ServerEngine {
-    fn contract(&self) -> &ModelContract {
-        &self.contract
-    }
-
-    fn kv_layout(&self) -> &LayoutDescriptor {
-        &self.layout
-    }
-
-    fn submit(&self, request: GenerateRequest) -> Result<TokenStream, EngineError> {
+    /// Starts a streamed generation of `ids`, with `kv_params` (a handoff's fields) added to the
+    /// server's request.
+    fn start(
+        &self,
+        request: GenerateRequest,
+        ids: Vec<u32>,
+        kv_params: Option<serde_json::Value>,
+    ) -> Result<TokenStream, EngineError> {
         if let Some(how) = self.process.exit_status() {
             return Err(self.process.death(&how));
         }
-        let ids = self.prompt_ids(&request.prompt)?;
         let max_new = self.check(&request, ids.len())?;
         let id = request.request_id.clone();
         let mut running = lock(&self.running);
         if running.contains_key(&id) {
             return Err(EngineError::DuplicateRequest(id));
         }
-        let body = crate::protocol::generate_body(
+        let mut body = crate::protocol::generate_body(
             self.flavor,
             &self.served_name,
             &id,
@@ -147,6 +152,9 @@ impl Engine for ServerEngine {
             &request.sampling,
             max_new,
         );
+        if let Some(params) = kv_params {
+            body["kv_transfer_params"] = params;
+        }
         let emitted = Arc::new(AtomicUsize::new(0));
         let call = Call {
             flavor: self.flavor,
@@ -196,6 +204,26 @@ impl Engine for ServerEngine {
         })))
     }
 
+    /// Whether this replica takes part in handoffs (a vLLM server with xinf's connector).
+    fn handoffs(&self) -> bool {
+        self.connector && self.flavor == Flavor::Vllm
+    }
+}
+
+impl Engine for ServerEngine {
+    fn contract(&self) -> &ModelContract {
+        &self.contract
+    }
+
+    fn kv_layout(&self) -> &LayoutDescriptor {
+        &self.layout
+    }
+
+    fn submit(&self, request: GenerateRequest) -> Result<TokenStream, EngineError> {
+        let ids = self.prompt_ids(&request.prompt)?;
+        self.start(request, ids, None)
+    }
+
     fn abort(&self, request_id: &str) -> bool {
         let Some(r) = lock(&self.running).remove(request_id) else { return false };
         r.aborted.store(true, Ordering::Release);
@@ -219,10 +247,61 @@ impl Engine for ServerEngine {
 
     fn prefill_pinned(
         &self,
-        _request: GenerateRequest,
+        request: GenerateRequest,
     ) -> BoxFuture<'static, Result<PinnedPrefill, EngineError>> {
-        let e = self.not_pd();
-        Box::pin(async move { Err(e) })
+        let prepared = (|| {
+            if !self.handoffs() {
+                return Err(self.not_pd());
+            }
+            if let Some(how) = self.process.exit_status() {
+                return Err(self.process.death(&how));
+            }
+            let ids = self.prompt_ids(&request.prompt)?;
+            let mut one = request.clone();
+            one.sampling.max_tokens = Some(1);
+            let max_new = self.check(&one, ids.len())?;
+            let room = (rand_room() >> 1).max(1);
+            let mut body = crate::protocol::generate_body(
+                self.flavor,
+                &self.served_name,
+                &request.request_id,
+                &ids,
+                &one.sampling,
+                max_new,
+            );
+            body["stream"] = serde_json::json!(false);
+            if let Some(o) = body.as_object_mut() {
+                o.remove("stream_options");
+            }
+            body["kv_transfer_params"] = crate::handoff::prefill_params(room);
+            Ok((ids, room, body))
+        })();
+        let (client, url, flavor) = (
+            self.client.clone(),
+            format!("{}{}", self.base_url, crate::protocol::generate_path(self.flavor)),
+            self.flavor,
+        );
+        let (rooms, counters) = (self.rooms.clone(), self.counters.clone());
+        let request_id = request.request_id;
+        Box::pin(async move {
+            let (ids, room, body) = prepared?;
+            let call = client.post(url).json(&body).timeout(crate::handoff::PREFILL_TIMEOUT).send();
+            let response = call
+                .await
+                .map_err(|e| EngineError::Process(format!("the {flavor} server's prefill failed: {e}")))?;
+            let status = response.status();
+            if !status.is_success() {
+                return Err(stream::refusal(flavor, status, response).await);
+            }
+            let v: serde_json::Value = response
+                .json()
+                .await
+                .map_err(|e| EngineError::Process(format!("the {flavor} server's prefill answer: {e}")))?;
+            let (first_token, remote) = crate::handoff::prefill_answer(flavor, &v, room)?;
+            counters.prompt_tokens.fetch_add(ids.len() as u64, Ordering::Relaxed);
+            lock(&rooms).insert(request_id.clone(), (remote.endpoint.clone(), room));
+            Ok(PinnedPrefill { request_id, prompt_ids: ids, first_token, remote: Some(remote) })
+        })
     }
 
     fn prompt_token_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
@@ -234,8 +313,37 @@ impl Engine for ServerEngine {
         Box::pin(async move { Err(e) })
     }
 
-    fn release_pinned(&self, _request_id: &str) -> bool {
-        false
+    fn release_pinned(&self, request_id: &str) -> bool {
+        let Some((endpoint, room)) = lock(&self.rooms).remove(request_id) else { return false };
+        crate::handoff::release(endpoint, room);
+        true
+    }
+
+    fn import_len(&self, prompt_len: usize) -> usize {
+        match self.flavor {
+            // vLLM recomputes the last prompt token to sample the first output from it.
+            Flavor::Vllm => prompt_len.saturating_sub(1),
+            Flavor::Sglang => prompt_len,
+        }
+    }
+
+    fn fetches_kv(&self) -> bool {
+        self.handoffs()
+    }
+
+    fn submit_remote(&self, request: GenerateRequest, kv: RemoteKv) -> Result<TokenStream, EngineError> {
+        if !self.handoffs() {
+            return Err(self.not_pd());
+        }
+        if kv.prompt_ids.len() < 2 {
+            return Err(EngineError::invalid(
+                "prompt",
+                "a vLLM decode replica needs a prompt of at least 2 tokens: it imports all but the last \
+                 prompt token's KV and recomputes the last",
+            ));
+        }
+        let params = crate::handoff::fetch_params(&kv);
+        self.start(request, kv.prompt_ids, Some(params))
     }
 
     fn submit_imported(
@@ -265,6 +373,16 @@ impl Engine for ServerEngine {
         }
         self.process.stop(STOP_GRACE);
     }
+}
+
+/// A fresh room id (nonzero, 63 bits once shifted).
+fn rand_room() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    // Random per process (std's SipHash keys), unique per call.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(NEXT.fetch_add(1, Ordering::Relaxed));
+    h.finish()
 }
 
 /// Ends a request's task when its stream is dropped.

@@ -4,6 +4,7 @@
 
 use crate::flags::FlagTable;
 use std::sync::OnceLock;
+use xinf_engine::KvRole;
 
 /// An engine xinf runs as its own server process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -27,6 +28,8 @@ pub(crate) struct ServerArgs<'a> {
     pub(crate) memory_share: Option<f64>,
     /// The context length cap.
     pub(crate) context_length: Option<usize>,
+    /// The replica's side of handoffs: the server then runs with xinf's KV connector.
+    pub(crate) kv_role: Option<KvRole>,
     /// The user's own flags, as arguments already.
     pub(crate) user_args: Vec<String>,
 }
@@ -159,6 +162,9 @@ impl Flavor {
             };
             push(flag, n.to_string());
         }
+        if let (Self::Vllm, Some(role)) = (self, a.kv_role) {
+            push("kv-transfer-config", vllm_connector_config(role));
+        }
         if self == Self::Sglang {
             // Streamed chunks carry only the new tokens (the default repeats all of them).
             out.push("--incremental-streaming-output".into());
@@ -168,8 +174,27 @@ impl Flavor {
     }
 }
 
+/// vLLM's `--kv-transfer-config` for xinf's KV connector on one side of handoffs. A decode
+/// whose load fails computes the prompt instead of failing the request.
+fn vllm_connector_config(role: KvRole) -> String {
+    let role = match role {
+        KvRole::Producer => "kv_producer",
+        KvRole::Consumer => "kv_consumer",
+    };
+    serde_json::json!({
+        "kv_connector": "XinfConnector",
+        "kv_connector_module_path": "xinf_kv.vllm_connector",
+        "kv_role": role,
+        "kv_load_failure_policy": "recompute",
+    })
+    .to_string()
+}
+
 impl std::fmt::Display for Flavor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -11,6 +11,7 @@
 mod engine;
 mod flags;
 mod flavor;
+mod handoff;
 mod loader;
 mod process;
 mod protocol;

@@ -178,7 +178,8 @@ impl EngineLoader for ServerLoader {
     }
 
     fn serves_pd(&self) -> bool {
-        false
+        // Through xinf's KV connector (python/xinf_kv); SGLang's transfer backend is not there yet.
+        self.flavor == Flavor::Vllm
     }
 
     fn needs_gpu(&self) -> bool {
@@ -283,8 +284,15 @@ impl ServerLoader {
             port,
             memory_share: config.gpu_memory_utilization,
             context_length: config.context_length,
+            kv_role: config.kv_role,
             user_args: self.flavor.table().args(&config.flags),
         };
+        if config.kv_role.is_some() && !self.serves_pd() {
+            return Err(EngineError::invalid(
+                "model_engine",
+                format!("{} does not serve prefill/decode replicas yet", self.flavor.display()),
+            ));
+        }
         let mut env = vec![
             ("CUDA_VISIBLE_DEVICES".to_owned(), gpu.to_string()),
             // The machines xinf runs on are often offline; neither engine needs to phone home.
@@ -308,8 +316,17 @@ impl ServerLoader {
             return Err(e);
         }
         tracing::info!(engine = %self.flavor, %base_url, log = %process.log().display(), "engine server ready");
-        let parts =
-            Parts { flavor: self.flavor, process, base_url, served_name, tokenizer, contract, layout };
+        let connector = config.kv_role.is_some();
+        let parts = Parts {
+            flavor: self.flavor,
+            process,
+            base_url,
+            served_name,
+            tokenizer,
+            contract,
+            layout,
+            connector,
+        };
         ServerEngine::new(parts)
     }
 }

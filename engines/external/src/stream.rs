@@ -154,7 +154,11 @@ impl Progress {
 
 /// The error of a non-success answer: the engine's own message, as a refusal of the request
 /// for a 4xx status and as a failure of the engine otherwise.
-async fn refusal(flavor: Flavor, status: reqwest::StatusCode, response: reqwest::Response) -> EngineError {
+pub(crate) async fn refusal(
+    flavor: Flavor,
+    status: reqwest::StatusCode,
+    response: reqwest::Response,
+) -> EngineError {
     let mut body = Vec::new();
     let mut stream = response.bytes_stream();
     while let Ok(Some(Ok(bytes))) = tokio::time::timeout(Duration::from_secs(5), stream.next()).await {

@@ -2,6 +2,7 @@
 //! faults its options ask for.
 
 use crate::kv::{self, KvCache};
+use futures::StreamExt;
 use futures::future::BoxFuture;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use xinf_engine::{
     Engine, EngineError, EngineStats, FinishReason, GenerateRequest, ImportedKv, KvDtype, KvPages,
-    MockConfig, MockFaults, ModelContract, PinnedPrefill, Prompt, TokenEvent, TokenStream, Usage,
+    MockConfig, MockFaults, ModelContract, PinnedPrefill, Prompt, RemoteKv, TokenEvent, TokenStream, Usage,
 };
 use xinf_transfer::sync::lock;
 use xinf_transfer::{LayoutDescriptor, pages_for};
@@ -61,6 +62,7 @@ struct Inner {
 }
 
 /// A deterministic engine without weights (see the crate documentation).
+#[derive(Clone)]
 pub struct MockEngine {
     contract: ModelContract,
     layout: LayoutDescriptor,
@@ -328,6 +330,32 @@ impl Engine for MockEngine {
         Ok(self.stream(run))
     }
 
+    fn fetches_kv(&self) -> bool {
+        self.faults.fetches_kv == Some(true)
+    }
+
+    fn submit_remote(&self, request: GenerateRequest, kv: RemoteKv) -> Result<TokenStream, EngineError> {
+        if !self.fetches_kv() {
+            return Err(EngineError::Internal("this mock engine is handed a handoff's pages".into()));
+        }
+        let this = self.clone();
+        let need = pages_for(self.import_len(kv.prompt_ids.len())) as u32;
+        let fetched = async move {
+            let policy = xinf_transfer::transport::TransportPolicy::Tcp;
+            let timeout = std::time::Duration::from_secs(10);
+            let (pages, _) = xinf_transfer::transport::fetch(&kv.endpoint, kv.room, 0, need, policy, timeout)
+                .await
+                .map_err(|e| EngineError::Import(e.to_string()))?;
+            let imported =
+                ImportedKv { prompt_ids: kv.prompt_ids, first_token: kv.first_token, pages: pages.into() };
+            this.submit_imported(request, imported)
+        };
+        Ok(Box::pin(futures::stream::once(fetched).flat_map(|started| match started {
+            Ok(stream) => stream,
+            Err(e) => Box::pin(futures::stream::iter([Err(e)])),
+        })))
+    }
+
     fn stats(&self) -> EngineStats {
         let inner = lock(&self.inner);
         EngineStats {
@@ -369,7 +397,7 @@ impl MockEngine {
         inner.pinned_blocks += run.table.len();
         let first_token = output_token(&run.prompt, 0);
         inner.pinned.insert(run.request_id.clone(), Pinned { table: run.table, ids: run.prompt.clone() });
-        Ok(PinnedPrefill { request_id: run.request_id, prompt_ids: run.prompt, first_token })
+        Ok(PinnedPrefill { request_id: run.request_id, prompt_ids: run.prompt, first_token, remote: None })
     }
 
     /// Writes imported pages into a run's blocks and checks them against the prompt's own KV:

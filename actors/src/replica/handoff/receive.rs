@@ -31,7 +31,7 @@ pub(super) struct Received {
 }
 
 /// The pages the decode engine needs of a handoff, or why it cannot import them.
-fn pages_needed(engine: &dyn Engine, handoff: &Handoff) -> Result<u32, ActorError> {
+pub(super) fn pages_needed(engine: &dyn Engine, handoff: &Handoff) -> Result<u32, ActorError> {
     if let Some(field) = engine.contract().first_difference(&handoff.contract) {
         return Err(ActorError::Engine(EngineError::Import(format!(
             "the prefill and decode replicas differ in {field}; their KV is not interchangeable"

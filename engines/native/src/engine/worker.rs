@@ -253,6 +253,7 @@ impl Worker {
             request_id: s.id.clone(),
             prompt_ids: s.tokens[..s.prompt_len].to_vec(),
             first_token,
+            remote: None,
         };
         let table = std::mem::take(&mut s.table);
         lock(&self.shared.pinned).insert(s.id.clone());

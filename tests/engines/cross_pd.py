@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""P/D across engines through xinf's router, on one GPU: vLLM 0.26 replicas with xinf's KV
+connector (python/xinf_kv) and native replicas, as prefill or decode of one model.
+
+Opt-in (XINF_TEST_ENGINES=1; needs a GPU, a `--features cuda` xinf, vLLM and xinf_kv on
+VLLM_PYTHONPATH). Starts `xinf local`, launches the models named on the command line, each on
+GPU 0 with memory shares, and compares greedy completions (token-id prompts of 64/65/66/128/129/
+130/193 tokens, streamed and not) of each P/D model with the ordinary model of its prefill
+engine:
+
+  vo: ordinary vLLM            no: ordinary native
+  vv: vLLM P → vLLM D          nv: native P → vLLM D          vn: vLLM P → native D
+
+It also sends a 1-token prompt (a vLLM decode refuses it clearly; xinf keeps answering) and
+records each model's replica counters.
+
+usage: XINF_BIN=... MODEL=<HF folder> OUT=<dir> cross_pd.py vo vv vn [no nv]
+"""
+
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+if os.environ.get("XINF_TEST_ENGINES") != "1":
+    print("SKIPPED: set XINF_TEST_ENGINES=1 (needs a GPU, vLLM and xinf_kv)", file=sys.stderr)
+    sys.exit(0)
+
+XINF = os.environ["XINF_BIN"]
+MODEL = os.environ["MODEL"]
+OUT = os.environ.get("OUT", "/tmp/cross-pd")
+PORT = 9397
+API = f"http://127.0.0.1:{PORT}"
+os.makedirs(OUT, exist_ok=True)
+results = []
+
+VLLM = {"model_engine": "vllm", "engine_config": {
+    "env": {"PYTHONPATH": os.environ.get("VLLM_PYTHONPATH", ""), "VLLM_USE_FLASHINFER_SAMPLER": "0",
+            "XINF_KV_LOG": "info"},
+    "gpu_memory_utilization": 0.12, "enforce_eager": True, "context_length": 2048}}
+NATIVE = {"model_engine": "native", "engine_config": {"gpu_memory_utilization": 0.08, "context_length": 2048}}
+MODELS = {
+    "vo": [("hybrid", VLLM)],
+    "no": [("hybrid", NATIVE)],
+    "vv": [("prefill", VLLM), ("decode", VLLM)],
+    "nv": [("prefill", NATIVE), ("decode", VLLM)],
+    "vn": [("prefill", VLLM), ("decode", NATIVE)],
+}
+REFERENCE = {"vv": "vo", "vn": "vo", "nv": "no"}
+
+
+def check(name, ok, detail=""):
+    results.append({"check": name, "ok": bool(ok), "detail": str(detail)[:600]})
+    print(("PASS " if ok else "FAIL ") + name + ("" if ok else f": {str(detail)[:600]}"), flush=True)
+
+
+def http(method, url, body=None, timeout=900):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data, {"Content-Type": "application/json"}, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except Exception as e:  # noqa: BLE001
+        return 0, str(e).encode()
+
+
+def launch(uid, spec, out):
+    replicas = []
+    for role, eng in spec:
+        # Local mode places every replica on its one worker, here on GPU 0 with memory shares.
+        r = {"model_engine": eng["model_engine"], "engine_config": eng["engine_config"],
+             "devices": [{"worker_ip": "127.0.0.1", "gpu_idx": [0]}]}
+        if role != "hybrid":
+            r["role"] = role
+        replicas.append(r)
+    body = {"model_uid": uid, "model_name": "tiny-qwen2", "model_path": MODEL,
+            "model_engine": spec[0][1]["model_engine"], "replica_config": replicas}
+    if len(spec) == 1:
+        body = {"model_uid": uid, "model_name": "tiny-qwen2", "model_path": MODEL, "gpu_idx": [0], **spec[0][1]}
+    t0 = time.time()
+    out[uid] = (http("POST", f"{API}/v1/models", body), round(time.time() - t0, 1))
+
+
+def complete(uid, ids, n, stream=False):
+    body = {"model": uid, "prompt": ids, "max_tokens": n, "temperature": 0, "stream": stream}
+    s, b = http("POST", f"{API}/v1/completions", body, timeout=120)
+    if s != 200:
+        return s, None, b
+    if not stream:
+        return s, json.loads(b)["choices"][0]["text"], b
+    text = ""
+    for line in b.decode().splitlines():
+        if line.startswith("data: ") and line.strip() != "data: [DONE]":
+            for c in json.loads(line[6:]).get("choices", []):
+                text += c.get("text") or ""
+    return s, text, b
+
+
+def main():
+    names = sys.argv[1:] or ["vo", "vv", "vn"]
+    log = open(os.path.join(OUT, "xinf.log"), "w")
+    env = dict(os.environ, XINF_LOG="info,xinf_engine_external=debug", XINF_GPUS=os.environ.get("XINF_GPUS", "0"))
+    xinf = subprocess.Popen([XINF, "local", "--port", str(PORT)], stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    try:
+        for _ in range(120):
+            if http("GET", f"{API}/v1/models", timeout=2)[0] == 200:
+                break
+            time.sleep(0.5)
+        launched, threads = {}, []
+        for uid in names:
+            t = threading.Thread(target=launch, args=(uid, MODELS[uid], launched))
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join()
+        for uid in names:
+            (s, b), secs = launched[uid]
+            check(f"{uid}: launch ({secs} s)", s == 200, b[:600])
+        vocab = json.load(open(os.path.join(MODEL, "config.json")))["vocab_size"]
+        rnd = random.Random(5)
+        for n in [64, 65, 66, 128, 129, 130, 193]:
+            ids = [rnd.randrange(100, vocab - 100) for _ in range(n)]
+            want = {}
+            for ref in {"vo", "no"} & set(names):
+                s, text, b = complete(ref, ids, 16)
+                want[ref] = text if s == 200 else None
+                check(f"{ref} {n}: ordinary completion", s == 200, b[:300])
+            for uid in [u for u in names if u in REFERENCE]:
+                ref = want.get(REFERENCE[uid])
+                for stream in (False, True):
+                    s, text, b = complete(uid, ids, 16, stream)
+                    check(f"{uid} {n} {'stream' if stream else 'plain'}: equals {REFERENCE[uid]}",
+                          s == 200 and ref is not None and text == ref, (s, text, ref, b[:300]))
+        for uid in [u for u in names if u in ("vv", "nv")]:
+            s, text, b = complete(uid, [rnd.randrange(100, vocab - 100)], 4)
+            check(f"{uid}: a 1-token prompt to a vLLM decode is refused clearly", 400 <= s < 500 and b"2 tokens" in b, (s, b[:300]))
+            s, text, b = complete(uid, [rnd.randrange(100, vocab - 100) for _ in range(70)], 4)
+            check(f"{uid}: and the model keeps answering", s == 200, (s, b[:300]))
+        s, b = http("GET", f"{API}/v1/models")
+        open(os.path.join(OUT, "models.json"), "wb").write(b)
+        for uid in names:
+            s, b = http("GET", f"{API}/v1/models/{uid}")
+            open(os.path.join(OUT, f"model-{uid}.json"), "wb").write(b)
+    finally:
+        os.killpg(xinf.pid, 15)
+        try:
+            xinf.wait(60)
+        except Exception:  # noqa: BLE001
+            os.killpg(xinf.pid, 9)
+        json.dump(results, open(os.path.join(OUT, "results.json"), "w"), indent=1)
+        fails = [r for r in results if not r["ok"]]
+        print(f"{len(results) - len(fails)}/{len(results)} passed", flush=True)
+
+
+main()
