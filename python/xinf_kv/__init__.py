@@ -7,9 +7,9 @@ inside the engine's processes:
 
 - ``xinf_kv.vllm_connector.XinfConnector``: a vLLM KV connector (v1), selected with
   ``--kv-transfer-config '{"kv_connector": "XinfConnector",
-  "kv_connector_module_path": "xinf_kv.vllm_connector", "kv_role": ...}'``;
-- ``xinf_kv.sglang_backend``: an SGLang transfer backend, registered through SGLang's plugin
-  entry points (``--disaggregation-transfer-backend xinf``).
+  "kv_connector_module_path": "xinf_kv.vllm_connector", "kv_role": ...}'``.
+
+(An SGLang transfer backend, registered through SGLang's plugin entry points, is to come.)
 
 Everything that touches bytes is in the extension module ``xinf_kv._native`` (built from
 xinf's transfer crate): gathering a prompt's KV into staging, serving it as a room, fetching a
