@@ -116,3 +116,16 @@ def test_garbage_on_the_page_port_leaves_it_serving(native):
     loader.start("after", host.endpoint, 9, None, layout, [base, base + layout.region_bytes], [5], (0, 1))
     assert loader.wait(5.0) == [("after", None)]
     assert buf[5 * 8 : 6 * 8] == b"\x07" * 8
+
+
+def test_a_publish_that_fails_gives_its_budget_back(native):
+    import ctypes
+
+    host = native.PageHost(budget_bytes=1 << 20)
+    layout = native.Layout("token-pool", 1, 1, 1, 4, 200, 2)
+    buf = bytearray(layout.region_bytes)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    with pytest.raises(ValueError, match="overlap"):
+        host.publish(4, layout, [base, base], [1, 2], 2, 1000)
+    s = host.stats()
+    assert s["staged_bytes"] == 0 and s["rooms"] == 0 and s["published"] == 0

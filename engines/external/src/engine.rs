@@ -260,7 +260,7 @@ impl Engine for ServerEngine {
             let mut one = request.clone();
             one.sampling.max_tokens = Some(1);
             let max_new = self.check(&one, ids.len())?;
-            let room = (rand_room() >> 1).max(1);
+            let room = (rand::random::<u64>() >> 1).max(1);
             let mut body = crate::protocol::generate_body(
                 self.flavor,
                 &self.served_name,
@@ -373,16 +373,6 @@ impl Engine for ServerEngine {
         }
         self.process.stop(STOP_GRACE);
     }
-}
-
-/// A fresh room id (nonzero, 63 bits once shifted).
-fn rand_room() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    // Random per process (std's SipHash keys), unique per call.
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(NEXT.fetch_add(1, Ordering::Relaxed));
-    h.finish()
 }
 
 /// Ends a request's task when its stream is dropped.

@@ -275,22 +275,14 @@ impl PageHost {
         layout.check(&regions, &block_table, &(0..prompt_len), &(0..pages))?;
         let len = pages * layout.page_bytes_usize();
         self.admit(room, layout, len)?;
-        let memory = match self.device {
-            None => Memory::Host(crate::layout::gather_bytes(
-                layout,
-                &regions,
-                &block_table,
-                0..prompt_len,
-                0..pages,
-            )?),
-            #[cfg(feature = "cuda")]
-            Some(ordinal) => {
-                py.detach(|| gather_device(ordinal, layout, &regions, &block_table, prompt_len, len))?
+        let memory = match self.stage(py, layout, &regions, &block_table, prompt_len, len) {
+            Ok(memory) => memory,
+            Err(e) => {
+                // The bytes reserved above were never staged.
+                self.rooms.counters.staged_bytes.fetch_sub(len as u64, Ordering::Relaxed);
+                return Err(e);
             }
-            #[cfg(not(feature = "cuda"))]
-            Some(_) => unreachable_without_cuda()?,
         };
-        let _ = py;
         self.insert(room, memory, len, pages as u32, lease_ms);
         Ok(pages as u32)
     }
@@ -339,6 +331,37 @@ impl PageHost {
 }
 
 impl PageHost {
+    /// Gathers a prompt's pages into this host's staging memory: host memory, or pooled GPU
+    /// memory on the host's GPU (without the GIL: the gather waits for the engine's queued work).
+    #[allow(clippy::too_many_arguments)]
+    fn stage(
+        &self,
+        py: Python<'_>,
+        layout: &Layout,
+        regions: &[u64],
+        block_table: &[u32],
+        prompt_len: usize,
+        len: usize,
+    ) -> PyResult<Memory> {
+        let pages = xinf_transfer::pages_for(prompt_len);
+        let Some(ordinal) = self.device else {
+            let bytes = crate::layout::gather_bytes(layout, regions, block_table, 0..prompt_len, 0..pages)?;
+            return Ok(Memory::Host(bytes));
+        };
+        #[cfg(feature = "cuda")]
+        {
+            let (staged, gpu) = py
+                .detach(|| crate::gpu::gather(ordinal, layout, regions, block_table, prompt_len, len))
+                .map_err(|e| PyRuntimeError::new_err(format!("gathering KV pages on GPU {ordinal}: {e}")))?;
+            Ok(Memory::Device(staged, gpu))
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (py, ordinal, len);
+            Err(PyRuntimeError::new_err("this build of xinf_kv has no GPU support"))
+        }
+    }
+
     /// Checks `room` and the page size, and reserves `len` staged bytes for it.
     fn admit(&self, room: u64, layout: &Layout, len: usize) -> PyResult<()> {
         self.set_page_bytes(layout.page_bytes_usize())?;
@@ -384,24 +407,4 @@ impl PageHost {
         lock(&self.rooms.table).insert(room, r);
         self.rooms.counters.published.fetch_add(1, Ordering::Relaxed);
     }
-}
-
-#[cfg(not(feature = "cuda"))]
-fn unreachable_without_cuda() -> PyResult<Memory> {
-    Err(PyRuntimeError::new_err("this build of xinf_kv has no GPU support"))
-}
-
-/// Gathers a prompt's pages on GPU `ordinal` into staging memory.
-#[cfg(feature = "cuda")]
-fn gather_device(
-    ordinal: usize,
-    layout: &Layout,
-    regions: &[u64],
-    block_table: &[u32],
-    prompt_len: usize,
-    len: usize,
-) -> PyResult<Memory> {
-    let (staged, gpu) = crate::gpu::gather(ordinal, layout, regions, block_table, prompt_len, len)
-        .map_err(|e| PyRuntimeError::new_err(format!("gathering KV pages on GPU {ordinal}: {e}")))?;
-    Ok(Memory::Device(staged, gpu))
 }
