@@ -9,12 +9,14 @@ inside the engine's processes:
   ``--kv-transfer-config '{"kv_connector": "XinfConnector",
   "kv_connector_module_path": "xinf_kv.vllm_connector", "kv_role": ...}'``.
 
-(An SGLang transfer backend, registered through SGLang's plugin entry points, is to come.)
+- ``xinf_kv.sglang_backend``: an SGLang transfer backend, ``--disaggregation-mode prefill |
+  decode --disaggregation-transfer-backend xinf``, added to SGLang by the plugin
+  ``xinf_kv.sglang_plugin`` (entry point ``xinf`` of ``sglang.srt.plugins``).
 
 Everything that touches bytes is in the extension module ``xinf_kv._native`` (built from
 xinf's transfer crate): gathering a prompt's KV into staging, serving it as a room, fetching a
 room GPU to GPU and scattering it into the engine's cache. Nothing here is imported by the
-engines until they load the connector, and importing it does no CUDA work.
+engines until they select the connector or the backend, and importing it does no CUDA work.
 """
 
 from xinf_kv.params import DecodeParams, PrefillParams, parse_params

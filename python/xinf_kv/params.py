@@ -88,3 +88,116 @@ def parse_params(params: Any) -> tuple[PrefillParams | DecodeParams | None, str 
     if isinstance(lease, bool) or not isinstance(lease, int) or not 0 < lease <= MAX_LEASE_MS:
         return None, f"kv_transfer_params.xinf.lease_ms must be an integer in 1..{MAX_LEASE_MS}"
     return PrefillParams(room, lease), None
+
+
+# ==== SGLang: the handoff travels in the bootstrap address ==================================
+#
+# SGLang's requests carry a prefill's whereabouts as ``bootstrap_host`` / ``bootstrap_port`` /
+# ``bootstrap_room`` and hand a transfer backend nothing else. xinf owns the rendezvous, so its
+# backend needs no bootstrap server: ``bootstrap_host`` is a *ticket*, ``xinf-`` followed by the
+# hex of a JSON object, and the room is ``bootstrap_room``. A prefill's ticket holds
+# ``{"lease_ms": L, "shape": S}``; a decode's ``{"fetch": {"endpoint": E, "device": D,
+# "prompt_len": N, "first_token": T}, "shape": S}`` (SGLang's decode appends the prefill's first
+# token itself, so it travels with the room). ``S`` is
+# ``{"layers", "kv_heads", "head_dim", "elem_bytes"}``: the engine's transfer arguments give
+# only byte sizes.
+
+#: What starts a ticket (no ``:``, so SGLang never reads it as an IPv6 address).
+TICKET_PREFIX = "xinf-"
+#: Longest ticket accepted, in characters.
+MAX_TICKET = 16_384
+
+
+@dataclass(frozen=True)
+class KvShape:
+    """The model's KV shape: layers, KV heads, head size and bytes per element."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    elem_bytes: int
+
+
+@dataclass(frozen=True)
+class SglangPrefill:
+    """A prefill ticket: publish the prompt's KV as ``room`` for ``lease_ms``."""
+
+    room: int
+    lease_ms: int
+    shape: KvShape
+
+
+@dataclass(frozen=True)
+class SglangDecode:
+    """A decode ticket: load the prompt's KV from the room; ``first_token`` is the prefill's."""
+
+    fetch: DecodeParams
+    first_token: int
+    shape: KvShape
+
+
+def make_ticket(fields: dict) -> str:
+    """The ``bootstrap_host`` carrying ``fields``."""
+    import json
+
+    return TICKET_PREFIX + json.dumps(fields, separators=(",", ":")).encode().hex()
+
+
+def _shape(value: Any) -> KvShape | None:
+    if not isinstance(value, dict):
+        return None
+    out = []
+    for k in ("layers", "kv_heads", "head_dim", "elem_bytes"):
+        v = value.get(k)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= 1 << 20:
+            return None
+        out.append(v)
+    return KvShape(*out)
+
+
+def parse_ticket(host: Any, room: Any) -> tuple[SglangPrefill | SglangDecode | None, str | None]:
+    """The handoff an SGLang request's ``bootstrap_host`` and ``bootstrap_room`` ask for, or
+    ``None`` and why not. Never raises."""
+    import json
+
+    if not isinstance(host, str) or not host.startswith(TICKET_PREFIX):
+        return None, "the bootstrap host is not an xinf ticket (route requests through xinf)"
+    if len(host) > MAX_TICKET:
+        return None, f"an xinf ticket of {len(host)} characters (at most {MAX_TICKET})"
+    try:
+        fields = json.loads(bytes.fromhex(host[len(TICKET_PREFIX) :]).decode())
+    except (ValueError, UnicodeDecodeError) as e:
+        return None, f"the xinf ticket does not decode: {e}"
+    if not isinstance(fields, dict):
+        return None, "the xinf ticket must hold an object"
+    shape = _shape(fields.get("shape"))
+    if shape is None:
+        return None, "the xinf ticket's shape must hold positive layers, kv_heads, head_dim, elem_bytes"
+    fetch = fields.get("fetch")
+    if fetch is None:
+        parsed, why = parse_params({"xinf": {"room": room, "lease_ms": fields.get("lease_ms", DEFAULT_LEASE_MS)}})
+        if parsed is None:
+            return None, _in_ticket(why)
+        return SglangPrefill(parsed.room, parsed.lease_ms, shape), None
+    if not isinstance(fetch, dict):
+        return None, "the xinf ticket's fetch must be an object"
+    parsed, why = parse_params({"xinf": {"fetch": dict(fetch, room=room)}})
+    if parsed is None:
+        return None, _in_ticket(why)
+    first = fetch.get("first_token")
+    if isinstance(first, bool) or not isinstance(first, int) or not 0 <= first < 1 << 31:
+        return None, "the xinf ticket's fetch.first_token must be a token id"
+    return SglangDecode(parsed, first, shape), None
+
+
+def _in_ticket(why: str | None) -> str:
+    """A reason of ``parse_params`` in the words of a ticket."""
+    why = why or "a bad ticket"
+    for old, new in (
+        ("kv_transfer_params.xinf.fetch.room", "bootstrap_room"),
+        ("kv_transfer_params.xinf.room", "bootstrap_room"),
+        ("kv_transfer_params.xinf.fetch.", "the xinf ticket's fetch."),
+        ("kv_transfer_params.xinf.", "the xinf ticket's "),
+    ):
+        why = why.replace(old, new)
+    return why

@@ -19,7 +19,6 @@ request id is reported twice.
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -32,16 +31,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from xinf_kv import vllm_layout
+from xinf_kv.log import log
 from xinf_kv.vllm_state import Meta, SchedulerState
 
-log = logging.getLogger("xinf_kv")
-if os.environ.get("XINF_KV_LOG"):
-    # The engines configure their own loggers only: give this one a handler of its own.
-    _handler = logging.StreamHandler()
-    _handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s xinf_kv: %(message)s"))
-    log.addHandler(_handler)
-    log.setLevel(os.environ["XINF_KV_LOG"].upper())
-    log.propagate = False
 
 #: Time limit of one load, in milliseconds.
 LOAD_TIMEOUT_MS = int(os.environ.get("XINF_KV_LOAD_TIMEOUT_MS", "30000"))

@@ -1,20 +1,22 @@
 #!/usr/bin/env python3
 """P/D across engines through xinf's router, on one GPU: vLLM 0.26 replicas with xinf's KV
-connector (python/xinf_kv) and native replicas, as prefill or decode of one model.
+connector and SGLang 0.5.15 replicas with xinf's transfer backend (python/xinf_kv), and native
+replicas, as prefill or decode of one model.
 
-Opt-in (XINF_TEST_ENGINES=1; needs a GPU, a `--features cuda` xinf, vLLM and xinf_kv on
-VLLM_PYTHONPATH). Starts `xinf local`, launches the models named on the command line, each on
-GPU 0 with memory shares, and compares greedy completions (token-id prompts of 64/65/66/128/129/
-130/193 tokens, streamed and not) of each P/D model with the ordinary model of its prefill
-engine:
+Opt-in (XINF_TEST_ENGINES=1; needs a GPU, a `--features cuda` xinf, vLLM and SGLang with
+xinf_kv on VLLM_PYTHONPATH / SGLANG_PYTHONPATH). Starts `xinf local`, launches the models named
+on the command line, each on GPU 0 with memory shares, and compares greedy completions
+(token-id prompts of 64/65/66/128/129/130/193 tokens, streamed and not) of each P/D model with
+the ordinary model of its prefill engine:
 
-  vo: ordinary vLLM            no: ordinary native
-  vv: vLLM P → vLLM D          nv: native P → vLLM D          vn: vLLM P → native D
+  vo: ordinary vLLM      so: ordinary SGLang      no: ordinary native
+  vv: vLLM P → vLLM D    vs: vLLM P → SGLang D    sv: SGLang P → vLLM D    ss: SGLang P → SGLang D
+  nv: native P → vLLM D  vn: vLLM P → native D    ns: native P → SGLang D  sn: SGLang P → native D
 
 It also sends a 1-token prompt (a vLLM decode refuses it clearly; xinf keeps answering) and
 records each model's replica counters.
 
-usage: XINF_BIN=... MODEL=<HF folder> OUT=<dir> cross_pd.py vo vv vn [no nv]
+usage: XINF_BIN=... MODEL=<HF folder> OUT=<dir> cross_pd.py vo so vs sv [...]
 """
 
 import json
@@ -42,15 +44,15 @@ VLLM = {"model_engine": "vllm", "engine_config": {
     "env": {"PYTHONPATH": os.environ.get("VLLM_PYTHONPATH", ""), "VLLM_USE_FLASHINFER_SAMPLER": "0",
             "XINF_KV_LOG": "info"},
     "gpu_memory_utilization": 0.12, "enforce_eager": True, "context_length": 2048}}
+SGLANG = {"model_engine": "sglang", "engine_config": {
+    "env": {"PYTHONPATH": os.environ.get("SGLANG_PYTHONPATH", ""), "XINF_KV_LOG": "info"},
+    "gpu_memory_utilization": 0.12, "context_length": 2048, "attention_backend": "triton",
+    "sampling_backend": "pytorch", "disable_cuda_graph": True, "disable_radix_cache": True}}
 NATIVE = {"model_engine": "native", "engine_config": {"gpu_memory_utilization": 0.08, "context_length": 2048}}
-MODELS = {
-    "vo": [("hybrid", VLLM)],
-    "no": [("hybrid", NATIVE)],
-    "vv": [("prefill", VLLM), ("decode", VLLM)],
-    "nv": [("prefill", NATIVE), ("decode", VLLM)],
-    "vn": [("prefill", VLLM), ("decode", NATIVE)],
-}
-REFERENCE = {"vv": "vo", "vn": "vo", "nv": "no"}
+ENGINE = {"v": VLLM, "s": SGLANG, "n": NATIVE}
+MODELS = {f"{e}o": [("hybrid", ENGINE[e])] for e in "vsn"}
+MODELS.update({p + d: [("prefill", ENGINE[p]), ("decode", ENGINE[d])] for p in "vsn" for d in "vsn" if p + d != "nn"})
+REFERENCE = {uid: uid[0] + "o" for uid in MODELS if uid[1] != "o"}
 
 
 def check(name, ok, detail=""):
@@ -103,7 +105,7 @@ def complete(uid, ids, n, stream=False):
 
 
 def main():
-    names = sys.argv[1:] or ["vo", "vv", "vn"]
+    names = sys.argv[1:] or ["vo", "so", "vs", "sv"]
     log = open(os.path.join(OUT, "xinf.log"), "w")
     env = dict(os.environ, XINF_LOG="info,xinf_engine_external=debug", XINF_GPUS=os.environ.get("XINF_GPUS", "0"))
     xinf = subprocess.Popen([XINF, "local", "--port", str(PORT)], stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -128,7 +130,7 @@ def main():
         for n in [64, 65, 66, 128, 129, 130, 193]:
             ids = [rnd.randrange(100, vocab - 100) for _ in range(n)]
             want = {}
-            for ref in {"vo", "no"} & set(names):
+            for ref in sorted({"vo", "so", "no"} & set(names)):
                 s, text, b = complete(ref, ids, 16)
                 want[ref] = text if s == 200 else None
                 check(f"{ref} {n}: ordinary completion", s == 200, b[:300])
@@ -138,7 +140,7 @@ def main():
                     s, text, b = complete(uid, ids, 16, stream)
                     check(f"{uid} {n} {'stream' if stream else 'plain'}: equals {REFERENCE[uid]}",
                           s == 200 and ref is not None and text == ref, (s, text, ref, b[:300]))
-        for uid in [u for u in names if u in ("vv", "nv")]:
+        for uid in [u for u in names if u in REFERENCE and u[1] == "v"]:
             s, text, b = complete(uid, [rnd.randrange(100, vocab - 100)], 4)
             check(f"{uid}: a 1-token prompt to a vLLM decode is refused clearly", 400 <= s < 500 and b"2 tokens" in b, (s, b[:300]))
             s, text, b = complete(uid, [rnd.randrange(100, vocab - 100) for _ in range(70)], 4)

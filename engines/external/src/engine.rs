@@ -42,6 +42,8 @@ pub(crate) struct Parts {
     pub(crate) layout: LayoutDescriptor,
     /// The server runs with xinf's KV connector.
     pub(crate) connector: bool,
+    /// Where an SGLang prefill server's rooms are served (its transfer backend says at start).
+    pub(crate) page_host: Option<crate::handoff::PageHost>,
 }
 
 /// vLLM or SGLang as an xinf engine.
@@ -61,6 +63,8 @@ pub struct ServerEngine {
     connector: bool,
     /// Rooms the server published for prefills, by request id, until released.
     rooms: Arc<Mutex<HashMap<String, (Endpoint, u64)>>>,
+    /// Where an SGLang prefill server's rooms are served.
+    page_host: Option<crate::handoff::PageHost>,
 }
 
 impl ServerEngine {
@@ -84,6 +88,7 @@ impl ServerEngine {
             idle_timeout: stream::IDLE_TIMEOUT,
             connector: parts.connector,
             rooms: Arc::default(),
+            page_host: parts.page_host,
         })
     }
 
@@ -127,13 +132,13 @@ impl ServerEngine {
         )
     }
 
-    /// Starts a streamed generation of `ids`, with `kv_params` (a handoff's fields) added to the
-    /// server's request.
+    /// Starts a streamed generation of `ids`, with `handoff` (a handoff's fields, top-level
+    /// keys of the server's request) added to the request.
     fn start(
         &self,
         request: GenerateRequest,
         ids: Vec<u32>,
-        kv_params: Option<serde_json::Value>,
+        handoff: Option<serde_json::Value>,
     ) -> Result<TokenStream, EngineError> {
         if let Some(how) = self.process.exit_status() {
             return Err(self.process.death(&how));
@@ -152,9 +157,7 @@ impl ServerEngine {
             &request.sampling,
             max_new,
         );
-        if let Some(params) = kv_params {
-            body["kv_transfer_params"] = params;
-        }
+        merge(&mut body, handoff);
         let emitted = Arc::new(AtomicUsize::new(0));
         let call = Call {
             flavor: self.flavor,
@@ -204,9 +207,18 @@ impl ServerEngine {
         })))
     }
 
-    /// Whether this replica takes part in handoffs (a vLLM server with xinf's connector).
+    /// Whether this replica takes part in handoffs (a server with xinf's connector: vLLM's KV
+    /// connector, SGLang's transfer backend).
     fn handoffs(&self) -> bool {
-        self.connector && self.flavor == Flavor::Vllm
+        self.connector
+    }
+
+    /// The fields of a prefill leg that publishes its KV as `room`.
+    fn prefill_fields(&self, room: u64) -> serde_json::Value {
+        match self.flavor {
+            Flavor::Vllm => serde_json::json!({ "kv_transfer_params": crate::handoff::prefill_params(room) }),
+            Flavor::Sglang => crate::handoff::sglang_prefill_fields(room, &self.contract),
+        }
     }
 }
 
@@ -273,7 +285,7 @@ impl Engine for ServerEngine {
             if let Some(o) = body.as_object_mut() {
                 o.remove("stream_options");
             }
-            body["kv_transfer_params"] = crate::handoff::prefill_params(room);
+            merge(&mut body, Some(self.prefill_fields(room)));
             Ok((ids, room, body))
         })();
         let (client, url, flavor) = (
@@ -281,7 +293,7 @@ impl Engine for ServerEngine {
             format!("{}{}", self.base_url, crate::protocol::generate_path(self.flavor)),
             self.flavor,
         );
-        let (rooms, counters) = (self.rooms.clone(), self.counters.clone());
+        let (rooms, counters, host) = (self.rooms.clone(), self.counters.clone(), self.page_host.clone());
         let request_id = request.request_id;
         Box::pin(async move {
             let (ids, room, body) = prepared?;
@@ -297,7 +309,7 @@ impl Engine for ServerEngine {
                 .json()
                 .await
                 .map_err(|e| EngineError::Process(format!("the {flavor} server's prefill answer: {e}")))?;
-            let (first_token, remote) = crate::handoff::prefill_answer(flavor, &v, room)?;
+            let (first_token, remote) = crate::handoff::prefill_answer(flavor, &v, room, host.as_ref())?;
             counters.prompt_tokens.fetch_add(ids.len() as u64, Ordering::Relaxed);
             lock(&rooms).insert(request_id.clone(), (remote.endpoint.clone(), room));
             Ok(PinnedPrefill { request_id, prompt_ids: ids, first_token, remote: Some(remote) })
@@ -335,15 +347,18 @@ impl Engine for ServerEngine {
         if !self.handoffs() {
             return Err(self.not_pd());
         }
-        if kv.prompt_ids.len() < 2 {
-            return Err(EngineError::invalid(
-                "prompt",
-                "a vLLM decode replica needs a prompt of at least 2 tokens: it imports all but the last \
-                 prompt token's KV and recomputes the last",
-            ));
-        }
-        let params = crate::handoff::fetch_params(&kv);
-        self.start(request, kv.prompt_ids, Some(params))
+        let fields = match self.flavor {
+            Flavor::Vllm if kv.prompt_ids.len() < 2 => {
+                return Err(EngineError::invalid(
+                    "prompt",
+                    "a vLLM decode replica needs a prompt of at least 2 tokens: it imports all but the last \
+                     prompt token's KV and recomputes the last",
+                ));
+            }
+            Flavor::Vllm => serde_json::json!({ "kv_transfer_params": crate::handoff::fetch_params(&kv) }),
+            Flavor::Sglang => crate::handoff::sglang_fetch_fields(&kv, &self.contract),
+        };
+        self.start(request, kv.prompt_ids, Some(fields))
     }
 
     fn submit_imported(
@@ -372,6 +387,13 @@ impl Engine for ServerEngine {
             r.task.abort();
         }
         self.process.stop(STOP_GRACE);
+    }
+}
+
+/// Adds `fields` (an object) to the top level of a request body.
+fn merge(body: &mut serde_json::Value, fields: Option<serde_json::Value>) {
+    if let (Some(o), Some(serde_json::Value::Object(fields))) = (body.as_object_mut(), fields) {
+        o.extend(fields);
     }
 }
 

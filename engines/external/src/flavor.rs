@@ -118,6 +118,7 @@ impl Flavor {
                 | "ep-size" => Some(ONE_GPU),
                 "lora-paths" => Some(LORA),
                 f if f.starts_with("disaggregation-") => Some(PD),
+                "page-size" => Some("xinf's transfer backend moves SGLang's KV with page size 1"),
                 "context-length" => Some("use engine_config.context_length"),
                 "mem-fraction-static" => Some("use engine_config.gpu_memory_utilization"),
                 _ => None,
@@ -162,8 +163,20 @@ impl Flavor {
             };
             push(flag, n.to_string());
         }
-        if let (Self::Vllm, Some(role)) = (self, a.kv_role) {
-            push("kv-transfer-config", vllm_connector_config(role));
+        match (self, a.kv_role) {
+            (Self::Vllm, Some(role)) => push("kv-transfer-config", vllm_connector_config(role)),
+            (Self::Sglang, Some(role)) => {
+                // xinf's transfer backend (xinf_kv's SGLang plugin; page size 1 is SGLang's own
+                // default on CUDA, set here so no other default can change it).
+                let mode = match role {
+                    KvRole::Producer => "prefill",
+                    KvRole::Consumer => "decode",
+                };
+                push("disaggregation-mode", mode.into());
+                push("disaggregation-transfer-backend", "xinf".into());
+                push("page-size", "1".into());
+            }
+            (_, None) => {}
         }
         if self == Self::Sglang {
             // Streamed chunks carry only the new tokens (the default repeats all of them).

@@ -7,11 +7,18 @@
 //! decode leg asks a server to load the room instead of computing the prompt,
 //! `{"xinf": {"fetch": {"room", "endpoint", "device", "prompt_len"}}}`. The room is released
 //! by xinf's page-plane release (`XKR1`) when the decode side is done, or by its lease.
+//!
+//! SGLang's requests carry no such fields: its transfer backends get only the bootstrap
+//! address and room of a request. xinf's backend (`xinf_kv.sglang_backend`) reads its handoff
+//! from `bootstrap_host`, which xinf fills with a *ticket* (`xinf-` and the hex of a JSON
+//! object; see `xinf_kv.params`), and the room is `bootstrap_room`. A prefill's answer then
+//! names no page server: the server wrote where its page server is to a file at start
+//! ([`PageHost`]).
 
 use crate::Flavor;
 use serde_json::{Value, json};
 use std::time::Duration;
-use xinf_engine::{EngineError, RemoteKv, RemoteRoom};
+use xinf_engine::{EngineError, ModelContract, RemoteKv, RemoteRoom};
 use xinf_transfer::device::KvDevice;
 use xinf_transfer::transport::{self, Endpoint};
 
@@ -38,19 +45,96 @@ pub(crate) fn fetch_params(kv: &RemoteKv) -> Value {
     } } })
 }
 
-/// The first token and the published room of a prefill leg's (non-streamed) answer.
-pub(crate) fn prefill_answer(flavor: Flavor, v: &Value, room: u64) -> Result<(u32, RemoteRoom), EngineError> {
+/// What starts an SGLang ticket.
+const TICKET_PREFIX: &str = "xinf-";
+
+/// The model's KV shape as a ticket states it (SGLang's backend checks it against its pool).
+fn shape(c: &ModelContract) -> Value {
+    json!({ "layers": c.num_layers, "kv_heads": c.kv_heads, "head_dim": c.head_dim, "elem_bytes": c.dtype.size() })
+}
+
+/// `bootstrap_host` carrying `fields`.
+fn ticket(fields: &Value) -> String {
+    use std::fmt::Write;
+    let text = fields.to_string();
+    let mut out = String::with_capacity(TICKET_PREFIX.len() + 2 * text.len());
+    out.push_str(TICKET_PREFIX);
+    for b in text.bytes() {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+/// The bootstrap fields of an SGLang prefill leg that publishes its KV as `room`.
+pub(crate) fn sglang_prefill_fields(room: u64, contract: &ModelContract) -> Value {
+    let t = ticket(&json!({ "lease_ms": LEASE_MS, "shape": shape(contract) }));
+    json!({ "bootstrap_host": t, "bootstrap_port": 0, "bootstrap_room": room })
+}
+
+/// The bootstrap fields of an SGLang decode leg that loads `kv`'s room (and starts from the
+/// prefill's first token, which SGLang's decode takes with the KV).
+pub(crate) fn sglang_fetch_fields(kv: &RemoteKv, contract: &ModelContract) -> Value {
+    let fetch = json!({
+        "endpoint": kv.endpoint,
+        "device": kv.device,
+        "prompt_len": kv.prompt_ids.len(),
+        "first_token": kv.first_token,
+    });
+    let t = ticket(&json!({ "fetch": fetch, "shape": shape(contract) }));
+    json!({ "bootstrap_host": t, "bootstrap_port": 0, "bootstrap_room": kv.room })
+}
+
+/// Where an SGLang prefill server's page server is: what its transfer backend wrote at start.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub(crate) struct PageHost {
+    pub(crate) endpoint: Endpoint,
+    pub(crate) device: Option<KvDevice>,
+}
+
+impl PageHost {
+    /// Reads the file the server's backend wrote (`XINF_KV_ENDPOINT_FILE`).
+    pub(crate) fn read(path: &std::path::Path) -> Result<Self, EngineError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            EngineError::Process(format!(
+                "the SGLang server is up but its xinf transfer backend did not say where its pages are \
+                 ({}: {e}); is xinf_kv installed for the server's Python?",
+                path.display()
+            ))
+        })?;
+        serde_json::from_str(&text)
+            .map_err(|e| EngineError::Process(format!("{}: not what xinf_kv writes: {e}", path.display())))
+    }
+}
+
+/// The first token and the published room of a prefill leg's (non-streamed) answer; SGLang's
+/// room is at `host`, the server's page server.
+pub(crate) fn prefill_answer(
+    flavor: Flavor,
+    v: &Value,
+    room: u64,
+    host: Option<&PageHost>,
+) -> Result<(u32, RemoteRoom), EngineError> {
     let bad = |what: &str| {
         EngineError::Process(format!(
             "the {flavor} server's prefill answer {what} (is xinf_kv installed for the server's Python, \
              and the server started with xinf's connector? its log says more)"
         ))
     };
-    let first = v
-        .pointer("/choices/0/token_ids/0")
+    let first = match flavor {
+        Flavor::Vllm => v.pointer("/choices/0/token_ids/0"),
+        Flavor::Sglang => v.pointer("/output_ids/0"),
+    };
+    let first = first
         .and_then(Value::as_u64)
         .and_then(|t| u32::try_from(t).ok())
         .ok_or_else(|| bad("has no token id"))?;
+    if flavor == Flavor::Sglang {
+        let host = host.ok_or_else(|| bad("cannot be fetched: the server named no page server"))?;
+        return Ok((
+            first,
+            RemoteRoom { room, endpoint: host.endpoint.clone(), device: host.device.clone() },
+        ));
+    }
     let x = v.pointer("/kv_transfer_params/xinf").ok_or_else(|| bad("names no room"))?;
     if x.get("room").and_then(Value::as_u64) != Some(room) {
         return Err(bad("names another room"));

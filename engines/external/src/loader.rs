@@ -10,8 +10,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use xinf_engine::{
-    ComputeDevice, Engine, EngineConfig, EngineError, EngineLoader, KvDtype, ModelContract, ModelSource,
-    ServerConfig,
+    ComputeDevice, Engine, EngineConfig, EngineError, EngineLoader, KvDtype, KvRole, ModelContract,
+    ModelSource, ServerConfig,
 };
 use xinf_models::{ModelConfig, ModelRequest, TextTokenizer, WeightsFormat};
 use xinf_transfer::{KvLayout, KvLayoutKind, KvOrder, LayoutDescriptor};
@@ -178,8 +178,9 @@ impl EngineLoader for ServerLoader {
     }
 
     fn serves_pd(&self) -> bool {
-        // Through xinf's KV connector (python/xinf_kv); SGLang's transfer backend is not there yet.
-        self.flavor == Flavor::Vllm
+        // Through xinf's KV connector (python/xinf_kv): vLLM's KV connector, SGLang's transfer
+        // backend.
+        true
     }
 
     fn needs_gpu(&self) -> bool {
@@ -287,18 +288,24 @@ impl ServerLoader {
             kv_role: config.kv_role,
             user_args: self.flavor.table().args(&config.flags),
         };
-        if config.kv_role.is_some() && !self.serves_pd() {
-            return Err(EngineError::invalid(
-                "model_engine",
-                format!("{} does not serve prefill/decode replicas yet", self.flavor.display()),
-            ));
-        }
         let mut env = vec![
             ("CUDA_VISIBLE_DEVICES".to_owned(), gpu.to_string()),
             // The machines xinf runs on are often offline; neither engine needs to phone home.
             ("VLLM_NO_USAGE_STATS".to_owned(), "1".to_owned()),
             ("DO_NOT_TRACK".to_owned(), "1".to_owned()),
         ];
+        // An SGLang prefill server's transfer backend says here where its page server is.
+        let endpoint_file = (self.flavor == Flavor::Sglang && config.kv_role == Some(KvRole::Producer))
+            .then(|| xinf_models::xinf_home().join("run").join(format!("{served_name}.kv-endpoint.json")));
+        if let Some(path) = &endpoint_file {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| EngineError::Process(format!("creating {}: {e}", dir.display())))?;
+            }
+            // A file of an earlier server of the same port must not be read for this one.
+            let _ = std::fs::remove_file(path);
+            env.push(("XINF_KV_ENDPOINT_FILE".to_owned(), path.display().to_string()));
+        }
         env.extend(config.env.iter().cloned());
         let program = config
             .python
@@ -317,6 +324,13 @@ impl ServerLoader {
         }
         tracing::info!(engine = %self.flavor, %base_url, log = %process.log().display(), "engine server ready");
         let connector = config.kv_role.is_some();
+        let page_host = match endpoint_file.as_deref().map(crate::handoff::PageHost::read).transpose() {
+            Ok(host) => host,
+            Err(e) => {
+                process.stop(Duration::from_secs(10));
+                return Err(e);
+            }
+        };
         let parts = Parts {
             flavor: self.flavor,
             process,
@@ -326,6 +340,7 @@ impl ServerLoader {
             contract,
             layout,
             connector,
+            page_host,
         };
         ServerEngine::new(parts)
     }

@@ -54,3 +54,17 @@ fn a_p_d_replica_s_server_runs_with_xinf_s_connector() {
         assert_eq!(a.last().map(String::as_str), Some("--enforce-eager"));
     }
 }
+
+#[test]
+fn a_p_d_sglang_server_runs_with_xinf_s_transfer_backend() {
+    for (role, mode) in [(KvRole::Producer, "prefill"), (KvRole::Consumer, "decode")] {
+        let a = Flavor::Sglang.command_args(&args(Some(role)));
+        assert!(a.windows(2).any(|w| w == ["--disaggregation-mode", mode]), "{a:?}");
+        assert!(a.windows(2).any(|w| w == ["--disaggregation-transfer-backend", "xinf"]), "{a:?}");
+        assert!(a.windows(2).any(|w| w == ["--page-size", "1"]), "{a:?}");
+        assert_eq!(a.last().map(String::as_str), Some("--enforce-eager"));
+    }
+    let plain = Flavor::Sglang.command_args(&args(None));
+    assert!(!plain.iter().any(|x| x.starts_with("--disaggregation")), "{plain:?}");
+    assert!(Flavor::Sglang.reserved("page-size").is_some());
+}

@@ -6,14 +6,14 @@ fn a_prefill_answer_gives_its_first_token_and_room() {
     let dev = r#"{"host":"h","ordinal":0}"#;
     let v = json!({"choices": [{"token_ids": [42]}],
                    "kv_transfer_params": {"xinf": {"room": 9, "endpoint": ep, "device": dev, "pages": 2}}});
-    let (first, room) = prefill_answer(Flavor::Vllm, &v, 9).expect("answer");
+    let (first, room) = prefill_answer(Flavor::Vllm, &v, 9, None).expect("answer");
     assert_eq!(first, 42);
     assert_eq!(room.endpoint, Endpoint { process: 7, provider: 1, tcp: "127.0.0.1:4000".into() });
     assert_eq!(room.device, Some(KvDevice { host: "h".into(), ordinal: 0 }));
     // An object works as well as its text, and a host-memory room has no device.
     let v = json!({"choices": [{"token_ids": [1]}],
                    "kv_transfer_params": {"xinf": {"room": 9, "endpoint": {"process":7,"provider":1,"tcp":"x:1"}, "device": null}}});
-    assert_eq!(prefill_answer(Flavor::Vllm, &v, 9).expect("answer").1.device, None);
+    assert_eq!(prefill_answer(Flavor::Vllm, &v, 9, None).expect("answer").1.device, None);
 }
 
 #[test]
@@ -24,7 +24,7 @@ fn a_prefill_answer_without_a_room_says_what_to_check() {
         json!({"choices": [{"token_ids": []}], "kv_transfer_params": {"xinf": {"room": 9}}}),
         json!({"choices": [{"token_ids": [1]}], "kv_transfer_params": {"xinf": {"room": 9, "endpoint": "not json"}}}),
     ] {
-        let e = prefill_answer(Flavor::Vllm, &v, 9).expect_err("refused");
+        let e = prefill_answer(Flavor::Vllm, &v, 9, None).expect_err("refused");
         assert!(matches!(e, EngineError::Process(ref m) if m.contains("xinf_kv")), "{e}");
     }
 }
@@ -45,4 +45,84 @@ fn the_fetch_fields_are_what_the_connector_parses() {
                                    "device": null, "prompt_len": 3}}})
     );
     assert_eq!(prefill_params(5), json!({"xinf": {"room": 5, "lease_ms": LEASE_MS}}));
+}
+
+fn contract() -> ModelContract {
+    ModelContract {
+        architecture: "Qwen2ForCausalLM".into(),
+        dtype: xinf_engine::KvDtype::Bf16,
+        num_layers: 4,
+        num_heads: 8,
+        kv_heads: 2,
+        head_dim: 64,
+        vocab_size: 4096,
+        context_length: 2048,
+        rope_theta: 1e6,
+        weights_digest: "w".into(),
+        tokenizer_digest: "t".into(),
+    }
+}
+
+/// The JSON inside a ticket (what `xinf_kv.params.parse_ticket` decodes).
+fn untick(host: &Value) -> Value {
+    let hex = host.as_str().and_then(|h| h.strip_prefix("xinf-")).expect("a ticket");
+    assert!(!hex.contains(':'), "SGLang would read a host with ':' as IPv6");
+    let bytes: Vec<u8> =
+        (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex")).collect();
+    serde_json::from_slice(&bytes).expect("JSON")
+}
+
+#[test]
+fn sglang_legs_carry_their_handoff_in_the_bootstrap_fields() {
+    let c = contract();
+    let shape = json!({"layers": 4, "kv_heads": 2, "head_dim": 64, "elem_bytes": 2});
+    let p = sglang_prefill_fields(77, &c);
+    assert_eq!(p["bootstrap_room"], 77);
+    assert_eq!(untick(&p["bootstrap_host"]), json!({"lease_ms": LEASE_MS, "shape": shape}));
+    let kv = RemoteKv {
+        prompt_ids: vec![1, 2, 3],
+        first_token: 4,
+        room: 5,
+        endpoint: Endpoint { process: 1, provider: 2, tcp: "127.0.0.1:9".into() },
+        device: Some(KvDevice { host: "h".into(), ordinal: 0 }),
+        pages: 1,
+    };
+    let d = sglang_fetch_fields(&kv, &c);
+    assert_eq!(d["bootstrap_room"], 5);
+    assert_eq!(
+        untick(&d["bootstrap_host"]),
+        json!({"fetch": {"endpoint": {"process": 1, "provider": 2, "tcp": "127.0.0.1:9"},
+                         "device": {"host": "h", "ordinal": 0}, "prompt_len": 3, "first_token": 4},
+               "shape": shape})
+    );
+}
+
+#[test]
+fn an_sglang_prefill_answer_gives_its_first_token_and_the_server_s_page_host() {
+    let host =
+        PageHost { endpoint: Endpoint { process: 3, provider: 1, tcp: "127.0.0.1:7".into() }, device: None };
+    let v = json!({"text": "a", "output_ids": [311], "meta_info": {"finish_reason": {"type": "length"}}});
+    let (first, room) = prefill_answer(Flavor::Sglang, &v, 12, Some(&host)).expect("answer");
+    assert_eq!((first, room.room, room.endpoint), (311, 12, host.endpoint.clone()));
+    let e = prefill_answer(Flavor::Sglang, &v, 12, None).expect_err("no page host");
+    assert!(e.to_string().contains("named no page server"), "{e}");
+    let e =
+        prefill_answer(Flavor::Sglang, &json!({"output_ids": []}), 12, Some(&host)).expect_err("no token");
+    assert!(e.to_string().contains("no token id"), "{e}");
+}
+
+#[test]
+fn the_page_host_file_is_read_or_its_absence_explained() {
+    let dir = std::env::temp_dir().join(format!("xinf-pagehost-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("kv.json");
+    let e = PageHost::read(&path).expect_err("missing");
+    assert!(e.to_string().contains("is xinf_kv installed"), "{e}");
+    std::fs::write(&path, r#"{"endpoint": {"process": 1, "provider": 2, "tcp": "127.0.0.1:5"}, "device": {"host": "h", "ordinal": 0}}"#)
+        .expect("write");
+    let h = PageHost::read(&path).expect("read");
+    assert_eq!(h.device, Some(KvDevice { host: "h".into(), ordinal: 0 }));
+    std::fs::write(&path, "[]").expect("write");
+    assert!(PageHost::read(&path).is_err());
+    let _ = std::fs::remove_dir_all(&dir);
 }
