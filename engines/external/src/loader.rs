@@ -7,13 +7,15 @@ use crate::engine::{Parts, ServerEngine};
 use crate::process::{ServerProcess, Spawn};
 use serde_json::{Map, Value};
 use std::path::Path;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use xinf_engine::{
     ComputeDevice, Engine, EngineConfig, EngineError, EngineLoader, KvDtype, KvRole, ModelContract,
     ModelSource, ServerConfig,
 };
 use xinf_models::{ModelConfig, ModelRequest, TextTokenizer, WeightsFormat};
+use xinf_transfer::sync::lock;
 use xinf_transfer::{KvLayout, KvLayoutKind, KvOrder, LayoutDescriptor};
 
 /// How long a server may take to become healthy unless `launch_timeout_s` says otherwise:
@@ -314,14 +316,22 @@ impl ServerLoader {
             .unwrap_or_else(|| "python3".to_owned());
         let log = xinf_models::xinf_home().join("logs").join(format!("{}-{served_name}.log", self.flavor));
         let what = format!("the {} server of {} (port {port})", self.flavor.display(), model.model_name);
-        let process =
-            ServerProcess::spawn(Spawn { program, args: self.flavor.command_args(&args), env, log, what })?;
         let base_url = format!("http://127.0.0.1:{port}");
         let timeout = config.launch_timeout_s.map_or(DEFAULT_LAUNCH_TIMEOUT, Duration::from_secs);
-        if let Err(e) = process.wait_healthy(&format!("{base_url}/health"), timeout) {
-            process.stop(Duration::from_secs(10));
-            return Err(e);
-        }
+        let process = {
+            // One server starts at a time on a GPU: both engines size their KV cache from the
+            // memory free while they start, and two starting together each count the other's
+            // allocations against themselves (SGLang then refuses to start, vLLM runs out).
+            let gate = starting_gate(gpu);
+            let _starting = lock(&gate);
+            let process =
+                ServerProcess::spawn(Spawn { program, args: self.flavor.command_args(&args), env, log, what })?;
+            if let Err(e) = process.wait_healthy(&format!("{base_url}/health"), timeout) {
+                process.stop(Duration::from_secs(10));
+                return Err(e);
+            }
+            process
+        };
         tracing::info!(engine = %self.flavor, %base_url, log = %process.log().display(), "engine server ready");
         let connector = config.kv_role.is_some();
         let page_host = match endpoint_file.as_deref().map(crate::handoff::PageHost::read).transpose() {
@@ -344,6 +354,12 @@ impl ServerLoader {
         };
         ServerEngine::new(parts)
     }
+}
+
+/// The lock a server holds on GPU `gpu` of this host while it starts.
+fn starting_gate(gpu: usize) -> Arc<Mutex<()>> {
+    static GATES: OnceLock<Mutex<HashMap<usize, Arc<Mutex<()>>>>> = OnceLock::new();
+    lock(GATES.get_or_init(Mutex::default)).entry(gpu).or_default().clone()
 }
 
 /// A port on loopback that was free a moment ago.
