@@ -348,6 +348,38 @@ fn local_cluster_manages_models_over_rest() {
     let workers = http::get(addr, "/v1/workers").json();
     assert_eq!(workers[0]["replicas"].as_array().map(Vec::len), Some(2), "{workers}");
 
+    // Scale-up: engine settings are refused by name, bad values name their field, and a copy
+    // of the first replica joins the model and serves.
+    let res = http::post(addr, "/v1/models/first/replicas", &json!({"engine_config": {"max_num_seqs": 2}}));
+    assert_eq!(res.status, 400, "{}", res.text());
+    assert_eq!(res.json()["error"]["param"], "engine_config", "{}", res.text());
+    assert!(res.text().contains("per-replica engine settings are not accepted"), "{}", res.text());
+    let res = http::post(addr, "/v1/models/first/replicas", &json!({"count": "two"}));
+    assert_eq!((res.status, res.json()["error"]["param"].clone()), (400, json!("count")), "{}", res.text());
+    let res = http::post(addr, "/v1/models/first/replicas", &json!({"role": "decode"}));
+    assert_eq!(res.status, 400, "{}", res.text());
+    assert!(res.text().contains("has no decode replica to copy"), "{}", res.text());
+    assert_eq!(http::post(addr, "/v1/models/nope/replicas", &json!({})).status, 404);
+    let res = http::post(addr, "/v1/models/first/replicas", &json!({}));
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert_eq!(res.json(), json!({"model_uid": "first", "replicas": ["first-2"]}));
+    let replicas = http::get(addr, "/v1/models/first/replicas").json();
+    let listed: Vec<(&str, &str)> = replicas
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|r| (r["replica_uid"].as_str().unwrap_or(""), r["status"].as_str().unwrap_or("")))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(listed, [("first-0", "alive"), ("first-1", "alive"), ("first-2", "alive")], "{replicas}");
+    let before = served(addr, "first");
+    for _ in 0..3 {
+        assert_eq!(http::post(addr, "/v1/chat/completions", &chat_body("first", false, 4)).status, 200);
+    }
+    let after = served(addr, "first");
+    assert!(after.iter().any(|(uid, n)| uid == "first-2" && *n > 0), "{before:?} → {after:?}");
+
     // `xinf chat` streams answers and keeps the conversation.
     let mut chat = xinf()
         .args(["chat", "-u", "first", "-e", &endpoint, "--temperature", "0", "--max-tokens", "24"])

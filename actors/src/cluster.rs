@@ -10,14 +10,14 @@ pub use start::WorkerNode;
 
 use crate::block_tracker::BlockTrackerHandle;
 use crate::error::ActorError;
-use crate::launch::LaunchRequest;
+use crate::launch::{LaunchRequest, ScaleRequest};
 use crate::node::Namespace;
 use crate::protocol::{SupervisorMsg, WorkerMsg};
 use crate::replica::ReplicaMsg;
 use crate::router::RouterMsg;
 use crate::supervisor::{ModelActors, ModelTable};
 use crate::view::{ModelInfo, ModelStatus, ReplicaStats, WorkerStatus};
-use crate::wire::{JsonWire, call, call_local};
+use crate::wire::{JsonWire, Wire, call, call_local};
 use ractor::ActorRef;
 use ractor_cluster::NodeServerMessage;
 use std::fmt;
@@ -128,11 +128,16 @@ impl Cluster {
         .await
     }
 
-    /// Changes a model's replica count. Refused for now: a P/D deployment's topology is fixed
-    /// for its life, and resizing hybrid deployments is not implemented.
-    pub async fn scale(&self, model_uid: &str, _replica: u32) -> Result<(), ActorError> {
-        call(&self.inner.supervisor, "supervisor", self.timeout(), |reply| SupervisorMsg::Scale {
+    /// Adds replicas to a serving model, copies of its first replica of the role asked for
+    /// (see [`ScaleRequest`]); returns their uids once they serve. A failure leaves the model
+    /// as it was.
+    pub async fn scale(&self, model_uid: &str, request: ScaleRequest) -> Result<Vec<String>, ActorError> {
+        self.open()?;
+        let o = &self.inner.options;
+        let limit = o.load_timeout + 2 * o.call_timeout + 2 * o.stop_timeout;
+        call(&self.inner.supervisor, "supervisor", limit, |reply| SupervisorMsg::Scale {
             model_uid: model_uid.to_owned(),
+            request: Wire::ok(request),
             reply,
         })
         .await

@@ -149,12 +149,6 @@ pub enum ActorError {
     /// The launch asks for the NIXL transfer backend and a worker cannot load NIXL.
     #[error("{0}; or use transfer_backend_type \"xavier\" (pages move in process or over TCP)")]
     NixlNotAvailable(String),
-    /// A P/D deployment cannot change its replica set.
-    #[error("PD topology cannot be resized in place; terminate and relaunch the model")]
-    TopologyFixed,
-    /// Changing the replica count of a running model is not implemented.
-    #[error("scaling a running model is not available yet; terminate and relaunch model `{0}`")]
-    ScaleNotSupported(String),
     /// The engine refused or failed.
     #[error(transparent)]
     Engine(EngineError),
@@ -227,8 +221,8 @@ impl ActorError {
             Self::InvalidLaunch { rule: LaunchRule::NoWorkers, .. } => ErrorClass::Unavailable,
             Self::InvalidLaunch { .. } | Self::InvalidConfig { .. } => ErrorClass::InvalidInput,
             Self::ModelNotFound(_) => ErrorClass::NotFound,
-            Self::ModelExists(_) | Self::DuplicateRequest(_) | Self::TopologyFixed => ErrorClass::Conflict,
-            Self::NixlNotAvailable(_) | Self::ScaleNotSupported(_) => ErrorClass::InvalidInput,
+            Self::ModelExists(_) | Self::DuplicateRequest(_) => ErrorClass::Conflict,
+            Self::NixlNotAvailable(_) => ErrorClass::InvalidInput,
             Self::NotReady { .. }
             | Self::NoReplica(_)
             | Self::Timeout { .. }
@@ -251,8 +245,6 @@ impl ActorError {
             Self::NoReplica(_) => "no_replica",
             Self::DuplicateRequest(_) => "duplicate_request_id",
             Self::NixlNotAvailable(_) => "nixl_not_available",
-            Self::TopologyFixed => "pd_topology_fixed",
-            Self::ScaleNotSupported(_) => "scale_not_supported",
             Self::Engine(e) => e.code(),
             Self::Timeout { .. } => "timeout",
             Self::Unreachable { .. } => "unreachable",

@@ -14,7 +14,8 @@
 //! - `spec`: what validation gives placement;
 //! - `validate`: the rules on the request alone;
 //! - `gpu`: whether a replica may join the replicas already on a GPU;
-//! - `placement`: the rules on the cluster's state, and where each replica goes.
+//! - `placement`: the rules on the cluster's state, and where each replica goes;
+//! - `scale`: more replicas of a running model, as a spec placement takes like a launch's.
 //!
 //! The message texts are those of the reference implementation (Xinference), so users who
 //! know it recognise them.
@@ -25,6 +26,7 @@ mod gpu;
 mod keywords;
 mod placement;
 mod request;
+mod scale;
 mod spec;
 #[cfg(test)]
 mod tests;
@@ -36,6 +38,8 @@ pub use request::{
     DeviceConfig, GpuCount, GpuIdx, LaunchRequest, ModelSize, RESERVED_ENGINE_CONFIG_KEYS, ReplicaConfig,
     Role,
 };
+pub(crate) use scale::scale_spec;
+pub use scale::{MAX_SCALE, ScaleRequest, refused_key as scale_refused_key};
 pub(crate) use spec::LaunchSpec;
 pub(crate) use validate::validate;
 

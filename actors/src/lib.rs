@@ -88,8 +88,8 @@ pub use block_tracker::state::BlockLocation;
 pub use cluster::{Cluster, ClusterOptions, WorkerNode};
 pub use error::{ActorError, LaunchRule};
 pub use launch::{
-    DeviceConfig, GpuCount, GpuIdx, LaunchRequest, ModelSize, RESERVED_ENGINE_CONFIG_KEYS, ReplicaConfig,
-    Role,
+    DeviceConfig, GpuCount, GpuIdx, LaunchRequest, MAX_SCALE, ModelSize, RESERVED_ENGINE_CONFIG_KEYS,
+    ReplicaConfig, Role, ScaleRequest, scale_refused_key,
 };
 pub use view::{
     GpuInfo, GpuUsage, HANDOFF_LATENCY_BOUNDS, HandoffStats, LatencyHistogram, ModelInfo, ModelStatus,

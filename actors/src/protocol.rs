@@ -1,7 +1,7 @@
 //! The messages between the supervisor and the workers. Both sides send them, so they live apart
 //! from either actor; every one may cross nodes.
 
-use crate::launch::LaunchRequest;
+use crate::launch::{LaunchRequest, ScaleRequest};
 use crate::spec::ReplicaSpec;
 use crate::view::{ModelInfo, WorkerInfo, WorkerStatus};
 use crate::wire::{JsonWire, Wire};
@@ -28,9 +28,17 @@ pub(crate) enum SupervisorMsg {
     /// Every worker.
     #[rpc]
     ListWorkers { reply: RpcReplyPort<Wire<Vec<WorkerStatus>>> },
-    /// Change a model's replica count (refused for now).
+    /// Add replicas to a serving model; the reply names them, once they serve.
     #[rpc]
-    Scale { model_uid: String, reply: RpcReplyPort<Wire<()>> },
+    Scale { model_uid: String, request: Wire<ScaleRequest>, reply: RpcReplyPort<Wire<Vec<String>>> },
+    /// A scale-up task finished (internal).
+    #[rpc]
+    ScaleDone {
+        model_uid: String,
+        replicas: Wire<Vec<String>>,
+        outcome: Wire<()>,
+        reply: RpcReplyPort<Wire<()>>,
+    },
     /// A worker is alive (and registers with its devices).
     Heartbeat { info: Wire<WorkerInfo> },
     /// A replica's actor stopped unexpectedly.

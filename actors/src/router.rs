@@ -46,6 +46,8 @@ pub(crate) enum RouterMsg {
     Abort { request_id: String, reply: RpcReplyPort<Result<bool, ActorError>> },
     /// A replica is lost: take it out of rotation and fail its requests.
     RemoveReplica { replica_uid: String, reason: String },
+    /// A new replica (a scale-up) joins the rotation.
+    AddReplica { replica_uid: String, role: Role, replica: ActorRef<ReplicaMsg> },
     /// The replicas in rotation.
     Replicas { reply: RpcReplyPort<Result<ReplicaList, ActorError>> },
 }
@@ -183,6 +185,11 @@ impl Actor for Router {
                     state.kill(&id, &reason);
                 }
                 tracing::info!(model_uid = %self.model_uid, %replica_uid, %reason, "replica taken out of rotation");
+            }
+            RouterMsg::AddReplica { replica_uid, role, replica } => {
+                state.policy.add(&replica_uid, role);
+                state.refs.insert(replica_uid.clone(), replica);
+                tracing::info!(model_uid = %self.model_uid, %replica_uid, role = role.as_str(), "replica joined the rotation");
             }
             RouterMsg::Replicas { reply } => {
                 let mut list: Vec<(String, ActorRef<ReplicaMsg>)> = state

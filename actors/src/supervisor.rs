@@ -16,9 +16,9 @@ use crate::protocol::WorkerMsg;
 use crate::replica::ReplicaMsg;
 use crate::router::{Router, RouterArgs, RouterMsg};
 use crate::spec::{ModelHandoff, ReplicaSpec};
-use crate::wire::{Wire, answer, call};
+use crate::wire::{Wire, answer, call, call_local};
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
-use state::{LostReplica, SupervisorState};
+use state::{LostReplica, ScalePlan, SupervisorState};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -174,6 +174,32 @@ impl Supervisor {
         }
     }
 
+    /// Starts a placed scale-up's replicas in a task that reports back with `ScaleDone`; the
+    /// reply names them once they serve.
+    fn scale(
+        &self,
+        myself: &ActorRef<SupervisorMsg>,
+        model_uid: String,
+        plan: ScalePlan,
+        reply: RpcReplyPort<Wire<Vec<String>>>,
+    ) {
+        tracing::info!(%model_uid, replicas = plan.placements.len(), "scaling up");
+        let ctx = self.task_ctx(myself);
+        let actors = self.models.get(&model_uid);
+        tokio::spawn(async move {
+            let uids: Vec<String> = plan.placements.iter().map(|p| p.replica_uid.clone()).collect();
+            let outcome = run_scale(&ctx, &model_uid, actors, &plan).await;
+            let recorded = call(&ctx.sup, "supervisor", ctx.times.call, |reply| SupervisorMsg::ScaleDone {
+                model_uid: model_uid.clone(),
+                replicas: Wire::ok(uids.clone()),
+                outcome: Wire(outcome.clone()),
+                reply,
+            })
+            .await;
+            answer(reply, Wire(outcome.and(recorded).map(|()| uids)));
+        });
+    }
+
     fn check_worker_groups(&self, state: &mut SupervisorState) {
         for id in state.alive_workers() {
             if ractor::pg::get_members(&self.ns.worker_group(&id)).is_empty() {
@@ -259,7 +285,23 @@ impl Actor for Supervisor {
             }
             SupervisorMsg::ListModels { reply } => answer(reply, Wire::ok(state.models())),
             SupervisorMsg::ListWorkers { reply } => answer(reply, Wire::ok(state.workers(Instant::now()))),
-            SupervisorMsg::Scale { model_uid, reply } => answer(reply, Wire(state.check_scale(&model_uid))),
+            SupervisorMsg::Scale { model_uid, request, reply } => {
+                match request.0.and_then(|r| state.begin_scale(&model_uid, &r)) {
+                    Err(e) => answer(reply, Wire(Err(e))),
+                    Ok(plan) => self.scale(&myself, model_uid, plan, reply),
+                }
+            }
+            SupervisorMsg::ScaleDone { model_uid, replicas, outcome, reply } => {
+                let ok = outcome.0.is_ok();
+                let replicas = replicas.0.unwrap_or_default();
+                let dead = state.finish_scale(&model_uid, &replicas, ok);
+                self.drop_replicas(dead, "it died while it loaded");
+                match outcome.0 {
+                    Ok(()) => tracing::info!(%model_uid, ?replicas, "replicas added"),
+                    Err(e) => tracing::warn!(%model_uid, error = %e, "scale-up failed and was rolled back"),
+                }
+                answer(reply, Wire::ok(()));
+            }
             SupervisorMsg::Heartbeat { info } => match info.0 {
                 Ok(info) => {
                     let id = info.worker_id.clone();
@@ -372,6 +414,50 @@ async fn build(
             Err(spawn_failed("router", e))
         }
     }
+}
+
+/// Starts a scale-up's replicas, checks their contracts against the model's other replicas and
+/// adds them to the router; on any failure the new replicas are stopped and the model is as it
+/// was.
+async fn run_scale(
+    ctx: &TaskCtx,
+    uid: &str,
+    actors: Option<ModelActors>,
+    plan: &ScalePlan,
+) -> Result<(), ActorError> {
+    let result = async {
+        let actors = actors.ok_or_else(|| ActorError::ModelNotFound(uid.to_owned()))?;
+        let starts = plan.placements.iter().map(|p| start_replica(ctx, uid, &plan.source, &plan.handoff, p));
+        let mut added = Vec::with_capacity(plan.placements.len());
+        for (p, r) in plan.placements.iter().zip(futures::future::join_all(starts).await) {
+            added.push((p.replica_uid.clone(), p.role, r?));
+        }
+        let running =
+            call_local(&actors.router, "router", ctx.times.call, |reply| RouterMsg::Replicas { reply })
+                .await?;
+        let mut all: Vec<_> = running
+            .into_iter()
+            .filter_map(|(uid, r)| {
+                plan.others.iter().find(|(o, _)| *o == uid).map(|(_, role)| (uid, *role, r))
+            })
+            .collect();
+        all.extend(added.iter().cloned());
+        check_contracts(ctx, &all).await?;
+        for (replica_uid, role, replica) in added {
+            actors
+                .router
+                .cast(RouterMsg::AddReplica { replica_uid, role, replica })
+                .map_err(|e| ActorError::Internal(format!("the router is gone: {e}")))?;
+        }
+        Ok(())
+    }
+    .await;
+    if result.is_err() {
+        let replicas: Vec<(String, String)> =
+            plan.placements.iter().map(|p| (p.worker_id.clone(), p.replica_uid.clone())).collect();
+        teardown(ctx, None, &replicas).await;
+    }
+    result
 }
 
 /// In a P/D deployment, every decode replica must read the prefill replicas' KV as its own:

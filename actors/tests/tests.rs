@@ -8,7 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 use xinf_actors::{
-    ActorError, Cluster, ClusterOptions, LaunchRequest, LaunchRule, ModelStatus, ReplicaStatus,
+    ActorError, Cluster, ClusterOptions, LaunchRequest, LaunchRule, ModelStatus, ReplicaStatus, Role,
+    ScaleRequest,
 };
 use xinf_engine::{
     EngineError, Engines, FinishReason, GenerateRequest, Prompt, SamplingParams, TokenEvent, TokenStream,
@@ -172,7 +173,24 @@ async fn local_mode_round_robins_over_two_replicas() {
     // Unknown models, scaling.
     let e = cluster.generate("nope", request("", "Hi", 1)).await.map(|_| ()).expect_err("unknown");
     assert_eq!(e, ActorError::ModelNotFound("nope".into()));
-    assert_eq!(cluster.scale(&uid, 3).await, Err(ActorError::ScaleNotSupported(uid.clone())));
+
+    // Scale-up: a copy of the first replica joins the rotation and serves.
+    let added = cluster.scale(&uid, ScaleRequest::default()).await.expect("scaled");
+    assert_eq!(added, ["smollm2-instruct-2"]);
+    let info = cluster.get_model(&uid).await.expect("model");
+    assert_eq!(info.replicas.iter().filter(|r| r.status == ReplicaStatus::Alive).count(), 3);
+    for _ in 0..3 {
+        collect(cluster.generate(&uid, request("", "Hi", 2)).await.expect("generate")).await;
+    }
+    let stats = cluster.stats(&uid).await.expect("stats");
+    let new = stats.iter().find(|s| s.replica_uid == "smollm2-instruct-2").expect("in the router");
+    assert!(new.requests_served > 0, "{stats:?}");
+    let e = cluster
+        .scale(&uid, ScaleRequest { role: Some(Role::Decode), ..ScaleRequest::default() })
+        .await
+        .expect_err("no decode replica to copy");
+    assert!(e.to_string().contains("has no decode replica to copy"), "{e}");
+    assert_eq!(cluster.get_model(&uid).await.expect("model").replicas.len(), 3, "nothing left behind");
 
     // The block tracker answers; terminate leaves the supervisor and the worker only.
     let tracker = cluster.block_tracker(&uid).await.expect("tracker");

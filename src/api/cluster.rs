@@ -95,4 +95,9 @@ impl ModelService for ClusterService {
         let c = self.cluster.clone();
         async move { service(c.list_workers().await) }.boxed()
     }
+
+    fn scale(&self, uid: &str, request: xinf_actors::ScaleRequest) -> ServiceFuture<Vec<String>> {
+        let (c, uid) = (self.cluster.clone(), uid.to_owned());
+        async move { service(c.scale(&uid, request).await) }.boxed()
+    }
 }

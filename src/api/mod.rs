@@ -12,6 +12,8 @@
 //! | `DELETE /v1/models/{uid}` | terminate a model |
 //! | `GET /v1/workers` | the cluster's workers: devices, liveness, replicas |
 //! | `GET /v1/models/{uid}/stats` | the model's load figures (JSON) |
+//! | `GET /v1/models/{uid}/replicas` | the model's replicas: role, worker, GPUs, engine, status |
+//! | `POST /v1/models/{uid}/replicas` | add replicas (`{"role", "count", "worker_ip", "gpu_idx"}`), copies of the model's first replica of the role → `{"model_uid", "replicas"}` |
 //! | `POST /v1/models/{uid}/requests/{rid}/abort` | `{"msg": "DONE"}` or `{"msg": "NOT_FOUND"}` |
 //! | `GET /health` | `{"status": "ok"}` |
 //! | `GET /metrics` | Prometheus text: running/queued requests, token counters, KV blocks |

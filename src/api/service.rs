@@ -182,6 +182,13 @@ pub trait ModelService: Send + Sync + 'static {
     fn workers(&self) -> ServiceFuture<Vec<WorkerStatus>> {
         unsupported("listing workers")
     }
+
+    /// Adds replicas to a serving model (`POST /v1/models/{uid}/replicas`); returns their uids
+    /// once they serve.
+    fn scale(&self, uid: &str, request: xinf_actors::ScaleRequest) -> ServiceFuture<Vec<String>> {
+        let _ = (uid, request);
+        unsupported("scaling models")
+    }
 }
 
 fn unsupported<T: Send + 'static>(what: &'static str) -> ServiceFuture<T> {

@@ -4,7 +4,8 @@
 //! Time comes in as an argument, so every transition is unit-tested without clocks or actors.
 
 use crate::error::ActorError;
-use crate::launch::{self, ClusterView, GpuTenant, LaunchSpec, Placement, WorkerSlot};
+use crate::launch::{self, ClusterView, GpuTenant, LaunchSpec, Placement, ScaleRequest, WorkerSlot};
+use crate::spec::{ModelHandoff, Role};
 use crate::view::{GpuUsage, ModelInfo, ModelStatus, ReplicaInfo, ReplicaStatus, WorkerInfo, WorkerStatus};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -32,13 +33,31 @@ pub(crate) struct SupervisorState {
     local_mode: bool,
     workers: BTreeMap<String, WorkerRecord>,
     models: BTreeMap<String, ModelInfo>,
+    /// Each model's validated launch, which a scale-up copies replicas from.
+    specs: BTreeMap<String, LaunchSpec>,
     round_robin: usize,
+}
+
+/// What a scale-up task starts from: where the new replicas go, the model's source and handoff
+/// settings, and the model's other replicas (alive) with their roles.
+#[derive(Debug, Clone)]
+pub(crate) struct ScalePlan {
+    pub(crate) placements: Vec<Placement>,
+    pub(crate) source: xinf_engine::ModelSource,
+    pub(crate) handoff: ModelHandoff,
+    pub(crate) others: Vec<(String, Role)>,
 }
 
 impl SupervisorState {
     /// An empty registry.
     pub(crate) fn new(local_mode: bool) -> Self {
-        Self { local_mode, workers: BTreeMap::new(), models: BTreeMap::new(), round_robin: 0 }
+        Self {
+            local_mode,
+            workers: BTreeMap::new(),
+            models: BTreeMap::new(),
+            specs: BTreeMap::new(),
+            round_robin: 0,
+        }
     }
 
     /// Records a heartbeat; `true` when the worker is new or comes back after being lost.
@@ -172,18 +191,8 @@ impl SupervisorState {
         }
         let (placements, next) = launch::place(spec, &uid, &self.view())?;
         self.round_robin = next;
-        let replicas = placements
-            .iter()
-            .map(|p| ReplicaInfo {
-                replica_uid: p.replica_uid.clone(),
-                role: p.role,
-                worker_id: p.worker_id.clone(),
-                gpus: p.gpus.clone(),
-                engine: p.engine.clone(),
-                gpu_memory_utilization: p.gpu_memory_utilization,
-                status: ReplicaStatus::Loading,
-            })
-            .collect();
+        let replicas = placements.iter().map(loading).collect();
+        self.specs.insert(uid.clone(), spec.clone());
         self.models.insert(
             uid.clone(),
             ModelInfo {
@@ -223,6 +232,7 @@ impl SupervisorState {
     /// A launch failed and was rolled back: forget the model entirely.
     pub(crate) fn abort_launch(&mut self, uid: &str) {
         self.models.remove(uid);
+        self.specs.remove(uid);
     }
 
     /// Starts terminating a model; returns its replicas as `(worker, replica)` pairs.
@@ -244,15 +254,54 @@ impl SupervisorState {
     /// A model's actors are gone: forget it.
     pub(crate) fn finish_terminate(&mut self, uid: &str) {
         self.models.remove(uid);
+        self.specs.remove(uid);
     }
 
-    /// Whether the replica count of a model may change.
-    pub(crate) fn check_scale(&self, uid: &str) -> Result<(), ActorError> {
+    /// Validates and places a scale-up of a serving model and records its new replicas as
+    /// loading (which reserves their uids and GPUs).
+    pub(crate) fn begin_scale(&mut self, uid: &str, request: &ScaleRequest) -> Result<ScalePlan, ActorError> {
         let model = self.models.get(uid).ok_or_else(|| ActorError::ModelNotFound(uid.to_owned()))?;
-        if model.pd {
-            return Err(ActorError::TopologyFixed);
+        if model.status != ModelStatus::Ready {
+            return Err(ActorError::NotReady { model_uid: uid.to_owned(), status: model.status.to_string() });
         }
-        Err(ActorError::ScaleNotSupported(uid.to_owned()))
+        let others = model
+            .replicas
+            .iter()
+            .filter(|r| r.status == ReplicaStatus::Alive)
+            .map(|r| (r.replica_uid.clone(), r.role))
+            .collect();
+        let spec = self.specs.get(uid).ok_or_else(|| ActorError::ModelNotFound(uid.to_owned()))?;
+        let view = self.view();
+        let scaled = launch::scale_spec(spec, uid, request, &view.replica_uids)?;
+        let (placements, next) = launch::place(&scaled, uid, &view)?;
+        self.round_robin = next;
+        let plan = ScalePlan { placements, source: scaled.source.clone(), handoff: scaled.handoff(), others };
+        if let Some(model) = self.models.get_mut(uid) {
+            model.replicas.extend(plan.placements.iter().map(loading));
+        }
+        Ok(plan)
+    }
+
+    /// A scale-up finished: its replicas serve (`ok`), or were stopped and are forgotten.
+    /// Returns those that died while they loaded, which the router must drop.
+    pub(crate) fn finish_scale(&mut self, uid: &str, replicas: &[String], ok: bool) -> Vec<LostReplica> {
+        let Some(model) = self.models.get_mut(uid) else { return Vec::new() };
+        if !ok {
+            model.replicas.retain(|r| !replicas.contains(&r.replica_uid));
+            return Vec::new();
+        }
+        let mut dead = Vec::new();
+        for r in model.replicas.iter_mut().filter(|r| replicas.contains(&r.replica_uid)) {
+            match r.status {
+                ReplicaStatus::Loading => r.status = ReplicaStatus::Alive,
+                ReplicaStatus::Dead => {
+                    dead.push(LostReplica { model_uid: uid.to_owned(), replica_uid: r.replica_uid.clone() })
+                }
+                ReplicaStatus::Alive => {}
+            }
+        }
+        settle(model);
+        dead
     }
 
     /// One model.
@@ -297,6 +346,19 @@ impl SupervisorState {
                     .collect(),
             })
             .collect()
+    }
+}
+
+/// A placed replica, loading.
+fn loading(p: &Placement) -> ReplicaInfo {
+    ReplicaInfo {
+        replica_uid: p.replica_uid.clone(),
+        role: p.role,
+        worker_id: p.worker_id.clone(),
+        gpus: p.gpus.clone(),
+        engine: p.engine.clone(),
+        gpu_memory_utilization: p.gpu_memory_utilization,
+        status: ReplicaStatus::Loading,
     }
 }
 

@@ -6,8 +6,8 @@ use crate::Flavor;
 use crate::engine::{Parts, ServerEngine};
 use crate::process::{ServerProcess, Spawn};
 use serde_json::{Map, Value};
-use std::path::Path;
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use xinf_engine::{
@@ -324,8 +324,13 @@ impl ServerLoader {
             // allocations against themselves (SGLang then refuses to start, vLLM runs out).
             let gate = starting_gate(gpu);
             let _starting = lock(&gate);
-            let process =
-                ServerProcess::spawn(Spawn { program, args: self.flavor.command_args(&args), env, log, what })?;
+            let process = ServerProcess::spawn(Spawn {
+                program,
+                args: self.flavor.command_args(&args),
+                env,
+                log,
+                what,
+            })?;
             if let Err(e) = process.wait_healthy(&format!("{base_url}/health"), timeout) {
                 process.stop(Duration::from_secs(10));
                 return Err(e);

@@ -35,6 +35,7 @@ api-invalid-field = invalid value for `{ $field }`: { $detail }
 api-body-too-large = the request body is larger than the limit of { $limit } bytes
 api-bad-body = the request body could not be read: { $detail }
 api-body-not-object = the request body must be a JSON object
+api-scale-field-refused = `{ $field }` may not be given: { $reason }
 api-unauthorized = missing or invalid API key; send the header `Authorization: Bearer <key>`
 api-route-not-found = no route for { $method } { $path }
 api-method-not-allowed = { $path } does not take { $method } requests

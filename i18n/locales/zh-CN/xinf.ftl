@@ -35,6 +35,7 @@ api-invalid-field = 字段 `{ $field }` 的值无效：{ $detail }
 api-body-too-large = 请求体超过了 { $limit } 字节的上限
 api-bad-body = 无法读取请求体：{ $detail }
 api-body-not-object = 请求体必须是 JSON 对象
+api-scale-field-refused = 不能指定 `{ $field }`：{ $reason }
 api-unauthorized = API 密钥缺失或无效；请发送请求头 `Authorization: Bearer <key>`
 api-route-not-found = 没有 { $method } { $path } 的路由
 api-method-not-allowed = { $path } 不接受 { $method } 请求

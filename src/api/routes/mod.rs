@@ -43,6 +43,11 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
                 )
                 .service(resource("/workers").route(web::get().to(models::workers)))
                 .service(resource("/models/{uid}/stats").route(web::get().to(models::stats)))
+                .service(
+                    resource("/models/{uid}/replicas")
+                        .route(web::get().to(models::replicas))
+                        .route(web::post().to(models::scale)),
+                )
                 .service(resource("/models/{uid}/requests/{rid}/abort").route(web::post().to(models::abort)))
                 .default_service(web::to(not_found)),
         );

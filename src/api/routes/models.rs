@@ -51,6 +51,46 @@ pub(crate) async fn launch(
     localized(&req, result)
 }
 
+/// Adds replicas to a serving model: `{"model_uid", "replicas": [uid, …]}` once they serve. The
+/// body is a [`ScaleRequest`](xinf_actors::ScaleRequest); engine settings are refused by name,
+/// since new replicas copy the model's first replica of their role.
+pub(crate) async fn scale(
+    req: HttpRequest,
+    uid: web::Path<String>,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let result = async {
+        let body = read_body(&req, payload, state.max_body_bytes).await?;
+        let raw: serde_json::Map<String, serde_json::Value> = parse_json(&body)?;
+        if let Some((key, why)) = raw.keys().find_map(|k| xinf_actors::scale_refused_key(k).map(|w| (k, w))) {
+            return Err(Problem::field_with(
+                key.as_str(),
+                "api-scale-field-refused",
+                "invalid_value",
+                ("reason", why.into()),
+            ));
+        }
+        let request: xinf_actors::ScaleRequest = parse_json(&body)?;
+        tracing::info!(target: "xinf::api", model = %uid, ?request, "scale");
+        let added = state.service.scale(&uid, request).await?;
+        Ok(HttpResponse::Ok().json(serde_json::json!({ "model_uid": uid.as_str(), "replicas": added })))
+    }
+    .await;
+    localized(&req, result)
+}
+
+/// A model's replicas: uid, role, worker, GPUs, engine, status.
+pub(crate) async fn replicas(
+    req: HttpRequest,
+    uid: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let result =
+        state.service.get(&uid).await.map_err(Problem::from).and_then(|m| sorted_json(&m.replica_details));
+    localized(&req, result)
+}
+
 /// Terminates a model: OpenAI's delete shape `{"id", "object": "model", "deleted": true}`.
 pub(crate) async fn terminate(
     req: HttpRequest,

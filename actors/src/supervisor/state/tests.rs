@@ -204,20 +204,101 @@ fn terminate_moves_through_terminating() {
     assert_eq!(s.begin_terminate("m"), Err(ActorError::ModelNotFound("m".into())));
 }
 
+fn scale(role: Option<Role>, count: Option<u32>) -> ScaleRequest {
+    ScaleRequest { role, count, ..ScaleRequest::default() }
+}
+
 #[test]
-fn scaling_is_refused() {
+fn a_scale_up_copies_a_replica_of_its_role_and_reserves_it_while_it_loads() {
+    let mut s = SupervisorState::new(false);
+    let now = Instant::now();
+    s.heartbeat(info("a:1", &[]), now);
+    s.heartbeat(info("b:1", &[]), now);
+    launched(
+        &mut s,
+        json!({"model_name": "smollm2-instruct", "model_uid": "m", "replica_config": [
+            {"role": "prefill", "devices": [{"worker_ip": "a:1"}]},
+            {"role": "decode", "devices": [{"worker_ip": "a:1"}]}
+        ]}),
+    );
+    let plan = s.begin_scale("m", &scale(Some(Role::Decode), Some(2))).expect("placed");
+    let uids: Vec<&str> = plan.placements.iter().map(|p| p.replica_uid.as_str()).collect();
+    assert_eq!(uids, ["m-2", "m-3"]);
+    assert!(
+        plan.placements
+            .iter()
+            .all(|p| p.role == Role::Decode && p.worker_id == "a:1" && p.engine == "native")
+    );
+    assert_eq!(plan.others, [("m-0".to_owned(), Role::Prefill), ("m-1".to_owned(), Role::Decode)]);
+    let m = s.model("m").expect("model");
+    assert_eq!(m.replicas.len(), 4);
+    assert_eq!(m.status, ModelStatus::Ready, "the model keeps serving while replicas load");
+    assert_eq!(m.replicas[2].status, ReplicaStatus::Loading);
+    // Elsewhere, when asked.
+    let elsewhere = ScaleRequest { worker_ip: Some("b:1".into()), ..scale(Some(Role::Prefill), None) };
+    let plan2 = s.begin_scale("m", &elsewhere).expect("placed");
+    assert_eq!(
+        (plan2.placements[0].replica_uid.as_str(), plan2.placements[0].worker_id.as_str()),
+        ("m-4", "b:1")
+    );
+    // One succeeds, one is rolled back.
+    assert!(s.finish_scale("m", &["m-2".into(), "m-3".into()], true).is_empty());
+    s.finish_scale("m", &["m-4".into()], false);
+    let m = s.model("m").expect("model");
+    let alive: Vec<&str> = m
+        .replicas
+        .iter()
+        .filter(|r| r.status == ReplicaStatus::Alive)
+        .map(|r| r.replica_uid.as_str())
+        .collect();
+    assert_eq!(alive, ["m-0", "m-1", "m-2", "m-3"]);
+}
+
+#[test]
+fn a_scale_up_is_refused_with_the_reason_before_anything_starts() {
     let mut s = SupervisorState::new(false);
     s.heartbeat(info("a:1", &[]), Instant::now());
-    launched(&mut s, json!({"model_name": "smollm2-instruct", "model_uid": "m"}));
-    assert_eq!(s.check_scale("m"), Err(ActorError::ScaleNotSupported("m".into())));
-    assert_eq!(s.check_scale("x"), Err(ActorError::ModelNotFound("x".into())));
-    // A P/D deployment (recorded directly: its launch path is not wired yet).
-    if let Some(m) = s.models.get_mut("m") {
-        m.pd = true;
-    }
-    let e = s.check_scale("m").expect_err("fixed topology");
-    assert_eq!(e, ActorError::TopologyFixed);
-    assert_eq!(e.to_string(), "PD topology cannot be resized in place; terminate and relaunch the model");
+    launched(&mut s, json!({"model_name": "smollm2-instruct", "model_uid": "h"}));
+    launched(
+        &mut s,
+        json!({"model_name": "smollm2-instruct", "model_uid": "pd", "replica_config": [
+            {"role": "prefill", "devices": [{"worker_ip": "a:1"}]},
+            {"role": "decode", "devices": [{"worker_ip": "a:1"}]}
+        ]}),
+    );
+    let msg = |r: Result<ScalePlan, ActorError>| r.expect_err("refused").to_string();
+    assert!(msg(s.begin_scale("pd", &scale(None, None))).contains("role must be 'prefill' or 'decode'"));
+    assert!(
+        msg(s.begin_scale("pd", &scale(Some(Role::Hybrid), None))).contains("has no hybrid replica to copy")
+    );
+    assert!(
+        msg(s.begin_scale("h", &scale(Some(Role::Decode), None))).contains("has no decode replica to copy")
+    );
+    assert!(msg(s.begin_scale("h", &scale(None, Some(0)))).contains("count must be between 1 and 64"));
+    assert!(msg(s.begin_scale("h", &scale(None, Some(65)))).contains("count must be between 1 and 64"));
+    let dup = ScaleRequest { gpu_idx: Some(vec![0, 0]), ..scale(None, None) };
+    assert!(msg(s.begin_scale("h", &dup)).contains("distinct GPU indexes"));
+    let nowhere = ScaleRequest { worker_ip: Some("z:9".into()), ..scale(None, None) };
+    assert_eq!(
+        s.begin_scale("h", &nowhere).expect_err("unknown").launch_rule(),
+        Some(crate::LaunchRule::UnknownWorker)
+    );
+    assert_eq!(
+        s.begin_scale("x", &scale(None, None)).expect_err("none"),
+        ActorError::ModelNotFound("x".into())
+    );
+    // Nothing was reserved by the refusals.
+    assert_eq!(s.model("h").map(|m| m.replicas.len()), Some(1));
+    // A model still launching cannot grow.
+    let sp = spec(json!({"model_name": "smollm2-instruct", "model_uid": "l"}));
+    s.begin_launch(&sp, "smollm2-instruct", || "x".into()).expect("placed");
+    assert!(matches!(s.begin_scale("l", &scale(None, None)), Err(ActorError::NotReady { .. })));
+    // A hybrid model grows by hybrid replicas; a terminated model's spec is gone.
+    assert_eq!(s.begin_scale("h", &scale(None, None)).expect("placed").placements[0].role, Role::Hybrid);
+    s.finish_scale("h", &["h-1".into()], true);
+    s.begin_terminate("h").expect("terminate");
+    s.finish_terminate("h");
+    assert!(!s.specs.contains_key("h"));
 }
 
 /// Launches one model sharing GPU 0 of worker `a:1` with `replicas` replicas of this share each.
