@@ -174,15 +174,20 @@ impl Supervisor {
         }
     }
 
-    /// Starts a placed scale-up's replicas in a task that reports back with `ScaleDone`; the
-    /// reply names them once they serve.
+    /// Validates and places a scale-up, then starts its replicas in a task that reports back
+    /// with `ScaleDone`; the reply names them once they serve.
     fn scale(
         &self,
         myself: &ActorRef<SupervisorMsg>,
+        state: &mut SupervisorState,
         model_uid: String,
-        plan: ScalePlan,
+        request: Result<crate::launch::ScaleRequest, ActorError>,
         reply: RpcReplyPort<Wire<Vec<String>>>,
     ) {
+        let plan = match request.and_then(|r| state.begin_scale(&model_uid, &r)) {
+            Ok(plan) => plan,
+            Err(e) => return answer(reply, Wire(Err(e))),
+        };
         tracing::info!(%model_uid, replicas = plan.placements.len(), "scaling up");
         let ctx = self.task_ctx(myself);
         let actors = self.models.get(&model_uid);
@@ -198,6 +203,22 @@ impl Supervisor {
             .await;
             answer(reply, Wire(outcome.and(recorded).map(|()| uids)));
         });
+    }
+
+    /// Records how a scale-up ended.
+    fn scale_done(
+        &self,
+        state: &mut SupervisorState,
+        model_uid: &str,
+        replicas: Vec<String>,
+        outcome: Result<(), ActorError>,
+    ) {
+        let dead = state.finish_scale(model_uid, &replicas, outcome.is_ok());
+        self.drop_replicas(dead, "it died while it loaded");
+        match outcome {
+            Ok(()) => tracing::info!(%model_uid, ?replicas, "replicas added"),
+            Err(e) => tracing::warn!(%model_uid, error = %e, "scale-up failed and was rolled back"),
+        }
     }
 
     fn check_worker_groups(&self, state: &mut SupervisorState) {
@@ -286,20 +307,10 @@ impl Actor for Supervisor {
             SupervisorMsg::ListModels { reply } => answer(reply, Wire::ok(state.models())),
             SupervisorMsg::ListWorkers { reply } => answer(reply, Wire::ok(state.workers(Instant::now()))),
             SupervisorMsg::Scale { model_uid, request, reply } => {
-                match request.0.and_then(|r| state.begin_scale(&model_uid, &r)) {
-                    Err(e) => answer(reply, Wire(Err(e))),
-                    Ok(plan) => self.scale(&myself, model_uid, plan, reply),
-                }
+                self.scale(&myself, state, model_uid, request.0, reply);
             }
             SupervisorMsg::ScaleDone { model_uid, replicas, outcome, reply } => {
-                let ok = outcome.0.is_ok();
-                let replicas = replicas.0.unwrap_or_default();
-                let dead = state.finish_scale(&model_uid, &replicas, ok);
-                self.drop_replicas(dead, "it died while it loaded");
-                match outcome.0 {
-                    Ok(()) => tracing::info!(%model_uid, ?replicas, "replicas added"),
-                    Err(e) => tracing::warn!(%model_uid, error = %e, "scale-up failed and was rolled back"),
-                }
+                self.scale_done(state, &model_uid, replicas.0.unwrap_or_default(), outcome.0);
                 answer(reply, Wire::ok(()));
             }
             SupervisorMsg::Heartbeat { info } => match info.0 {

@@ -104,6 +104,55 @@ def complete(uid, ids, n, stream=False):
     return s, text, b
 
 
+def stream_and_drop(uid, ids):
+    """A streamed completion whose client goes away after the first chunk."""
+    import http.client
+    import socket
+
+    conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=120)
+    body = json.dumps({"model": uid, "prompt": ids, "max_tokens": 400, "temperature": 0, "stream": True})
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    first = r.fp.readline()
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    return r.status, first
+
+
+def cancellations(uid, vocab, rnd):
+    """A disconnect and three aborts early in a request's life (before its prefill answers, as
+    it does, just after): nothing may stay held — no running request, no room — and the model
+    keeps answering."""
+    s, first = stream_and_drop(uid, [rnd.randrange(100, vocab - 100) for _ in range(300)])
+    check(f"{uid}: a streamed request whose client goes away starts", s == 200 and first.startswith(b"data:"), first[:200])
+    for i, delay in enumerate((0.0, 0.02, 0.2)):
+        rid = f"{uid}-cancel-{i}"
+        body = {"model": uid, "prompt": [rnd.randrange(100, vocab - 100) for _ in range(700)], "max_tokens": 400,
+                "temperature": 0, "stream": True, "request_id": rid}
+        t = threading.Thread(target=http, args=("POST", f"{API}/v1/completions", body, 120))
+        t.start()
+        time.sleep(delay)
+        a = (0, b"")
+        for _ in range(50):  # until the router knows the request
+            a = http("POST", f"{API}/v1/models/{uid}/requests/{rid}/abort", {})
+            if a[0] == 200 and b"DONE" in a[1]:
+                break
+            time.sleep(0.01)
+        t.join(120)
+        check(f"{uid}: abort {i} after {delay} s is acknowledged", a[0] == 200 and b"DONE" in a[1], a)
+    held = None
+    for _ in range(40):
+        s, b = http("GET", f"{API}/v1/models/{uid}/stats")
+        reps = json.loads(b).get("replicas", []) if s == 200 else []
+        held = [(r["replica_uid"], r.get("running"), r.get("pinned_blocks")) for r in reps]
+        if reps and all(r.get("running") == 0 and r.get("pinned_blocks") == 0 for r in reps):
+            break
+        time.sleep(0.25)
+    check(f"{uid}: after them no request runs and no room or pinned block is held", held and all(h[1] == 0 and h[2] == 0 for h in held), held)
+    s, _, b = complete(uid, [rnd.randrange(100, vocab - 100) for _ in range(70)], 4)
+    check(f"{uid}: and the model keeps answering", s == 200, b[:300])
+
+
 def main():
     names = sys.argv[1:] or ["vo", "so", "vs", "sv"]
     log = open(os.path.join(OUT, "xinf.log"), "w")
@@ -141,7 +190,7 @@ def main():
                 s, text, b = complete(ref, ids, 16)
                 want[ref] = text if s == 200 else None
                 check(f"{ref} {n}: ordinary completion", s == 200, b[:300])
-            for uid in [u for u in names if u in REFERENCE]:
+            for uid in [u for u in names if u in REFERENCE and REFERENCE[u] in names]:
                 ref = want.get(REFERENCE[uid])
                 # Where the two engines' ordinary replicas disagree (near-ties of a random-weight
                 # model), the decode engine computes every token after the first (vLLM's decode
@@ -164,6 +213,9 @@ def main():
         for uid in [u for u in names if u in REFERENCE and u[1] == "s"]:
             s, text, b = complete(uid, [rnd.randrange(100, vocab - 100)], 4)
             check(f"{uid}: an SGLang decode serves a 1-token prompt", s == 200, (s, b[:300]))
+        if os.environ.get("CANCEL") == "1":
+            for uid in [u for u in names if u in REFERENCE]:
+                cancellations(uid, vocab, rnd)
         s, b = http("GET", f"{API}/v1/models")
         open(os.path.join(OUT, "models.json"), "wb").write(b)
         for uid in names:

@@ -372,6 +372,9 @@ impl Engine for ServerEngine {
     fn stats(&self) -> EngineStats {
         EngineStats {
             running: lock(&self.running).len(),
+            // The rooms this prefill server holds for decode sides, until they are released
+            // (the server's blocks were freed when the room was staged).
+            pinned_blocks: lock(&self.rooms).len(),
             prompt_tokens: self.counters.prompt_tokens.load(Ordering::Relaxed),
             generated_tokens: self.counters.generated_tokens.load(Ordering::Relaxed),
             ..EngineStats::default()
