@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# P/D across engines on one GPU, as the reference measures it: ordinary vLLM, ordinary SGLang,
+# vLLM → SGLang, SGLang → vLLM, native → vLLM and vLLM → native, under one `xinf bench` run
+# (same prompts for every model: 40/173/733/2833 tokens, 32 output tokens, 128 requests per
+# level, C1 and C16, prefix caching off), on a Qwen2.5-0.5B-shaped random FP16 model. Prints the
+# table of the reference (C1 TTFT p50, C16 TTFT p95, C16 output tok/s) with the ratios to the
+# ordinary replicas.
+#
+# Needs a `--features cuda` xinf (XINF_BIN), vLLM 0.26 and SGLang 0.5.15 with xinf_kv
+# (VLLM_PYTHONPATH, SGLANG_PYTHONPATH; ../../engines.md says how). Two steps, so that each fits a
+# command's time limit on a lent machine: `pd-engines.sh launch` (xinf local in the background,
+# the model, the six models) then `pd-engines.sh bench`; `pd-engines.sh stop` ends xinf.
+set -u
+R=$(cd "$(dirname "$0")/../../.." && pwd)
+X=${XINF_BIN:-$R/target/release/xinf}
+W=${WORK:-/tmp/pd-engines}
+OUT=${OUT:-$W}
+P=18191
+E=http://127.0.0.1:$P
+M=$W/model
+MODELS=${MODELS:-vo so vs sv nv vn}
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+mkdir -p "$W" "$OUT"
+
+vllm() {  # engine_config of a vLLM replica
+    echo "{\"env\":{\"PYTHONPATH\":\"${VLLM_PYTHONPATH:-}\",\"VLLM_USE_FLASHINFER_SAMPLER\":\"0\"},\"gpu_memory_utilization\":0.1,\"enable_prefix_caching\":false,\"context_length\":4096}"
+}
+sglang() {
+    echo "{\"env\":{\"PYTHONPATH\":\"${SGLANG_PYTHONPATH:-}\"},\"gpu_memory_utilization\":0.1,\"attention_backend\":\"triton\",\"sampling_backend\":\"pytorch\",\"disable_radix_cache\":true,\"context_length\":4096}"
+}
+native() {
+    echo '{"gpu_memory_utilization":0.1,"context_length":4096}'
+}
+engine() { case $1 in v) echo vllm ;; s) echo sglang ;; n) echo native ;; esac; }
+
+launch_one() {  # uid: vo/so/no ordinary, else prefill engine + decode engine
+    local uid=$1 p=${1:0:1} d=${1:1:1} body
+    if [ "$d" = o ]; then
+        body="{\"model_uid\":\"$uid\",\"model_name\":\"qwen2.5-instruct\",\"model_path\":\"$M\",\"model_engine\":\"$(engine $p)\",\"gpu_idx\":[0],\"engine_config\":$($(engine $p))}"
+    else
+        body="{\"model_uid\":\"$uid\",\"model_name\":\"qwen2.5-instruct\",\"model_path\":\"$M\",\"model_engine\":\"$(engine $p)\",\"replica_config\":[
+          {\"role\":\"prefill\",\"model_engine\":\"$(engine $p)\",\"devices\":[{\"worker_ip\":\"127.0.0.1\",\"gpu_idx\":[0]}],\"engine_config\":$($(engine $p))},
+          {\"role\":\"decode\",\"model_engine\":\"$(engine $d)\",\"devices\":[{\"worker_ip\":\"127.0.0.1\",\"gpu_idx\":[0]}],\"engine_config\":$($(engine $d))}]}"
+    fi
+    local t0=$SECONDS
+    curl -s -m 1200 "$E/v1/models" -H 'Content-Type: application/json' -d "$body" | head -c 400
+    echo " ($uid: $((SECONDS - t0)) s)"
+}
+
+case ${1:-} in
+launch)
+    [ -f "$M/config.json" ] || python3 "$R/tests/engines/make_model.py" "$M" --qwen05 | tail -1
+    XINF_GPUS=0 XINF_LOG=warn setsid "$X" local --port $P > "$W/xinf.log" 2>&1 < /dev/null &
+    echo $! > "$W/xinf.pid"
+    for _ in $(seq 60); do curl -sf "$E/v1/models" > /dev/null && break; sleep 1; done
+    for uid in $MODELS; do launch_one "$uid"; done
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader
+    ;;
+bench)
+    args=()
+    for uid in $MODELS; do args+=(-u "$uid"); done
+    "$X" bench -e "$E" "${args[@]}" --concurrency 1,16 --requests "${REQ:-128}" --prompt-tokens 40,173,733,2833 \
+        --output-tokens 32 --warmup 4 --json "$OUT/bench.json" 2>&1 | grep -v "^\s*$" | tail -20
+    python3 - "$OUT/bench.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))["results"]
+def get(model, c, *path):
+    for x in r:
+        if x.get("model_uid") == model and x.get("concurrency") == c:
+            for p in path:
+                x = (x or {}).get(p)
+            return x
+    return None
+rows = []
+for m in [x["model_uid"] for x in r if x.get("concurrency") == 1]:
+    ttft1, ttft16, tps = get(m, 1, "ttft_ms", "p50"), get(m, 16, "ttft_ms", "p95"), get(m, 16, "output_tokens_per_s")
+    rows.append((m, ttft1, ttft16, tps))
+def best(pick, lower):
+    vals = [v for m, *vs in rows if m in ("vo", "so") for v in [vs[pick]] if v]
+    return (min(vals) if lower else max(vals)) if vals else None
+b1, b16 = best(0, True), best(2, False)
+print("| model | C1 TTFT p50 ms | C16 TTFT p95 ms | C16 output tok/s | C1 TTFT / faster ordinary | C16 tok/s / better ordinary |")
+print("|---|---|---|---|---|---|")
+for m, a, b, c in rows:
+    ra = f"{a / b1:.2f}×" if a and b1 else "–"
+    rc = f"{c / b16:.2f}×" if c and b16 else "–"
+    print(f"| {m} | {a} | {b} | {c} | {ra} | {rc} |")
+PY
+    ;;
+stop)
+    kill "$(cat "$W/xinf.pid")" 2>/dev/null
+    cp -r /root/.xinf/logs "$OUT/" 2>/dev/null
+    true
+    ;;
+*)
+    echo "usage: pd-engines.sh launch | bench | stop" >&2
+    exit 2
+    ;;
+esac
