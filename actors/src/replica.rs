@@ -110,7 +110,7 @@ pub(crate) struct ReplicaState {
 
 /// Loads the replica's engine through the node's loader of that name (blocking: file reads,
 /// maybe a download).
-fn load_engine(spec: &ReplicaSpec, engines: &Engines) -> Result<Arc<dyn Engine>, ActorError> {
+fn load_engine(spec: &ReplicaSpec, engines: &Engines, ip: IpAddr) -> Result<Arc<dyn Engine>, ActorError> {
     let loader = engines.get(&spec.engine).ok_or_else(|| {
         ActorError::launch(
             crate::LaunchRule::EngineNotAvailable,
@@ -126,6 +126,8 @@ fn load_engine(spec: &ReplicaSpec, engines: &Engines) -> Result<Arc<dyn Engine>,
         crate::spec::Role::Decode => config.set_kv_role(xinf_engine::KvRole::Consumer),
         crate::spec::Role::Hybrid => {}
     }
+    // An engine server publishes rooms from its own process: on this worker's data address.
+    config.set_page_ip(ip);
     Ok(loader.load(&spec.source, &config)?)
 }
 
@@ -146,8 +148,8 @@ impl Actor for Replica {
             xinf_transfer::nixl::available().map_err(|e| ActorError::NixlNotAvailable(e.to_string()))?;
         }
         tracing::info!(model_uid = %spec.model_uid, replica_uid = %spec.replica_uid, gpus = ?spec.gpus, "loading replica");
-        let (loader, engines) = (spec.clone(), args.engines);
-        let engine = tokio::task::spawn_blocking(move || load_engine(&loader, &engines))
+        let (loader, engines, ip) = (spec.clone(), args.engines, args.ip);
+        let engine = tokio::task::spawn_blocking(move || load_engine(&loader, &engines, ip))
             .await
             .map_err(|e| ActorError::Internal(format!("the loading thread failed: {e}")))??;
         let serve_pages = spec.role == Role::Prefill;

@@ -338,6 +338,10 @@ pub struct ServerConfig {
     /// `engine_config` key): the engine then runs with xinf's KV connector.
     #[serde(default)]
     pub kv_role: Option<KvRole>,
+    /// Where the server's page server listens (the worker's data-plane address; set by the
+    /// worker, not an `engine_config` key): decode sides on other hosts fetch rooms there.
+    #[serde(default)]
+    pub page_ip: Option<std::net::IpAddr>,
 }
 
 /// Which side of P/D handoffs an engine server's KV connector takes.
@@ -391,6 +395,14 @@ impl EngineConfig {
     pub fn set_kv_role(&mut self, role: KvRole) {
         if let Self::Server(c) = self {
             c.kv_role = Some(role);
+        }
+    }
+
+    /// Sets the address an engine server's page server listens on (the worker's data-plane
+    /// address); other engines serve their pages from the worker's own page server.
+    pub fn set_page_ip(&mut self, ip: std::net::IpAddr) {
+        if let Self::Server(c) = self {
+            c.page_ip = Some(ip);
         }
     }
 

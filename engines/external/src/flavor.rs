@@ -30,6 +30,8 @@ pub(crate) struct ServerArgs<'a> {
     pub(crate) context_length: Option<usize>,
     /// The replica's side of handoffs: the server then runs with xinf's KV connector.
     pub(crate) kv_role: Option<KvRole>,
+    /// Where the connector's page server listens (loopback when not given).
+    pub(crate) page_ip: Option<std::net::IpAddr>,
     /// The user's own flags, as arguments already.
     pub(crate) user_args: Vec<String>,
 }
@@ -164,7 +166,7 @@ impl Flavor {
             push(flag, n.to_string());
         }
         match (self, a.kv_role) {
-            (Self::Vllm, Some(role)) => push("kv-transfer-config", vllm_connector_config(role)),
+            (Self::Vllm, Some(role)) => push("kv-transfer-config", vllm_connector_config(role, a.page_ip)),
             (Self::Sglang, Some(role)) => {
                 // xinf's transfer backend (xinf_kv's SGLang plugin; page size 1 is SGLang's own
                 // default on CUDA, set here so no other default can change it).
@@ -189,16 +191,18 @@ impl Flavor {
 
 /// vLLM's `--kv-transfer-config` for xinf's KV connector on one side of handoffs. A decode
 /// whose load fails computes the prompt instead of failing the request.
-fn vllm_connector_config(role: KvRole) -> String {
+fn vllm_connector_config(role: KvRole, page_ip: Option<std::net::IpAddr>) -> String {
     let role = match role {
         KvRole::Producer => "kv_producer",
         KvRole::Consumer => "kv_consumer",
     };
+    let ip = page_ip.map_or_else(|| "127.0.0.1".to_owned(), |ip| ip.to_string());
     serde_json::json!({
         "kv_connector": "XinfConnector",
         "kv_connector_module_path": "xinf_kv.vllm_connector",
         "kv_role": role,
         "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": { "page_ip": ip },
     })
     .to_string()
 }

@@ -288,6 +288,7 @@ impl ServerLoader {
             memory_share: config.gpu_memory_utilization,
             context_length: config.context_length,
             kv_role: config.kv_role,
+            page_ip: config.page_ip,
             user_args: self.flavor.table().args(&config.flags),
         };
         let mut env = vec![
@@ -307,6 +308,9 @@ impl ServerLoader {
             // A file of an earlier server of the same port must not be read for this one.
             let _ = std::fs::remove_file(path);
             env.push(("XINF_KV_ENDPOINT_FILE".to_owned(), path.display().to_string()));
+            if let Some(ip) = config.page_ip {
+                env.push(("XINF_KV_HOST".to_owned(), ip.to_string()));
+            }
         }
         env.extend(config.env.iter().cloned());
         let program = config

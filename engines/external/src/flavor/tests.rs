@@ -8,6 +8,7 @@ fn args(kv_role: Option<KvRole>) -> ServerArgs<'static> {
         memory_share: Some(0.25),
         context_length: Some(2048),
         kv_role,
+        page_ip: Some([10, 0, 0, 5].into()),
         user_args: vec!["--enforce-eager".into()],
     }
 }
@@ -50,6 +51,7 @@ fn a_p_d_replica_s_server_runs_with_xinf_s_connector() {
         assert_eq!(cfg["kv_connector_module_path"], "xinf_kv.vllm_connector");
         assert_eq!(cfg["kv_role"], name);
         assert_eq!(cfg["kv_load_failure_policy"], "recompute");
+        assert_eq!(cfg["kv_connector_extra_config"]["page_ip"], "10.0.0.5");
         // The user's flags still come last, so none of xinf's can be overridden by position.
         assert_eq!(a.last().map(String::as_str), Some("--enforce-eager"));
     }
