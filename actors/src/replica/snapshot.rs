@@ -171,7 +171,8 @@ impl SnapshotStore {
     /// The `count` pages of the prefix that ends with `last`, in prefix order (walking back
     /// through the parents); `None` when one of them is not held.
     pub(crate) fn chain(&mut self, last: u64, count: usize) -> Option<Vec<Arc<[u8]>>> {
-        let mut keys = Vec::with_capacity(count);
+        // `count` comes off the wire: the chain cannot be longer than the store.
+        let mut keys = Vec::with_capacity(count.min(self.entries.len()));
         let mut at = Some(last);
         while keys.len() < count {
             let key = at?;

@@ -195,8 +195,15 @@ async fn request_answer(
     if len > MAX_FRAME {
         return Err(TransferError::Protocol(format!("an answer of {len} bytes")));
     }
-    let mut body = vec![0u8; len as usize];
-    stream.read_exact(&mut body).await.map_err(io)?;
+    // The buffer grows as bytes arrive: a length a peer states costs nothing until it sends.
+    let mut body = Vec::with_capacity(len.min(wire::INITIAL_READ) as usize);
+    let got = (&mut stream).take(len).read_to_end(&mut body).await.map_err(io)?;
+    if got as u64 != len {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("the answer ended after {got} of {len} bytes"),
+        )));
+    }
     wire::answer_result(status, body).map(|body| (stream, body))
 }
 

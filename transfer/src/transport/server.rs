@@ -71,6 +71,9 @@ impl PageServer {
     }
 }
 
+/// Longest a staged range is kept for a client that never says it is done.
+const MAX_HOLD: Duration = Duration::from_secs(600);
+
 /// Accepts connections for as long as the server lives, each served by a task of its own.
 async fn accept(listener: TcpListener, options: ServeOptions) {
     loop {
@@ -96,7 +99,10 @@ async fn serve(mut stream: TcpStream, options: &ServeOptions) -> std::io::Result
     stream.set_nodelay(true)?;
     while let Some(request) = Request::read(&mut stream).await? {
         let received = Instant::now();
-        let keep_until = |timeout_ms: u32| received + Duration::from_millis(u64::from(timeout_ms));
+        // A client's deadline, but never longer than MAX_HOLD: staging a peer never says it is
+        // done with is freed in time.
+        let keep_until =
+            |timeout_ms: u32| received + Duration::from_millis(u64::from(timeout_ms)).min(MAX_HOLD);
         match request {
             Ok(Request::Host(pages)) => serve_host(&mut stream, options, pages).await?,
             Ok(Request::Release(pages)) => {

@@ -140,3 +140,24 @@ async fn a_cut_connection_fails_fast_with_an_io_error() {
     let e = fetch(reg.endpoint(), 8, 0, 1, TransportPolicy::Tcp, T).await.expect_err("unknown room");
     assert_eq!(e, TransferError::UnknownRoom(8));
 }
+
+/// A peer that states a huge answer and sends a little: the fetch fails naming the shortfall,
+/// without reserving what the peer stated.
+#[tokio::test]
+async fn an_answer_longer_than_what_arrives_fails_without_reserving_its_length() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.expect("accept");
+        let mut request = [0u8; 28];
+        s.read_exact(&mut request).await.expect("request");
+        let mut head = vec![0u8];
+        head.extend_from_slice(&(60u64 << 30).to_le_bytes());
+        s.write_all(&head).await.expect("head");
+        s.write_all(&[7u8; 10]).await.expect("body");
+    });
+    let endpoint = Endpoint { process: 0, provider: 1, tcp: addr.to_string() };
+    let e = fetch(&endpoint, 3, 0, 1, TransportPolicy::Tcp, T).await.expect_err("short");
+    assert!(e.to_string().contains("ended after 10 of 64424509440 bytes"), "{e}");
+}

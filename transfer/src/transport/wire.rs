@@ -51,6 +51,13 @@ const MAX_BODY: usize = 29;
 pub(crate) const DONE: &[u8; 4] = b"XKND";
 /// Largest answer accepted: a bound against a corrupt length, far above any real range.
 pub(crate) const MAX_FRAME: u64 = 64 << 30;
+/// What a client reserves for an answer before its bytes arrive; the rest grows as they do.
+pub(crate) const INITIAL_READ: u64 = 16 << 20;
+/// How long a connection may sit between requests, and how long the rest of a started request
+/// may take to arrive: a peer that opens connections and sends nothing, or half a frame, does
+/// not hold a task and a socket for ever.
+pub(crate) const IDLE: std::time::Duration = std::time::Duration::from_secs(120);
+pub(crate) const FRAME_TIME: std::time::Duration = std::time::Duration::from_secs(10);
 /// Answer status: the result of the request follows.
 pub(crate) const OK: u8 = 0;
 /// Answer status: an error follows.
@@ -152,15 +159,18 @@ impl Request {
     }
 
     /// Reads the next request off `stream`: `None` when the peer closed the connection between
-    /// requests. A bad magic is known from the first 4 bytes, and nothing more is read then.
+    /// requests, or left it idle for [`IDLE`]. A bad magic is known from the first 4 bytes, and
+    /// nothing more is read then; the rest of a frame must come within [`FRAME_TIME`].
     pub(crate) async fn read<R: AsyncRead + Unpin>(
         stream: &mut R,
     ) -> std::io::Result<Option<Result<Self, BadRequest>>> {
         let mut frame = [0u8; 4 + MAX_BODY];
-        match stream.read_exact(&mut frame[..4]).await {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-            Err(e) => return Err(e),
+        match tokio::time::timeout(IDLE, stream.read_exact(&mut frame[..4])).await {
+            Ok(Ok(_)) => {}
+            // An idle connection is closed like one the peer closed.
+            Err(_) => return Ok(None),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+            Ok(Err(e)) => return Err(e),
         }
         let body = match [frame[0], frame[1], frame[2], frame[3]] {
             MAGIC_HOST | MAGIC_RELEASE => 24,
@@ -168,7 +178,9 @@ impl Request {
             MAGIC_DEVICE => MAX_BODY,
             other => return Ok(Some(Err(BadRequest::Magic(other)))),
         };
-        stream.read_exact(&mut frame[4..4 + body]).await?;
+        tokio::time::timeout(FRAME_TIME, stream.read_exact(&mut frame[4..4 + body])).await.map_err(
+            |_| std::io::Error::new(std::io::ErrorKind::TimedOut, "the rest of a request never came"),
+        )??;
         Ok(Some(Self::decode(&frame[..4 + body])))
     }
 }

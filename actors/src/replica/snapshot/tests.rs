@@ -72,3 +72,13 @@ fn a_chain_is_read_back_in_prefix_order() {
     // Inserting again only touches.
     assert!(s.insert(&keys, 0, &refs).added.is_empty());
 }
+
+#[test]
+fn a_chain_asked_for_by_a_peer_reserves_no_more_than_the_store_holds() {
+    // `count` comes off the page plane's wire: u32::MAX pages must not reserve 32 GiB of keys.
+    let mut s = SnapshotStore::new(100);
+    let page = [1u8; 10];
+    s.insert(&[5, 6], 0, &[&page, &page]);
+    assert!(s.chain(6, u32::MAX as usize).is_none());
+    assert_eq!(s.chain(6, 2).map(|c| c.len()), Some(2));
+}

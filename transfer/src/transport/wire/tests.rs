@@ -27,7 +27,7 @@ fn request() -> impl Strategy<Value = Request> {
 /// Reads requests off `bytes` the way the page server reads its connection, until the end or
 /// the first frame that is not a request.
 fn read_all(mut bytes: &[u8]) -> Vec<Result<Request, BadRequest>> {
-    let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
     runtime.block_on(async {
         let mut read = Vec::new();
         while let Some(request) = Request::read(&mut bytes).await.expect("read") {
@@ -109,4 +109,17 @@ fn what_is_not_a_request_is_said() {
     frame[32] = 2;
     assert_eq!(Request::decode(&frame), Err(BadRequest::Trailing(1)));
     assert!(read_all(b"").is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn half_a_request_times_out_and_an_idle_connection_closes() {
+    use tokio::io::AsyncWriteExt;
+    // A peer that sends the magic and 3 bytes, then nothing (keeping the connection open).
+    let (mut client, mut server) = tokio::io::duplex(64);
+    client.write_all(b"XKV1\x01\x02\x03").await.expect("write");
+    let e = Request::read(&mut server).await.expect_err("timed out");
+    assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+    // A peer that connects and never sends: the connection is closed as if it had.
+    let (_client, mut server) = tokio::io::duplex(64);
+    assert!(matches!(Request::read(&mut server).await, Ok(None)));
 }
