@@ -104,8 +104,13 @@ def test_garbage_on_the_page_port_leaves_it_serving(native):
     addr = host.endpoint.split('"tcp":"')[1].rstrip('"}')
     ip, port = addr.rsplit(":", 1)
     with socket.create_connection((ip, int(port))) as s:
-        s.sendall(b"GET / HTTP/1.1\r\n\r\n")
         s.settimeout(5)
+        # The server speaks first (its handshake); a peer without the page key is refused.
+        hello = b""
+        while len(hello) < 20:
+            hello += s.recv(20 - len(hello))
+        assert hello[:4] == b"XKA1"
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".ljust(48, b"x"))
         assert s.recv(1) == b"\x01"
     layout = native.Layout("token-pool", 1, 1, 1, 4, 200, 2)
     import ctypes
@@ -129,3 +134,42 @@ def test_a_publish_that_fails_gives_its_budget_back(native):
         host.publish(4, layout, [base, base], [1, 2], 2, 1000)
     s = host.stats()
     assert s["staged_bytes"] == 0 and s["rooms"] == 0 and s["published"] == 0
+
+
+SERVE = """
+import sys, time
+from xinf_kv import _native
+host = _native.PageHost()
+host.publish_pages(4, 1024, bytes([3]) * 1024, 60_000)
+print(host.endpoint, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_only_processes_holding_the_page_key_fetch_from_each_other(native):
+    """XINF_KV_KEY (what xinf gives its engine servers) keys a process's page plane: a server
+    of another key refuses this process's fetch, one of the same key serves it."""
+    import ctypes
+    import subprocess
+    import sys
+
+    layout = native.Layout("token-pool", 1, 1, 1, 4, 200, 2)
+    buf = bytearray(layout.region_bytes * 2)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    loader = native.PageLoader()
+    # This test process set no key: it holds the all-zero one.
+    for key, ok in (("ab" * 32, False), ("00" * 32, True)):
+        env = dict(__import__("os").environ, XINF_KV_KEY=key)
+        p = subprocess.Popen([sys.executable, "-c", SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
+        try:
+            endpoint = p.stdout.readline().strip()
+            loader.start(key, endpoint, 4, None, layout, [base, base + layout.region_bytes], [2], (0, 1))
+            [(rid, err)] = loader.wait(10.0)
+            assert rid == key
+            if ok:
+                assert err is None and buf[2 * 8 : 3 * 8] == b"\x03" * 8
+            else:
+                assert err is not None and "authentication" in err, err
+        finally:
+            p.stdin.close()
+            p.wait(10)

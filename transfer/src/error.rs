@@ -32,6 +32,9 @@ pub enum TransferError {
         /// The limit.
         after_ms: u64,
     },
+    /// The peers do not share the page plane's key (another cluster, or no key).
+    #[error("page server authentication failed: {0}")]
+    Unauthenticated(String),
     /// The peer answered something that is not this protocol.
     #[error("page transfer protocol error: {0}")]
     Protocol(String),

@@ -20,12 +20,16 @@
 //!   server's connection as the side channel again, carrying where the provider staged the
 //!   pages in GPU memory (a CUDA IPC handle, a NIXL VRAM range) and the "done" after the copy.
 //!
+//! Every connection starts with a handshake in which server and client prove they hold the
+//! cluster's page key (`auth`); a peer without it is refused before any request is read.
+//!
 //! The modules, in the order a fetch meets them: `endpoint` (where a provider is, how a fetch
 //! may travel), `provider` (the trait and this process's registry), `client` (the fetching
-//! side), `wire` (the frames on the page server's connection, documented there byte by byte),
+//! side), `auth` (the handshake), `wire` (the frames on the page server's connection, documented there byte by byte),
 //! `server` (the page server) and `fault` (`XINF_TRANSFER_FAULT`, making a page server
 //! misbehave for tests).
 
+mod auth;
 mod client;
 mod endpoint;
 mod fault;
@@ -35,6 +39,7 @@ mod wire;
 
 pub use crate::error::TransferError;
 pub use crate::process::process_nonce;
+pub use auth::{PageKey, process_key_hex, set_process_key};
 pub use client::{fetch, fetch_device, release};
 pub use endpoint::{Endpoint, TransportKind, TransportPolicy};
 pub use provider::{PageProvider, Registration};

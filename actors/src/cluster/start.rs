@@ -84,6 +84,8 @@ impl Cluster {
 
     /// [`start_local`](Self::start_local) with explicit options.
     pub async fn start_local_with(options: ClusterOptions) -> Result<Self, ActorError> {
+        // One process: a key of its own (engine servers it starts are given it).
+        xinf_transfer::transport::set_process_key(xinf_transfer::transport::PageKey::random());
         let ns = Namespace::local();
         let models = Arc::new(ModelTable::default());
         let supervisor = spawn_supervisor(&ns, true, models.clone(), &options).await?;
@@ -137,6 +139,7 @@ impl Cluster {
         options: ClusterOptions,
     ) -> Result<Self, ActorError> {
         node::check_secret(secret)?;
+        page_key(secret);
         let ip = node::listen_ip(host)?;
         let port = if cluster_port == 0 { node::free_port(ip)? } else { cluster_port };
         let ns = Namespace::from_secret(secret);
@@ -184,6 +187,7 @@ impl Cluster {
         options: ClusterOptions,
     ) -> Result<WorkerNode, ActorError> {
         node::check_secret(secret)?;
+        page_key(secret);
         let ip = node::listen_ip(host)?;
         let port = node::free_port(ip)?;
         let worker_id = SocketAddr::new(ip, port).to_string();
@@ -246,5 +250,18 @@ impl WorkerNode {
             tracing::warn!(error = %e, "the worker did not stop in time");
         }
         self.node.stop(Some("shutdown".into()));
+    }
+}
+
+/// Sets this process's page-plane key from the cluster's secret: every process of the cluster
+/// then serves and fetches pages with the others, and with no one else. A process serves one
+/// cluster's page plane: a second cluster of another secret in it is warned about.
+fn page_key(secret: &str) {
+    use xinf_transfer::transport::{PageKey, set_process_key};
+    if !set_process_key(PageKey::from_secret(secret)) {
+        tracing::warn!(
+            "this process already serves another cluster's page plane: page fetches with this cluster's \
+             other processes will be refused"
+        );
     }
 }

@@ -297,6 +297,11 @@ impl ServerLoader {
             ("VLLM_NO_USAGE_STATS".to_owned(), "1".to_owned()),
             ("DO_NOT_TRACK".to_owned(), "1".to_owned()),
         ];
+        if config.kv_role.is_some() {
+            // The page plane's key of this process: the server's connector serves and fetches
+            // pages with xinf and its other engine servers, and with no one else.
+            env.push(("XINF_KV_KEY".to_owned(), xinf_transfer::transport::process_key_hex()));
+        }
         // An SGLang prefill server's transfer backend says here where its page server is.
         let endpoint_file = (self.flavor == Flavor::Sglang && config.kv_role == Some(KvRole::Producer))
             .then(|| xinf_models::xinf_home().join("run").join(format!("{served_name}.kv-endpoint.json")));

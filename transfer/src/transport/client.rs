@@ -188,6 +188,12 @@ async fn request_answer(
     let io = |e: std::io::Error| TransferError::Io { endpoint: endpoint.tcp.clone(), detail: e.to_string() };
     let mut stream = TcpStream::connect(&endpoint.tcp).await.map_err(io)?;
     stream.set_nodelay(true).map_err(io)?;
+    super::auth::connect(&mut stream, super::auth::process_key()).await.map_err(|e| match e {
+        super::auth::HandshakeError::Io(e) => io(e),
+        super::auth::HandshakeError::Refused(why) => {
+            TransferError::Unauthenticated(format!("{}: {why}", endpoint.tcp))
+        }
+    })?;
     stream.write_all(&request.encode()).await.map_err(io)?;
     let mut head = [0u8; AnswerHead::LEN];
     stream.read_exact(&mut head).await.map_err(io)?;

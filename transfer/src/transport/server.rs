@@ -97,6 +97,10 @@ async fn accept(listener: TcpListener, options: ServeOptions) {
 /// Serves the requests of one connection until the client closes it.
 async fn serve(mut stream: TcpStream, options: &ServeOptions) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
+    if !super::auth::accept(&mut stream, super::auth::process_key()).await? {
+        tracing::warn!(peer = ?stream.peer_addr().ok(), "a page-plane client without this cluster's key was refused");
+        return Ok(());
+    }
     while let Some(request) = Request::read(&mut stream).await? {
         let received = Instant::now();
         // A client's deadline, but never longer than MAX_HOLD: staging a peer never says it is

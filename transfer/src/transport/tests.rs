@@ -150,6 +150,7 @@ async fn an_answer_longer_than_what_arrives_fails_without_reserving_its_length()
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
         let (mut s, _) = listener.accept().await.expect("accept");
+        assert!(super::auth::accept(&mut s, super::auth::process_key()).await.expect("handshake"));
         let mut request = [0u8; 28];
         s.read_exact(&mut request).await.expect("request");
         let mut head = vec![0u8];

@@ -1,7 +1,9 @@
 //! The frames of the page server's TCP connection, in one place for both of its sides.
 //!
-//! All integers are little endian. A client opens a connection per fetch; the server serves
-//! the requests of a connection one after the other until the client closes it.
+//! All integers are little endian. A client opens a connection per fetch; after the handshake
+//! in which both sides prove they hold the page key (`auth`), the server serves the requests
+//! of a connection one after the other until the client closes it (or leaves it idle for
+//! [`IDLE`]).
 //!
 //! **Requests** (client to server, one [`Request`]): a 4-byte magic, then the pages it asks
 //! for, `room:u64 provider:u64 first:u32 count:u32`, then what that kind of fetch adds:
