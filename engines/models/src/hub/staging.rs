@@ -18,6 +18,21 @@ pub(super) fn partial_path(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// Holds `<dir>/.fetch.lock` exclusively until dropped: one fetch into `dir` at a time on
+/// this host, whether the others are in this process (replicas loading together) or in
+/// another. Blocks until the lock is free.
+pub(super) fn fetch_lock(dir: &Path) -> Result<File, ModelError> {
+    let path = dir.join(".fetch.lock");
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|err| ModelError::io(&path, err))?;
+    file.lock().map_err(|err| ModelError::io(&path, err))?;
+    Ok(file)
+}
+
 /// Makes a rename durable. Best effort: not every platform can open a folder to sync it.
 pub(super) fn sync_dir(dir: &Path) {
     if let Ok(handle) = File::open(dir) {

