@@ -206,10 +206,10 @@ impl Cluster {
         if let Err(e) = self.inner.supervisor.stop_and_wait(Some("shutdown".into()), stop).await {
             tracing::warn!(error = %e, "the supervisor did not stop in time");
         }
-        if let Some(worker) = &self.inner.local_worker {
-            if let Err(e) = worker.stop_and_wait(Some("shutdown".into()), stop).await {
-                tracing::warn!(error = %e, "the worker did not stop in time");
-            }
+        if let Some(worker) = &self.inner.local_worker
+            && let Err(e) = worker.stop_and_wait(Some("shutdown".into()), stop).await
+        {
+            tracing::warn!(error = %e, "the worker did not stop in time");
         }
         if let Some(node) = &self.inner.node {
             node.stop(Some("shutdown".into()));

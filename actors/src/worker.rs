@@ -191,10 +191,10 @@ impl Actor for Worker {
         };
         if let Some((model_uid, replica_uid)) = dead {
             tracing::warn!(%model_uid, %replica_uid, reason = %why, "a replica stopped unexpectedly");
-            if let Some(sup) = supervisor(&self.ns) {
-                if sup.cast(SupervisorMsg::ReplicaDied { model_uid, replica_uid }).is_err() {
-                    tracing::warn!("could not report a dead replica to the supervisor");
-                }
+            if let Some(sup) = supervisor(&self.ns)
+                && sup.cast(SupervisorMsg::ReplicaDied { model_uid, replica_uid }).is_err()
+            {
+                tracing::warn!("could not report a dead replica to the supervisor");
             }
         }
         Ok(())

@@ -390,7 +390,7 @@ impl GpuPages {
             ((desc.s_blk * es) as i64, (desc.s_tok * es) as i64, (desc.s_head * es) as i64);
         let (can_tok, can_head, page_stride) = ((h * d * es) as i64, (d * es) as i64, page_bytes as i64);
         let row_bytes = d * es;
-        let aligned = |x: u64| x % 16 == 0;
+        let aligned = |x: u64| x.is_multiple_of(16);
         let vec16 = row_bytes % 16 == 0
             && engine_plane.iter().chain(&canon_plane).all(|&p| aligned(p))
             && [s_blk, s_tok, eng_head, can_tok, can_head, page_stride].iter().all(|&x| aligned(x as u64));

@@ -48,10 +48,10 @@ impl BlockTrackerState {
         }
         for &(hash, block) in blocks {
             let owned = self.by_replica.entry(replica_uid.to_owned()).or_default();
-            if let Some(old) = owned.insert(block, hash) {
-                if old != hash {
-                    drop_holder(&mut self.by_hash, old, replica_uid, block);
-                }
+            if let Some(old) = owned.insert(block, hash)
+                && old != hash
+            {
+                drop_holder(&mut self.by_hash, old, replica_uid, block);
             }
             self.by_hash.entry(hash).or_default().insert((replica_uid.to_owned(), block));
         }

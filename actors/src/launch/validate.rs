@@ -135,13 +135,13 @@ fn check_entries<'a>(
             "Cannot specify worker_ip / n_gpu / gpu_idx together with replica_config.",
         ));
     }
-    if let Some(m) = req.replica {
-        if m as usize != entries.len() {
-            return Err(invalid(
-                LaunchRule::ReplicaCountMismatch,
-                format!("replica_config length ({}) must equal replica ({m}).", entries.len()),
-            ));
-        }
+    if let Some(m) = req.replica
+        && m as usize != entries.len()
+    {
+        return Err(invalid(
+            LaunchRule::ReplicaCountMismatch,
+            format!("replica_config length ({}) must equal replica ({m}).", entries.len()),
+        ));
     }
     let mut drafts = Vec::with_capacity(entries.len());
     for (i, entry) in entries.iter().enumerate() {
@@ -274,10 +274,10 @@ fn check_legacy_placement(req: &LaunchRequest) -> Result<(), ActorError> {
     let n_gpu = req.n_gpu.unwrap_or_default();
     let gpu_idx = req.gpu_idx.as_ref().map(|g| g.0.clone());
     check_gpu_list(n_gpu, gpu_idx.as_deref())?;
-    if let Some(ip) = &req.worker_ip {
-        if blank(ip) {
-            return Err(invalid(LaunchRule::InvalidField, "worker_ip must not be empty"));
-        }
+    if let Some(ip) = &req.worker_ip
+        && blank(ip)
+    {
+        return Err(invalid(LaunchRule::InvalidField, "worker_ip must not be empty"));
     }
     Ok(())
 }
@@ -297,13 +297,14 @@ fn check_transfers(
         ));
     }
     let xavier = keywords.enable_xavier()? || (pd && transfer != Some(TransferBackend::Nixl));
-    if let Some(bytes) = keywords.gpu_cache_bytes()? {
-        if bytes > 0 && !(xavier && replica_count > 1) {
-            return Err(invalid(
-                LaunchRule::CacheBudget,
-                "xavier_gpu_cache_bytes requires Xavier with multiple replicas",
-            ));
-        }
+    if let Some(bytes) = keywords.gpu_cache_bytes()?
+        && bytes > 0
+        && !(xavier && replica_count > 1)
+    {
+        return Err(invalid(
+            LaunchRule::CacheBudget,
+            "xavier_gpu_cache_bytes requires Xavier with multiple replicas",
+        ));
     }
     // The native engine's CPU snapshot cache lives on prefill replicas.
     let snapshot_cache_bytes = keywords.cache_bytes()?;
@@ -472,13 +473,13 @@ fn is_reserved_engine_key(key: &str) -> bool {
 
 fn check_gpu_list(n_gpu: GpuCount, gpu_idx: Option<&[u32]>) -> Result<(), ActorError> {
     if let Some(idx) = gpu_idx {
-        if let GpuCount::Count(n) = n_gpu {
-            if n as usize != idx.len() {
-                return Err(invalid(
-                    LaunchRule::GpuCountMismatch,
-                    format!("n_gpu ({n}) must equal len(gpu_idx) ({}), or be 'auto'", idx.len()),
-                ));
-            }
+        if let GpuCount::Count(n) = n_gpu
+            && n as usize != idx.len()
+        {
+            return Err(invalid(
+                LaunchRule::GpuCountMismatch,
+                format!("n_gpu ({n}) must equal len(gpu_idx) ({}), or be 'auto'", idx.len()),
+            ));
         }
         let unique: BTreeSet<u32> = idx.iter().copied().collect();
         if unique.len() != idx.len() {

@@ -37,7 +37,7 @@ fn output_token(prompt: &[u32], i: usize) -> u32 {
 
 fn token_at(h: u64, i: usize) -> u32 {
     let x = (h ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xBF58_476D_1CE4_E5B9) >> 32;
-    let byte = if x % 6 == 0 { b' ' } else { b'a' + (x % 26) as u8 };
+    let byte = if x.is_multiple_of(6) { b' ' } else { b'a' + (x % 26) as u8 };
     BYTE_BASE + u32::from(byte)
 }
 

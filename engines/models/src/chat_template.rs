@@ -287,7 +287,7 @@ fn format_time(format: &str, unix_secs: i64) -> String {
         };
         let weekday = WEEKDAYS[t.weekday as usize % 7];
         let month = MONTHS[(t.month as usize + 11) % 12];
-        let hour12 = if t.hour % 12 == 0 { 12 } else { t.hour % 12 };
+        let hour12 = if t.hour.is_multiple_of(12) { 12 } else { t.hour % 12 };
         match spec {
             Some('a') => out.push_str(&weekday[..3]),
             Some('A') => out.push_str(weekday),
@@ -496,16 +496,16 @@ fn write_container<T>(
 /// A number as Python prints it in JSON: integers as they are, floats with a fraction
 /// (`1.0`), and Python's non-standard `NaN` / `Infinity`.
 fn write_number(out: &mut String, value: &Value) {
-    if !value.is_integer() {
-        if let Ok(f) = f64::try_from(value.clone()) {
-            if f.is_nan() {
-                out.push_str("NaN");
-                return;
-            }
-            if f.is_infinite() {
-                out.push_str(if f > 0.0 { "Infinity" } else { "-Infinity" });
-                return;
-            }
+    if !value.is_integer()
+        && let Ok(f) = f64::try_from(value.clone())
+    {
+        if f.is_nan() {
+            out.push_str("NaN");
+            return;
+        }
+        if f.is_infinite() {
+            out.push_str(if f > 0.0 { "Infinity" } else { "-Infinity" });
+            return;
         }
     }
     // minijinja already prints integers plainly and finite floats with a `.0`.

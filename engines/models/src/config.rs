@@ -372,10 +372,10 @@ impl ModelConfig {
                 return Err(unsupported(name, 0, "must be positive"));
             }
         }
-        if self.num_heads % self.kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.kv_heads) {
             return Err(unsupported("num_key_value_heads", self.kv_heads, "must divide num_attention_heads"));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(unsupported("head_dim", self.head_dim, "RoPE needs an even head dimension"));
         }
         Ok(())

@@ -115,11 +115,11 @@ impl Sampler {
             let stamp = self.next_stamp();
             for &token in prompt.iter().chain(output) {
                 let t = token as usize;
-                if let (Some(mark), Some(logit)) = (self.marks.get_mut(t), logits.get_mut(t)) {
-                    if *mark != stamp {
-                        *mark = stamp;
-                        *logit = if *logit > 0.0 { *logit / repetition } else { *logit * repetition };
-                    }
+                if let (Some(mark), Some(logit)) = (self.marks.get_mut(t), logits.get_mut(t))
+                    && *mark != stamp
+                {
+                    *mark = stamp;
+                    *logit = if *logit > 0.0 { *logit / repetition } else { *logit * repetition };
                 }
             }
         }

@@ -174,7 +174,7 @@ pub(crate) fn scatter_host(
     pages: &[u8],
 ) -> PyResult<()> {
     let page_bytes = layout.page_bytes_usize();
-    if pages.len() % page_bytes != 0 {
+    if !pages.len().is_multiple_of(page_bytes) {
         return Err(PyValueError::new_err(format!("{} bytes of pages of {page_bytes}", pages.len())));
     }
     let range = first_page..first_page + pages.len() / page_bytes;

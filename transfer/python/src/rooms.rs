@@ -289,7 +289,7 @@ impl PageHost {
 
     /// Publishes ready canonical pages (host memory) as `room` for `lease_ms`.
     fn publish_pages(&self, room: u64, page_bytes: usize, pages: &[u8], lease_ms: u64) -> PyResult<u32> {
-        if page_bytes == 0 || pages.len() % page_bytes != 0 {
+        if page_bytes == 0 || !pages.len().is_multiple_of(page_bytes) {
             return Err(PyValueError::new_err(format!("{} bytes of pages of {page_bytes}", pages.len())));
         }
         self.set_page_bytes(page_bytes)?;

@@ -31,13 +31,14 @@ pub async fn fetch(
     timeout: Duration,
 ) -> Result<(Vec<u8>, TransportKind), TransferError> {
     let timed_out = || timed_out(endpoint, timeout);
-    if policy == TransportPolicy::Auto && endpoint.process == process_nonce() {
-        if let Some(p) = provider::lookup(endpoint.provider) {
-            let pages = tokio::time::timeout(timeout, p.pages(room, first_page, count))
-                .await
-                .map_err(|_| timed_out())??;
-            return Ok((pages, TransportKind::InProcess));
-        }
+    if policy == TransportPolicy::Auto
+        && endpoint.process == process_nonce()
+        && let Some(p) = provider::lookup(endpoint.provider)
+    {
+        let pages = tokio::time::timeout(timeout, p.pages(room, first_page, count))
+            .await
+            .map_err(|_| timed_out())??;
+        return Ok((pages, TransportKind::InProcess));
     }
     let pages = Pages { room, provider: endpoint.provider, first: first_page, count };
     if policy == TransportPolicy::Nixl {

@@ -173,10 +173,10 @@ impl Peer {
             for line in std::io::BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
                 // libtest may print on the same line ("test … ... XINF-IPC ready").
-                if let Some(at) = line.find(MARK) {
-                    if tx.send(line[at + MARK.len()..].trim().to_owned()).is_err() {
-                        break;
-                    }
+                if let Some(at) = line.find(MARK)
+                    && tx.send(line[at + MARK.len()..].trim().to_owned()).is_err()
+                {
+                    break;
                 }
             }
         });

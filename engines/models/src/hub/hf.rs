@@ -157,10 +157,10 @@ fn download_hf(
     // pass fills the newest snapshot, which `refs/main` then points at.
     for _ in 0..2 {
         fetch_safetensors_files(&repo, &present, repo_id, &fetch)?;
-        if let Some(snapshot) = hf_snapshot(root, repo_id) {
-            if let Ok(dir) = check_snapshot(&snapshot, None)? {
-                return Ok(dir);
-            }
+        if let Some(snapshot) = hf_snapshot(root, repo_id)
+            && let Ok(dir) = check_snapshot(&snapshot, None)?
+        {
+            return Ok(dir);
         }
     }
     Err(ModelError::Download {

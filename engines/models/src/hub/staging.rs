@@ -35,10 +35,10 @@ pub(super) fn fetch_lock(dir: &Path) -> Result<File, ModelError> {
 
 /// Makes a rename durable. Best effort: not every platform can open a folder to sync it.
 pub(super) fn sync_dir(dir: &Path) {
-    if let Ok(handle) = File::open(dir) {
-        if let Err(err) = handle.sync_all() {
-            debug!(dir = %dir.display(), %err, "cannot sync the folder");
-        }
+    if let Ok(handle) = File::open(dir)
+        && let Err(err) = handle.sync_all()
+    {
+        debug!(dir = %dir.display(), %err, "cannot sync the folder");
     }
 }
 

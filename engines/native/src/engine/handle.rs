@@ -243,7 +243,7 @@ impl Engine for NativeEngine {
         let page_bytes = self.contract.page_bytes();
         let max_batch = self.options.max_batch_tokens;
         let submitted = self.build_seq(request, Mode::Pinned(Some(reply))).and_then(|(mut seq, stream)| {
-            if prefix_pages.len() % page_bytes != 0 {
+            if !prefix_pages.len().is_multiple_of(page_bytes) {
                 return Err(EngineError::Import(format!(
                     "a prefix of {} bytes is not a whole number of {page_bytes}-byte pages",
                     prefix_pages.len()
