@@ -236,7 +236,22 @@ fn two_workers_alternate_and_survive_a_killed_worker() {
 #[test]
 fn local_cluster_manages_models_over_rest() {
     let _ = util::smollm2();
-    let (p, addr) = local("first", &["-r", "2"]);
+    let (mut p, addr) = local("first", &["-r", "2"]);
+    // The "try it" command xinf prints answers, greedy and bounded.
+    let printed = p.wait_for("-d '");
+    let sample: Value =
+        serde_json::from_str(printed.trim().trim_end_matches('\'')).expect("the printed body");
+    assert_eq!(
+        (sample["temperature"].clone(), sample["max_tokens"].clone()),
+        (json!(0), json!(64)),
+        "{sample}"
+    );
+    let res = http::post(addr, "/v1/chat/completions", &sample);
+    assert!(
+        res.json()["choices"][0]["message"]["content"].as_str().unwrap_or("").contains("Paris"),
+        "{}",
+        res.text()
+    );
 
     let models = http::get(addr, "/v1/models").json();
     assert_eq!(models["data"][0]["id"], "first", "{models}");

@@ -159,6 +159,9 @@ async fn serve_cluster(
                 let body = serde_json::json!({
                     "model": uid,
                     "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                    // Greedy and bounded: the sample answers the same short answer every time.
+                    "temperature": 0,
+                    "max_tokens": 64,
                 });
                 eprintln!(
                     "{}\n  curl http://{addr}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'",
