@@ -34,7 +34,7 @@ impl Namespace {
     /// names, which travel to authenticated peers only.
     pub(crate) fn from_secret(secret: &str) -> Self {
         let digest = Sha256::digest(format!("xinf-cluster-namespace\0{secret}").as_bytes());
-        let hex: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
+        let hex = xinf_transfer::hex::encode(&digest[..6]);
         Self(format!("xinf-{hex}").into())
     }
 

@@ -216,21 +216,15 @@ impl IpcHandle {
         raw.extend_from_slice(&self.offset.to_le_bytes());
         raw.extend_from_slice(&self.size.to_le_bytes());
         raw.extend_from_slice(&self.device.to_le_bytes());
-        raw.iter().map(|b| format!("{b:02x}")).collect()
+        crate::hex::encode(&raw)
     }
 
     /// Parses [`to_hex`](Self::to_hex)'s form.
     pub fn from_hex(text: &str) -> Result<Self, GpuError> {
         let bad = || GpuError::Ipc(format!("not an IPC handle: {text:?}"));
         let text = text.trim();
-        if !text.is_ascii() || text.len() != 2 * (IPC_HANDLE_BYTES + 20) {
-            return Err(bad());
-        }
-        let raw = (0..text.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&text[i..i + 2], 16))
-            .collect::<Result<Vec<u8>, _>>()
-            .map_err(|_| bad())?;
+        let raw =
+            crate::hex::decode(text).filter(|raw| raw.len() == IPC_HANDLE_BYTES + 20).ok_or_else(bad)?;
         let (bytes, rest) = raw.split_at(IPC_HANDLE_BYTES);
         let word = |at: usize| u64::from_le_bytes(rest[at..at + 8].try_into().unwrap_or_default());
         let device = u32::from_le_bytes(rest[16..20].try_into().unwrap_or_default());

@@ -28,6 +28,7 @@ pub mod gpu;
 pub mod gpu_handoff;
 #[cfg(feature = "cuda")]
 pub mod gpu_ipc;
+pub mod hex;
 mod layout;
 pub mod nixl;
 mod page;

@@ -55,14 +55,7 @@ fn shape(c: &ModelContract) -> Value {
 
 /// `bootstrap_host` carrying `fields`.
 fn ticket(fields: &Value) -> String {
-    use std::fmt::Write;
-    let text = fields.to_string();
-    let mut out = String::with_capacity(TICKET_PREFIX.len() + 2 * text.len());
-    out.push_str(TICKET_PREFIX);
-    for b in text.bytes() {
-        let _ = write!(out, "{b:02x}");
-    }
-    out
+    format!("{TICKET_PREFIX}{}", xinf_transfer::hex::encode(fields.to_string().as_bytes()))
 }
 
 /// The bootstrap fields of an SGLang prefill leg that publishes its KV as `room`.

@@ -54,21 +54,15 @@ impl PageKey {
 
     /// The key as 64 hex digits (how engine servers are given it, in `XINF_KV_KEY`).
     pub fn to_hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
+        crate::hex::encode(&self.0)
     }
 
     /// A key from its 64 hex digits.
     pub fn from_hex(text: &str) -> Result<Self, TransferError> {
-        let bad = || TransferError::Protocol("a page key is 64 hex digits".into());
-        let text = text.trim();
-        if text.len() != 64 || !text.is_ascii() {
-            return Err(bad());
-        }
-        let mut key = [0u8; 32];
-        for (i, b) in key.iter_mut().enumerate() {
-            *b = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
-        }
-        Ok(Self(key))
+        crate::hex::decode(text.trim())
+            .and_then(|raw| <[u8; 32]>::try_from(raw).ok())
+            .map(Self)
+            .ok_or_else(|| TransferError::Protocol("a page key is 64 hex digits".into()))
     }
 
     fn proof(&self, side: u8, first: &[u8; NONCE], second: &[u8; NONCE]) -> [u8; PROOF] {
