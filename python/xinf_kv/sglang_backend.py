@@ -190,7 +190,33 @@ def _ticket(bootstrap_addr: Any, room: Any) -> tuple[Any, str | None]:
     return parse_ticket(host, room)
 
 
-class XinfKVSender:
+class _Side:
+    """What a sender and a receiver share: a state SGLang polls, and a failure kept with its
+    reason for ``failure_exception`` (raising it is SGLang's own doing, outside its loop)."""
+
+    room: Any = None
+    _error: str | None = None
+    _state: int = WAITING_FOR_INPUT
+    conclude_state: int | None = None
+
+    def _fail(self, why: str) -> None:
+        if self._error is None:
+            self._error = why
+            if why != "aborted":
+                log.error("room %s: %s", self.room, why)
+        self._state = self.conclude_state = FAILED
+
+    def poll(self) -> int:
+        return self._state
+
+    def failure_exception(self) -> None:
+        raise RuntimeError(self._error or "xinf transfer failed")
+
+    def clear(self) -> None:
+        return
+
+
+class XinfKVSender(_Side):
     """A prefill request's KV: published as a room once its last chunk is computed."""
 
     def __init__(self, mgr: XinfKVManager, bootstrap_addr: str, bootstrap_room: int, dest_tp_ranks: Any = None, pp_rank: int = 0):
@@ -206,12 +232,6 @@ class XinfKVSender:
         self._ticket = ticket if isinstance(ticket, SglangPrefill) else None
         if self._ticket is None:
             self._fail(why or "a decode's ticket sent to a prefill server")
-
-    def _fail(self, why: str) -> None:
-        if self._error is None:
-            self._error = why
-            log.error("room %s: %s", self.room, why)
-        self._state = FAILED
 
     def init(self, num_kv_indices: int, aux_index: int | None = None) -> None:
         return
@@ -244,12 +264,6 @@ class XinfKVSender:
         except Exception as e:  # noqa: BLE001 - an exception here would stop the server
             self._fail(f"publishing KV: {e}")
 
-    def poll(self) -> int:
-        return self._state
-
-    def failure_exception(self) -> None:
-        raise RuntimeError(self._error or "xinf transfer failed")
-
     def get_transfer_metric(self) -> TransferMetric:
         return self._metric
 
@@ -258,11 +272,8 @@ class XinfKVSender:
             self.kv_mgr.host.release(self.room)
         self._fail("aborted")
 
-    def clear(self) -> None:
-        return
 
-
-class XinfKVReceiver:
+class XinfKVReceiver(_Side):
     """A decode request's KV: loaded from its room into the slots SGLang reserved."""
 
     def __init__(self, mgr: XinfKVManager, bootstrap_addr: str, bootstrap_room: int | None = None, **_: Any):
@@ -279,13 +290,6 @@ class XinfKVReceiver:
         self._ticket = ticket if isinstance(ticket, SglangDecode) else None
         if self._ticket is None:
             self._fail(why or "a prefill's ticket sent to a decode server")
-
-    def _fail(self, why: str) -> None:
-        if self._error is None:
-            self._error = why
-            if why != "aborted":
-                log.error("room %s: %s", self.room, why)
-        self._state = self.conclude_state = FAILED
 
     def init(self, prefill_dp_rank: int = 0) -> None:
         if self._state == BOOTSTRAPPING:
@@ -348,14 +352,8 @@ class XinfKVReceiver:
                 self._fail(f"finishing the load: {e}")
         return self._state
 
-    def failure_exception(self) -> None:
-        raise RuntimeError(self._error or "xinf transfer failed")
-
     def abort(self) -> None:
         self._aborted = True
         if self._state != TRANSFERRING:
             # A load in flight still writes the reserved slots: the abort shows once it is over.
             self._fail("aborted")
-
-    def clear(self) -> None:
-        return
