@@ -200,9 +200,9 @@ impl Actor for Replica {
             }
             ReplicaMsg::NextEvents { request_id, reply } => next_events(state, request_id, reply),
             ReplicaMsg::Abort { request_id, reply } => {
-                let known = state.engine.abort(&request_id);
-                state.handoff.abort(&request_id);
-                answer(reply, Wire::ok(known));
+                let running = state.engine.abort(&request_id);
+                let held = state.handoff.abort(&request_id);
+                answer(reply, Wire::ok(running || held));
             }
             ReplicaMsg::Prefill { request, reply } => match request.0 {
                 Err(e) => answer(reply, Wire(Err(e))),

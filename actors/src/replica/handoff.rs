@@ -445,11 +445,13 @@ impl HandoffSide {
         true
     }
 
-    /// Ends every room of an aborted request.
-    pub(crate) fn abort(&self, request_id: &str) {
+    /// Ends every room of an aborted request; `true` when it had one here.
+    pub(crate) fn abort(&self, request_id: &str) -> bool {
         if lock(&self.rooms).abort_request(request_id, Instant::now()) > 0 {
             self.engine.release_pinned(request_id);
+            return true;
         }
+        false
     }
 
     /// Whether an abort of this request arrived before it started here (the decode side

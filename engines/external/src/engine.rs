@@ -288,31 +288,48 @@ impl Engine for ServerEngine {
             merge(&mut body, Some(self.prefill_fields(room)));
             Ok((ids, room, body))
         })();
-        let (client, url, flavor) = (
-            self.client.clone(),
-            format!("{}{}", self.base_url, crate::protocol::generate_path(self.flavor)),
-            self.flavor,
-        );
-        let (rooms, counters, host) = (self.rooms.clone(), self.counters.clone(), self.page_host.clone());
-        let request_id = request.request_id;
+        let (ids, room, body) = match prepared {
+            Ok(p) => p,
+            Err(e) => return Box::pin(async move { Err(e) }),
+        };
+        let leg = PrefillLeg {
+            flavor: self.flavor,
+            client: self.client.clone(),
+            url: format!("{}{}", self.base_url, crate::protocol::generate_path(self.flavor)),
+            rooms: self.rooms.clone(),
+            counters: self.counters.clone(),
+            host: self.page_host.clone(),
+            request_id: request.request_id.clone(),
+        };
+        // The leg runs as a task of its own, listed with the running requests: an abort finds
+        // it there and ends it, and closing its connection makes the server drop the request.
+        let id = request.request_id;
+        let mut running = lock(&self.running);
+        if running.contains_key(&id) {
+            return Box::pin(async move { Err(EngineError::DuplicateRequest(id)) });
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            let e = EngineError::Internal("a server engine is driven from a tokio runtime".into());
+            return Box::pin(async move { Err(e) });
+        };
+        let table = self.running.clone();
+        let task_id = id.clone();
+        let task = handle.spawn(async move {
+            let result = leg.run(ids, room, body).await;
+            lock(&table).remove(&task_id);
+            result
+        });
+        let aborted = Arc::new(AtomicBool::new(false));
+        running.insert(id.clone(), Running { task: task.abort_handle(), aborted });
+        drop(running);
+        let guard = AbortOnDrop { task: task.abort_handle(), table: self.running.clone(), id };
         Box::pin(async move {
-            let (ids, room, body) = prepared?;
-            let call = client.post(url).json(&body).timeout(crate::handoff::PREFILL_TIMEOUT).send();
-            let response = call
-                .await
-                .map_err(|e| EngineError::Process(format!("the {flavor} server's prefill failed: {e}")))?;
-            let status = response.status();
-            if !status.is_success() {
-                return Err(stream::refusal(flavor, status, response).await);
+            let _guard = guard;
+            match task.await {
+                Ok(result) => result,
+                Err(e) if e.is_cancelled() => Err(EngineError::Aborted),
+                Err(e) => Err(EngineError::Internal(format!("the prefill task failed: {e}"))),
             }
-            let v: serde_json::Value = response
-                .json()
-                .await
-                .map_err(|e| EngineError::Process(format!("the {flavor} server's prefill answer: {e}")))?;
-            let (first_token, remote) = crate::handoff::prefill_answer(flavor, &v, room, host.as_ref())?;
-            counters.prompt_tokens.fetch_add(ids.len() as u64, Ordering::Relaxed);
-            lock(&rooms).insert(request_id.clone(), (remote.endpoint.clone(), room));
-            Ok(PinnedPrefill { request_id, prompt_ids: ids, first_token, remote: Some(remote) })
         })
     }
 
@@ -390,6 +407,45 @@ impl Engine for ServerEngine {
             r.task.abort();
         }
         self.process.stop(STOP_GRACE);
+    }
+}
+
+/// The prefill leg of a handoff: one non-streamed call whose answer names the room the server
+/// published.
+struct PrefillLeg {
+    flavor: Flavor,
+    client: reqwest::Client,
+    url: String,
+    rooms: Arc<Mutex<HashMap<String, (Endpoint, u64)>>>,
+    counters: Arc<Counters>,
+    host: Option<crate::handoff::PageHost>,
+    request_id: String,
+}
+
+impl PrefillLeg {
+    async fn run(
+        self,
+        ids: Vec<u32>,
+        room: u64,
+        body: serde_json::Value,
+    ) -> Result<PinnedPrefill, EngineError> {
+        let flavor = self.flavor;
+        let call = self.client.post(&self.url).json(&body).timeout(crate::handoff::PREFILL_TIMEOUT).send();
+        let response = call
+            .await
+            .map_err(|e| EngineError::Process(format!("the {flavor} server's prefill failed: {e}")))?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(stream::refusal(flavor, status, response).await);
+        }
+        let v: serde_json::Value = response
+            .json()
+            .await
+            .map_err(|e| EngineError::Process(format!("the {flavor} server's prefill answer: {e}")))?;
+        let (first_token, remote) = crate::handoff::prefill_answer(flavor, &v, room, self.host.as_ref())?;
+        self.counters.prompt_tokens.fetch_add(ids.len() as u64, Ordering::Relaxed);
+        lock(&self.rooms).insert(self.request_id.clone(), (remote.endpoint.clone(), room));
+        Ok(PinnedPrefill { request_id: self.request_id, prompt_ids: ids, first_token, remote: Some(remote) })
     }
 }
 

@@ -9,11 +9,15 @@ asked to do is set by FAKE_ENGINE_MODE:
   exit-at-start   print an error and exit 3 before listening
   never-healthy   listen, but answer /health with 503
   die-mid-stream  exit (status 9) after the first streamed token
-FAKE_STEP_MS delays each token; FAKE_START_S delays readiness. Every request, abort and
-disconnect is printed, so tests read the log to see what reached the engine.
+FAKE_STEP_MS delays each token; FAKE_START_S delays readiness; FAKE_PREFILL_MS delays the
+answer of a non-streamed request (a prefill leg: vLLM's answer then names the room it was asked
+to publish, as xinf's connector does). Every request, abort and disconnect is printed, so tests
+read the log to see what reached the engine.
 """
 import json
 import os
+import select
+import socket
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,6 +28,7 @@ flavor = "sglang" if module.startswith("sglang") else "vllm"
 port = int(args[args.index("--port") + 1])
 mode = os.environ.get("FAKE_ENGINE_MODE", "ok")
 step = float(os.environ.get("FAKE_STEP_MS", "0")) / 1000.0
+prefill_s = float(os.environ.get("FAKE_PREFILL_MS", "0")) / 1000.0
 ready_at = time.time() + float(os.environ.get("FAKE_START_S", "0"))
 print(f"fake {flavor} server starting: {' '.join(args)}", flush=True)
 print(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}", flush=True)
@@ -77,6 +82,9 @@ class Handler(BaseHTTPRequestHandler):
         if max_tokens > 100000:
             self.reply(400, {"error": {"message": f"max_tokens {max_tokens} is too large (fake)"}})
             return
+        if body.get("stream") is False:
+            self.answer_whole(body, prompt, rid)
+            return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
@@ -110,6 +118,29 @@ class Handler(BaseHTTPRequestHandler):
             print(f"finished {rid}", flush=True)
         except (BrokenPipeError, ConnectionResetError):
             print(f"client disconnected {rid}", flush=True)
+
+    def client_gone(self):
+        """Whether the client closed its connection (readable, and nothing to read)."""
+        readable, _, _ = select.select([self.connection], [], [], 0)
+        return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+
+    def answer_whole(self, body, prompt, rid):
+        """A non-streamed answer of one token after FAKE_PREFILL_MS, watching the client."""
+        until = time.time() + prefill_s
+        while time.time() < until:
+            if self.client_gone():
+                print(f"client disconnected {rid}", flush=True)
+                return
+            time.sleep(0.01)
+        t = token(prompt, 0)
+        if flavor == "vllm":
+            room = ((body.get("kv_transfer_params") or {}).get("xinf") or {}).get("room")
+            endpoint = {"process": 1, "provider": 1, "tcp": "127.0.0.1:9"}
+            self.reply(200, {"choices": [{"index": 0, "text": f"t{t} ", "token_ids": [t], "finish_reason": "length"}],
+                             "kv_transfer_params": {"xinf": {"room": room, "endpoint": endpoint}}})
+        else:
+            self.reply(200, {"text": f"t{t} ", "output_ids": [t], "meta_info": {"id": rid}})
+        print(f"finished {rid}", flush=True)
 
 
 ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()

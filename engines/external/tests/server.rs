@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use xinf_engine::{
-    Engine, EngineError, EngineLoader, FinishReason, GenerateRequest, ModelSource, Prompt, SamplingParams,
-    TokenEvent,
+    Engine, EngineError, EngineLoader, FinishReason, GenerateRequest, KvRole, ModelSource, Prompt,
+    SamplingParams, TokenEvent,
 };
 use xinf_engine_external::{Flavor, ServerEngine, ServerLoader};
 
@@ -216,6 +216,49 @@ fn a_server_that_dies_fails_its_requests_and_ends_the_engine() {
         .expect("exit seen");
     let text = why.to_string();
     assert!(text.contains("exited") && text.contains("dies mid-stream"), "{text}");
+    engine.shutdown();
+}
+
+#[test]
+fn an_abort_during_a_prefill_leg_ends_it_at_once_and_the_server_sees_the_disconnect() {
+    let rt = xinf_test_util::runtime();
+    let _in_runtime = rt.enter();
+    let f = fixture();
+    let loader = ServerLoader::new(Flavor::Vllm);
+    let mut typed = loader.check_config(&config(json!({"env": {"FAKE_PREFILL_MS": "300"}}))).expect("config");
+    typed.set_kv_role(KvRole::Producer);
+    let engine = loader.load_server(&f.model, &typed).expect("load");
+
+    // Unhindered, the leg answers with the room the server published.
+    let pinned = rt.block_on(engine.prefill_pinned(request("whole", "hello world", 8))).expect("prefill");
+    assert_eq!(pinned.first_token, expected(&pinned.prompt_ids, 1)[0]);
+    assert!(pinned.remote.is_some());
+    assert_eq!(engine.stats().pinned_blocks, 1, "the room is held until released");
+    assert!(engine.release_pinned("whole"));
+
+    // Aborted while the server computes: the abort knows the request, the leg ends with
+    // `Aborted` long before the server would have answered, and the server sees its client go.
+    let leg = engine.prefill_pinned(request("cut", "the cat sat", 8));
+    let started = std::time::Instant::now();
+    let outcome = rt.block_on(async {
+        let leg = tokio::spawn(leg);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(engine.abort("cut"), "the abort finds the prefill leg");
+        leg.await.expect("join")
+    });
+    assert!(matches!(outcome, Err(EngineError::Aborted)), "{outcome:?}");
+    assert!(started.elapsed() < Duration::from_millis(250), "{:?}", started.elapsed());
+    let mut log = String::new();
+    for _ in 0..100 {
+        log = log_of(&engine);
+        if log.contains("client disconnected cut") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(log.contains("client disconnected cut") && !log.contains("finished cut"), "{log}");
+    assert!(!engine.abort("cut"), "nothing of it is left to abort");
+    assert_eq!(engine.stats().pinned_blocks, 0);
     engine.shutdown();
 }
 
