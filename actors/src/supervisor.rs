@@ -244,7 +244,7 @@ impl Actor for Supervisor {
         ractor::pg::join(self.ns.supervisor_group(), vec![myself.get_cell()]);
         ractor::pg::monitor(self.ns.workers_group(), myself.get_cell());
         myself.send_interval(self.times.heartbeat_check, || SupervisorMsg::Tick);
-        Ok(SupervisorState::new(self.local_mode))
+        Ok(SupervisorState::new())
     }
 
     async fn post_stop(

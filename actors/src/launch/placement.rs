@@ -19,8 +19,10 @@ type Tenants = BTreeMap<u32, Vec<GpuTenant>>;
 /// A worker as placement sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct WorkerSlot {
-    /// The worker's id (`ip:port`).
+    /// The worker's id (`ip:port`; `local` in local mode).
     pub(crate) worker_id: String,
+    /// The address it serves on (its host: `127.0.0.1` in local mode).
+    pub(crate) host: String,
     /// GPU indexes the worker can use.
     pub(crate) gpus: Vec<u32>,
     /// Whether several replicas may share one GPU on this worker without stating their
@@ -33,8 +35,6 @@ pub(crate) struct WorkerSlot {
 /// The cluster as placement sees it.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ClusterView {
-    /// Whether this is `xinf local` (unknown worker addresses only warn).
-    pub(crate) local_mode: bool,
     /// Alive workers, in a stable order.
     pub(crate) workers: Vec<WorkerSlot>,
     /// Replica uids in use, with their model.
@@ -63,9 +63,12 @@ fn find_worker<'a>(view: &'a ClusterView, ip: &str) -> Option<&'a WorkerSlot> {
     if let Some(w) = view.workers.iter().find(|w| w.worker_id == ip) {
         return Some(w);
     }
-    // A bare host matches when exactly one worker runs there.
-    let mut by_host =
-        view.workers.iter().filter(|w| w.worker_id.rsplit_once(':').is_some_and(|(h, _)| h == ip));
+    // A bare host matches when exactly one worker runs there (`localhost` is the loopback).
+    let host = if ip == "localhost" { "127.0.0.1" } else { ip };
+    let mut by_host = view
+        .workers
+        .iter()
+        .filter(|w| w.host == host || w.worker_id.rsplit_once(':').is_some_and(|(h, _)| h == host));
     match (by_host.next(), by_host.next()) {
         (Some(w), None) => Some(w),
         _ => None,
@@ -173,17 +176,25 @@ fn choose_worker<'a>(
     };
     match find_worker(view, ip) {
         Some(w) => Ok(w),
-        None if view.local_mode => {
-            tracing::warn!(worker_ip = %ip, "worker_ip is not in the cluster; local mode places the replica on the local worker");
-            Ok(&view.workers[0])
-        }
+        // Refused in local mode too: a replica placed somewhere else than asked is a surprise
+        // (and a launch of many such replicas would all land on this one machine).
         None => {
             let what = if d.from_replica_config {
                 format!("replica_config[{i}].worker_ip")
             } else {
                 "worker_ip".to_owned()
             };
-            let ids: Vec<&str> = view.workers.iter().map(|w| w.worker_id.as_str()).collect();
+            let ids: Vec<String> = view
+                .workers
+                .iter()
+                .map(|w| {
+                    if w.worker_id.starts_with(&w.host) {
+                        w.worker_id.clone()
+                    } else {
+                        format!("{} ({})", w.worker_id, w.host)
+                    }
+                })
+                .collect();
             Err(invalid(
                 LaunchRule::UnknownWorker,
                 format!("{what} '{ip}' is not in the cluster. Registered workers: [{}]", ids.join(", ")),

@@ -38,6 +38,11 @@ pub(super) fn device(worker: &str) -> Value {
 pub(super) fn worker(id: &str, gpus: &[u32]) -> WorkerSlot {
     WorkerSlot {
         worker_id: id.into(),
+        host: if id == "local" {
+            "127.0.0.1".into()
+        } else {
+            id.rsplit_once(':').map_or(id, |(h, _)| h).into()
+        },
         gpus: gpus.to_vec(),
         allow_gpu_sharing: false,
         occupied: BTreeMap::new(),
@@ -49,16 +54,16 @@ pub(super) fn tenant(model: &str, replica: &str, fraction: Option<f64>) -> GpuTe
 }
 
 pub(super) fn view(workers: Vec<WorkerSlot>) -> ClusterView {
-    ClusterView { local_mode: false, workers, replica_uids: BTreeMap::new(), round_robin: 0 }
+    ClusterView { workers, replica_uids: BTreeMap::new(), round_robin: 0 }
 }
 
 pub(super) fn place_err(v: Value, view: &ClusterView) -> ActorError {
-    let spec = validate(&parse(v), view.local_mode, &engines()).expect("valid on its own");
+    let spec = validate(&parse(v), false, &engines()).expect("valid on its own");
     place(&spec, "m", view).expect_err("placement must be refused")
 }
 
 pub(super) fn placed(v: Value, view: &ClusterView) -> Vec<Placement> {
-    let spec = validate(&parse(v), view.local_mode, &engines()).expect("valid on its own");
+    let spec = validate(&parse(v), false, &engines()).expect("valid on its own");
     place(&spec, "m", view).expect("placed").0
 }
 

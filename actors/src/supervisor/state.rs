@@ -30,7 +30,6 @@ struct WorkerRecord {
 /// Workers and models of one cluster.
 #[derive(Debug)]
 pub(crate) struct SupervisorState {
-    local_mode: bool,
     workers: BTreeMap<String, WorkerRecord>,
     models: BTreeMap<String, ModelInfo>,
     /// Each model's validated launch, which a scale-up copies replicas from.
@@ -50,14 +49,8 @@ pub(crate) struct ScalePlan {
 
 impl SupervisorState {
     /// An empty registry.
-    pub(crate) fn new(local_mode: bool) -> Self {
-        Self {
-            local_mode,
-            workers: BTreeMap::new(),
-            models: BTreeMap::new(),
-            specs: BTreeMap::new(),
-            round_robin: 0,
-        }
+    pub(crate) fn new() -> Self {
+        Self { workers: BTreeMap::new(), models: BTreeMap::new(), specs: BTreeMap::new(), round_robin: 0 }
     }
 
     /// Records a heartbeat; `true` when the worker is new or comes back after being lost.
@@ -163,12 +156,13 @@ impl SupervisorState {
             .filter(|w| w.alive)
             .map(|w| WorkerSlot {
                 worker_id: w.info.worker_id.clone(),
+                host: w.info.host.clone(),
                 gpus: w.info.gpus.clone(),
                 allow_gpu_sharing: w.info.allow_gpu_sharing,
                 occupied: occupied.get(w.info.worker_id.as_str()).cloned().unwrap_or_default(),
             })
             .collect();
-        ClusterView { local_mode: self.local_mode, workers, replica_uids, round_robin: self.round_robin }
+        ClusterView { workers, replica_uids, round_robin: self.round_robin }
     }
 
     /// Validates a launch against the cluster, places it and records the model as `Launching`,

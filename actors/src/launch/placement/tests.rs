@@ -55,19 +55,24 @@ fn unknown_worker_ip_is_refused_in_cluster_mode() {
 }
 
 #[test]
-fn unknown_worker_ip_only_warns_in_local_mode() {
-    let mut v = view(vec![worker("local", &[])]);
-    v.local_mode = true;
-    let spec = validate(
-        &parse(
-            json!({"model_name": "smollm2-instruct", "replica_config": [{"devices": device("10.0.0.9:7")}]}),
-        ),
-        true,
-        &engines(),
-    )
-    .expect("valid");
-    let (placed, _) = place(&spec, "m", &v).expect("placed");
-    assert_eq!(placed[0].worker_id, "local");
+fn local_mode_names_its_worker_by_id_or_loopback_and_refuses_other_addresses() {
+    let v = view(vec![worker("local", &[])]);
+    let local = |ip: &str| {
+        let req = json!({"model_name": "smollm2-instruct", "replica_config": [{"devices": device(ip)}]});
+        place(&validate(&parse(req), true, &engines()).expect("valid"), "m", &v)
+    };
+    for ip in ["local", "127.0.0.1", "localhost"] {
+        let (placed, _) = local(ip).expect("placed");
+        assert_eq!(placed[0].worker_id, "local", "{ip}");
+    }
+    // An address that is not this machine's worker is refused, as in a cluster, not placed
+    // here anyway.
+    let e = local("10.0.0.9:7").expect_err("refused");
+    assert_rule(
+        &e,
+        LaunchRule::UnknownWorker,
+        "replica_config[0].worker_ip '10.0.0.9:7' is not in the cluster. Registered workers: [local (127.0.0.1)]",
+    );
 }
 
 #[test]

@@ -29,7 +29,7 @@ fn launched(state: &mut SupervisorState, v: serde_json::Value) -> (String, Vec<P
 #[test]
 fn heartbeats_register_and_revive_workers() {
     let t0 = Instant::now();
-    let mut s = SupervisorState::new(false);
+    let mut s = SupervisorState::new();
     assert!(s.heartbeat(info("a:1", &[]), t0));
     assert!(!s.heartbeat(info("a:1", &[]), t0 + Duration::from_millis(500)));
     assert_eq!(s.alive_workers(), ["a:1"]);
@@ -45,7 +45,7 @@ fn heartbeats_register_and_revive_workers() {
 
 #[test]
 fn a_launch_reserves_its_uid_and_replicas() {
-    let mut s = SupervisorState::new(false);
+    let mut s = SupervisorState::new();
     s.heartbeat(info("a:1", &[]), Instant::now());
     let sp = spec(json!({"model_name": "smollm2-instruct", "replica": 2}));
     let (uid, placed) = s.begin_launch(&sp, "smollm2-instruct", || "abcd".into()).expect("placed");
@@ -70,7 +70,7 @@ fn a_launch_reserves_its_uid_and_replicas() {
 
 #[test]
 fn a_failed_launch_leaves_no_state() {
-    let mut s = SupervisorState::new(false);
+    let mut s = SupervisorState::new();
     s.heartbeat(info("a:1", &[0]), Instant::now());
     let sp = spec(json!({"model_name": "smollm2-instruct", "model_uid": "m", "n_gpu": 1}));
     s.begin_launch(&sp, "smollm2-instruct", || "x".into()).expect("placed");
@@ -86,7 +86,7 @@ fn a_failed_launch_leaves_no_state() {
 
 #[test]
 fn nixl_launches_are_placed_like_any_p_d_launch() {
-    let mut s = SupervisorState::new(false);
+    let mut s = SupervisorState::new();
     s.heartbeat(info("a:1", &[]), Instant::now());
     let sp =
         spec(json!({"model_name": "smollm2-instruct", "transfer_backend_type": "nixl", "replica_config": [
@@ -107,7 +107,7 @@ fn nixl_launches_are_placed_like_any_p_d_launch() {
 
 #[test]
 fn placement_round_robin_continues_across_launches() {
-    let mut s = SupervisorState::new(false);
+    let mut s = SupervisorState::new();
     let now = Instant::now();
     s.heartbeat(info("a:1", &[]), now);
     s.heartbeat(info("b:1", &[]), now);
@@ -122,7 +122,7 @@ fn placement_round_robin_continues_across_launches() {
 #[test]
 fn a_lost_worker_marks_its_replicas_dead_and_spares_other_models() {
     let t0 = Instant::now();
-    let mut s = SupervisorState::new(false);
+    let mut s = SupervisorState::new();
     s.heartbeat(info("a:1", &[]), t0);
     s.heartbeat(info("b:1", &[]), t0);
     // m1 has one replica on each worker; m2 only on b.
@@ -157,7 +157,7 @@ fn a_lost_worker_marks_its_replicas_dead_and_spares_other_models() {
 #[test]
 fn dead_replicas_free_their_gpus() {
     let t0 = Instant::now();
-    let mut s = SupervisorState::new(false);
+    let mut s = SupervisorState::new();
     s.heartbeat(info("a:1", &[0]), t0);
     launched(&mut s, json!({"model_name": "smollm2-instruct", "model_uid": "m1", "n_gpu": 1}));
     let on_gpu0 = |s: &SupervisorState| -> Vec<String> {
@@ -176,7 +176,7 @@ fn dead_replicas_free_their_gpus() {
 #[test]
 fn a_replica_lost_while_launching_is_reported_at_the_end() {
     let t0 = Instant::now();
-    let mut s = SupervisorState::new(false);
+    let mut s = SupervisorState::new();
     s.heartbeat(info("a:1", &[]), t0);
     s.heartbeat(info("b:1", &[]), t0);
     let sp = spec(json!({"model_name": "smollm2-instruct", "model_uid": "m", "replica": 2}));
@@ -191,7 +191,7 @@ fn a_replica_lost_while_launching_is_reported_at_the_end() {
 
 #[test]
 fn terminate_moves_through_terminating() {
-    let mut s = SupervisorState::new(false);
+    let mut s = SupervisorState::new();
     s.heartbeat(info("a:1", &[]), Instant::now());
     let sp = spec(json!({"model_name": "smollm2-instruct", "model_uid": "m"}));
     s.begin_launch(&sp, "smollm2-instruct", || "x".into()).expect("placed");
@@ -210,7 +210,7 @@ fn scale(role: Option<Role>, count: Option<u32>) -> ScaleRequest {
 
 #[test]
 fn a_scale_up_copies_a_replica_of_its_role_and_reserves_it_while_it_loads() {
-    let mut s = SupervisorState::new(false);
+    let mut s = SupervisorState::new();
     let now = Instant::now();
     s.heartbeat(info("a:1", &[]), now);
     s.heartbeat(info("b:1", &[]), now);
@@ -256,7 +256,7 @@ fn a_scale_up_copies_a_replica_of_its_role_and_reserves_it_while_it_loads() {
 
 #[test]
 fn a_scale_up_is_refused_with_the_reason_before_anything_starts() {
-    let mut s = SupervisorState::new(false);
+    let mut s = SupervisorState::new();
     s.heartbeat(info("a:1", &[]), Instant::now());
     launched(&mut s, json!({"model_name": "smollm2-instruct", "model_uid": "h"}));
     launched(
@@ -318,7 +318,7 @@ fn gpu0_fraction(s: &SupervisorState) -> f64 {
 
 #[test]
 fn gpu_memory_shares_add_up_across_launches_and_are_freed() {
-    let mut s = SupervisorState::new(false);
+    let mut s = SupervisorState::new();
     s.heartbeat(info("a:1", &[0]), Instant::now());
     share_gpu0(&mut s, "m1", 2, 0.3).expect("0.3 + 0.3 fit");
     assert!((gpu0_fraction(&s) - 0.6).abs() < 1e-9);
@@ -353,7 +353,7 @@ fn gpu_memory_shares_add_up_across_launches_and_are_freed() {
 
 #[test]
 fn workers_list_their_gpus_and_what_runs_on_them() {
-    let mut s = SupervisorState::new(false);
+    let mut s = SupervisorState::new();
     s.heartbeat(info("a:1", &[0, 1]), Instant::now());
     launched(&mut s, json!({"model_name": "smollm2-instruct", "model_uid": "m", "gpu_idx": 1}));
     let w = &s.workers(Instant::now())[0];
