@@ -35,7 +35,10 @@ if os.environ.get("XINF_TEST_ENGINES") != "1":
 XINF = os.environ["XINF_BIN"]
 MODEL = os.environ["MODEL"]
 OUT = os.environ.get("OUT", "/tmp/cross-pd")
-PORT = 9397
+# XINF_PORT names an `xinf local` already serving (its models of the same names are reused, not
+# launched again); without it the script starts its own.
+PORT = int(os.environ.get("XINF_PORT", "9397"))
+EXISTING = "XINF_PORT" in os.environ
 API = f"http://127.0.0.1:{PORT}"
 os.makedirs(OUT, exist_ok=True)
 results = []
@@ -73,6 +76,9 @@ def http(method, url, body=None, timeout=900):
 
 
 def launch(uid, spec, out):
+    if EXISTING and http("GET", f"{API}/v1/models/{uid}")[0] == 200:
+        out[uid] = ((200, b"already running"), 0.0)
+        return
     replicas = []
     for role, eng in spec:
         # Local mode places every replica on its one worker, here on GPU 0 with memory shares.
@@ -113,7 +119,7 @@ def stream_and_drop(uid, ids):
     body = json.dumps({"model": uid, "prompt": ids, "max_tokens": 400, "temperature": 0, "stream": True})
     conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
     r = conn.getresponse()
-    first = r.fp.readline()
+    first = r.readline()  # the first line of the (chunked) body
     conn.sock.shutdown(socket.SHUT_RDWR)
     conn.close()
     return r.status, first
@@ -132,14 +138,15 @@ def cancellations(uid, vocab, rnd):
         t = threading.Thread(target=http, args=("POST", f"{API}/v1/completions", body, 120))
         t.start()
         time.sleep(delay)
-        a = (0, b"")
-        for _ in range(50):  # until the router knows the request
+        a, t0 = (0, b""), time.time()
+        for _ in range(300):  # until the router knows the request
             a = http("POST", f"{API}/v1/models/{uid}/requests/{rid}/abort", {})
             if a[0] == 200 and b"DONE" in a[1]:
                 break
             time.sleep(0.01)
         t.join(120)
-        check(f"{uid}: abort {i} after {delay} s is acknowledged", a[0] == 200 and b"DONE" in a[1], a)
+        check(f"{uid}: abort {i} after {delay} s is acknowledged", a[0] == 200 and b"DONE" in a[1],
+              (a, f"{time.time() - t0:.3f} s of tries"))
     held = None
     for _ in range(40):
         s, b = http("GET", f"{API}/v1/models/{uid}/stats")
@@ -157,8 +164,8 @@ def main():
     names = sys.argv[1:] or ["vo", "so", "vs", "sv"]
     log = open(os.path.join(OUT, "xinf.log"), "w")
     env = dict(os.environ, XINF_LOG="info,xinf_engine_external=debug", XINF_GPUS=os.environ.get("XINF_GPUS", "0"))
-    xinf = subprocess.Popen([XINF, "local", "--port", str(PORT)], stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
+    xinf = None if EXISTING else subprocess.Popen(
+        [XINF, "local", "--port", str(PORT)], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         for _ in range(120):
             if http("GET", f"{API}/v1/models", timeout=2)[0] == 200:
@@ -222,11 +229,12 @@ def main():
             s, b = http("GET", f"{API}/v1/models/{uid}")
             open(os.path.join(OUT, f"model-{uid}.json"), "wb").write(b)
     finally:
-        os.killpg(xinf.pid, 15)
-        try:
-            xinf.wait(60)
-        except Exception:  # noqa: BLE001
-            os.killpg(xinf.pid, 9)
+        if xinf is not None:
+            os.killpg(xinf.pid, 15)
+            try:
+                xinf.wait(60)
+            except Exception:  # noqa: BLE001
+                os.killpg(xinf.pid, 9)
         json.dump(results, open(os.path.join(OUT, "results.json"), "w"), indent=1)
         fails = [r for r in results if not r["ok"]]
         print(f"{len(results) - len(fails)}/{len(results)} passed", flush=True)

@@ -12,7 +12,7 @@ import json
 import os
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 ap = argparse.ArgumentParser()
 ap.add_argument("out")
@@ -38,11 +38,25 @@ tok.decoder = decoders.ByteLevel()
 specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 trainer = trainers.BpeTrainer(vocab_size=a.vocab - 8, special_tokens=specials,
                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+# Common English, including every word `xinf bench` writes its prompts with (so that they count
+# about one token per word, as with a real tokenizer), capitalised too.
 words = ("the of and to in is you that it he was for on are as with his they at be this "
          "have from or one had by word but not what all were we when your can said there "
-         "use an each which she do how their if will up other about out many then them").split()
+         "use an each which she do how their if will up other about out many then them "
+         "her has been more would who so no time people water river mountain city garden morning "
+         "evening story number music window light house road winter summer market letter question "
+         "answer small large quiet bright early late old new green blue walks reads builds finds "
+         "carries opens watches remembers slowly often together always never again under between "
+         "across behind request").split()
 corpus = [" ".join(words[(i * 7 + j) % len(words)] for j in range(40)) for i in range(2000)]
+corpus += [" ".join(w.capitalize() + "." for w in words), " ".join(f"{n:06d}." for n in range(2000))]
 tok.train_from_iterator(corpus, trainer)
+# Every id the model can emit decodes to text: the trained vocabulary is much smaller than the
+# model's, so the rest are plain added tokens (` w123`). An id without a token would decode to
+# nothing, and a benchmark's streams would carry no text.
+missing = a.vocab - tok.get_vocab_size()
+tok.add_tokens([AddedToken(f" w{i}", normalized=False, special=False) for i in range(max(missing, 0))])
+assert tok.get_vocab_size() == a.vocab, (tok.get_vocab_size(), a.vocab)
 tok.save(os.path.join(a.out, "tokenizer.json"))
 eos = "<|endoftext|>"
 json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "pad_token": eos,

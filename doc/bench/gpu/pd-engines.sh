@@ -23,13 +23,13 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 mkdir -p "$W" "$OUT"
 
 vllm() {  # engine_config of a vLLM replica
-    echo "{\"env\":{\"PYTHONPATH\":\"${VLLM_PYTHONPATH:-}\",\"VLLM_USE_FLASHINFER_SAMPLER\":\"0\"},\"gpu_memory_utilization\":0.1,\"enable_prefix_caching\":false,\"context_length\":4096}"
+    echo "{\"env\":{\"PYTHONPATH\":\"${VLLM_PYTHONPATH:-}\",\"VLLM_USE_FLASHINFER_SAMPLER\":\"0\"},\"gpu_memory_utilization\":0.08,\"enable_prefix_caching\":false,\"context_length\":4096}"
 }
 sglang() {
-    echo "{\"env\":{\"PYTHONPATH\":\"${SGLANG_PYTHONPATH:-}\"},\"gpu_memory_utilization\":0.1,\"attention_backend\":\"triton\",\"sampling_backend\":\"pytorch\",\"disable_radix_cache\":true,\"context_length\":4096}"
+    echo "{\"env\":{\"PYTHONPATH\":\"${SGLANG_PYTHONPATH:-}\"},\"gpu_memory_utilization\":0.08,\"attention_backend\":\"triton\",\"sampling_backend\":\"pytorch\",\"disable_radix_cache\":true,\"context_length\":4096}"
 }
 native() {
-    echo '{"gpu_memory_utilization":0.1,"context_length":4096}'
+    echo '{"gpu_memory_utilization":0.08,"context_length":4096}'
 }
 engine() { case $1 in v) echo vllm ;; s) echo sglang ;; n) echo native ;; esac; }
 
@@ -59,7 +59,7 @@ launch)
 bench)
     args=()
     for uid in $MODELS; do args+=(-u "$uid"); done
-    "$X" bench -e "$E" "${args[@]}" --concurrency 1,16 --requests "${REQ:-128}" --prompt-tokens 40,173,733,2833 \
+    "$X" bench -e "$E" "${args[@]}" --concurrency 1,16 --requests "${REQ:-128}" --prompt-tokens "${PROMPTS:-40,173,733,2833}" \
         --output-tokens 32 --warmup 4 --json "$OUT/bench.json" 2>&1 | grep -v "^\s*$" | tail -20
     python3 - "$OUT/bench.json" <<'PY'
 import json, sys

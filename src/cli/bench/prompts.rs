@@ -103,7 +103,17 @@ fn fit_words(
     mut measure: impl FnMut(usize) -> Result<usize, String>,
 ) -> Result<(usize, usize), String> {
     let mut words = initial_words(target);
-    let mut tokens = measure(words)?;
+    // A tokenizer counting far more tokens a word than guessed can put the first guess past
+    // the context, which the server refuses: halve it until a measurement answers.
+    let mut first = measure(words);
+    for _ in 1..SIZING_ROUNDS {
+        if first.is_ok() || words == 1 {
+            break;
+        }
+        words = words.div_ceil(2);
+        first = measure(words);
+    }
+    let mut tokens = first?;
     let mut best = (words, tokens);
     for _ in 1..SIZING_ROUNDS {
         if tokens.abs_diff(target) <= tolerance(target) {
@@ -209,6 +219,14 @@ mod tests {
             assert!(calls <= SIZING_ROUNDS, "{calls}");
         }
         assert_eq!(fit_words(40, |_| Err("down".into())), Err("down".into()));
+        // 3.7 tokens a word (a tokenizer that knows few of the words) in a context of 4,096:
+        // the first guess is refused, the halved one measures, and sizing goes on from there.
+        let dense = |words: usize| {
+            let tokens = words * 37 / 10 + 6;
+            if tokens > 4096 { Err(format!("{tokens} tokens, over the context")) } else { Ok(tokens) }
+        };
+        let Ok((words, tokens)) = fit_words(2833, dense) else { panic!("not sized") };
+        assert!(tokens.abs_diff(2833) <= tolerance(2833) && tokens == dense(words).unwrap_or(0), "{tokens}");
     }
 
     #[test]
