@@ -6,6 +6,8 @@
 # The default model is fetched by xinf itself on first use (into $XINF_HOME, default ~/.xinf).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/system-packages.sh
+xinf_system_packages
 
 VENV="${XINF_VENV:-$HOME/.cache/xinf-venv}"
 if ! "$VENV/bin/python" -c "import torch, transformers, gguf, openai, nixl_cu12, maturin, pytest" 2>/dev/null; then
