@@ -17,8 +17,9 @@ xinf_system_packages() {
     command -v unzip >/dev/null || need+=(unzip)
     command -v cmake >/dev/null || need+=(cmake)
     python3 -m venv --help >/dev/null 2>&1 || need+=(python3-venv)
-    if [[ -z "${LIBCLANG_PATH:-}" ]] && ! compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null \
-        && ! compgen -G "/usr/lib/*/libclang*.so*" >/dev/null; then
+    # The unversioned libclang.so comes with the -dev package, and with it clang's own headers
+    # (stddef.h), which bindgen needs as well; the runtime library alone is not enough.
+    if [[ -z "${LIBCLANG_PATH:-}" ]] && ! compgen -G "/usr/lib/llvm-*/lib/libclang.so" >/dev/null; then
         need+=(libclang-dev)
     fi
     ((${#need[@]})) || return 0
