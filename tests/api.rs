@@ -428,6 +428,40 @@ fn client_disconnect_aborts_the_request() {
 }
 
 #[test]
+fn a_non_streamed_request_whose_client_goes_away_is_aborted() {
+    let engine = util::engine(&util::smollm2(), json!({"kv_cache_tokens": 2048}));
+    let server = Server::start(engine.clone(), ApiConfig::default());
+    for (path, body) in [
+        ("/v1/chat/completions", chat(json!({"max_tokens": 1500, "ignore_eos": true}))),
+        ("/v1/completions", completion(json!({"max_tokens": 1500, "ignore_eos": true}))),
+    ] {
+        let before = engine.stats().generated_tokens;
+        let stream = http::send(server.addr(), "POST", path, &[], body.to_string().as_bytes());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while engine.stats().running == 0 {
+            assert!(Instant::now() < deadline, "{path}: the request never started");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        drop(stream);
+        let gone = Instant::now();
+        loop {
+            let st = engine.stats();
+            if st.running == 0 && st.queued == 0 {
+                assert!(st.generated_tokens - before < 1000, "{path}: the request ran on: {st:?}");
+                eprintln!("{path}: aborted {:?} after the client went away", gone.elapsed());
+                break;
+            }
+            assert!(Instant::now() < deadline, "{path}: still running 20 s after the disconnect: {st:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // The server goes on answering.
+        let res = http::post(server.addr(), "/v1/completions", &completion(json!({"max_tokens": 2})));
+        assert_eq!(res.status, 200, "{}", res.text());
+    }
+}
+
+#[test]
 fn api_key_guards_v1_routes() {
     let engine: Arc<dyn Engine> = util::shared_smollm2();
     let server = Server::start(engine, ApiConfig { api_key: Some("sekret".into()), ..ApiConfig::default() });

@@ -44,6 +44,7 @@ mod auth;
 mod cluster;
 mod error;
 mod openai;
+mod peer;
 mod routes;
 mod sampling;
 mod service;
@@ -149,6 +150,7 @@ pub async fn serve(config: ApiConfig, service: Arc<dyn ModelService>) -> std::io
             .configure(routes::configure)
             .default_service(web::to(routes::not_found))
     })
+    .on_connect(peer::on_connect)
     .disable_signals()
     .shutdown_timeout(config.shutdown_timeout_secs);
     if let Some(n) = config.workers {

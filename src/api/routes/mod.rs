@@ -203,7 +203,22 @@ async fn generate(state: &AppState, req: &HttpRequest, job: Generation) -> Resul
     if job.stream {
         return Ok(sse::response(tokens, job.flavor, meta, job.include_usage, lang));
     }
-    let out = sse::collect(tokens).await?;
+    // A client that goes away ends the generation (dropping its tokens aborts the request);
+    // its answer has nobody to go to.
+    let peer = req.conn_data::<crate::api::peer::Peer>().cloned();
+    let gone = async {
+        match &peer {
+            Some(p) => p.gone().await,
+            None => std::future::pending().await,
+        }
+    };
+    let out = tokio::select! {
+        out = sse::collect(tokens) => out?,
+        () = gone => {
+            tracing::debug!(target: "xinf::api", request_id = %meta.id, "the client went away; the request is aborted");
+            return Err(xinf_engine::EngineError::Aborted.into());
+        }
+    };
     let finish = sse::finish_name(out.finish);
     let usage = UsageOut::from(out.usage);
     let mut res = HttpResponse::Ok();
