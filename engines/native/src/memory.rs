@@ -134,7 +134,10 @@ pub(crate) fn fit_kv_cache(
     kv_dtype: KvDtype,
     weight_bytes: u64,
 ) -> Result<EngineOptions, EngineError> {
-    let Some(fraction) = options.gpu_memory_utilization else { return Ok(options) };
+    let Some(fraction) = options.gpu_memory_utilization else {
+        check_kv_fits_device(&options, cfg, kv_dtype, weight_bytes)?;
+        return Ok(options);
+    };
     let ordinal = match options.device {
         ComputeDevice::Cpu => {
             return Err(EngineError::invalid(
@@ -163,6 +166,53 @@ pub(crate) fn fit_kv_cache(
         "KV cache sized from gpu_memory_utilization"
     );
     Ok(options)
+}
+
+/// Without a memory share, `kv_cache_tokens` (default or given) must at least fit, with the
+/// weights, in all of the device's memory (the host's RAM for the CPU): an absurd value is
+/// refused naming the field and the limit, rather than accepted and left to fail (or hang)
+/// at its first allocation.
+fn check_kv_fits_device(
+    options: &EngineOptions,
+    cfg: &ModelConfig,
+    kv_dtype: KvDtype,
+    weight_bytes: u64,
+) -> Result<(), EngineError> {
+    let (total, what) = match options.device {
+        ComputeDevice::Cpu => match host_memory() {
+            Some(total) => (total, "this machine's memory"),
+            None => return Ok(()),
+        },
+        ComputeDevice::Cuda(n) => (gpu_total_memory(n, options.device)?, "the GPU's memory"),
+    };
+    let block = options.kv_layout.block_size.max(1) as u64;
+    let block_bytes =
+        block.saturating_mul(kv_bytes_per_token(cfg.num_layers, cfg.kv_heads, cfg.head_dim, kv_dtype));
+    let tokens = options.kv_cache_tokens;
+    let cache = (tokens as u64).div_ceil(block).saturating_add(1).saturating_mul(block_bytes);
+    if weight_bytes.saturating_add(cache) <= total {
+        return Ok(());
+    }
+    let room = total.saturating_sub(weight_bytes) / block_bytes.max(1);
+    let most = room.saturating_sub(1).saturating_mul(block);
+    Err(EngineError::invalid(
+        "engine_config.kv_cache_tokens",
+        format!(
+            "{tokens} tokens need {} for the KV cache, and with the weights ({}) that is more than \
+             {what} ({}): at most {most} tokens fit",
+            gib(cache),
+            gib(weight_bytes),
+            gib(total)
+        ),
+    ))
+}
+
+/// The host's total memory (`MemTotal` of /proc/meminfo), where the system says.
+fn host_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024))
 }
 
 /// The total memory of GPU `ordinal`, from the driver.

@@ -88,3 +88,30 @@ fn a_fraction_on_the_cpu_is_refused() {
     let plain = EngineOptions::default();
     assert_eq!(fit_kv_cache(plain.clone(), &cfg, KvDtype::F32, 0), Ok(plain));
 }
+
+#[test]
+fn a_kv_cache_larger_than_the_machine_is_refused_naming_the_limit() {
+    let cfg = xinf_models::ModelConfig::from_hf_json(
+        &serde_json::json!({
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "vocab_size": 100, "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 512, "eos_token_id": [1, 2]
+        })
+        .to_string(),
+        "config.json",
+    )
+    .expect("a valid config");
+    let absurd = EngineOptions {
+        kv_cache_tokens: 1 << 62,
+        kv_cache_tokens_explicit: true,
+        ..EngineOptions::default()
+    };
+    let e = fit_kv_cache(absurd, &cfg, KvDtype::F32, 0).expect_err("2^62 tokens fit in no machine");
+    assert_eq!(field_of(&e), "engine_config.kv_cache_tokens");
+    let text = e.to_string();
+    assert!(text.contains("this machine's memory") && text.contains("at most"), "{text}");
+    // The default cache fits.
+    let plain = EngineOptions::default();
+    assert_eq!(fit_kv_cache(plain.clone(), &cfg, KvDtype::F32, 0), Ok(plain));
+}
