@@ -36,6 +36,15 @@ xinf_system_packages() {
         return 1
     fi
     echo "installing system packages: ${need[*]}" >&2
-    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-        "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"
+    # apt's progress goes to a log; its errors (and the log's end, on failure) to the terminal.
+    local log
+    log=$(mktemp)
+    if ! { "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+        "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"; } \
+        >"$log" 2>&1; then
+        tail -20 "$log" >&2
+        echo "installing ${need[*]} failed (log: $log)" >&2
+        return 1
+    fi
+    rm -f "$log"
 }
