@@ -317,6 +317,21 @@ fn local_cluster_manages_models_over_rest() {
     let res = http::request(addr, "POST", "/v1/models", &[], b"{\"model_name\": ");
     assert_eq!(res.status, 400);
     assert_eq!(res.json()["error"]["code"], "invalid_json");
+    // Model files the launch names that cannot serve are the launch's mistake (400, never
+    // "try later"), and the message carries no server backtrace (unit-tested with one forced:
+    // `candle_errors_reach_clients_without_a_backtrace`).
+    let scratch = xinf_test_util::scratch_dir();
+    let bad = scratch.path().join("bad.gguf");
+    std::fs::write(&bad, b"GGUF but not really a model file").expect("write");
+    for path in [scratch.path().join("absent").display().to_string(), bad.display().to_string()] {
+        let body = json!({"model_name": "smollm2-instruct", "model_path": path});
+        let res = http::post(addr, "/v1/models", &body);
+        assert_eq!(res.status, 400, "{path} → {}", res.text());
+        let err = res.json();
+        assert_eq!(err["error"]["code"], "model_error", "{err}");
+        let text = err["error"]["message"].as_str().unwrap_or("");
+        assert!(!text.contains("stack backtrace") && text.lines().count() <= 2, "{text}");
+    }
     // P/D replicas whose KV would mean different things are refused once loaded, naming the
     // difference, and rolled back.
     for (decode, field) in

@@ -142,7 +142,7 @@ fn load(
         quantization: model.quantization.clone(),
         model_path: model.model_path.clone(),
     };
-    let resolved = resolve(&request).map_err(|e| EngineError::Model(e.to_string()))?;
+    let resolved = resolve(&request).map_err(EngineError::from)?;
     if verbose {
         eprintln!(
             "{}",

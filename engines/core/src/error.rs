@@ -65,9 +65,14 @@ pub enum EngineError {
     /// The request was aborted.
     #[error("the request was aborted")]
     Aborted,
-    /// The model could not be loaded or is not supported.
+    /// The model could not be loaded or is not supported: its files, its path, its format or
+    /// its architecture (the launch must change).
     #[error("{0}")]
     Model(String),
+    /// The model's files could not be fetched (a download failed); the same launch may work
+    /// later.
+    #[error("{0}")]
+    Fetch(String),
     /// No model of this name is known to the engine.
     #[error("unknown model `{name}`; known models: {}", known.join(", "))]
     UnknownModel {
@@ -106,12 +111,13 @@ impl EngineError {
             Self::InvalidRequest { .. }
             | Self::ContextLength { .. }
             | Self::Import(_)
-            | Self::Rejected(_) => ErrorClass::InvalidInput,
+            | Self::Rejected(_)
+            | Self::Model(_) => ErrorClass::InvalidInput,
             Self::Overloaded { .. } => ErrorClass::Overloaded,
             Self::DuplicateRequest(_) => ErrorClass::Conflict,
             Self::UnknownRequest(_) | Self::UnknownModel { .. } => ErrorClass::NotFound,
             Self::Aborted => ErrorClass::Cancelled,
-            Self::Model(_) | Self::Stopped | Self::Process(_) => ErrorClass::Unavailable,
+            Self::Fetch(_) | Self::Stopped | Self::Process(_) => ErrorClass::Unavailable,
             Self::Internal(_) => ErrorClass::Internal,
         }
     }
@@ -126,6 +132,7 @@ impl EngineError {
             Self::UnknownRequest(_) => "unknown_request",
             Self::Aborted => "aborted",
             Self::Model(_) => "model_error",
+            Self::Fetch(_) => "model_fetch_failed",
             Self::UnknownModel { .. } => "unknown_model",
             Self::Stopped => "engine_stopped",
             Self::Import(_) => "kv_import_rejected",

@@ -118,7 +118,7 @@ fn kv_dtype(config_json: &Value, config: &ServerConfig) -> Result<KvDtype, Engin
 /// What a model's folder holds, read once: its config (refusing what xinf does not serve), its
 /// tokenizer, and the contract peers compare.
 fn read_model(dir: &Path, config: &ServerConfig) -> Result<(TextTokenizer, ModelContract), EngineError> {
-    let model = |e: xinf_models::ModelError| EngineError::Model(e.to_string());
+    let model = EngineError::from;
     let cfg_path = dir.join("config.json");
     let text =
         std::fs::read_to_string(&cfg_path).map_err(|e| model(xinf_models::ModelError::io(&cfg_path, e)))?;
@@ -155,7 +155,7 @@ impl ServerLoader {
             quantization: model.quantization.clone(),
             model_path: model.model_path.as_ref().map(Into::into),
         };
-        let resolved = xinf_models::resolve(&request).map_err(|e| EngineError::Model(e.to_string()))?;
+        let resolved = xinf_models::resolve(&request).map_err(EngineError::from)?;
         if resolved.format != WeightsFormat::Safetensors {
             return Err(self.gguf_refused());
         }

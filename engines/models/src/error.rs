@@ -103,3 +103,31 @@ impl ModelError {
         Self::Io { path: path.as_ref().display().to_string(), source }
     }
 }
+
+/// What a replica's launch reports: a failed download (or one that arrived corrupt) may work
+/// when tried again (HTTP 503); every other model error needs the launch changed (HTTP 400).
+impl From<ModelError> for xinf_engine::EngineError {
+    fn from(e: ModelError) -> Self {
+        match e {
+            ModelError::Download { .. } | ModelError::Digest { .. } => Self::Fetch(e.to_string()),
+            other => Self::Model(other.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xinf_engine::{EngineError, ErrorClass};
+
+    #[test]
+    fn only_failed_downloads_are_worth_retrying() {
+        let retry = EngineError::from(ModelError::Download { what: "m".into(), reason: "timed out".into() });
+        assert_eq!((retry.class(), retry.code()), (ErrorClass::Unavailable, "model_fetch_failed"));
+        let fix = EngineError::from(ModelError::MissingPath("/nowhere".into()));
+        assert_eq!((fix.class(), fix.code()), (ErrorClass::InvalidInput, "model_error"));
+        let corrupt =
+            EngineError::from(ModelError::Corrupt { file: "m.gguf".into(), reason: "bad magic".into() });
+        assert_eq!(corrupt.class(), ErrorClass::InvalidInput);
+    }
+}

@@ -214,7 +214,7 @@ impl TextTokenizer {
     /// the tokenizer's special tokens, ids as they are, chat through the template. Refuses an
     /// empty prompt and ids outside a vocabulary of `vocab_size`, naming the field.
     pub fn prompt_ids(&self, prompt: &Prompt, vocab_size: usize) -> Result<Vec<u32>, EngineError> {
-        let model = |e: ModelError| EngineError::Model(e.to_string());
+        let model = EngineError::from;
         let ids = match prompt {
             Prompt::Text(t) => self.encode(t, true).map_err(model)?,
             Prompt::Tokens(ids) => ids.clone(),

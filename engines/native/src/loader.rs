@@ -46,8 +46,7 @@ impl EngineLoader for NativeLoader {
         let EngineConfig::Native(config) = config else {
             return Err(EngineError::Internal("the native engine was given another engine's options".into()));
         };
-        let resolved =
-            xinf_models::resolve(&request(model)).map_err(|e| EngineError::Model(e.to_string()))?;
+        let resolved = xinf_models::resolve(&request(model)).map_err(EngineError::from)?;
         let engine = NativeEngine::load(&resolved, EngineOptions::from_config(config))?;
         Ok(Arc::new(engine))
     }

@@ -43,6 +43,23 @@ fn corrupt(file: &Path, reason: impl ToString) -> ModelError {
     ModelError::Corrupt { file: file.display().to_string(), reason: reason.to_string() }
 }
 
+/// A candle error as a client reads it: its message and context, without the backtrace
+/// candle captures when `RUST_BACKTRACE` is set (a client has no use for the server's stack).
+pub(crate) fn candle_reason(e: &candle_core::Error) -> String {
+    use candle_core::Error as E;
+    match e {
+        E::WithBacktrace { inner, .. } => candle_reason(inner),
+        E::Context { inner, context } => format!("{context}: {}", candle_reason(inner)),
+        E::WithPath { inner, path } => format!("{}: {}", path.display(), candle_reason(inner)),
+        other => other.to_string(),
+    }
+}
+
+/// [`corrupt`] for a candle error.
+fn corrupt_by(file: &Path, e: candle_core::Error) -> ModelError {
+    corrupt(file, candle_reason(&e))
+}
+
 /// A name → tensor source that knows which file it reads, for error messages.
 struct Source<'a> {
     tensors: HashMap<String, Tensor>,
@@ -62,7 +79,7 @@ impl Source<'_> {
                 format!("tensor `{name}` has shape {:?}, expected {shape:?}", t.dims()),
             ));
         }
-        t.to_dtype(self.dtype).map_err(|e| corrupt(self.file, e))
+        t.to_dtype(self.dtype).map_err(|e| corrupt_by(self.file, e))
     }
 
     fn take_opt(&mut self, name: &str, shape: &[usize]) -> Result<Option<Tensor>, ModelError> {
@@ -131,7 +148,7 @@ const GGUF_NAMES: Names = Names {
 fn build(cfg: &ModelConfig, src: &mut Source<'_>, names: &Names) -> Result<Weights, ModelError> {
     let (h, d) = (cfg.hidden_size, cfg.head_dim);
     let (q_out, kv_out) = (cfg.num_heads * d, cfg.kv_heads * d);
-    let cat = |ts: &[&Tensor], file: &Path| Tensor::cat(ts, 0).map_err(|e| corrupt(file, e));
+    let cat = |ts: &[&Tensor], file: &Path| Tensor::cat(ts, 0).map_err(|e| corrupt_by(file, e));
     let file = src.file;
     let embed = src.take(names.embed, &[cfg.vocab_size, h])?;
     let mut layers = Vec::with_capacity(cfg.num_layers);
@@ -178,7 +195,7 @@ pub(crate) fn load_safetensors(dir: &Path, cfg: &ModelConfig, dtype: DType) -> R
     let files = xinf_models::safetensors_files(dir)?;
     let mut tensors = HashMap::new();
     for f in &files {
-        let part = candle_core::safetensors::load(f, &Device::Cpu).map_err(|e| corrupt(f, e))?;
+        let part = candle_core::safetensors::load(f, &Device::Cpu).map_err(|e| corrupt_by(f, e))?;
         tensors.extend(part);
     }
     let index = dir.join("model.safetensors");
@@ -202,16 +219,33 @@ pub(crate) fn load_gguf(
     let mut file = std::fs::File::open(path).map_err(|e| ModelError::io(path, e))?;
     let mut tensors = HashMap::new();
     for name in content.tensor_infos.keys() {
-        let q = content.tensor(&mut file, name, &Device::Cpu).map_err(|e| corrupt(path, e))?;
-        let mut t = q.dequantize(&Device::Cpu).map_err(|e| corrupt(path, e))?;
+        let q = content.tensor(&mut file, name, &Device::Cpu).map_err(|e| corrupt_by(path, e))?;
+        let mut t = q.dequantize(&Device::Cpu).map_err(|e| corrupt_by(path, e))?;
         if cfg.architecture == Architecture::Llama {
             if name.ends_with("attn_q.weight") {
-                t = unpermute(&t, cfg.num_heads).map_err(|e| corrupt(path, e))?;
+                t = unpermute(&t, cfg.num_heads).map_err(|e| corrupt_by(path, e))?;
             } else if name.ends_with("attn_k.weight") {
-                t = unpermute(&t, cfg.kv_heads).map_err(|e| corrupt(path, e))?;
+                t = unpermute(&t, cfg.kv_heads).map_err(|e| corrupt_by(path, e))?;
             }
         }
         tensors.insert(name.clone(), t);
     }
     build(cfg, &mut Source { tensors, file: path, dtype }, &GGUF_NAMES)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn candle_errors_reach_clients_without_a_backtrace() {
+        let inner = candle_core::Error::Msg("unknown magic 0x4c4c".into());
+        let e = candle_core::Error::WithBacktrace {
+            inner: Box::new(inner),
+            backtrace: Box::new(std::backtrace::Backtrace::force_capture()),
+        }
+        .with_path("/m/model.gguf");
+        assert!(e.to_string().lines().count() > 1, "candle prints the backtrace itself");
+        assert_eq!(candle_reason(&e), "/m/model.gguf: unknown magic 0x4c4c");
+    }
 }

@@ -56,7 +56,7 @@ struct CacheShape {
 
 /// A model that cannot be read or served, as callers see it.
 pub(super) fn model_err(e: ModelError) -> EngineError {
-    EngineError::Model(e.to_string())
+    EngineError::from(e)
 }
 
 /// Reads `model` and builds the backend `options` ask for, with its cache.
@@ -99,7 +99,10 @@ pub(super) fn load(model: &ResolvedModel, options: EngineOptions) -> Result<Load
 fn read_gguf(path: &Path) -> Result<ModelFiles, EngineError> {
     let mut f = std::fs::File::open(path).map_err(|e| model_err(ModelError::io(path, e)))?;
     let content = candle_core::quantized::gguf_file::Content::read(&mut f).map_err(|e| {
-        model_err(ModelError::Corrupt { file: path.display().to_string(), reason: e.to_string() })
+        model_err(ModelError::Corrupt {
+            file: path.display().to_string(),
+            reason: crate::weights::candle_reason(&e),
+        })
     })?;
     let cfg = ModelConfig::from_gguf(&content).map_err(model_err)?;
     let tokenizer = TextTokenizer::from_gguf(&content).map_err(model_err)?;
