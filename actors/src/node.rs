@@ -123,12 +123,20 @@ pub(crate) fn listen_ip(host: &str) -> Result<IpAddr, ActorError> {
     Ok(ip)
 }
 
-/// Refuses an empty secret: it would let any node in.
+/// The shortest cluster secret a node accepts.
+pub(crate) const MIN_SECRET_CHARS: usize = 8;
+
+/// Refuses a secret shorter than [`MIN_SECRET_CHARS`]: an empty one would let any node in, a
+/// short one is guessed.
 pub(crate) fn check_secret(secret: &str) -> Result<(), ActorError> {
-    if secret.is_empty() {
+    let len = secret.chars().count();
+    if len < MIN_SECRET_CHARS {
         return Err(ActorError::InvalidConfig {
             field: "secret".into(),
-            reason: "must not be empty: it is what keeps other nodes out".into(),
+            reason: format!(
+                "has {len} characters, fewer than {MIN_SECRET_CHARS}: it is what keeps other nodes out \
+                 (and what the data plane's keys derive from)"
+            ),
         });
     }
     Ok(())

@@ -288,12 +288,15 @@ async fn nodes_with_different_secrets_refuse_each_other() {
     assert!(e.to_string().contains("secrets differ"), "{e}");
     assert!(sup.list_workers().await.expect("workers").is_empty());
 
-    let e = Cluster::start_supervisor("0.0.0.0", 0, "s", engines()).await.expect_err("wildcard");
+    let e =
+        Cluster::start_supervisor("0.0.0.0", 0, "wildcard-secret", engines()).await.expect_err("wildcard");
     assert_eq!(e.code(), "invalid_cluster_config");
-    let e = Cluster::start_worker(&addr, "::", "s", engines()).await.expect_err("wildcard");
+    let e = Cluster::start_worker(&addr, "::", "wildcard-secret", engines()).await.expect_err("wildcard");
     assert_eq!(e.code(), "invalid_cluster_config");
     let e = Cluster::start_supervisor("127.0.0.1", 0, "", engines()).await.expect_err("empty secret");
     assert_eq!(e.code(), "invalid_cluster_config");
+    let e = Cluster::start_supervisor("127.0.0.1", 0, "short", engines()).await.expect_err("short secret");
+    assert!(e.to_string().contains("fewer than 8"), "{e}");
     sup.shutdown().await;
 }
 

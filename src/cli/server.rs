@@ -44,7 +44,7 @@ impl HttpArgs {
 /// The secret nodes of one cluster share.
 #[derive(Debug, Args)]
 pub(crate) struct SecretArgs {
-    /// Shared secret of the cluster's nodes (at least 8 characters); a node presenting another
+    /// Shared secret of the cluster's nodes (at least 8 characters, refused otherwise); a node presenting another
     /// one is refused. Prefer the environment variable: arguments are visible to other users.
     #[arg(long, env = "XINF_CLUSTER_SECRET", hide_env_values = true)]
     pub(crate) cluster_secret: Option<String>,

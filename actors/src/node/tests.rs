@@ -16,9 +16,11 @@ fn wildcard_hosts_are_refused() {
 }
 
 #[test]
-fn an_empty_secret_is_refused() {
+fn a_short_or_empty_secret_is_refused() {
     assert!(check_secret("").is_err());
-    assert!(check_secret("s3cret").is_ok());
+    assert!(check_secret("s3cret").is_err(), "6 characters");
+    assert!(check_secret("sécrets!").is_ok(), "8 characters, counted as characters");
+    assert!(check_secret("s3cret-long-enough").is_ok());
 }
 
 #[test]

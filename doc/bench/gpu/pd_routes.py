@@ -17,7 +17,7 @@ REQ = os.environ.get("REQ", "32")
 W = "/tmp/pdr"
 os.makedirs(W, exist_ok=True)
 os.makedirs(OUT, exist_ok=True)
-env = dict(os.environ, XINF_CLUSTER_SECRET="bench", XINF_LOG="warn",
+env = dict(os.environ, XINF_CLUSTER_SECRET="bench-secret", XINF_LOG="warn",
            LD_LIBRARY_PATH="/usr/local/cuda/lib64:" + os.environ.get("LD_LIBRARY_PATH", ""))
 PORT = 18090
 BASE = f"http://127.0.0.1:{PORT}"
