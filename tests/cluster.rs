@@ -350,10 +350,18 @@ fn local_cluster_manages_models_over_rest() {
     let workers = http::get(addr, "/v1/workers").json();
     assert_eq!(workers[0]["replicas"].as_array().map(Vec::len), Some(2), "{workers}");
 
-    // A launch that does not wait: the model answers 503 "not ready" until it serves.
+    // The query string is checked like a body: the API's error shape, the parameter named.
+    for (query, param) in [("wait_ready=maybe", "wait_ready"), ("wait=false", "wait")] {
+        let res =
+            http::post(addr, &format!("/v1/models?{query}"), &json!({"model_name": "smollm2-instruct"}));
+        assert_eq!(res.status, 400, "{query} → {}", res.text());
+        assert_eq!(res.json()["error"]["param"], param, "{query} → {}", res.text());
+    }
+    // A launch that does not wait (as Python's clients write it): the model answers 503 "not
+    // ready" until it serves.
     let res = http::post(
         addr,
-        "/v1/models?wait_ready=false",
+        "/v1/models?wait_ready=False",
         &json!({"model_name": "smollm2-instruct", "model_uid": "second"}),
     );
     assert_eq!(res.status, 200, "{}", res.text());

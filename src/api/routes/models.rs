@@ -6,7 +6,7 @@ use crate::api::error::{ApiError, Problem};
 use crate::api::openai::{ModelList, ModelObject};
 use crate::api::{AppState, ServiceError};
 use actix_web::{HttpRequest, HttpResponse, web};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use xinf_actors::LaunchRequest;
 
 /// Every model, in OpenAI's list shape.
@@ -18,33 +18,45 @@ pub(crate) async fn list(req: HttpRequest, state: web::Data<AppState>) -> Result
     })
 }
 
-/// The query of `POST /v1/models`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct LaunchQuery {
-    /// Answer once the model serves (default), or once it is validated and loading.
-    #[serde(default = "yes")]
-    wait_ready: bool,
-}
-
-fn yes() -> bool {
-    true
+/// `wait_ready` of `POST /v1/models`: answer once the model serves (the default), or once it
+/// is validated and loading. Spelled as Python's clients spell booleans too (`False`, `0`), and
+/// refused in the API's error shape, naming the parameter, otherwise (as is any other key).
+fn wait_ready(req: &HttpRequest) -> Result<bool, Problem> {
+    let pairs = web::Query::<Vec<(String, String)>>::from_query(req.query_string())
+        .map_err(|e| Problem::InvalidField { field: "query string".into(), detail: e.to_string() })?;
+    let mut wait = true;
+    for (key, value) in pairs.into_inner() {
+        if key != "wait_ready" {
+            return Err(Problem::UnknownField(key));
+        }
+        wait = match value.to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" | "on" => true,
+            "false" | "0" | "no" | "off" => false,
+            _ => {
+                return Err(Problem::InvalidField {
+                    field: key,
+                    detail: format!("`{value}` is neither true nor false"),
+                });
+            }
+        };
+    }
+    Ok(wait)
 }
 
 /// Launches a model: `{"model_uid": ...}`. The body has the keys of Xinference's launch
 /// request; keys it does not name are engine options.
 pub(crate) async fn launch(
     req: HttpRequest,
-    query: web::Query<LaunchQuery>,
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let result = async {
+        let wait = wait_ready(&req)?;
         let body = read_body(&req, payload, state.max_body_bytes).await?;
         let request: LaunchRequest = parse_json(&body)?;
         let name = request.model_name.clone();
-        tracing::info!(target: "xinf::api", model_name = %name, wait_ready = query.wait_ready, "launch");
-        let uid = state.service.launch(request, query.wait_ready).await?;
+        tracing::info!(target: "xinf::api", model_name = %name, wait_ready = wait, "launch");
+        let uid = state.service.launch(request, wait).await?;
         Ok(HttpResponse::Ok().json(serde_json::json!({ "model_uid": uid })))
     }
     .await;
