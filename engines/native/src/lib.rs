@@ -35,6 +35,8 @@ mod model;
 mod options;
 mod sampler;
 mod stop;
+#[cfg(test)]
+mod test_support;
 mod weights;
 
 pub use engine::NativeEngine;

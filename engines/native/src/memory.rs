@@ -52,14 +52,28 @@ pub fn kv_bytes_per_token(layers: usize, kv_heads: usize, head_dim: usize, dtype
     (2 * layers * kv_heads * head_dim * dtype.size()) as u64
 }
 
+/// The bytes a cache of `tokens` takes: whole blocks, plus the engine's one spare block.
+fn cache_bytes(tokens: usize, block_size: usize, bytes_per_token: u64) -> u64 {
+    let block = block_size.max(1) as u64;
+    (tokens as u64)
+        .div_ceil(block)
+        .saturating_add(1)
+        .saturating_mul(block.saturating_mul(bytes_per_token).max(1))
+}
+
+/// The most tokens a cache of at most `bytes` holds ([`cache_bytes`] inverted).
+fn tokens_fitting(bytes: u64, block_size: usize, bytes_per_token: u64) -> u64 {
+    let block = block_size.max(1) as u64;
+    let blocks = bytes / block.saturating_mul(bytes_per_token).max(1);
+    blocks.saturating_sub(1).saturating_mul(block)
+}
+
 /// The KV cache tokens that fit in the budget, or `explicit` when it fits (the engine holds
 /// `ceil(tokens / block_size) + 1` blocks). An error names `gpu_memory_utilization` and gives
 /// the numbers when the weights, the reserve and the smallest (or the explicit) cache do not
 /// fit in the fraction.
 pub fn kv_cache_tokens(budget: &MemoryBudget, explicit: Option<usize>) -> Result<usize, EngineError> {
     let b = budget;
-    let block = b.block_size.max(1) as u64;
-    let block_bytes = block.saturating_mul(b.bytes_per_token).max(1);
     let share = (b.total_memory as f64 * b.fraction).floor() as u64;
     let fixed = b.weight_bytes.saturating_add(b.reserve_bytes);
     let what = format!(
@@ -70,8 +84,7 @@ pub fn kv_cache_tokens(budget: &MemoryBudget, explicit: Option<usize>) -> Result
         gib(b.weight_bytes),
         gib(b.reserve_bytes)
     );
-    let cache_bytes =
-        |tokens: usize| (tokens as u64).div_ceil(block).saturating_add(1).saturating_mul(block_bytes);
+    let cache_bytes = |tokens: usize| cache_bytes(tokens, b.block_size, b.bytes_per_token);
     if let Some(tokens) = explicit {
         let need = fixed.saturating_add(cache_bytes(tokens));
         if need > share {
@@ -87,8 +100,7 @@ pub fn kv_cache_tokens(budget: &MemoryBudget, explicit: Option<usize>) -> Result
         }
         return Ok(tokens);
     }
-    let blocks = share.saturating_sub(fixed) / block_bytes;
-    let tokens = blocks.saturating_sub(1).saturating_mul(block);
+    let tokens = tokens_fitting(share.saturating_sub(fixed), b.block_size, b.bytes_per_token);
     if tokens < MIN_KV_TOKENS as u64 {
         return Err(EngineError::invalid(
             FIELD,
@@ -185,16 +197,16 @@ fn check_kv_fits_device(
         },
         ComputeDevice::Cuda(n) => (gpu_total_memory(n, options.device)?, "the GPU's memory"),
     };
-    let block = options.kv_layout.block_size.max(1) as u64;
-    let block_bytes =
-        block.saturating_mul(kv_bytes_per_token(cfg.num_layers, cfg.kv_heads, cfg.head_dim, kv_dtype));
+    let (block, per_token) = (
+        options.kv_layout.block_size,
+        kv_bytes_per_token(cfg.num_layers, cfg.kv_heads, cfg.head_dim, kv_dtype),
+    );
     let tokens = options.kv_cache_tokens;
-    let cache = (tokens as u64).div_ceil(block).saturating_add(1).saturating_mul(block_bytes);
+    let cache = cache_bytes(tokens, block, per_token);
     if weight_bytes.saturating_add(cache) <= total {
         return Ok(());
     }
-    let room = total.saturating_sub(weight_bytes) / block_bytes.max(1);
-    let most = room.saturating_sub(1).saturating_mul(block);
+    let most = tokens_fitting(total.saturating_sub(weight_bytes), block, per_token);
     Err(EngineError::invalid(
         "engine_config.kv_cache_tokens",
         format!(

@@ -71,17 +71,7 @@ fn the_whole_gpu_is_a_valid_share() {
 #[test]
 fn a_fraction_on_the_cpu_is_refused() {
     let options = EngineOptions { gpu_memory_utilization: Some(0.5), ..EngineOptions::default() };
-    let cfg = xinf_models::ModelConfig::from_hf_json(
-        &serde_json::json!({
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "vocab_size": 100, "rms_norm_eps": 1e-6,
-            "max_position_embeddings": 512, "eos_token_id": [1, 2]
-        })
-        .to_string(),
-        "config.json",
-    )
-    .expect("a valid config");
+    let cfg = crate::test_support::small_llama();
     let e = fit_kv_cache(options, &cfg, KvDtype::F32, 0).expect_err("a CPU has no GPU memory");
     assert_eq!(field_of(&e), "engine_config.gpu_memory_utilization");
     // Without a fraction nothing changes.
@@ -91,17 +81,7 @@ fn a_fraction_on_the_cpu_is_refused() {
 
 #[test]
 fn a_kv_cache_larger_than_the_machine_is_refused_naming_the_limit() {
-    let cfg = xinf_models::ModelConfig::from_hf_json(
-        &serde_json::json!({
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "vocab_size": 100, "rms_norm_eps": 1e-6,
-            "max_position_embeddings": 512, "eos_token_id": [1, 2]
-        })
-        .to_string(),
-        "config.json",
-    )
-    .expect("a valid config");
+    let cfg = crate::test_support::small_llama();
     let absurd = EngineOptions {
         kv_cache_tokens: 1 << 62,
         kv_cache_tokens_explicit: true,
