@@ -145,8 +145,7 @@ impl ServerEngine {
         }
         let max_new = self.check(&request, ids.len())?;
         let id = request.request_id.clone();
-        let mut running = lock(&self.running);
-        if running.contains_key(&id) {
+        if lock(&self.running).contains_key(&id) {
             return Err(EngineError::DuplicateRequest(id));
         }
         let mut body = crate::protocol::generate_body(
@@ -170,20 +169,9 @@ impl ServerEngine {
             idle_timeout: self.idle_timeout,
         };
         let (tx, mut rx) = mpsc::channel(256);
-        let table = self.running.clone();
-        let task_id = id.clone();
         let prompt_len = ids.len();
-        let handle = tokio::runtime::Handle::try_current()
-            .map_err(|_| EngineError::Internal("a server engine is driven from a tokio runtime".into()))?;
-        let task = handle.spawn(async move {
-            stream::run(call, tx).await;
-            lock(&table).remove(&task_id);
-        });
-        let aborted = Arc::new(AtomicBool::new(false));
-        running.insert(id.clone(), Running { task: task.abort_handle(), aborted: aborted.clone() });
-        drop(running);
         // Dropping the stream ends the task (and so the upstream request).
-        let guard = AbortOnDrop { task: task.abort_handle(), table: self.running.clone(), id };
+        let Listed { guard, aborted, .. } = self.spawn_listed(&id, stream::run(call, tx))?;
         let mut done = false;
         Ok(Box::pin(futures::stream::poll_fn(move |cx| {
             let _ = &guard;
@@ -205,6 +193,33 @@ impl ServerEngine {
             }
             next
         })))
+    }
+
+    /// Runs `work`, a request's call to the server, as a task listed under `id` in the running
+    /// table until it ends, so that [`Engine::abort`] finds it; dropping the guard ends it too.
+    fn spawn_listed<T: Send + 'static>(
+        &self,
+        id: &str,
+        work: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> Result<Listed<T>, EngineError> {
+        let handle = tokio::runtime::Handle::try_current()
+            .map_err(|_| EngineError::Internal("a server engine is driven from a tokio runtime".into()))?;
+        let mut running = lock(&self.running);
+        if running.contains_key(id) {
+            return Err(EngineError::DuplicateRequest(id.to_owned()));
+        }
+        let (table, task_id) = (self.running.clone(), id.to_owned());
+        // The task's own removal waits for this lock, so it never runs before the insert.
+        let task = handle.spawn(async move {
+            let out = work.await;
+            lock(&table).remove(&task_id);
+            out
+        });
+        let aborted = Arc::new(AtomicBool::new(false));
+        running.insert(id.to_owned(), Running { task: task.abort_handle(), aborted: aborted.clone() });
+        drop(running);
+        let guard = AbortOnDrop { task: task.abort_handle(), table: self.running.clone(), id: id.to_owned() };
+        Ok(Listed { task, guard, aborted })
     }
 
     /// Whether this replica takes part in handoffs (a server with xinf's connector: vLLM's KV
@@ -303,26 +318,11 @@ impl Engine for ServerEngine {
         };
         // The leg runs as a task of its own, listed with the running requests: an abort finds
         // it there and ends it, and closing its connection makes the server drop the request.
-        let id = request.request_id;
-        let mut running = lock(&self.running);
-        if running.contains_key(&id) {
-            return Box::pin(async move { Err(EngineError::DuplicateRequest(id)) });
-        }
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            let e = EngineError::Internal("a server engine is driven from a tokio runtime".into());
-            return Box::pin(async move { Err(e) });
-        };
-        let table = self.running.clone();
-        let task_id = id.clone();
-        let task = handle.spawn(async move {
-            let result = leg.run(ids, room, body).await;
-            lock(&table).remove(&task_id);
-            result
-        });
-        let aborted = Arc::new(AtomicBool::new(false));
-        running.insert(id.clone(), Running { task: task.abort_handle(), aborted });
-        drop(running);
-        let guard = AbortOnDrop { task: task.abort_handle(), table: self.running.clone(), id };
+        let Listed { task, guard, .. } =
+            match self.spawn_listed(&request.request_id, leg.run(ids, room, body)) {
+                Ok(listed) => listed,
+                Err(e) => return Box::pin(async move { Err(e) }),
+            };
         Box::pin(async move {
             let _guard = guard;
             match task.await {
@@ -454,6 +454,15 @@ fn merge(body: &mut serde_json::Value, fields: Option<serde_json::Value>) {
     if let (Some(o), Some(serde_json::Value::Object(fields))) = (body.as_object_mut(), fields) {
         o.extend(fields);
     }
+}
+
+/// A request's task in the running table ([`ServerEngine::spawn_listed`]).
+struct Listed<T> {
+    task: tokio::task::JoinHandle<T>,
+    /// Ends the task when dropped (the caller went away).
+    guard: AbortOnDrop,
+    /// Set by an abort.
+    aborted: Arc<AtomicBool>,
 }
 
 /// Ends a request's task when its stream is dropped.
