@@ -231,8 +231,29 @@ fn bad_requests_are_refused_naming_the_field() {
         ),
         ("/v1/chat/completions", chat(json!({"stop": 5})), Some("stop"), "stop"),
         ("/v1/chat/completions", chat(json!({"top_k": -5})), Some("top_k"), "top_k"),
-        ("/v1/chat/completions", chat(json!({"max_tokens": 1_000_000})), None, "context"),
+        ("/v1/chat/completions", chat(json!({"max_tokens": 1_000_000})), Some("max_tokens"), "context"),
         ("/v1/chat/completions", chat(json!({"tools": [{"type": "function"}]})), Some("tools"), "tools"),
+        ("/v1/chat/completions", chat(json!({"tool_choice": "auto"})), Some("tool_choice"), "`tools`"),
+        (
+            "/v1/chat/completions",
+            json!({"model": UID, "messages": [{"role": "user"}]}),
+            Some("messages[0].content"),
+            "is required",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": UID, "messages": [{"role": "user", "content": null}]}),
+            Some("messages[0].content"),
+            "is required",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": UID, "messages": [
+                {"role": "user", "content": "x"},
+                {"role": "tool", "content": "42", "tool_call_id": "call_1"}]}),
+            Some("messages[1].role"),
+            "tools",
+        ),
         (
             "/v1/chat/completions",
             json!({"model": UID, "messages": [{"role": "user", "content": [

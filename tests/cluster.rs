@@ -309,6 +309,14 @@ fn local_cluster_manages_models_over_rest() {
             json!({"model_name": "smollm2-instruct", "replica_config": [{"gpus": 1}]}),
             "replica_config[0].gpus",
         ),
+        // Refusals of the launch's rules name their field too.
+        (
+            json!({"model_name": "smollm2-instruct", "replica_config": [
+                {}, {"devices": [{"worker_ip": "10.9.9.9", "n_gpu": "auto"}]}]}),
+            "replica_config[1].worker_ip",
+        ),
+        (json!({"model_name": "smollm2-instruct", "kv_cache_tokens": 1}), "engine_config.kv_cache_tokens"),
+        (json!({"model_name": "smollm2-instruct", "replica": 0}), "replica"),
     ] {
         let res = http::post(addr, "/v1/models", &body);
         assert_eq!(res.status, 400, "{body} → {}", res.text());

@@ -151,7 +151,7 @@ impl Cluster {
         }
         let info = self.get_model(model_uid).await?;
         Err(match info.status {
-            ModelStatus::Error => ActorError::NoReplica(model_uid.to_owned()),
+            ModelStatus::Unavailable => ActorError::NoReplica { model_uid: model_uid.to_owned(), role: None },
             status => ActorError::NotReady { model_uid: model_uid.to_owned(), status: status.to_string() },
         })
     }

@@ -75,6 +75,34 @@ pub enum LaunchRule {
 }
 
 impl LaunchRule {
+    /// The request field this rule is about, where it is always the same one (the API's `param`
+    /// of the refusal); rules about several fields name theirs where they are broken.
+    pub fn field(self) -> Option<&'static str> {
+        Some(match self {
+            Self::ReplicaCountMismatch
+            | Self::DeviceCount
+            | Self::LegacyPlacementConflict
+            | Self::PerReplicaEngineSettings
+            | Self::PdTopology
+            | Self::NixlRoles
+            | Self::ContractMismatch => "replica_config",
+            Self::GpuCountMismatch | Self::NotEnoughGpus => "n_gpu",
+            Self::DuplicateGpuIdx | Self::GpuNotVisible | Self::GpuConflict => "gpu_idx",
+            Self::EmptyReplicaUid | Self::ReservedReplicaUid | Self::DuplicateReplicaUid => "replica_uid",
+            Self::UnknownWorker => "worker_ip",
+            Self::ShardedLaunch => "n_worker",
+            Self::ReservedEngineConfigKey | Self::EngineConfig => "engine_config",
+            Self::PdEngine | Self::EngineNotAvailable => "model_engine",
+            Self::ModelTypeNotSupported => "model_type",
+            Self::UnknownTransferBackend => "transfer_backend_type",
+            Self::UnknownModel => "model_name",
+            Self::GpuMemoryUtilizationRequired | Self::GpuMemoryOversubscribed => {
+                "engine_config.gpu_memory_utilization"
+            }
+            Self::InvalidField | Self::NoWorkers | Self::CacheBudget => return None,
+        })
+    }
+
     /// The stable code of this rule.
     pub fn code(self) -> &'static str {
         match self {
@@ -125,6 +153,9 @@ pub enum ActorError {
         rule: LaunchRule,
         /// The reference text, with the offending values filled in.
         message: String,
+        /// The request field at fault as the API names it (`worker_ip`,
+        /// `engine_config.kv_cache_tokens`), where one is.
+        field: Option<String>,
     },
     /// No model with this uid.
     #[error("model `{0}` is not running")]
@@ -140,9 +171,14 @@ pub enum ActorError {
         /// Its status, in words.
         status: String,
     },
-    /// The model has no alive replica to route to.
-    #[error("model `{0}` has no alive replica")]
-    NoReplica(String),
+    /// The model has no alive replica to route to (of the role a request needs first).
+    #[error("model `{model_uid}` has no alive {}replica; retry once one serves again", role_words(*role))]
+    NoReplica {
+        /// The model.
+        model_uid: String,
+        /// The role without a replica, for a P/D model.
+        role: Option<crate::spec::Role>,
+    },
     /// A request with this id is running already.
     #[error("Request {0} is already running")]
     DuplicateRequest(String),
@@ -203,8 +239,28 @@ pub enum ActorError {
 
 impl ActorError {
     /// Shorthand for [`ActorError::InvalidLaunch`].
+    /// The field is the rule's own ([`LaunchRule::field`]) until [`at`](Self::at) names another.
     pub fn launch(rule: LaunchRule, message: impl Into<String>) -> Self {
-        Self::InvalidLaunch { rule, message: message.into() }
+        Self::InvalidLaunch { rule, message: message.into(), field: rule.field().map(str::to_owned) }
+    }
+
+    /// This launch refusal, blamed on `at` (a field of the request, as the API names it).
+    #[must_use]
+    pub fn at(self, at: impl Into<String>) -> Self {
+        match self {
+            Self::InvalidLaunch { rule, message, .. } => {
+                Self::InvalidLaunch { rule, message, field: Some(at.into()) }
+            }
+            other => other,
+        }
+    }
+
+    /// The request field a launch refusal blames, where it names one.
+    pub fn launch_field(&self) -> Option<&str> {
+        match self {
+            Self::InvalidLaunch { field, .. } => field.as_deref(),
+            _ => None,
+        }
     }
 
     /// The launch rule, for [`ActorError::InvalidLaunch`].
@@ -224,7 +280,7 @@ impl ActorError {
             Self::ModelExists(_) | Self::DuplicateRequest(_) => ErrorClass::Conflict,
             Self::NixlNotAvailable(_) => ErrorClass::InvalidInput,
             Self::NotReady { .. }
-            | Self::NoReplica(_)
+            | Self::NoReplica { .. }
             | Self::Timeout { .. }
             | Self::Unreachable { .. }
             | Self::Join { .. }
@@ -242,7 +298,7 @@ impl ActorError {
             Self::ModelNotFound(_) => "model_not_found",
             Self::ModelExists(_) => "model_exists",
             Self::NotReady { .. } => "model_not_ready",
-            Self::NoReplica(_) => "no_replica",
+            Self::NoReplica { .. } => "no_replica",
             Self::DuplicateRequest(_) => "duplicate_request_id",
             Self::NixlNotAvailable(_) => "nixl_not_available",
             Self::Engine(e) => e.code(),
@@ -258,11 +314,17 @@ impl ActorError {
         }
     }
 
-    /// The error to put on a token stream: streams carry [`EngineError`]s.
+    /// The error to put on a token stream: streams carry [`EngineError`]s, of the same class
+    /// (an unreachable replica is "try later", not the request's fault).
     pub(crate) fn into_engine_error(self) -> EngineError {
         match self {
             Self::Engine(e) => e,
-            other => EngineError::Model(other.to_string()),
+            other => match other.class() {
+                ErrorClass::InvalidInput => EngineError::Rejected(other.to_string()),
+                ErrorClass::Cancelled => EngineError::Aborted,
+                ErrorClass::Internal => EngineError::Internal(other.to_string()),
+                _ => EngineError::Process(other.to_string()),
+            },
         }
     }
 }
@@ -271,4 +333,9 @@ impl From<EngineError> for ActorError {
     fn from(e: EngineError) -> Self {
         Self::Engine(e)
     }
+}
+
+/// `prefill ` for a role a P/D request needs, nothing for any replica.
+fn role_words(role: Option<crate::spec::Role>) -> String {
+    role.map_or_else(String::new, |r| format!("{} ", r.as_str()))
 }

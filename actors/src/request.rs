@@ -36,7 +36,7 @@ impl Cluster {
         }
         let request_id = request.request_id.clone();
         let t = self.timeout();
-        let routed = call_local(&actors.router, "router", t, |reply| RouterMsg::Route {
+        let mut routed = call_local(&actors.router, "router", t, |reply| RouterMsg::Route {
             request_id: request_id.clone(),
             reply,
         })
@@ -49,26 +49,42 @@ impl Cluster {
             request_id: request_id.clone(),
             timeout: t,
         };
-        let started = match routed.prefill.clone() {
-            None => {
-                let what = format!("replica `{}`", routed.replica_uid);
-                call(&routed.replica, &what, t, |reply| ReplicaMsg::Generate {
-                    request: Wire::ok(request),
-                    reply,
-                })
-                .await
+        let (replica_uid, replica, prefill) =
+            (routed.replica_uid.clone(), routed.replica.clone(), routed.prefill.clone());
+        let start = async move {
+            match prefill {
+                None => {
+                    let what = format!("replica `{replica_uid}`");
+                    call(&replica, &what, t, |reply| ReplicaMsg::Generate {
+                        request: Wire::ok(request),
+                        reply,
+                    })
+                    .await
+                }
+                Some((prefill_uid, prefill)) => {
+                    self.handoff(&prefill_uid, &prefill, &replica_uid, &replica, request).await
+                }
             }
-            Some((prefill_uid, prefill)) => {
-                self.handoff(&prefill_uid, &prefill, &routed.replica_uid, &routed.replica, request).await
-            }
+        };
+        // A replica lost while the request starts ends it at once (a frozen worker would
+        // otherwise hold it until a call's time limit); the guard cleans up.
+        let started = tokio::select! {
+            biased;
+            reason = &mut routed.lost => return Err(pull::lost(reason).into()),
+            started = start => started,
         };
         guard.router = None;
         guard.replicas.clear();
-        if let Err(e) = started {
-            if actors.router.cast(RouterMsg::Finished { request_id }).is_err() {
+        let ended = match started {
+            Err(e) => Some((RouterMsg::Finished { request_id }, Err(e))),
+            Ok(()) if routed.prefill.is_some() => Some((RouterMsg::PrefillDone { request_id }, Ok(()))),
+            Ok(()) => None,
+        };
+        if let Some((message, outcome)) = ended {
+            if actors.router.cast(message).is_err() {
                 tracing::debug!("the router is gone");
             }
-            return Err(e);
+            outcome?;
         }
         let settings = PullSettings { long_poll: self.inner.options.long_poll, call: t };
         Ok(pull::open(routed, actors.router, settings))

@@ -42,6 +42,9 @@ pub(crate) enum RouterMsg {
     Route { request_id: String, reply: RpcReplyPort<Result<Routed, ActorError>> },
     /// A request's stream ended.
     Finished { request_id: String },
+    /// A P/D request's decode replica holds its KV: the request no longer depends on its
+    /// prefill replica, whose loss must not end it.
+    PrefillDone { request_id: String },
     /// Abort a request on every replica.
     Abort { request_id: String, reply: RpcReplyPort<Result<bool, ActorError>> },
     /// A replica is lost: take it out of rotation and fail its requests.
@@ -85,7 +88,10 @@ impl RouterState {
         };
         match picked {
             Err(RouteError::Duplicate) => Err(ActorError::DuplicateRequest(request_id.clone())),
-            Err(RouteError::NoReplica) => Err(ActorError::NoReplica(model_uid.to_owned())),
+            Err(RouteError::NoReplica(role)) => Err(ActorError::NoReplica {
+                model_uid: model_uid.to_owned(),
+                role: (role != Role::Hybrid).then_some(role),
+            }),
             Ok((prefill_uid, replica_uid)) => {
                 let prefill = match prefill_uid {
                     None => Ok(None),
@@ -173,6 +179,7 @@ impl Actor for Router {
                 state.policy.finish(&request_id);
                 state.kills.remove(&request_id);
             }
+            RouterMsg::PrefillDone { request_id } => state.policy.prefill_done(&request_id),
             RouterMsg::Abort { request_id, reply } => {
                 let now = std::time::Instant::now();
                 state.blocked.retain(|_, until| *until > now);

@@ -11,12 +11,22 @@ use std::fmt;
 pub enum ModelStatus {
     /// Replicas are loading; requests get [`ActorError::NotReady`].
     Launching,
-    /// Serving.
+    /// Serving, every replica alive.
     Ready,
-    /// No replica is alive (their workers were lost).
-    Error,
+    /// Serving, though some replicas were lost: every role still has an alive one.
+    Degraded,
+    /// A role the model needs has no alive replica (their workers were lost): requests are
+    /// refused as "try later" until a replica of that role serves again.
+    Unavailable,
     /// Being torn down.
     Terminating,
+}
+
+impl ModelStatus {
+    /// Whether the model takes requests (ready, or degraded with every role still served).
+    pub fn serves(self) -> bool {
+        matches!(self, Self::Ready | Self::Degraded)
+    }
 }
 
 impl fmt::Display for ModelStatus {
@@ -24,7 +34,8 @@ impl fmt::Display for ModelStatus {
         f.write_str(match self {
             Self::Launching => "launching",
             Self::Ready => "ready",
-            Self::Error => "error",
+            Self::Degraded => "degraded",
+            Self::Unavailable => "unavailable",
             Self::Terminating => "terminating",
         })
     }

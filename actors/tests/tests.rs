@@ -318,16 +318,7 @@ async fn a_worker_in_another_process_serves_and_its_loss_is_noticed() {
     let secret = "secret-cross-process";
     let sup = Cluster::start_supervisor_with("127.0.0.1", 0, secret, options()).await.expect("supervisor");
     let addr = sup.address().expect("an address").to_owned();
-    let exe = std::env::current_exe().expect("the test binary");
-    let child = Command::new(exe)
-        .args(["--exact", "child_worker", "--ignored", "--nocapture", "--test-threads=1"])
-        .env("XINF_TEST_SUPERVISOR", &addr)
-        .env("XINF_TEST_SECRET", secret)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start the worker process");
-    let mut guard = ChildGuard(child);
+    let mut guard = child_worker_process(&addr, secret);
     // The worker registers with the supervisor once it has joined.
     let s = &sup;
     eventually(Duration::from_secs(30), "the worker process to join", || async move {
@@ -364,21 +355,91 @@ async fn a_worker_in_another_process_serves_and_its_loss_is_noticed() {
 
     let (s, u) = (&sup, uid.as_str());
     eventually(Duration::from_secs(10), "the replica to be marked dead", || async move {
-        s.get_model(u).await.expect("model").status == ModelStatus::Error
+        s.get_model(u).await.expect("model").status == ModelStatus::Unavailable
     })
     .await;
     let info = sup.get_model(&uid).await.expect("model");
     assert_eq!(info.replicas[0].status, ReplicaStatus::Dead);
     let e = sup.generate(&uid, request("", "Hi", 1)).await.map(|_| ()).expect_err("no replica");
-    assert_eq!(e, ActorError::NoReplica(uid.clone()));
+    assert_eq!(e, ActorError::NoReplica { model_uid: uid.clone(), role: None });
     assert!(!sup.list_workers().await.expect("workers")[0].alive);
     sup.terminate(&uid).await.expect("terminate");
     sup.shutdown().await;
 }
 
-/// The worker process of the test above; runs only when that test starts it.
+/// A P/D request whose prefill is over runs on its decode replica alone: losing the prefill
+/// worker (SIGKILL) fails only what that worker still computes, and a request already decoding
+/// on the other worker streams to its end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "started by a_worker_in_another_process_serves_and_its_loss_is_noticed"]
+async fn losing_the_prefill_worker_spares_requests_already_decoding() {
+    let secret = "secret-prefill-loss";
+    let sup = Cluster::start_supervisor_with("127.0.0.1", 0, secret, options()).await.expect("supervisor");
+    let addr = sup.address().expect("an address").to_owned();
+    // One worker at a time, so that the first to join is the process killed below.
+    let mut prefill_worker = child_worker_process(&addr, secret);
+    let s = &sup;
+    eventually(Duration::from_secs(30), "the prefill worker to join", || async move {
+        s.list_workers().await.expect("workers").iter().filter(|w| w.alive).count() == 1
+    })
+    .await;
+    let prefill_id = sup.list_workers().await.expect("workers")[0].info.worker_id.clone();
+    let _decode_worker = child_worker_process(&addr, secret);
+    eventually(Duration::from_secs(30), "the decode worker to join", || async move {
+        s.list_workers().await.expect("workers").iter().filter(|w| w.alive).count() == 2
+    })
+    .await;
+    let workers = sup.list_workers().await.expect("workers");
+    let decode_id = workers.into_iter().map(|w| w.info.worker_id).find(|id| *id != prefill_id).expect("two");
+    let ids = [prefill_id, decode_id];
+    let uid = sup
+        .launch(launch_request(json!({"model_uid": "pd", "replica_config": [
+            {"role": "prefill", "replica_uid": "pd-p", "devices": [{"worker_ip": ids[0], "n_gpu": 0}]},
+            {"role": "decode", "replica_uid": "pd-d", "devices": [{"worker_ip": ids[1], "n_gpu": 0}]},
+        ]})))
+        .await
+        .expect("launch across the two workers");
+    let mut long = sup.generate(&uid, long_request("", "Tell me a long story.")).await.expect("long");
+    let mut text = String::new();
+    if let Some(Ok(TokenEvent::Delta { text: t, .. })) = long.next().await {
+        text.push_str(&t);
+    }
+    let _ = prefill_worker.0.kill();
+    let (rest, reason, error) = collect(long).await;
+    assert!(error.is_none(), "a request already decoding must not fail: {error:?}");
+    assert_eq!(reason, Some(FinishReason::Length));
+    assert!(!(text + &rest).is_empty());
+
+    // The prefill replica is lost: new requests have none to start on.
+    let (s, u) = (&sup, uid.as_str());
+    eventually(Duration::from_secs(10), "the prefill replica to be marked dead", || async move {
+        let info = s.get_model(u).await.expect("model");
+        info.replicas.iter().any(|r| r.replica_uid == "pd-p" && r.status == ReplicaStatus::Dead)
+    })
+    .await;
+    let e = sup.generate(&uid, request("", "Hi", 1)).await.map(|_| ()).expect_err("no prefill replica");
+    assert_eq!(e.to_string(), "model `pd` has no alive prefill replica; retry once one serves again");
+    assert_eq!(sup.get_model(&uid).await.expect("model").status, ModelStatus::Unavailable);
+    sup.terminate(&uid).await.expect("terminate");
+    sup.shutdown().await;
+}
+
+/// Starts a worker process (this test binary's `child_worker`) that joins `addr`.
+fn child_worker_process(addr: &str, secret: &str) -> ChildGuard {
+    let exe = std::env::current_exe().expect("the test binary");
+    let child = Command::new(exe)
+        .args(["--exact", "child_worker", "--ignored", "--nocapture", "--test-threads=1"])
+        .env("XINF_TEST_SUPERVISOR", addr)
+        .env("XINF_TEST_SECRET", secret)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start the worker process");
+    ChildGuard(child)
+}
+
+/// The worker process of the tests above; runs only when one of them starts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "started by the tests of workers in other processes"]
 async fn child_worker() {
     let (Ok(addr), Ok(secret)) = (std::env::var("XINF_TEST_SUPERVISOR"), std::env::var("XINF_TEST_SECRET"))
     else {

@@ -56,6 +56,9 @@ pub(crate) enum Problem {
     RouteNotFound { method: String, path: String },
     /// The route does not take this method.
     MethodNotAllowed { method: String, path: String },
+    /// Another problem, blamed on a field it could not name itself: a context overflow is the
+    /// prompt's or `max_tokens`', and only the route knows what its prompt field is called.
+    AtParam { problem: Box<Problem>, param: String },
 }
 
 impl Problem {
@@ -109,11 +112,13 @@ impl Problem {
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::RouteNotFound { .. } => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            Self::AtParam { problem, .. } => problem.status(),
         }
     }
 
     fn retry_after(&self) -> Option<u32> {
         match self {
+            Self::AtParam { problem, .. } => problem.retry_after(),
             Self::Service(ServiceError::NotReady(_)) => Some(5),
             Self::Service(e) if e.class() == ErrorClass::Overloaded => Some(1),
             _ => None,
@@ -133,6 +138,7 @@ impl Problem {
             Self::Unauthorized => "invalid_api_key",
             Self::RouteNotFound { .. } => "route_not_found",
             Self::MethodNotAllowed { .. } => "method_not_allowed",
+            Self::AtParam { problem, .. } => problem.code(),
         }
     }
 
@@ -145,11 +151,13 @@ impl Problem {
             Self::Service(ServiceError::Engine(EngineError::DuplicateRequest(_))) => {
                 Some("request_id".into())
             }
+            Self::Service(ServiceError::Cluster(e)) => e.launch_field().map(str::to_owned),
             Self::Service(_) => None,
             Self::UnknownField(f) | Self::MissingField(f) => Some(f.clone()),
             Self::InvalidField { field, .. } | Self::Field { field, .. } => Some(field.clone()),
             Self::InvalidJson(_) | Self::TooLarge { .. } | Self::BadBody(_) => None,
             Self::Unauthorized | Self::RouteNotFound { .. } | Self::MethodNotAllowed { .. } => None,
+            Self::AtParam { param, .. } => Some(param.clone()),
         }
     }
 
@@ -176,6 +184,7 @@ impl Problem {
             Self::MethodNotAllowed { method, path } => {
                 cat.text("api-method-not-allowed", &[("method", method), ("path", path)])
             }
+            Self::AtParam { problem, .. } => problem.text(cat),
         }
     }
 

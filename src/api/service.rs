@@ -16,14 +16,16 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use xinf_actors::{ModelStatus, WorkerStatus};
 use xinf_engine::{Engine, EngineError, ErrorClass, GenerateRequest, TokenStream};
 
-/// The name `GET /v1/models` gives a model's status: `loading`, `ready`, `failed` or
+/// The name `GET /v1/models` gives a model's status: `loading`, `ready`, `degraded` (some
+/// replicas lost, every role served), `unavailable` (a role has no alive replica) or
 /// `terminating`. Clients match on these (`xinf launch` shows the progress of the `loading`
 /// model), so they are the REST API's own, not the actor layer's serde names.
 pub(crate) fn status_name(status: ModelStatus) -> &'static str {
     match status {
         ModelStatus::Launching => "loading",
         ModelStatus::Ready => "ready",
-        ModelStatus::Error => "failed",
+        ModelStatus::Degraded => "degraded",
+        ModelStatus::Unavailable => "unavailable",
         ModelStatus::Terminating => "terminating",
     }
 }
@@ -33,8 +35,13 @@ mod status_serde {
     use super::{ModelStatus, status_name};
     use serde::{Deserialize, Deserializer, Serializer, de};
 
-    const ALL: [ModelStatus; 4] =
-        [ModelStatus::Launching, ModelStatus::Ready, ModelStatus::Error, ModelStatus::Terminating];
+    const ALL: [ModelStatus; 5] = [
+        ModelStatus::Launching,
+        ModelStatus::Ready,
+        ModelStatus::Degraded,
+        ModelStatus::Unavailable,
+        ModelStatus::Terminating,
+    ];
 
     pub(super) fn serialize<S: Serializer>(status: &ModelStatus, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(status_name(*status))
@@ -42,9 +49,9 @@ mod status_serde {
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<ModelStatus, D::Error> {
         let name = String::deserialize(d)?;
-        ALL.into_iter()
-            .find(|s| status_name(*s) == name)
-            .ok_or_else(|| de::Error::unknown_variant(&name, &["loading", "ready", "failed", "terminating"]))
+        ALL.into_iter().find(|s| status_name(*s) == name).ok_or_else(|| {
+            de::Error::unknown_variant(&name, &["loading", "ready", "degraded", "unavailable", "terminating"])
+        })
     }
 }
 
@@ -315,7 +322,8 @@ mod tests {
         let names = [
             (ModelStatus::Launching, "loading"),
             (ModelStatus::Ready, "ready"),
-            (ModelStatus::Error, "failed"),
+            (ModelStatus::Degraded, "degraded"),
+            (ModelStatus::Unavailable, "unavailable"),
             (ModelStatus::Terminating, "terminating"),
         ];
         for (status, name) in names {

@@ -135,7 +135,9 @@ impl LaunchKeywords {
     pub(super) fn enable_xavier(&self) -> Result<bool, ActorError> {
         match self.enable_xavier.get() {
             Ok(on) => Ok(on.copied().unwrap_or_default()),
-            Err(_) => Err(invalid(LaunchRule::InvalidField, "enable_xavier must be a boolean")),
+            Err(_) => {
+                Err(invalid(LaunchRule::InvalidField, "enable_xavier must be a boolean").at("enable_xavier"))
+            }
         }
     }
 
@@ -143,6 +145,7 @@ impl LaunchKeywords {
     pub(super) fn gpu_cache_bytes(&self) -> Result<Option<u64>, ActorError> {
         self.xavier_gpu_cache_bytes.get().map(Option::<&u64>::copied).map_err(|_| {
             invalid(LaunchRule::CacheBudget, "xavier_gpu_cache_bytes must be a non-negative integer")
+                .at("xavier_gpu_cache_bytes")
         })
     }
 
@@ -152,7 +155,8 @@ impl LaunchKeywords {
         match self.xavier_cache_bytes.get() {
             Ok(None) => Ok(None),
             Ok(Some(bytes)) if *bytes > 0 => Ok(Some(*bytes)),
-            _ => Err(invalid(LaunchRule::CacheBudget, "xavier_cache_bytes must be a positive integer")),
+            _ => Err(invalid(LaunchRule::CacheBudget, "xavier_cache_bytes must be a positive integer")
+                .at("xavier_cache_bytes")),
         }
     }
 }

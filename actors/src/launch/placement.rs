@@ -198,7 +198,8 @@ fn choose_worker<'a>(
             Err(invalid(
                 LaunchRule::UnknownWorker,
                 format!("{what} '{ip}' is not in the cluster. Registered workers: [{}]", ids.join(", ")),
-            ))
+            )
+            .at(what))
         }
     }
 }

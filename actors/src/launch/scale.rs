@@ -62,7 +62,8 @@ pub(crate) fn scale_spec(
         return Err(invalid(
             LaunchRule::InvalidField,
             format!("count must be between 1 and {MAX_SCALE}, got {count}"),
-        ));
+        )
+        .at("count"));
     }
     let role = match (request.role, spec.pd) {
         (Some(role), _) => role,
@@ -71,7 +72,8 @@ pub(crate) fn scale_spec(
             return Err(invalid(
                 LaunchRule::InvalidField,
                 format!("model '{uid}' separates prefill and decode: role must be 'prefill' or 'decode'"),
-            ));
+            )
+            .at("role"));
         }
     };
     let template = spec.replicas.iter().find(|r| r.role == role).ok_or_else(|| {

@@ -83,17 +83,19 @@ pub(crate) fn validate(
 /// Names: `model_name`, and `model_uid` when given.
 fn check_names(req: &LaunchRequest) -> Result<(), ActorError> {
     if blank(&req.model_name) {
-        return Err(invalid(LaunchRule::InvalidField, "model_name must not be empty"));
+        return Err(invalid(LaunchRule::InvalidField, "model_name must not be empty").at("model_name"));
     }
     if let Some(uid) = &req.model_uid {
         if blank(uid) {
-            return Err(invalid(LaunchRule::InvalidField, "model_uid must not be empty or whitespace-only"));
+            return Err(invalid(LaunchRule::InvalidField, "model_uid must not be empty or whitespace-only")
+                .at("model_uid"));
         }
         if uid.contains('/') || uid.chars().any(char::is_whitespace) {
             return Err(invalid(
                 LaunchRule::InvalidField,
                 format!("model_uid '{uid}' must not contain '/' or whitespace"),
-            ));
+            )
+            .at("model_uid"));
         }
     }
     Ok(())
@@ -102,10 +104,10 @@ fn check_names(req: &LaunchRequest) -> Result<(), ActorError> {
 /// Counts: `replica` ≥ 1, and one worker per replica (no sharded launch).
 fn check_counts(req: &LaunchRequest, has_replica_config: bool) -> Result<(), ActorError> {
     if req.replica == Some(0) {
-        return Err(invalid(LaunchRule::InvalidField, "replica must be an integer ≥ 1"));
+        return Err(invalid(LaunchRule::InvalidField, "replica must be an integer ≥ 1").at("replica"));
     }
     match req.n_worker {
-        Some(0) => Err(invalid(LaunchRule::InvalidField, "n_worker must be an integer ≥ 1")),
+        Some(0) => Err(invalid(LaunchRule::InvalidField, "n_worker must be an integer ≥ 1").at("n_worker")),
         Some(n) if n > 1 => Err(invalid(
             LaunchRule::ShardedLaunch,
             if has_replica_config {
@@ -126,7 +128,8 @@ fn check_entries<'a>(
     local_mode: bool,
 ) -> Result<Vec<Entry<'a>>, ActorError> {
     if entries.is_empty() {
-        return Err(invalid(LaunchRule::InvalidField, "replica_config must be a non-empty array"));
+        return Err(invalid(LaunchRule::InvalidField, "replica_config must be a non-empty array")
+            .at("replica_config"));
     }
     let legacy_n_gpu = matches!(req.n_gpu, Some(GpuCount::Count(_)));
     if req.worker_ip.is_some() || req.gpu_idx.is_some() || legacy_n_gpu {
@@ -157,7 +160,8 @@ fn check_entries<'a>(
                 return Err(invalid(
                     LaunchRule::ReservedEngineConfigKey,
                     format!("Reserved replica engine_config keys: {}", reserved.join(", ")),
-                ));
+                )
+                .at(format!("replica_config[{i}].engine_config.{}", reserved[0])));
             }
         }
         drafts.push((entry, device));
@@ -191,7 +195,8 @@ fn entry_device(i: usize, entry: &ReplicaConfig, local_mode: bool) -> Result<Dev
                  supported yet.",
                 other.map_or(0, <[DeviceConfig]>::len)
             ),
-        )),
+        )
+        .at(format!("replica_config[{i}].devices"))),
     }
 }
 
@@ -202,19 +207,22 @@ fn check_replica_uid(i: usize, uid: &str) -> Result<(), ActorError> {
         return Err(invalid(
             LaunchRule::EmptyReplicaUid,
             format!("replica_uid of replica_config[{i}] must not be empty or whitespace-only"),
-        ));
+        )
+        .at(format!("replica_config[{i}].replica_uid")));
     }
     if is_reserved_replica_uid(uid) {
         return Err(invalid(
             LaunchRule::ReservedReplicaUid,
             format!("replica_uid '{uid}' collides with a reserved internal replica/rank identifier"),
-        ));
+        )
+        .at(format!("replica_config[{i}].replica_uid")));
     }
     if uid.contains('/') || uid.chars().any(char::is_whitespace) {
         return Err(invalid(
             LaunchRule::InvalidField,
             format!("replica_uid '{uid}' must not contain '/' or whitespace"),
-        ));
+        )
+        .at(format!("replica_config[{i}].replica_uid")));
     }
     Ok(())
 }
@@ -277,7 +285,7 @@ fn check_legacy_placement(req: &LaunchRequest) -> Result<(), ActorError> {
     if let Some(ip) = &req.worker_ip
         && blank(ip)
     {
-        return Err(invalid(LaunchRule::InvalidField, "worker_ip must not be empty"));
+        return Err(invalid(LaunchRule::InvalidField, "worker_ip must not be empty").at("worker_ip"));
     }
     Ok(())
 }
@@ -304,7 +312,8 @@ fn check_transfers(
         return Err(invalid(
             LaunchRule::CacheBudget,
             "xavier_gpu_cache_bytes requires Xavier with multiple replicas",
-        ));
+        )
+        .at("xavier_gpu_cache_bytes"));
     }
     // The native engine's CPU snapshot cache lives on prefill replicas.
     let snapshot_cache_bytes = keywords.cache_bytes()?;
@@ -313,7 +322,8 @@ fn check_transfers(
             LaunchRule::CacheBudget,
             "xavier_cache_bytes requires prefill and decode replica roles: the native engine keeps \
              its CPU snapshot cache on prefill replicas",
-        ));
+        )
+        .at("xavier_cache_bytes"));
     }
     Ok((transfer, snapshot_cache_bytes))
 }
@@ -331,7 +341,8 @@ fn engine_options(
             return Err(invalid(
                 LaunchRule::EngineConfig,
                 format!("engine option `{k}` is given both at the top level and in engine_config"),
-            ));
+            )
+            .at(k));
         }
         base.insert(k, v);
     }
@@ -341,7 +352,8 @@ fn engine_options(
         return Err(invalid(
             LaunchRule::InvalidField,
             format!("`{k}` is not a supported launch key or engine option"),
-        ));
+        )
+        .at(k.as_str()));
     }
     let checked = check_options(launch_engine, &base)?;
     Ok((base, checked))
@@ -358,7 +370,11 @@ fn check_model(req: &LaunchRequest, launch_engine: &dyn EngineLoader) -> Result<
     };
     launch_engine.check_model(&source).map_err(|e| match e {
         EngineError::UnknownModel { .. } => invalid(LaunchRule::UnknownModel, e.to_string()),
-        other => invalid(LaunchRule::InvalidField, other.to_string()),
+        other => invalid(LaunchRule::InvalidField, other.to_string()).at(if req.model_path.is_some() {
+            "model_path"
+        } else {
+            "model_name"
+        }),
     })?;
     Ok(source)
 }
@@ -425,7 +441,16 @@ fn entry_drafts(
 
 /// Engine options as `loader` checks them; its refusal names the option.
 fn check_options(loader: &dyn EngineLoader, config: &Map<String, Value>) -> Result<EngineConfig, ActorError> {
-    loader.check_config(config).map_err(|e| invalid(LaunchRule::EngineConfig, e.to_string()))
+    loader.check_config(config).map_err(|e| {
+        let refused = invalid(LaunchRule::EngineConfig, e.to_string());
+        match e {
+            EngineError::InvalidRequest { field, .. } if field.starts_with("engine_config") => {
+                refused.at(field)
+            }
+            EngineError::InvalidRequest { field, .. } => refused.at(format!("engine_config.{field}")),
+            _ => refused,
+        }
+    })
 }
 
 /// The names of the engines that pass `filter`, as a message lists them.

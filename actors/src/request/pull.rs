@@ -50,10 +50,10 @@ pub(crate) fn open(routed: Routed, router: ActorRef<RouterMsg>, settings: PullSe
             tokio::select! {
                 biased;
                 reason = &mut lost => {
-                    let reason = reason.unwrap_or_else(|_| "the model was terminated".into());
-                    // Best effort: the replica may still be running the request.
+                    // The caller hears at once; then, best effort (a frozen replica answers
+                    // nothing), the replica is told, as it may still be running the request.
+                    let _ = tx.send(Err(self::lost(reason))).await;
                     abort(&replica, &what, &request_id, settings.call).await;
-                    let _ = tx.send(Err(EngineError::Model(reason))).await;
                     break 'pull Ending::Failed;
                 }
                 () = tx.closed() => break 'pull Ending::Abandoned,
@@ -84,6 +84,12 @@ pub(crate) fn open(routed: Routed, router: ActorRef<RouterMsg>, settings: PullSe
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx).boxed()
+}
+
+/// The error of a request whose replica was lost (or whose model was terminated): the service
+/// cannot serve it now; a later request may be routed elsewhere.
+pub(crate) fn lost(reason: Result<String, tokio::sync::oneshot::error::RecvError>) -> EngineError {
+    EngineError::Process(reason.unwrap_or_else(|_| "the model was terminated".into()))
 }
 
 async fn abort(replica: &ActorRef<ReplicaMsg>, what: &str, request_id: &str, timeout: Duration) {

@@ -14,7 +14,7 @@ pub(crate) enum RouteError {
     /// A request with this id is running.
     Duplicate,
     /// No alive replica has the role.
-    NoReplica,
+    NoReplica(Role),
 }
 
 /// Round-robin over a changing set of members.
@@ -90,7 +90,8 @@ impl RouterPolicy {
         if self.running.contains_key(request_id) {
             return Err(RouteError::Duplicate);
         }
-        let replica = self.pools.get_mut(&role).and_then(RoundRobin::pick).ok_or(RouteError::NoReplica)?;
+        let replica =
+            self.pools.get_mut(&role).and_then(RoundRobin::pick).ok_or(RouteError::NoReplica(role))?;
         let replica = replica.to_owned();
         self.running.insert(request_id.to_owned(), vec![replica.clone()]);
         Ok(replica)
@@ -108,16 +109,28 @@ impl RouterPolicy {
             return Err(RouteError::Duplicate);
         }
         let has = |p: &BTreeMap<Role, RoundRobin>, r| p.get(&r).is_some_and(|rr| !rr.members.is_empty());
-        if !has(&self.pools, Role::Prefill) || !has(&self.pools, Role::Decode) {
-            return Err(RouteError::NoReplica);
+        for role in [Role::Prefill, Role::Decode] {
+            if !has(&self.pools, role) {
+                return Err(RouteError::NoReplica(role));
+            }
         }
         let pick = |p: &mut BTreeMap<Role, RoundRobin>, r| {
-            p.get_mut(&r).and_then(RoundRobin::pick).map(str::to_owned).ok_or(RouteError::NoReplica)
+            p.get_mut(&r).and_then(RoundRobin::pick).map(str::to_owned).ok_or(RouteError::NoReplica(r))
         };
         let prefill = pick(&mut self.pools, Role::Prefill)?;
         let decode = pick(&mut self.pools, Role::Decode)?;
         self.running.insert(request_id.to_owned(), vec![prefill.clone(), decode.clone()]);
         Ok((prefill, decode))
+    }
+
+    /// A P/D request's prefill is over (its decode replica holds the KV): from now on it runs
+    /// on its decode replica alone, and only that replica's loss ends it.
+    pub(crate) fn prefill_done(&mut self, request_id: &str) {
+        if let Some(used) = self.running.get_mut(request_id)
+            && used.len() == 2
+        {
+            used.remove(0);
+        }
     }
 
     /// A request ended; returns the replicas it used, if it was running.

@@ -239,7 +239,7 @@ impl SupervisorState {
                     status: model.status.to_string(),
                 });
             }
-            ModelStatus::Ready | ModelStatus::Error => {}
+            ModelStatus::Ready | ModelStatus::Degraded | ModelStatus::Unavailable => {}
         }
         model.status = ModelStatus::Terminating;
         Ok(model.replicas.iter().map(|r| (r.worker_id.clone(), r.replica_uid.clone())).collect())
@@ -255,7 +255,8 @@ impl SupervisorState {
     /// loading (which reserves their uids and GPUs).
     pub(crate) fn begin_scale(&mut self, uid: &str, request: &ScaleRequest) -> Result<ScalePlan, ActorError> {
         let model = self.models.get(uid).ok_or_else(|| ActorError::ModelNotFound(uid.to_owned()))?;
-        if model.status != ModelStatus::Ready {
+        // A model that lost replicas is scaled up like any serving one: that is how it recovers.
+        if !model.status.serves() && model.status != ModelStatus::Unavailable {
             return Err(ActorError::NotReady { model_uid: uid.to_owned(), status: model.status.to_string() });
         }
         let others = model
@@ -356,12 +357,18 @@ fn loading(p: &Placement) -> ReplicaInfo {
     }
 }
 
-/// A serving model with no alive replica is in error; one that has some again is ready.
+/// A serving model is ready with every replica alive, degraded when some were lost, and
+/// unavailable when a role it needs (hybrid, or prefill and decode) has no alive replica.
 fn settle(model: &mut ModelInfo) {
-    let alive = model.replicas.iter().any(|r| r.status == ReplicaStatus::Alive);
-    match model.status {
-        ModelStatus::Ready if !alive => model.status = ModelStatus::Error,
-        ModelStatus::Error if alive => model.status = ModelStatus::Ready,
-        _ => {}
+    if !model.status.serves() && model.status != ModelStatus::Unavailable {
+        return;
     }
+    let alive = |role| model.replicas.iter().any(|r| r.role == role && r.status == ReplicaStatus::Alive);
+    model.status = if model.replicas.iter().any(|r| !alive(r.role)) {
+        ModelStatus::Unavailable
+    } else if model.replicas.iter().any(|r| r.status == ReplicaStatus::Dead) {
+        ModelStatus::Degraded
+    } else {
+        ModelStatus::Ready
+    };
 }

@@ -62,8 +62,9 @@ fn refuse_unsupported(r: &ChatCompletionRequest) -> Result<(), Problem> {
     if is_set(&r.tools) {
         return Err(Problem::field("tools", "api-tools-unsupported", "unsupported_parameter"));
     }
-    if is_set(&r.tool_choice) && !auto(&r.tool_choice) {
-        return Err(Problem::field("tool_choice", "api-tools-unsupported", "unsupported_parameter"));
+    // As OpenAI: a tool choice means nothing without tools, and tools are refused above.
+    if is_set(&r.tool_choice) {
+        return Err(Problem::field("tool_choice", "api-tool-choice-without-tools", "invalid_value"));
     }
     if is_set(&r.functions) {
         return Err(Problem::field("functions", "api-tools-unsupported", "unsupported_parameter"));
@@ -88,8 +89,13 @@ fn messages(input: Vec<InMessage>) -> Result<Vec<ChatMessage>, Problem> {
         .enumerate()
         .map(|(i, m)| {
             let role = match m.role.as_str() {
-                "system" | "user" | "assistant" | "tool" => m.role.clone(),
+                "system" | "user" | "assistant" => m.role.clone(),
                 "developer" => "system".to_owned(),
+                // A tool message answers a tool call, which xinf never makes.
+                "tool" | "function" => {
+                    let field = format!("messages[{i}].role");
+                    return Err(Problem::field(field, "api-tools-unsupported", "unsupported_parameter"));
+                }
                 other => {
                     return Err(Problem::field_with(
                         format!("messages[{i}].role"),
@@ -107,7 +113,12 @@ fn messages(input: Vec<InMessage>) -> Result<Vec<ChatMessage>, Problem> {
                 let field = format!("messages[{i}].function_call");
                 return Err(Problem::field(field, "api-tools-unsupported", "unsupported_parameter"));
             }
-            let content = content_text(m.content, &format!("messages[{i}].content"))?;
+            let field = format!("messages[{i}].content");
+            // Only an assistant message may come without content (one that made tool calls).
+            if role != "assistant" && matches!(m.content, None | Some(Value::Null)) {
+                return Err(Problem::field(field, "api-content-required", "invalid_value"));
+            }
+            let content = content_text(m.content, &field)?;
             Ok(ChatMessage::new(role, content))
         })
         .collect()
@@ -158,5 +169,35 @@ mod tests {
         assert!(content_text(Some(json!(3)), "c").is_err());
         assert!(content_text(Some(json!([{"type": "text"}])), "c").is_err());
         assert_eq!(content_text(None, "c").ok(), Some(String::new()));
+    }
+
+    fn message(v: Value) -> InMessage {
+        serde_json::from_value(v).expect("a message")
+    }
+
+    #[test]
+    fn content_is_required_except_from_the_assistant() {
+        for bad in [json!({"role": "user"}), json!({"role": "user", "content": null})] {
+            let err = messages(vec![message(bad)]).err().map(field_of);
+            assert_eq!(err.as_deref(), Some("messages[0].content api-content-required"));
+        }
+        let system = message(json!({"role": "system"}));
+        let err =
+            messages(vec![system, message(json!({"role": "user", "content": "hi"}))]).err().map(field_of);
+        assert_eq!(err.as_deref(), Some("messages[0].content api-content-required"));
+        // "none" is text like any other, and an assistant turn may be empty.
+        let ok = vec![
+            message(json!({"role": "user", "content": "none"})),
+            message(json!({"role": "assistant", "content": null})),
+            message(json!({"role": "user", "content": ""})),
+        ];
+        assert_eq!(messages(ok).map(|m| m.len()).ok(), Some(3));
+    }
+
+    #[test]
+    fn tool_messages_are_refused() {
+        let tool = message(json!({"role": "tool", "content": "42", "tool_call_id": "c1"}));
+        let err = messages(vec![message(json!({"role": "user", "content": "hi"})), tool]).err().map(field_of);
+        assert_eq!(err.as_deref(), Some("messages[1].role api-tools-unsupported"));
     }
 }

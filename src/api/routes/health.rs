@@ -3,7 +3,7 @@
 use crate::api::{AppState, ModelStats};
 use actix_web::{HttpResponse, web};
 use std::fmt::Write;
-use xinf_actors::{HANDOFF_LATENCY_BOUNDS, HandoffStats, ModelStatus};
+use xinf_actors::{HANDOFF_LATENCY_BOUNDS, HandoffStats};
 
 /// Liveness: `{"status": "ok"}`.
 pub(crate) async fn health() -> HttpResponse {
@@ -150,7 +150,7 @@ pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
         .zip(figures)
         .map(|(m, s)| ModelMetrics {
             labels: format!("model_uid=\"{}\",model_name=\"{}\"", label(&m.uid), label(&m.model_name)),
-            ready: m.status == ModelStatus::Ready,
+            ready: m.status.serves(),
             stats: s.ok(),
         })
         .collect();

@@ -6,7 +6,6 @@ pub(crate) mod completions;
 pub(crate) mod health;
 pub(crate) mod models;
 
-use crate::api::AppState;
 use crate::api::error::{ApiError, Problem, request_lang};
 use crate::api::openai::{
     ChatChoice, ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, OutMessage, TextChoice,
@@ -14,6 +13,7 @@ use crate::api::openai::{
 };
 use crate::api::sampling::WithSampling;
 use crate::api::sse::{self, Flavor, ResponseMeta};
+use crate::api::{AppState, ServiceError};
 use actix_web::http::header;
 use actix_web::web::{self, Bytes, BytesMut};
 use actix_web::{HttpRequest, HttpResponse};
@@ -21,6 +21,7 @@ use futures::StreamExt;
 use serde::de::DeserializeOwned;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tracing::Instrument;
+use xinf_engine::EngineError;
 
 /// Registers every route.
 pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
@@ -199,7 +200,12 @@ async fn generate(state: &AppState, req: &HttpRequest, job: Generation) -> Resul
     // The request span is born here; the service call runs inside it.
     let span = tracing::info_span!(target: "xinf::api", "request", request_id = %meta.id, model = %job.model);
     tracing::debug!(parent: &span, stream = job.stream, "generate");
-    let tokens = state.service.generate(&job.model, job.request).instrument(span).await?;
+    let tokens = state
+        .service
+        .generate(&job.model, job.request)
+        .instrument(span)
+        .await
+        .map_err(|e| blame_context(e, job.flavor))?;
     if job.stream {
         return Ok(sse::response(tokens, job.flavor, meta, job.include_usage, lang));
     }
@@ -216,7 +222,7 @@ async fn generate(state: &AppState, req: &HttpRequest, job: Generation) -> Resul
         out = sse::collect(tokens) => out?,
         () = gone => {
             tracing::debug!(target: "xinf::api", request_id = %meta.id, "the client went away; the request is aborted");
-            return Err(xinf_engine::EngineError::Aborted.into());
+            return Err(EngineError::Aborted.into());
         }
     };
     let finish = sse::finish_name(out.finish);
@@ -251,6 +257,22 @@ async fn generate(state: &AppState, req: &HttpRequest, job: Generation) -> Resul
             usage: Some(usage),
         }),
     })
+}
+
+/// A context overflow named by its field: the prompt (`messages` or `prompt`) when it fills the
+/// context alone, else `max_tokens`; other failures as they are.
+fn blame_context(e: ServiceError, flavor: Flavor) -> Problem {
+    let param = match &e {
+        ServiceError::Engine(EngineError::ContextLength { prompt_tokens, context_length, .. }) => {
+            match flavor {
+                _ if prompt_tokens < context_length => "max_tokens",
+                Flavor::Chat => "messages",
+                Flavor::Completion => "prompt",
+            }
+        }
+        _ => return e.into(),
+    };
+    Problem::AtParam { problem: Box::new(e.into()), param: param.to_owned() }
 }
 
 /// A validated generation request.

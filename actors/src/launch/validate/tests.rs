@@ -333,3 +333,38 @@ fn unknown_models_are_refused_unless_a_path_is_given() {
             .is_ok()
     );
 }
+
+// ---- the field each refusal blames (the API's `param`) ----
+
+#[test]
+fn refusals_name_their_field() {
+    let cases = [
+        (json!({"model_name": "smollm2-instruct", "replica": 0}), "replica"),
+        (json!({"model_name": "smollm2-instruct", "model_uid": "a b"}), "model_uid"),
+        (json!({"model_name": ""}), "model_name"),
+        (
+            json!({"model_name": "smollm2-instruct", "replica": 3, "replica_config": [{}, {}]}),
+            "replica_config",
+        ),
+        (
+            json!({"model_name": "smollm2-instruct", "replica_config": [{}, {"replica_uid": " "}]}),
+            "replica_config[1].replica_uid",
+        ),
+        (json!({"model_name": "smollm2-instruct", "kv_cache_tokens": 1}), "engine_config.kv_cache_tokens"),
+        (json!({"model_name": "smollm2-instruct", "colour": "red"}), "engine_config.colour"),
+        (json!({"model_name": "smollm2-instruct", "request_limits": 4}), "request_limits"),
+        (json!({"model_name": "smollm2-instruct", "n_worker": 0}), "n_worker"),
+        (json!({"model_name": "smollm2-instruct", "n_worker": 2}), "n_worker"),
+        (json!({"model_name": "smollm2-instruct", "gpu_idx": [0, 0]}), "gpu_idx"),
+        (
+            json!({"model_name": "smollm2-instruct", "transfer_backend_type": "carrier-pigeon"}),
+            "transfer_backend_type",
+        ),
+        (json!({"model_name": "smollm2-instruct", "enable_xavier": "yes"}), "enable_xavier"),
+        (json!({"model_name": "no-such-model"}), "model_name"),
+    ];
+    for (body, field) in cases {
+        let e = validate_err(body.clone(), true);
+        assert_eq!(e.launch_field(), Some(field), "{body} → {e}");
+    }
+}

@@ -26,7 +26,7 @@ fn each_role_has_its_own_rotation() {
     assert_eq!(p.begin("3", Role::Prefill), Ok("p2".into()));
     assert_eq!(p.begin("4", Role::Prefill), Ok("p1".into()));
     assert_eq!(p.begin("5", Role::Decode), Ok("d2".into()));
-    assert_eq!(p.begin("6", Role::Hybrid), Err(RouteError::NoReplica));
+    assert_eq!(p.begin("6", Role::Hybrid), Err(RouteError::NoReplica(Role::Hybrid)));
 }
 
 #[test]
@@ -56,7 +56,7 @@ fn removing_a_replica_names_its_requests_and_keeps_the_rotation_fair() {
     assert_eq!(p.begin("5", Role::Hybrid), Ok("c".into()));
     assert_eq!(p.begin("6", Role::Hybrid), Ok("c".into()));
     p.remove("c");
-    assert_eq!(p.begin("7", Role::Hybrid), Err(RouteError::NoReplica));
+    assert_eq!(p.begin("7", Role::Hybrid), Err(RouteError::NoReplica(Role::Hybrid)));
     assert!(p.replicas().is_empty());
 }
 
@@ -81,6 +81,19 @@ fn pd_requests_take_one_prefill_and_one_decode_replica_in_turn() {
     let mut lost = p.remove("p1");
     lost.sort();
     assert_eq!(lost, ["1", "2", "3"]);
-    assert_eq!(p.begin_pd("4"), Err(RouteError::NoReplica), "no prefill replica is left");
+    assert_eq!(p.begin_pd("4"), Err(RouteError::NoReplica(Role::Prefill)), "no prefill replica is left");
     assert!(!policy(&[("h", Role::Hybrid)]).is_pd());
+}
+
+#[test]
+fn once_its_prefill_is_done_a_request_survives_the_prefill_replica() {
+    let mut p = policy(&[("p", Role::Prefill), ("d", Role::Decode)]);
+    assert_eq!(p.begin_pd("prefilling"), Ok(("p".into(), "d".into())));
+    assert_eq!(p.begin_pd("decoding"), Ok(("p".into(), "d".into())));
+    p.prefill_done("decoding");
+    p.prefill_done("decoding"); // twice changes nothing: the decode replica stays
+    p.prefill_done("unknown");
+    // The prefill replica's loss takes down only the request it still computes.
+    assert_eq!(p.remove("p"), ["prefilling"]);
+    assert_eq!(p.finish("decoding"), Some(vec!["d".to_owned()]));
 }

@@ -133,15 +133,15 @@ fn a_lost_worker_marks_its_replicas_dead_and_spares_other_models() {
     let lost = s.expire(t0 + Duration::from_secs(6), Duration::from_secs(5));
     assert_eq!(lost, vec![LostReplica { model_uid: "m1".into(), replica_uid: "m1-0".into() }]);
     let m1 = s.model("m1").expect("m1");
-    assert_eq!(m1.status, ModelStatus::Ready, "one replica is left");
+    assert_eq!(m1.status, ModelStatus::Degraded, "one replica is left");
     let status: Vec<ReplicaStatus> = m1.replicas.iter().map(|r| r.status).collect();
     assert_eq!(status, [ReplicaStatus::Dead, ReplicaStatus::Alive]);
     assert_eq!(s.model("m2").map(|m| m.status), Some(ModelStatus::Ready));
     // Losing b too leaves both models without replicas.
     let lost = s.lose_worker("b:1");
     assert_eq!(lost.len(), 2);
-    assert_eq!(s.model("m1").map(|m| m.status), Some(ModelStatus::Error));
-    assert_eq!(s.model("m2").map(|m| m.status), Some(ModelStatus::Error));
+    assert_eq!(s.model("m1").map(|m| m.status), Some(ModelStatus::Unavailable));
+    assert_eq!(s.model("m2").map(|m| m.status), Some(ModelStatus::Unavailable));
     // Losing it again changes nothing; new launches avoid lost workers.
     assert!(s.lose_worker("b:1").is_empty());
     let e = s
@@ -170,7 +170,7 @@ fn dead_replicas_free_their_gpus() {
     assert!(s.replica_dead("m1", "m1-0").is_some());
     assert!(s.replica_dead("m1", "m1-0").is_none(), "already dead");
     assert!(s.view().workers[0].occupied.is_empty());
-    assert_eq!(s.model("m1").map(|m| m.status), Some(ModelStatus::Error));
+    assert_eq!(s.model("m1").map(|m| m.status), Some(ModelStatus::Unavailable));
 }
 
 #[test]
@@ -186,7 +186,7 @@ fn a_replica_lost_while_launching_is_reported_at_the_end() {
     assert_eq!(s.model("m").map(|m| m.status), Some(ModelStatus::Launching));
     let dead = s.finish_launch("m");
     assert_eq!(dead, vec![LostReplica { model_uid: "m".into(), replica_uid: "m-0".into() }]);
-    assert_eq!(s.model("m").map(|m| m.status), Some(ModelStatus::Ready));
+    assert_eq!(s.model("m").map(|m| m.status), Some(ModelStatus::Degraded), "it serves with one replica");
 }
 
 #[test]
@@ -361,4 +361,29 @@ fn workers_list_their_gpus_and_what_runs_on_them() {
     let usage: Vec<(u32, Vec<String>)> = w.gpu_usage.iter().map(|g| (g.index, g.replicas.clone())).collect();
     assert_eq!(usage, [(0, vec![]), (1, vec!["m-0".to_owned()])]);
     assert_eq!(w.gpu_usage[1].memory_fraction, 0.0);
+}
+
+#[test]
+fn a_pd_model_without_a_role_is_unavailable() {
+    let t0 = Instant::now();
+    let mut s = SupervisorState::new();
+    s.heartbeat(info("a:1", &[]), t0);
+    s.heartbeat(info("b:1", &[]), t0);
+    s.heartbeat(info("c:1", &[]), t0);
+    launched(
+        &mut s,
+        json!({"model_name": "smollm2-instruct", "model_uid": "pd", "replica_config": [
+            {"role": "prefill", "devices": [{"worker_ip": "a:1", "n_gpu": 0}]},
+            {"role": "prefill", "devices": [{"worker_ip": "b:1", "n_gpu": 0}]},
+            {"role": "decode", "devices": [{"worker_ip": "c:1", "n_gpu": 0}]}]}),
+    );
+    assert_eq!(s.model("pd").map(|m| m.status), Some(ModelStatus::Ready));
+    // One prefill replica lost, one left: degraded, still serving.
+    s.lose_worker("a:1");
+    assert_eq!(s.model("pd").map(|m| m.status), Some(ModelStatus::Degraded));
+    assert!(s.model("pd").is_some_and(|m| m.status.serves()));
+    // The only decode replica lost: unavailable, though a prefill replica is alive.
+    s.lose_worker("c:1");
+    assert_eq!(s.model("pd").map(|m| m.status), Some(ModelStatus::Unavailable));
+    assert!(s.model("pd").is_some_and(|m| !m.status.serves()));
 }
