@@ -76,28 +76,36 @@ try:
     fa = {"kv_layout": "paged-kv-first", "block_size": 16}
     # Hybrid replicas take the model-wide engine_config (per-replica settings need P/D roles).
     on = lambda w: {"devices": [{"worker_ip": w, "gpu_idx": [0]}]}
-    launch("ordinary", [on(w1), on(w2)], engine_config=dict(gpu, **fa))
-    # The same pair with decode steps launched kernel by kernel (no CUDA graphs), for comparison.
-    launch("ordinary-eager", [on(w1), on(w2)], engine_config=dict(gpu, cuda_graphs=False, **fa))
-    launch("pd-local", [rc("prefill", w1, fa), rc("decode", w1, fa)])
-    launch("pd-ipc", [rc("prefill", w1, fa), rc("decode", w2, fa)])
-    # Across layouts: vLLM FlashAttention HND blocks of 16 → SGLang token pool, over CUDA IPC.
     hnd = {"kv_layout": "paged-kv-first", "kv_order": "HND", "block_size": 16}
-    launch("pd-ipc-x", [rc("prefill", w1, hnd), rc("decode", w2, {"kv_layout": "token-pool"})])
-    uids = ["ordinary", "ordinary-eager", "pd-local", "pd-ipc", "pd-ipc-x"]
-    if nixl:
-        launch("pd-nixl", [rc("prefill", w1, fa), rc("decode", w2, fa)], "nixl")
-        uids.append("pd-nixl")
+    models = {
+        "ordinary": lambda: launch("ordinary", [on(w1), on(w2)], engine_config=dict(gpu, **fa)),
+        # The same pair with decode steps launched kernel by kernel (no CUDA graphs), for comparison.
+        "ordinary-eager": lambda: launch(
+            "ordinary-eager", [on(w1), on(w2)], engine_config=dict(gpu, cuda_graphs=False, **fa)),
+        "pd-local": lambda: launch("pd-local", [rc("prefill", w1, fa), rc("decode", w1, fa)]),
+        "pd-ipc": lambda: launch("pd-ipc", [rc("prefill", w1, fa), rc("decode", w2, fa)]),
+        # Across layouts: vLLM FlashAttention HND blocks of 16 → SGLang token pool, over CUDA IPC.
+        "pd-ipc-x": lambda: launch(
+            "pd-ipc-x", [rc("prefill", w1, hnd), rc("decode", w2, {"kv_layout": "token-pool"})]),
+        "pd-nixl": lambda: launch("pd-nixl", [rc("prefill", w1, fa), rc("decode", w2, fa)], "nixl"),
+    }
+    if not nixl:
+        del models["pd-nixl"]
+    # ROUTES=pd-ipc,pd-nixl measures only those (BENCH=0: only their handoffs, no xinf bench).
+    uids = [u for u in models if u in os.environ.get("ROUTES", ",".join(models)).split(",")]
+    for uid in uids:
+        models[uid]()
     print(subprocess.run(["nvidia-smi", "--query-gpu=name,memory.used,memory.total", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout, flush=True)
     bench = [XINF, "bench", "-e", BASE] + sum((["-u", u] for u in uids), []) + [
         "--concurrency", "1,16", "--requests", REQ, "--prompt-tokens", "40,173,733,2833",
         "--output-tokens", "32", "--warmup", "2", "--json", f"{OUT}/bench.json"]
-    r = subprocess.run(bench, capture_output=True, text=True, env=env, timeout=540)
-    print(r.stdout[-6000:], r.stderr[-2000:], flush=True)
+    if os.environ.get("BENCH", "1") != "0":
+        r = subprocess.run(bench, capture_output=True, text=True, env=env, timeout=540)
+        print(r.stdout[-6000:], r.stderr[-2000:], flush=True)
     # Handoff time of a 1,024-token prompt per route: the decode side's fetch (gather on the
     # prefill GPU, move, into the decode GPU's memory), from the stats' latency sums.
-    for uid in uids[2:]:
+    for uid in [u for u in uids if u.startswith("pd-")]:
         xs = []
         for k in range(7):
             before = call("GET", f"/v1/models/{uid}/stats")["handoff"]["latency"]["sum_us"]

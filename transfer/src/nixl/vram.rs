@@ -66,8 +66,9 @@ impl VramAgent {
         if !node.handles_vram()? {
             return Err(TransferError::NixlUnavailable(
                 "NIXL's UCX backend does not handle GPU memory (VRAM): NIXL and UCX must be built \
-                 with CUDA (the nixl-cu12 wheel is) and UCX must find its cuda module \
-                 (libuct_cuda.so in the ucx/ folder beside libucs)"
+                 with the driver's CUDA major version (the nixl-cu13 wheel for a CUDA 13 driver, \
+                 nixl-cu12 for CUDA 12) and UCX must find its cuda modules (libuct_cuda, \
+                 libucm_cuda in the ucx/ folder beside libucs)"
                     .into(),
             ));
         }
@@ -83,9 +84,10 @@ impl VramAgent {
     pub fn register(&self, buffer: DeviceBuffer) -> Result<VramRegion, TransferError> {
         bind(buffer.context())?;
         let memory = Vram { addr: buffer.device_addr(), len: buffer.len(), device: buffer.ordinal() as u64 };
-        let registration = lock(&self.node.agent)
-            .register_memory(&memory, None)
-            .map_err(nixl_err("registering GPU memory (does UCX handle CUDA memory here?)"))?;
+        let registration = lock(&self.node.agent).register_memory(&memory, None).map_err(nixl_err(
+            "registering GPU memory (UCX without its CUDA module sees it as host memory: \
+                 take the NIXL wheel of the driver's CUDA major version, nixl-cu13 for CUDA 13)",
+        ))?;
         lock(&self.node.pool).generation += 1;
         Ok(VramRegion {
             node: Arc::clone(&self.node),
