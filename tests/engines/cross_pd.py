@@ -237,6 +237,9 @@ def main():
                 os.killpg(xinf.pid, 9)
         json.dump(results, open(os.path.join(OUT, "results.json"), "w"), indent=1)
         fails = [r for r in results if not r["ok"]]
+        # The failures again, last, where a log's tail shows them.
+        for r in fails:
+            print(f"FAILED {r['check']}: {r['detail']}", flush=True)
         print(f"{len(results) - len(fails)}/{len(results)} passed", flush=True)
 
 
