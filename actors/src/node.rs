@@ -144,6 +144,22 @@ pub(crate) fn check_secret(secret: &str) -> Result<(), ActorError> {
 
 /// A free TCP port on `ip`, for a node whose port nobody needs to know in advance (a worker
 /// connects out; the supervisor learns its address from the connection).
+/// The longest worker id (it names the worker's node and process group).
+const MAX_WORKER_ID: usize = 128;
+
+/// A worker id as given (`--worker-id`): letters, digits and `.-_:[]` (so that `host:port` and
+/// IPv6 addresses pass), at most 128 characters.
+pub(crate) fn check_worker_id(id: &str) -> Result<&str, ActorError> {
+    let refuse = |reason: String| ActorError::InvalidConfig { field: "worker_id".into(), reason };
+    if id.is_empty() || id.len() > MAX_WORKER_ID {
+        return Err(refuse(format!("must have 1 to {MAX_WORKER_ID} characters (has {})", id.len())));
+    }
+    match id.chars().find(|c| !(c.is_ascii_alphanumeric() || ".-_:[]".contains(*c))) {
+        Some(c) => Err(refuse(format!("{c:?} is not allowed (letters, digits and . - _ : [ ] are)"))),
+        None => Ok(id),
+    }
+}
+
 pub(crate) fn free_port(ip: IpAddr) -> Result<u16, ActorError> {
     std::net::TcpListener::bind(SocketAddr::new(ip, 0))
         .and_then(|l| l.local_addr())

@@ -423,10 +423,87 @@ async fn losing_the_prefill_worker_spares_requests_already_decoding() {
     sup.shutdown().await;
 }
 
+/// A frozen worker (SIGSTOP: its connection stays open, its heartbeats stop) is declared lost
+/// at the heartbeat deadline, and a request streaming from it fails then, not a call's time
+/// limit later (the abort sent to the frozen replica waits for that limit, after the caller
+/// has heard).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_worker_fails_its_requests_at_the_heartbeat_deadline() {
+    let secret = "secret-frozen-worker";
+    let sup = Cluster::start_supervisor_with("127.0.0.1", 0, secret, options()).await.expect("supervisor");
+    let addr = sup.address().expect("an address").to_owned();
+    let worker = child_worker_process(&addr, secret);
+    let s = &sup;
+    eventually(Duration::from_secs(30), "the worker to join", || async move {
+        s.list_workers().await.expect("workers").iter().any(|w| w.alive)
+    })
+    .await;
+    let worker_id = sup.list_workers().await.expect("workers")[0].info.worker_id.clone();
+    let uid = sup
+        .launch(launch_request(json!({"model_uid": "frozen", "replica_config": [
+            {"devices": [{"worker_ip": worker_id, "n_gpu": 0}]}]})))
+        .await
+        .expect("launch");
+    let mut long = sup.generate(&uid, long_request("", "Tell me a long story.")).await.expect("long");
+    assert!(long.next().await.is_some());
+    let pid = worker.0.id().to_string();
+    let signal = |sig: &str| Command::new("kill").args([sig, &pid]).status().expect("kill").success();
+    assert!(signal("-STOP"));
+    let frozen = tokio::time::Instant::now();
+    let (_, reason, error) = collect(long).await;
+    let after = frozen.elapsed();
+    assert!(signal("-CONT"));
+    assert!(reason.is_none() && error.is_some(), "the request must fail: {reason:?} {error:?}");
+    // The heartbeat deadline is 2 s here and a call's time limit 5 s: failing at the deadline
+    // (plus a check interval) is well under the sum of both.
+    let bound = options().heartbeat_timeout + Duration::from_secs(2);
+    assert!(after < bound, "it failed {after:?} after the worker froze (bound {bound:?})");
+    sup.shutdown().await;
+}
+
+/// A worker restarted under its id (`--worker-id`) takes the place of its lost self in the
+/// supervisor's table: one worker, alive again, not a second one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_restarted_under_its_id_is_the_same_worker() {
+    let secret = "secret-stable-worker";
+    let sup = Cluster::start_supervisor_with("127.0.0.1", 0, secret, options()).await.expect("supervisor");
+    let addr = sup.address().expect("an address").to_owned();
+    let s = &sup;
+    let listed = || async move {
+        let workers = s.list_workers().await.expect("workers");
+        workers.into_iter().map(|w| (w.info.worker_id, w.alive)).collect::<Vec<_>>()
+    };
+    let mut first = child_worker_process_with(&addr, secret, Some("gpu-box-1"));
+    eventually(Duration::from_secs(30), "the worker to join", || async move {
+        listed().await == [("gpu-box-1".to_owned(), true)]
+    })
+    .await;
+    let _ = first.0.kill();
+    eventually(Duration::from_secs(10), "the worker to be lost", || async move {
+        listed().await == [("gpu-box-1".to_owned(), false)]
+    })
+    .await;
+    let _second = child_worker_process_with(&addr, secret, Some("gpu-box-1"));
+    eventually(Duration::from_secs(30), "the worker to come back", || async move {
+        listed().await == [("gpu-box-1".to_owned(), true)]
+    })
+    .await;
+    sup.shutdown().await;
+}
+
 /// Starts a worker process (this test binary's `child_worker`) that joins `addr`.
 fn child_worker_process(addr: &str, secret: &str) -> ChildGuard {
+    child_worker_process_with(addr, secret, None)
+}
+
+/// [`child_worker_process`] with a worker id of its own.
+fn child_worker_process_with(addr: &str, secret: &str, worker_id: Option<&str>) -> ChildGuard {
     let exe = std::env::current_exe().expect("the test binary");
-    let child = Command::new(exe)
+    let mut command = Command::new(exe);
+    if let Some(id) = worker_id {
+        command.env("XINF_TEST_WORKER_ID", id);
+    }
+    let child = command
         .args(["--exact", "child_worker", "--ignored", "--nocapture", "--test-threads=1"])
         .env("XINF_TEST_SUPERVISOR", addr)
         .env("XINF_TEST_SECRET", secret)
@@ -445,7 +522,9 @@ async fn child_worker() {
     else {
         panic!("child_worker is started by another test, with XINF_TEST_SUPERVISOR and XINF_TEST_SECRET");
     };
-    let node = Cluster::start_worker_with(&addr, "127.0.0.1", &secret, options()).await.expect("join");
+    let mut options = options();
+    options.worker_id = std::env::var("XINF_TEST_WORKER_ID").ok();
+    let node = Cluster::start_worker_with(&addr, "127.0.0.1", &secret, options).await.expect("join");
     tracing::info!(worker_id = node.worker_id(), "the test worker joined");
     // Serve until the parent closes stdin (or kills this process).
     let _ = tokio::task::spawn_blocking(|| std::io::stdin().read_line(&mut String::new())).await;

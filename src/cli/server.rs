@@ -109,6 +109,14 @@ pub(crate) struct WorkerArgs {
     /// wildcard such as 0.0.0.0).
     #[arg(short = 'H', long, env = "XINF_WORKER_HOST", default_value = "127.0.0.1")]
     host: String,
+    /// Port this worker listens on; 0 picks a free one. A fixed port keeps the worker's id
+    /// (`host:port`) when it restarts.
+    #[arg(long, env = "XINF_WORKER_PORT", default_value_t = 0)]
+    worker_port: u16,
+    /// The worker's id (default `host:port`): a worker restarted under the id of a lost one
+    /// takes its place rather than joining as a new worker.
+    #[arg(long, env = "XINF_WORKER_ID")]
+    worker_id: Option<String>,
     #[command(flatten)]
     secret: SecretArgs,
     #[command(flatten)]
@@ -212,7 +220,10 @@ pub(crate) async fn supervisor(args: SupervisorArgs, cat: &Catalog) -> Result<()
 /// `xinf worker`: joins a supervisor and runs the replicas it places here until a signal.
 pub(crate) async fn worker(args: WorkerArgs, cat: &Catalog) -> Result<(), String> {
     let secret = args.secret.get(cat)?;
-    let node = Cluster::start_worker_with(&args.supervisor, &args.host, secret, args.node.options())
+    let mut options = args.node.options();
+    options.worker_port = args.worker_port;
+    options.worker_id = args.worker_id.clone();
+    let node = Cluster::start_worker_with(&args.supervisor, &args.host, secret, options)
         .await
         .map_err(|e| actor_text(cat, &e))?;
     eprintln!(

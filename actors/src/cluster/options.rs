@@ -43,6 +43,12 @@ pub struct ClusterOptions {
     pub snapshot_cache_bytes: usize,
     /// The engines launches may name; the first is the default.
     pub engines: xinf_engine::Engines,
+    /// A worker's port for its node; 0 picks a free one. A fixed port keeps the worker's
+    /// default id (`host:port`) across restarts.
+    pub worker_port: u16,
+    /// A worker's id; default `host:port`. A worker that comes back under the id of a lost one
+    /// takes its place in the supervisor's table instead of joining as a new worker.
+    pub worker_id: Option<String>,
 }
 
 impl Default for ClusterOptions {
@@ -63,6 +69,8 @@ impl Default for ClusterOptions {
             transport: xinf_transfer::transport::TransportPolicy::Auto,
             snapshot_cache_bytes: 512 << 20,
             engines: xinf_engine::Engines::default(),
+            worker_port: 0,
+            worker_id: None,
         }
     }
 }

@@ -189,8 +189,14 @@ impl Cluster {
         node::check_secret(secret)?;
         page_key(secret);
         let ip = node::listen_ip(host)?;
-        let port = node::free_port(ip)?;
-        let worker_id = SocketAddr::new(ip, port).to_string();
+        let port = match options.worker_port {
+            0 => node::free_port(ip)?,
+            port => port,
+        };
+        let worker_id = match &options.worker_id {
+            Some(id) => node::check_worker_id(id)?.to_owned(),
+            None => SocketAddr::new(ip, port).to_string(),
+        };
         let ns = Namespace::from_secret(secret);
         let info = WorkerInfo::from_env(worker_id.clone(), ip.to_string())?;
         let node = node::start_node(&format!("xinf-worker-{worker_id}"), ip, port, secret).await?;

@@ -34,3 +34,14 @@ fn namespaces_follow_the_secret() {
     assert!(!Namespace::from_secret("b").owns(&ns.router_name("m")));
     assert!(!ns.owns("xinf-other/replica/m-0"));
 }
+
+#[test]
+fn worker_ids_are_checked() {
+    for good in ["gpu-box-1", "10.0.0.2:4000", "[::1]:4000", "rack_3.node-7"] {
+        assert_eq!(check_worker_id(good).ok(), Some(good));
+    }
+    for bad in ["", "a b", "a/b", "ü", &"x".repeat(129)] {
+        let e = check_worker_id(bad).expect_err(bad);
+        assert!(matches!(&e, ActorError::InvalidConfig { field, .. } if field == "worker_id"), "{e}");
+    }
+}
