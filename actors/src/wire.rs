@@ -12,6 +12,16 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::time::Duration;
 
+/// The most bytes a decoded payload may claim: the cluster's frame limit (ractor_cluster's
+/// default inbound frame size). bincode allocates the length a payload states for a string or
+/// a byte list, so without a limit one crafted length (2^40) aborts the process.
+const MAX_PAYLOAD: usize = 16 << 20;
+
+/// bincode 2's standard configuration, with decoding bounded by [`MAX_PAYLOAD`].
+fn bincode_config() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<MAX_PAYLOAD>()
+}
+
 /// A payload or reply that may cross nodes: bincode 2 (`config::standard()`) on the wire.
 pub(crate) struct Wire<T>(pub(crate) Result<T, ActorError>);
 
@@ -30,7 +40,7 @@ impl<T> From<Result<T, ActorError>> for Wire<T> {
 
 impl<T: Serialize + DeserializeOwned> BytesConvertable for Wire<T> {
     fn into_bytes(self) -> Vec<u8> {
-        let config = bincode::config::standard();
+        let config = bincode_config();
         match bincode::serde::encode_to_vec(&self.0, config) {
             Ok(bytes) => bytes,
             Err(e) => {
@@ -42,7 +52,7 @@ impl<T: Serialize + DeserializeOwned> BytesConvertable for Wire<T> {
     }
 
     fn from_bytes(bytes: Vec<u8>) -> Self {
-        match bincode::serde::decode_from_slice(&bytes, bincode::config::standard()) {
+        match bincode::serde::decode_from_slice(&bytes, bincode_config()) {
             Ok((value, _)) => Self(value),
             Err(e) => Self(Err(ActorError::Wire(format!("decoding: {e}")))),
         }

@@ -41,3 +41,41 @@ fn errors_survive_the_wire() {
     let garbage = crate::wire::Wire::<String>::from_bytes(vec![0xff, 0xff, 0xff]);
     assert!(matches!(garbage.0, Err(ActorError::Wire(_))));
 }
+
+#[test]
+fn a_payload_stating_a_huge_length_is_refused_without_allocating_it() {
+    use ractor::BytesConvertable;
+    // `Ok` (variant 0), then a byte string stating 2^40 bytes (varint 253 = u64 follows) and
+    // holding 3.
+    let mut bytes = vec![0u8, 253];
+    bytes.extend_from_slice(&(1u64 << 40).to_le_bytes());
+    bytes.extend_from_slice(b"abc");
+    let decoded = crate::wire::Wire::<Vec<u8>>::from_bytes(bytes.clone()).0;
+    assert!(matches!(decoded, Err(ActorError::Wire(_))), "{decoded:?}");
+    let decoded = crate::wire::Wire::<String>::from_bytes(bytes).0;
+    assert!(matches!(decoded, Err(ActorError::Wire(_))), "{decoded:?}");
+}
+
+proptest::proptest! {
+    /// Whatever bytes arrive as a cluster payload, decoding answers (a value or a typed
+    /// error) without panicking or allocating what the bytes claim.
+    #[test]
+    fn any_bytes_decode_to_a_value_or_a_typed_error(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+        use ractor::BytesConvertable;
+        use crate::wire::Wire;
+        let _ = Wire::<Vec<String>>::from_bytes(bytes.clone()).0;
+        let _ = Wire::<crate::view::ModelInfo>::from_bytes(bytes.clone()).0;
+        let _ = Wire::<xinf_engine::GenerateRequest>::from_bytes(bytes.clone()).0;
+        let _ = Wire::<Vec<u8>>::from_bytes(bytes).0;
+    }
+
+    /// A stated length past the limit is refused whatever it is.
+    #[test]
+    fn stated_lengths_past_the_limit_are_refused(len in (16u64 << 20) + 1..u64::MAX) {
+        use ractor::BytesConvertable;
+        let mut bytes = vec![0u8, 253];
+        bytes.extend_from_slice(&len.to_le_bytes());
+        let decoded = crate::wire::Wire::<Vec<u8>>::from_bytes(bytes).0;
+        proptest::prop_assert!(matches!(decoded, Err(ActorError::Wire(_))));
+    }
+}
