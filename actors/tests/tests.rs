@@ -315,19 +315,8 @@ impl Drop for ChildGuard {
 /// and the model reports no replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_in_another_process_serves_and_its_loss_is_noticed() {
-    let secret = "secret-cross-process";
-    let sup = Cluster::start_supervisor_with("127.0.0.1", 0, secret, options()).await.expect("supervisor");
-    let addr = sup.address().expect("an address").to_owned();
-    let mut guard = child_worker_process(&addr, secret);
-    // The worker registers with the supervisor once it has joined.
-    let s = &sup;
-    eventually(Duration::from_secs(30), "the worker process to join", || async move {
-        s.list_workers().await.expect("workers").iter().any(|w| w.alive)
-    })
-    .await;
-    let workers = sup.list_workers().await.expect("workers");
-    assert_eq!(workers.len(), 1);
-    let worker_id = workers[0].info.worker_id.clone();
+    let (sup, mut workers, ids) = supervisor_with_workers("secret-cross-process", 1).await;
+    let (guard, worker_id) = (&mut workers[0], ids[0].clone());
 
     let uid = sup
         .launch(launch_request(json!({"model_uid": "remote", "replica_config": [
@@ -372,25 +361,8 @@ async fn a_worker_in_another_process_serves_and_its_loss_is_noticed() {
 /// on the other worker streams to its end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_the_prefill_worker_spares_requests_already_decoding() {
-    let secret = "secret-prefill-loss";
-    let sup = Cluster::start_supervisor_with("127.0.0.1", 0, secret, options()).await.expect("supervisor");
-    let addr = sup.address().expect("an address").to_owned();
-    // One worker at a time, so that the first to join is the process killed below.
-    let mut prefill_worker = child_worker_process(&addr, secret);
-    let s = &sup;
-    eventually(Duration::from_secs(30), "the prefill worker to join", || async move {
-        s.list_workers().await.expect("workers").iter().filter(|w| w.alive).count() == 1
-    })
-    .await;
-    let prefill_id = sup.list_workers().await.expect("workers")[0].info.worker_id.clone();
-    let _decode_worker = child_worker_process(&addr, secret);
-    eventually(Duration::from_secs(30), "the decode worker to join", || async move {
-        s.list_workers().await.expect("workers").iter().filter(|w| w.alive).count() == 2
-    })
-    .await;
-    let workers = sup.list_workers().await.expect("workers");
-    let decode_id = workers.into_iter().map(|w| w.info.worker_id).find(|id| *id != prefill_id).expect("two");
-    let ids = [prefill_id, decode_id];
+    // Joined one at a time: the first is the prefill worker, killed below.
+    let (sup, mut workers, ids) = supervisor_with_workers("secret-prefill-loss", 2).await;
     let uid = sup
         .launch(launch_request(json!({"model_uid": "pd", "replica_config": [
             {"role": "prefill", "replica_uid": "pd-p", "devices": [{"worker_ip": ids[0], "n_gpu": 0}]},
@@ -403,7 +375,7 @@ async fn losing_the_prefill_worker_spares_requests_already_decoding() {
     if let Some(Ok(TokenEvent::Delta { text: t, .. })) = long.next().await {
         text.push_str(&t);
     }
-    let _ = prefill_worker.0.kill();
+    let _ = workers[0].0.kill();
     let (rest, reason, error) = collect(long).await;
     assert!(error.is_none(), "a request already decoding must not fail: {error:?}");
     assert_eq!(reason, Some(FinishReason::Length));
@@ -429,16 +401,8 @@ async fn losing_the_prefill_worker_spares_requests_already_decoding() {
 /// has heard).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_worker_fails_its_requests_at_the_heartbeat_deadline() {
-    let secret = "secret-frozen-worker";
-    let sup = Cluster::start_supervisor_with("127.0.0.1", 0, secret, options()).await.expect("supervisor");
-    let addr = sup.address().expect("an address").to_owned();
-    let worker = child_worker_process(&addr, secret);
-    let s = &sup;
-    eventually(Duration::from_secs(30), "the worker to join", || async move {
-        s.list_workers().await.expect("workers").iter().any(|w| w.alive)
-    })
-    .await;
-    let worker_id = sup.list_workers().await.expect("workers")[0].info.worker_id.clone();
+    let (sup, workers, ids) = supervisor_with_workers("secret-frozen-worker", 1).await;
+    let worker_id = ids[0].clone();
     let uid = sup
         .launch(launch_request(json!({"model_uid": "frozen", "replica_config": [
             {"devices": [{"worker_ip": worker_id, "n_gpu": 0}]}]})))
@@ -446,7 +410,7 @@ async fn a_frozen_worker_fails_its_requests_at_the_heartbeat_deadline() {
         .expect("launch");
     let mut long = sup.generate(&uid, long_request("", "Tell me a long story.")).await.expect("long");
     assert!(long.next().await.is_some());
-    let pid = worker.0.id().to_string();
+    let pid = workers[0].0.id().to_string();
     let signal = |sig: &str| Command::new("kill").args([sig, &pid]).status().expect("kill").success();
     assert!(signal("-STOP"));
     let frozen = tokio::time::Instant::now();
@@ -489,6 +453,27 @@ async fn a_worker_restarted_under_its_id_is_the_same_worker() {
     })
     .await;
     sup.shutdown().await;
+}
+
+/// A supervisor and `n` worker processes, joined one at a time; the workers' ids in the order
+/// of the processes.
+async fn supervisor_with_workers(secret: &str, n: usize) -> (Cluster, Vec<ChildGuard>, Vec<String>) {
+    let sup = Cluster::start_supervisor_with("127.0.0.1", 0, secret, options()).await.expect("supervisor");
+    let addr = sup.address().expect("an address").to_owned();
+    let (mut workers, mut ids) = (Vec::new(), Vec::<String>::new());
+    for joined in 1..=n {
+        workers.push(child_worker_process(&addr, secret));
+        let s = &sup;
+        eventually(Duration::from_secs(30), "a worker process to join", || async move {
+            s.list_workers().await.expect("workers").iter().filter(|w| w.alive).count() == joined
+        })
+        .await;
+        let all = sup.list_workers().await.expect("workers");
+        let new =
+            all.into_iter().map(|w| w.info.worker_id).find(|id| !ids.contains(id)).expect("a new worker");
+        ids.push(new);
+    }
+    (sup, workers, ids)
 }
 
 /// Starts a worker process (this test binary's `child_worker`) that joins `addr`.
