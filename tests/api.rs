@@ -2,6 +2,8 @@
 //! completions (streaming or not), sampling fields, strict request checking, limits, the API
 //! key, client disconnects, the official `openai` Python client and `xinf serve`.
 
+mod corpus;
+
 use crate::util::{self, http};
 use serde_json::{Value, json};
 use std::io::{BufRead, Read};
