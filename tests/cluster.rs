@@ -2,6 +2,8 @@
 //! models launched over REST and with `xinf launch`, requests routed across processes, a
 //! worker killed mid-stream, a node with the wrong secret, and `xinf local`.
 
+mod corpus;
+
 use crate::util::procs::{Proc, local, poll, xinf};
 use crate::util::{self, http};
 use serde_json::{Value, json};

@@ -467,6 +467,7 @@ fn engine_not_available(field: &str, engine: &str, engines: &Engines) -> ActorEr
             engine_names(engines, |_| true)
         ),
     )
+    .at(field)
 }
 
 /// The loader of an engine the launch names, or the refusal naming the field.

@@ -8,6 +8,7 @@ use crate::api::{AppState, ServiceError};
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Serialize;
 use xinf_actors::LaunchRequest;
+use xinf_engine::EngineError;
 
 /// Every model, in OpenAI's list shape.
 pub(crate) async fn list(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
@@ -55,8 +56,15 @@ pub(crate) async fn launch(
         let body = read_body(&req, payload, state.max_body_bytes).await?;
         let request: LaunchRequest = parse_json(&body)?;
         let name = request.model_name.clone();
+        // Model files that do not load are the fault of the field that named them.
+        let model_field = if request.model_path.is_some() { "model_path" } else { "model_name" };
         tracing::info!(target: "xinf::api", model_name = %name, wait_ready = wait, "launch");
-        let uid = state.service.launch(request, wait).await?;
+        let uid = state.service.launch(request, wait).await.map_err(|e| match e {
+            ServiceError::Engine(EngineError::Model(_)) => {
+                Problem::AtParam { problem: Box::new(e.into()), param: model_field.to_owned() }
+            }
+            other => other.into(),
+        })?;
         Ok(HttpResponse::Ok().json(serde_json::json!({ "model_uid": uid })))
     }
     .await;
