@@ -3,6 +3,7 @@
 //! worker killed mid-stream, a node with the wrong secret, and `xinf local`.
 
 mod corpus;
+mod garbage;
 
 use crate::util::procs::{Proc, local, poll, xinf};
 use crate::util::{self, http};
@@ -26,8 +27,14 @@ pub(crate) fn supervisor() -> (Proc, SocketAddr, String) {
 }
 
 pub(crate) fn worker(cluster: &str, secret: &str) -> (Proc, String) {
+    worker_with_env(cluster, secret, &[])
+}
+
+/// [`worker`] with more environment (`XINF_LOG`, say).
+pub(crate) fn worker_with_env(cluster: &str, secret: &str, env: &[(&str, &str)]) -> (Proc, String) {
     let mut cmd = xinf();
     cmd.args(["worker", "--supervisor", cluster]).env("XINF_CLUSTER_SECRET", secret);
+    cmd.envs(env.iter().copied());
     let mut p = Proc::spawn(cmd);
     let joined = p.wait_for("Worker ");
     let id = joined.split_whitespace().next().expect("worker id").to_owned();
