@@ -249,6 +249,60 @@ async fn a_decode_engine_that_fetches_its_own_kv_serves_pd() {
     cluster.shutdown().await;
 }
 
+/// 200 P/D requests, 16 at a time, each ended one of four ways at a random moment — the
+/// stream dropped, the abort route, the stream dropped after an abort, or left to finish —
+/// leave nothing behind: no running or queued request, no room, no pinned block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_cancellations_leave_nothing_behind() {
+    let cluster = Cluster::start_local_with(options()).await.expect("start");
+    // Room in the KV caches for 16 requests of 400 tokens at once.
+    let body = json!({"model_uid": "pd", "kv_cache_tokens": 16384,
+        "replica_config": [{"role": "prefill"}, {"role": "decode"}]});
+    let uid = cluster.launch(launch_request(body)).await.expect("pd");
+    let seed: u64 = rand::random();
+    eprintln!("random cancellations, seed {seed}");
+    let one = |i: u64| {
+        let (c, u) = (&cluster, uid.as_str());
+        async move {
+            let draw = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(i.wrapping_mul(1_442_695_040_888_963_407));
+            let (how, after_ms) = ((draw >> 33) % 4, (draw >> 40) % 40);
+            let id = format!("r{i}");
+            let mut stream = match c.generate(u, long_request(&id, "Tell me a story.")).await {
+                Ok(stream) => stream,
+                Err(e) => panic!("request {i} did not start: {e}"),
+            };
+            tokio::time::sleep(Duration::from_millis(after_ms)).await;
+            match how {
+                0 => drop(stream),
+                1 | 2 => {
+                    let _ = c.abort(u, &id).await;
+                    if how == 2 {
+                        drop(stream);
+                    } else {
+                        while stream.next().await.is_some() {}
+                    }
+                }
+                _ => while stream.next().await.is_some() {},
+            }
+        }
+    };
+    futures::stream::iter(0..200).for_each_concurrent(16, one).await;
+    let (c, u) = (&cluster, uid.as_str());
+    eventually(Duration::from_secs(30), "every request and room to be gone", || async move {
+        let stats = c.stats(u).await.expect("stats");
+        stats
+            .iter()
+            .all(|s| s.running == 0 && s.queued == 0 && s.pinned_blocks == 0 && s.handoff.active_rooms == 0)
+    })
+    .await;
+    let (_, reason, error) =
+        collect(cluster.generate(&uid, request("", "Hi", 4)).await.expect("after")).await;
+    assert!(error.is_none() && reason.is_some(), "{reason:?} {error:?}");
+    cluster.shutdown().await;
+}
+
 /// A launch whose weights do not load leaves no actor and no state behind, and the same uid
 /// can be launched again; a request that fails validation creates nothing at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
