@@ -27,6 +27,13 @@ impl ModelStatus {
     pub fn serves(self) -> bool {
         matches!(self, Self::Ready | Self::Degraded)
     }
+
+    /// Whether the model is launched and not being torn down: serving, or waiting for a role to
+    /// have a replica again. Only such a model changes status with its replicas, scales up or
+    /// is terminated.
+    pub fn launched(self) -> bool {
+        matches!(self, Self::Ready | Self::Degraded | Self::Unavailable)
+    }
 }
 
 impl fmt::Display for ModelStatus {

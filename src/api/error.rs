@@ -77,6 +77,11 @@ impl Problem {
         Self::Field { field: field.into(), key, arg: Some(arg), code }
     }
 
+    /// `problem`, blamed on `param`.
+    pub(crate) fn at_param(problem: impl Into<Problem>, param: &str) -> Self {
+        Self::AtParam { problem: Box::new(problem.into()), param: param.to_owned() }
+    }
+
     /// Classifies a parse failure of a JSON body into a request type.
     pub(crate) fn from_json(e: serde_path_to_error::Error<serde_json::Error>) -> Self {
         let path = e.path().to_string();

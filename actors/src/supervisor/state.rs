@@ -256,7 +256,7 @@ impl SupervisorState {
     pub(crate) fn begin_scale(&mut self, uid: &str, request: &ScaleRequest) -> Result<ScalePlan, ActorError> {
         let model = self.models.get(uid).ok_or_else(|| ActorError::ModelNotFound(uid.to_owned()))?;
         // A model that lost replicas is scaled up like any serving one: that is how it recovers.
-        if !model.status.serves() && model.status != ModelStatus::Unavailable {
+        if !model.status.launched() {
             return Err(ActorError::NotReady { model_uid: uid.to_owned(), status: model.status.to_string() });
         }
         let others = model
@@ -360,7 +360,7 @@ fn loading(p: &Placement) -> ReplicaInfo {
 /// A serving model is ready with every replica alive, degraded when some were lost, and
 /// unavailable when a role it needs (hybrid, or prefill and decode) has no alive replica.
 fn settle(model: &mut ModelInfo) {
-    if !model.status.serves() && model.status != ModelStatus::Unavailable {
+    if !model.status.launched() {
         return;
     }
     let alive = |role| model.replicas.iter().any(|r| r.role == role && r.status == ReplicaStatus::Alive);

@@ -272,7 +272,7 @@ fn blame_context(e: ServiceError, flavor: Flavor) -> Problem {
         }
         _ => return e.into(),
     };
-    Problem::AtParam { problem: Box::new(e.into()), param: param.to_owned() }
+    Problem::at_param(e, param)
 }
 
 /// A validated generation request.

@@ -60,9 +60,7 @@ pub(crate) async fn launch(
         let model_field = if request.model_path.is_some() { "model_path" } else { "model_name" };
         tracing::info!(target: "xinf::api", model_name = %name, wait_ready = wait, "launch");
         let uid = state.service.launch(request, wait).await.map_err(|e| match e {
-            ServiceError::Engine(EngineError::Model(_)) => {
-                Problem::AtParam { problem: Box::new(e.into()), param: model_field.to_owned() }
-            }
+            ServiceError::Engine(EngineError::Model(_)) => Problem::at_param(e, model_field),
             other => other.into(),
         })?;
         Ok(HttpResponse::Ok().json(serde_json::json!({ "model_uid": uid })))

@@ -19,6 +19,15 @@ fn spec(v: serde_json::Value) -> LaunchSpec {
     validate(&req, false, &crate::testing::engines()).expect("valid")
 }
 
+/// A state that has heard from CPU-only workers `ids` at `t0`.
+fn cpu_workers(ids: &[&str], t0: Instant) -> SupervisorState {
+    let mut s = SupervisorState::new();
+    for id in ids {
+        s.heartbeat(info(id, &[]), t0);
+    }
+    s
+}
+
 fn launched(state: &mut SupervisorState, v: serde_json::Value) -> (String, Vec<Placement>) {
     let s = spec(v);
     let out = state.begin_launch(&s, "smollm2-instruct", || "abcd".into()).expect("placed");
@@ -122,9 +131,7 @@ fn placement_round_robin_continues_across_launches() {
 #[test]
 fn a_lost_worker_marks_its_replicas_dead_and_spares_other_models() {
     let t0 = Instant::now();
-    let mut s = SupervisorState::new();
-    s.heartbeat(info("a:1", &[]), t0);
-    s.heartbeat(info("b:1", &[]), t0);
+    let mut s = cpu_workers(&["a:1", "b:1"], t0);
     // m1 has one replica on each worker; m2 only on b.
     launched(&mut s, json!({"model_name": "smollm2-instruct", "model_uid": "m1", "replica": 2}));
     launched(&mut s, json!({"model_name": "smollm2-instruct", "model_uid": "m2", "worker_ip": "b:1"}));
@@ -176,9 +183,7 @@ fn dead_replicas_free_their_gpus() {
 #[test]
 fn a_replica_lost_while_launching_is_reported_at_the_end() {
     let t0 = Instant::now();
-    let mut s = SupervisorState::new();
-    s.heartbeat(info("a:1", &[]), t0);
-    s.heartbeat(info("b:1", &[]), t0);
+    let mut s = cpu_workers(&["a:1", "b:1"], t0);
     let sp = spec(json!({"model_name": "smollm2-instruct", "model_uid": "m", "replica": 2}));
     s.begin_launch(&sp, "smollm2-instruct", || "x".into()).expect("placed");
     let lost = s.lose_worker("a:1");
@@ -366,10 +371,7 @@ fn workers_list_their_gpus_and_what_runs_on_them() {
 #[test]
 fn a_pd_model_without_a_role_is_unavailable() {
     let t0 = Instant::now();
-    let mut s = SupervisorState::new();
-    s.heartbeat(info("a:1", &[]), t0);
-    s.heartbeat(info("b:1", &[]), t0);
-    s.heartbeat(info("c:1", &[]), t0);
+    let mut s = cpu_workers(&["a:1", "b:1", "c:1"], t0);
     launched(
         &mut s,
         json!({"model_name": "smollm2-instruct", "model_uid": "pd", "replica_config": [
