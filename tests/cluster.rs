@@ -3,7 +3,11 @@
 //! worker killed mid-stream, a node with the wrong secret, and `xinf local`.
 
 mod corpus;
+mod faults;
 mod garbage;
+mod nodes;
+
+pub(crate) use nodes::{supervisor, supervisor_on, worker, worker_with_env};
 
 use crate::util::procs::{Proc, local, poll, xinf};
 use crate::util::{self, http};
@@ -15,31 +19,6 @@ use std::time::{Duration, Instant};
 
 pub(crate) const SECRET: &str = "test-cluster-secret";
 const QUESTION: &str = "What is the capital of France?";
-
-pub(crate) fn supervisor() -> (Proc, SocketAddr, String) {
-    let mut cmd = xinf();
-    cmd.args(["supervisor", "--port", "0", "--cluster-port", "0"]).env("XINF_CLUSTER_SECRET", SECRET);
-    let mut p = Proc::spawn(cmd);
-    let cluster = p.wait_for("Workers join at ").trim().to_owned();
-    let rest = p.wait_for("REST API at http://");
-    let addr = rest.trim().trim_end_matches("/v1").parse().expect("REST address");
-    (p, addr, cluster)
-}
-
-pub(crate) fn worker(cluster: &str, secret: &str) -> (Proc, String) {
-    worker_with_env(cluster, secret, &[])
-}
-
-/// [`worker`] with more environment (`XINF_LOG`, say).
-pub(crate) fn worker_with_env(cluster: &str, secret: &str, env: &[(&str, &str)]) -> (Proc, String) {
-    let mut cmd = xinf();
-    cmd.args(["worker", "--supervisor", cluster]).env("XINF_CLUSTER_SECRET", secret);
-    cmd.envs(env.iter().copied());
-    let mut p = Proc::spawn(cmd);
-    let joined = p.wait_for("Worker ");
-    let id = joined.split_whitespace().next().expect("worker id").to_owned();
-    (p, id)
-}
 
 fn chat_body(model: &str, stream: bool, max_tokens: usize) -> Value {
     json!({

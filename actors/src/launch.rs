@@ -38,8 +38,8 @@ pub use request::{
     DeviceConfig, GpuCount, GpuIdx, LaunchRequest, ModelSize, RESERVED_ENGINE_CONFIG_KEYS, ReplicaConfig,
     Role,
 };
-pub(crate) use scale::scale_spec;
 pub use scale::{MAX_SCALE, ScaleRequest, refused_key as scale_refused_key};
+pub(crate) use scale::{one_replica, scale_spec};
 pub(crate) use spec::LaunchSpec;
 pub(crate) use validate::validate;
 

@@ -2,7 +2,7 @@
 //! from either actor; every one may cross nodes.
 
 use crate::launch::{LaunchRequest, ScaleRequest};
-use crate::spec::ReplicaSpec;
+use crate::spec::{HeldReplica, ReplicaSpec};
 use crate::view::{ModelInfo, WorkerInfo, WorkerStatus};
 use crate::wire::{JsonWire, Wire};
 use ractor::RpcReplyPort;
@@ -39,8 +39,16 @@ pub(crate) enum SupervisorMsg {
         outcome: Wire<()>,
         reply: RpcReplyPort<Wire<()>>,
     },
-    /// A worker is alive (and registers with its devices).
-    Heartbeat { info: Wire<WorkerInfo> },
+    /// A worker is alive (and registers with its devices), holding these replicas.
+    Heartbeat { info: Wire<WorkerInfo>, replicas: Wire<Vec<HeldReplica>> },
+    /// An adoption task finished (internal): a model rebuilt, or replicas added back.
+    #[rpc]
+    AdoptDone {
+        model_uid: String,
+        replicas: Wire<Vec<String>>,
+        outcome: Wire<()>,
+        reply: RpcReplyPort<Wire<()>>,
+    },
     /// A replica's actor stopped unexpectedly.
     ReplicaDied { model_uid: String, replica_uid: String },
     /// A launch task finished (internal).

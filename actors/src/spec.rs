@@ -20,6 +20,27 @@ pub(crate) struct ReplicaSpec {
     pub(crate) gpus: Vec<u32>,
     /// The launch's handoff settings.
     pub(crate) handoff: ModelHandoff,
+    /// The model's launch request as JSON: with it, a supervisor that restarted rebuilds the
+    /// model from the replicas its workers report (and can scale it again).
+    pub(crate) launch: String,
+}
+
+/// A replica a worker holds, as its heartbeat reports it: the supervisor adopts serving
+/// replicas it does not know (after a restart) and notices replicas it knows that are gone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct HeldReplica {
+    pub(crate) spec: ReplicaSpec,
+    /// Its engine is loaded and its actor serves (otherwise it is still loading).
+    pub(crate) serving: bool,
+}
+
+/// What every replica of a model is started with, whatever its role and place.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ModelCommon {
+    pub(crate) source: ModelSource,
+    pub(crate) handoff: ModelHandoff,
+    /// The launch request as JSON (see [`ReplicaSpec::launch`]).
+    pub(crate) launch: String,
 }
 
 /// A model's handoff settings from its launch, carried to every replica.

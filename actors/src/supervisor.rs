@@ -4,25 +4,29 @@
 //! the actor only validates and reserves in its state, then hands the slow part to a task that
 //! reports back with `LaunchDone`/`TerminateDone`. The mailbox stays free for heartbeats, so a
 //! long model load never makes a worker look lost.
+//!
+//! Heartbeats carry the replicas each worker holds. After a restart the supervisor rebuilds its
+//! models from them (`AdoptDone` reports back); replicas lost with their worker are replaced
+//! where the cluster has room, at each `Tick`.
 
 pub(crate) mod state;
+mod tasks;
 
-use crate::block_tracker::{BlockTracker, BlockTrackerMsg};
+use crate::block_tracker::BlockTrackerMsg;
 use crate::error::ActorError;
-use crate::launch::{self, LaunchRequest, Placement};
-use crate::node::{Namespace, wait_for_member};
+use crate::launch::{self, LaunchRequest};
+use crate::node::Namespace;
 pub(crate) use crate::protocol::SupervisorMsg;
-use crate::protocol::WorkerMsg;
-use crate::replica::ReplicaMsg;
-use crate::router::{Router, RouterArgs, RouterMsg};
-use crate::spec::{ModelHandoff, ReplicaSpec};
-use crate::wire::{Wire, answer, call, call_local};
-use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
-use state::{LostReplica, ScalePlan, SupervisorState};
+use crate::router::RouterMsg;
+use crate::spec::{HeldReplica, ReplicaSpec, Role};
+use crate::wire::{Wire, answer, call};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use state::{LostReplica, Reconciled, SupervisorState};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-use xinf_engine::{Engines, ModelSource};
+use tasks::{TaskCtx, rollback, run_adopt, run_launch, run_rejoin, run_scale, stop_orphans, teardown};
+use xinf_engine::Engines;
 use xinf_transfer::sync::lock;
 
 /// The local actors of a serving model. They live on the supervisor node and never cross
@@ -76,20 +80,6 @@ pub(crate) struct Supervisor {
     pub(crate) engines: Engines,
 }
 
-/// Everything a launch or terminate task needs.
-#[derive(Clone)]
-struct TaskCtx {
-    ns: Namespace,
-    models: Arc<ModelTable>,
-    times: SupervisorTimes,
-    sup: ActorRef<SupervisorMsg>,
-}
-
-/// A worker, found through its process group.
-fn worker_ref(ns: &Namespace, worker_id: &str) -> Option<ActorRef<WorkerMsg>> {
-    ractor::pg::get_members(&ns.worker_group(worker_id)).into_iter().next().map(Into::into)
-}
-
 impl Supervisor {
     fn task_ctx(&self, myself: &ActorRef<SupervisorMsg>) -> TaskCtx {
         TaskCtx { ns: self.ns.clone(), models: self.models.clone(), times: self.times, sup: myself.clone() }
@@ -135,11 +125,11 @@ impl Supervisor {
             let spec = launch::validate(&req, self.local_mode, &self.engines)?;
             let (uid, placements) =
                 state.begin_launch(&spec, &req.model_name, || format!("{:08x}", rand::random::<u32>()))?;
-            Ok((uid, placements, (spec.source.clone(), spec.handoff())))
+            Ok((uid, placements, spec.common()))
         });
         match started {
             Err(e) => answer(reply, Wire(Err(e))),
-            Ok((uid, placements, source)) => {
+            Ok((uid, placements, common)) => {
                 tracing::info!(model_uid = %uid, replicas = placements.len(), "launching");
                 let ctx = self.task_ctx(myself);
                 let reply = if detach {
@@ -149,7 +139,7 @@ impl Supervisor {
                     Some(reply)
                 };
                 tokio::spawn(async move {
-                    let outcome = run_launch(&ctx, &uid, &source.0, &source.1, &placements).await;
+                    let outcome = run_launch(&ctx, &uid, &common, &placements).await;
                     let recorded =
                         call(&ctx.sup, "supervisor", ctx.times.call, |reply| SupervisorMsg::LaunchDone {
                             model_uid: uid.clone(),
@@ -189,6 +179,18 @@ impl Supervisor {
             Err(e) => return answer(reply, Wire(Err(e))),
         };
         tracing::info!(%model_uid, replicas = plan.placements.len(), "scaling up");
+        self.start_scale(myself, model_uid, plan, Some(reply));
+    }
+
+    /// Starts a placed scale-up (or replacement) in a task that reports back with `ScaleDone`,
+    /// and answers `reply`, when given, once the new replicas serve.
+    fn start_scale(
+        &self,
+        myself: &ActorRef<SupervisorMsg>,
+        model_uid: String,
+        plan: state::ScalePlan,
+        reply: Option<RpcReplyPort<Wire<Vec<String>>>>,
+    ) {
         let ctx = self.task_ctx(myself);
         let actors = self.models.get(&model_uid);
         tokio::spawn(async move {
@@ -201,8 +203,74 @@ impl Supervisor {
                 reply,
             })
             .await;
-            answer(reply, Wire(outcome.and(recorded).map(|()| uids)));
+            if let Some(reply) = reply {
+                answer(reply, Wire(outcome.and(recorded).map(|()| uids)));
+            }
         });
+    }
+
+    /// Acts on what a worker's heartbeat says it holds: replicas gone leave their routers,
+    /// ended ones are stopped, and serving ones the supervisor does not count are adopted.
+    fn reconcile(
+        &self,
+        myself: &ActorRef<SupervisorMsg>,
+        state: &mut SupervisorState,
+        worker_id: &str,
+        held: &[HeldReplica],
+    ) {
+        let Reconciled { gone, unknown_models, rejoined, stop } = state.reconcile(worker_id, held);
+        self.drop_replicas(gone, &format!("worker {worker_id} no longer holds it"));
+        let ctx = self.task_ctx(myself);
+        if !stop.is_empty() {
+            tracing::info!(%worker_id, replicas = ?stop, "stopping replicas of ended models");
+            let (ctx, worker_id) = (ctx.clone(), worker_id.to_owned());
+            tokio::spawn(async move { stop_orphans(&ctx, &worker_id, &stop).await });
+        }
+        for (model_uid, replicas) in rejoined {
+            tracing::info!(%model_uid, %worker_id, ?replicas, "replicas rejoin their model");
+            let (ctx, actors) = (ctx.clone(), self.models.get(&model_uid));
+            tokio::spawn(async move {
+                let outcome = run_rejoin(&ctx, &model_uid, actors, &replicas).await;
+                adopt_done(&ctx, model_uid, replicas, outcome).await;
+            });
+        }
+        for (model_uid, specs) in unknown_models {
+            let Some(adopt) = self.adoption(state, worker_id, &model_uid, &specs) else { continue };
+            let ctx = ctx.clone();
+            tokio::spawn(async move {
+                let outcome = run_adopt(&ctx, &model_uid, &adopt).await;
+                adopt_done(&ctx, model_uid, adopt, outcome).await;
+            });
+        }
+    }
+
+    /// Records a model this supervisor does not know, from replicas a worker serves (the
+    /// supervisor restarted): its launch request, which every replica carries, is validated
+    /// again. `None` (logged) when it cannot be.
+    fn adoption(
+        &self,
+        state: &mut SupervisorState,
+        worker_id: &str,
+        model_uid: &str,
+        specs: &[ReplicaSpec],
+    ) -> Option<Vec<(String, Role)>> {
+        let first = specs.first()?;
+        let adopted = serde_json::from_str::<LaunchRequest>(&first.launch)
+            .map_err(|e| ActorError::Wire(format!("the replica's launch request does not parse: {e}")))
+            .and_then(|req| {
+                let spec = launch::validate(&req, self.local_mode, &self.engines)?;
+                state.begin_adopt(model_uid, &req.model_name, spec, worker_id, specs)
+            });
+        match adopted {
+            Ok(()) => {
+                tracing::info!(%model_uid, %worker_id, replicas = specs.len(), "adopting a model its worker serves");
+                Some(specs.iter().map(|s| (s.replica_uid.clone(), s.role)).collect())
+            }
+            Err(e) => {
+                tracing::error!(%model_uid, %worker_id, error = %e, "cannot adopt the replicas a worker serves");
+                None
+            }
+        }
     }
 
     /// Records how a scale-up ended.
@@ -313,15 +381,28 @@ impl Actor for Supervisor {
                 self.scale_done(state, &model_uid, replicas.0.unwrap_or_default(), outcome.0);
                 answer(reply, Wire::ok(()));
             }
-            SupervisorMsg::Heartbeat { info } => match info.0 {
-                Ok(info) => {
+            SupervisorMsg::Heartbeat { info, replicas } => match (info.0, replicas.0) {
+                (Ok(info), Ok(held)) => {
                     let id = info.worker_id.clone();
                     if state.heartbeat(info, Instant::now()) {
                         tracing::info!(worker_id = %id, "worker registered");
                     }
+                    self.reconcile(&myself, state, &id, &held);
                 }
-                Err(e) => tracing::warn!(error = %e, "an unreadable heartbeat"),
+                (Err(e), _) | (_, Err(e)) => tracing::warn!(error = %e, "an unreadable heartbeat"),
             },
+            SupervisorMsg::AdoptDone { model_uid, replicas, outcome, reply } => {
+                let replicas = replicas.0.unwrap_or_default();
+                let dead = state.finish_adopt(&model_uid, &replicas, outcome.0.is_ok());
+                self.drop_replicas(dead, "it died while it was adopted");
+                match outcome.0 {
+                    Ok(()) => tracing::info!(%model_uid, ?replicas, "replicas adopted"),
+                    Err(e) => {
+                        tracing::warn!(%model_uid, error = %e, "adopting replicas failed; retried at the next heartbeat")
+                    }
+                }
+                answer(reply, Wire::ok(()));
+            }
             SupervisorMsg::ReplicaDied { model_uid, replica_uid } => {
                 if let Some(lost) = state.replica_dead(&model_uid, &replica_uid) {
                     self.drop_replicas(vec![lost], "its actor stopped");
@@ -330,6 +411,9 @@ impl Actor for Supervisor {
             SupervisorMsg::Tick => {
                 let lost = state.expire(Instant::now(), self.times.heartbeat_timeout);
                 self.drop_replicas(lost, "its worker stopped sending heartbeats");
+                for (model_uid, plan) in state.begin_replacements(Instant::now()) {
+                    self.start_scale(&myself, model_uid, plan, None);
+                }
             }
         }
         Ok(())
@@ -352,222 +436,22 @@ impl Actor for Supervisor {
     }
 }
 
-/// Creates a model's actors in the reference order (block tracker, replicas in parallel,
-/// router last: the model is ready once its router exists). On any failure everything created
-/// so far is destroyed before the error is returned.
-async fn run_launch(
+/// Reports an adoption's outcome to the supervisor.
+async fn adopt_done(
     ctx: &TaskCtx,
-    uid: &str,
-    source: &ModelSource,
-    handoff: &ModelHandoff,
-    placements: &[Placement],
-) -> Result<(), ActorError> {
-    let result = build(ctx, uid, source, handoff, placements).await;
-    if result.is_err() {
-        rollback(ctx, uid, placements).await;
-    }
-    result
-}
-
-fn spawn_failed(what: &str, e: ractor::SpawnErr) -> ActorError {
-    ActorError::Internal(format!("starting the {what}: {e}"))
-}
-
-async fn build(
-    ctx: &TaskCtx,
-    uid: &str,
-    source: &ModelSource,
-    handoff: &ModelHandoff,
-    placements: &[Placement],
-) -> Result<(), ActorError> {
-    let sup: ActorCell = ctx.sup.get_cell();
-    let (tracker, _) = Actor::spawn_linked(
-        Some(ctx.ns.tracker_name(uid)),
-        BlockTracker,
-        ctx.ns.tracker_group(uid),
-        sup.clone(),
-    )
-    .await
-    .map_err(|e| spawn_failed("block tracker", e))?;
-    let starts = placements.iter().map(|p| start_replica(ctx, uid, source, handoff, p));
-    let results = futures::future::join_all(starts).await;
-    let mut replicas = Vec::with_capacity(placements.len());
-    let mut failure = None;
-    for (p, r) in placements.iter().zip(results) {
-        match r {
-            Ok(actor) => replicas.push((p.replica_uid.clone(), p.role, actor)),
-            Err(e) => {
-                tracing::warn!(model_uid = %uid, replica_uid = %p.replica_uid, error = %e, "replica failed to start");
-                failure.get_or_insert(e);
-            }
-        }
-    }
-    let stop_tracker = |tracker: ActorRef<BlockTrackerMsg>| async move {
-        if let Err(e) = tracker.stop_and_wait(Some("launch failed".into()), Some(ctx.times.stop)).await {
-            tracing::warn!(error = %e, "the block tracker did not stop in time");
-        }
-    };
-    if failure.is_none() {
-        failure = check_contracts(ctx, &replicas).await.err();
-    }
-    if let Some(e) = failure {
-        stop_tracker(tracker).await;
-        return Err(e);
-    }
-    let router = Router { model_uid: uid.to_owned(), call_timeout: ctx.times.call };
-    match Actor::spawn_linked(Some(ctx.ns.router_name(uid)), router, RouterArgs { replicas }, sup).await {
-        Ok((router, _)) => {
-            ctx.models.insert(uid, ModelActors { router, tracker });
-            Ok(())
-        }
-        Err(e) => {
-            stop_tracker(tracker).await;
-            Err(spawn_failed("router", e))
-        }
-    }
-}
-
-/// Starts a scale-up's replicas, checks their contracts against the model's other replicas and
-/// adds them to the router; on any failure the new replicas are stopped and the model is as it
-/// was.
-async fn run_scale(
-    ctx: &TaskCtx,
-    uid: &str,
-    actors: Option<ModelActors>,
-    plan: &ScalePlan,
-) -> Result<(), ActorError> {
-    let result = async {
-        let actors = actors.ok_or_else(|| ActorError::ModelNotFound(uid.to_owned()))?;
-        let starts = plan.placements.iter().map(|p| start_replica(ctx, uid, &plan.source, &plan.handoff, p));
-        let mut added = Vec::with_capacity(plan.placements.len());
-        for (p, r) in plan.placements.iter().zip(futures::future::join_all(starts).await) {
-            added.push((p.replica_uid.clone(), p.role, r?));
-        }
-        let running =
-            call_local(&actors.router, "router", ctx.times.call, |reply| RouterMsg::Replicas { reply })
-                .await?;
-        let mut all: Vec<_> = running
-            .into_iter()
-            .filter_map(|(uid, r)| {
-                plan.others.iter().find(|(o, _)| *o == uid).map(|(_, role)| (uid, *role, r))
-            })
-            .collect();
-        all.extend(added.iter().cloned());
-        check_contracts(ctx, &all).await?;
-        for (replica_uid, role, replica) in added {
-            actors
-                .router
-                .cast(RouterMsg::AddReplica { replica_uid, role, replica })
-                .map_err(|e| ActorError::Internal(format!("the router is gone: {e}")))?;
-        }
-        Ok(())
-    }
-    .await;
-    if result.is_err() {
-        let replicas: Vec<(String, String)> =
-            plan.placements.iter().map(|p| (p.worker_id.clone(), p.replica_uid.clone())).collect();
-        teardown(ctx, None, &replicas).await;
-    }
-    result
-}
-
-/// In a P/D deployment, every decode replica must read the prefill replicas' KV as its own:
-/// same weights, tokenizer, architecture, KV dtype, shapes, RoPE and context. The first
-/// difference is named.
-async fn check_contracts(
-    ctx: &TaskCtx,
-    replicas: &[(String, crate::spec::Role, ActorRef<ReplicaMsg>)],
-) -> Result<(), ActorError> {
-    use crate::spec::Role;
-    if !replicas.iter().any(|(_, role, _)| *role != Role::Hybrid) {
-        return Ok(());
-    }
-    let mut contracts = Vec::with_capacity(replicas.len());
-    for (uid, role, replica) in replicas {
-        let what = format!("replica `{uid}`");
-        let c = call(replica, &what, ctx.times.call, |reply| ReplicaMsg::Contract { reply }).await?;
-        contracts.push((uid, *role, c));
-    }
-    for (p_uid, _, p) in contracts.iter().filter(|(_, r, _)| *r == Role::Prefill) {
-        for (d_uid, _, d) in contracts.iter().filter(|(_, r, _)| *r == Role::Decode) {
-            if let Some(field) = p.first_difference(d) {
-                return Err(ActorError::launch(
-                    crate::LaunchRule::ContractMismatch,
-                    format!(
-                        "prefill replica '{p_uid}' and decode replica '{d_uid}' differ in {field}; \
-                         their KV caches are not interchangeable"
-                    ),
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Has a worker start one replica and finds the replica through its process group.
-async fn start_replica(
-    ctx: &TaskCtx,
-    uid: &str,
-    source: &ModelSource,
-    handoff: &ModelHandoff,
-    p: &Placement,
-) -> Result<ActorRef<ReplicaMsg>, ActorError> {
-    let what = format!("worker {}", p.worker_id);
-    let worker = worker_ref(&ctx.ns, &p.worker_id).ok_or_else(|| ActorError::Unreachable {
-        what: what.clone(),
-        reason: "it left the cluster".into(),
-    })?;
-    let spec = ReplicaSpec {
-        model_uid: uid.to_owned(),
-        replica_uid: p.replica_uid.clone(),
-        role: p.role,
-        source: source.clone(),
-        engine: p.engine.clone(),
-        engine_config: p.engine_config.clone(),
-        gpus: p.gpus.clone(),
-        handoff: handoff.clone(),
-    };
-    call(&worker, &what, ctx.times.load, |reply| WorkerMsg::SpawnReplica {
-        spec: Wire::ok(Box::new(spec)),
+    model_uid: String,
+    replicas: Vec<(String, Role)>,
+    outcome: Result<(), ActorError>,
+) {
+    let replicas: Vec<String> = replicas.into_iter().map(|(r, _)| r).collect();
+    let done = call(&ctx.sup, "supervisor", ctx.times.call, |reply| SupervisorMsg::AdoptDone {
+        model_uid,
+        replicas: Wire::ok(replicas),
+        outcome: Wire(outcome),
         reply,
     })
-    .await?;
-    // The group membership of a remote replica arrives over the node connection shortly after.
-    wait_for_member(&ctx.ns.replica_group(&p.replica_uid), ctx.times.call).await.map(Into::into).ok_or_else(
-        || ActorError::Unreachable {
-            what: format!("replica `{}`", p.replica_uid),
-            reason: "it started but never appeared in its process group".into(),
-        },
-    )
-}
-
-/// Destroys whatever a failed launch created: its local actors and every replica placed.
-async fn rollback(ctx: &TaskCtx, uid: &str, placements: &[Placement]) {
-    let actors = ctx.models.remove(uid);
-    let replicas: Vec<(String, String)> =
-        placements.iter().map(|p| (p.worker_id.clone(), p.replica_uid.clone())).collect();
-    teardown(ctx, actors, &replicas).await;
-}
-
-/// Stops a model's router and tracker, then its replicas, each within the stop time.
-async fn teardown(ctx: &TaskCtx, actors: Option<ModelActors>, replicas: &[(String, String)]) {
-    if let Some(actors) = actors {
-        for cell in [actors.router.get_cell(), actors.tracker.get_cell()] {
-            if let Err(e) = cell.stop_and_wait(Some("model terminated".into()), Some(ctx.times.stop)).await {
-                tracing::warn!(error = %e, "a model actor did not stop in time");
-            }
-        }
+    .await;
+    if let Err(e) = done {
+        tracing::warn!(error = %e, "the supervisor did not record an adoption");
     }
-    let stops = replicas.iter().map(|(worker_id, replica_uid)| async move {
-        let Some(worker) = worker_ref(&ctx.ns, worker_id) else { return };
-        let stopped =
-            call(&worker, &format!("worker {worker_id}"), ctx.times.call + ctx.times.stop, |reply| {
-                WorkerMsg::StopReplica { replica_uid: replica_uid.clone(), reply }
-            })
-            .await;
-        if let Err(e) = stopped {
-            tracing::warn!(%replica_uid, error = %e, "could not stop a replica");
-        }
-    });
-    futures::future::join_all(stops).await;
 }

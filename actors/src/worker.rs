@@ -6,7 +6,7 @@ use crate::error::ActorError;
 use crate::node::Namespace;
 use crate::protocol::{SupervisorMsg, WorkerMsg};
 use crate::replica::{PullTimes, Replica, ReplicaArgs, ReplicaMsg};
-use crate::spec::ReplicaSpec;
+use crate::spec::{HeldReplica, ReplicaSpec};
 use crate::view::{GpuInfo, WorkerInfo};
 use crate::wire::{Wire, answer};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr, SupervisionEvent};
@@ -18,12 +18,21 @@ use xinf_transfer::sync::lock;
 #[cfg(test)]
 mod tests;
 
-/// A replica slot on the worker.
+/// A replica slot on the worker, with the spec it was started from (which heartbeats report).
 enum Slot {
     /// Its engine is loading; `cancelled` when a stop arrived meanwhile.
-    Loading { cancelled: bool },
+    Loading { cancelled: bool, spec: Box<ReplicaSpec> },
     /// It serves.
-    Running { model_uid: String, actor: ActorRef<ReplicaMsg> },
+    Running { actor: ActorRef<ReplicaMsg>, spec: Box<ReplicaSpec> },
+}
+
+impl Slot {
+    fn held(&self) -> HeldReplica {
+        match self {
+            Self::Loading { spec, .. } => HeldReplica { spec: (**spec).clone(), serving: false },
+            Self::Running { spec, .. } => HeldReplica { spec: (**spec).clone(), serving: true },
+        }
+    }
 }
 
 type Slots = Arc<Mutex<HashMap<String, Slot>>>;
@@ -126,7 +135,12 @@ impl Actor for Worker {
         match message {
             WorkerMsg::Tick => match supervisor(&self.ns) {
                 Some(sup) => {
-                    if sup.cast(SupervisorMsg::Heartbeat { info: Wire::ok(self.info.clone()) }).is_err() {
+                    let replicas: Vec<HeldReplica> = lock(&state.slots).values().map(Slot::held).collect();
+                    let beat = SupervisorMsg::Heartbeat {
+                        info: Wire::ok(self.info.clone()),
+                        replicas: Wire::ok(replicas),
+                    };
+                    if sup.cast(beat).is_err() {
                         tracing::debug!("the supervisor did not take a heartbeat");
                     }
                 }
@@ -140,7 +154,7 @@ impl Actor for Worker {
                 let mut slots = lock(&state.slots);
                 match slots.get_mut(&replica_uid) {
                     None => answer(reply, Wire::ok(false)),
-                    Some(Slot::Loading { cancelled }) => {
+                    Some(Slot::Loading { cancelled, .. }) => {
                         // The loading task stops it when its engine is up.
                         *cancelled = true;
                         answer(reply, Wire::ok(true));
@@ -185,7 +199,7 @@ impl Actor for Worker {
                 _ => None,
             });
             uid.and_then(|uid| match slots.remove(&uid) {
-                Some(Slot::Running { model_uid, .. }) => Some((model_uid, uid)),
+                Some(Slot::Running { spec, .. }) => Some((spec.model_uid, uid)),
                 _ => None,
             })
         };
@@ -222,12 +236,11 @@ impl Worker {
                 );
                 return;
             }
-            slots.insert(uid.clone(), Slot::Loading { cancelled: false });
+            slots.insert(uid.clone(), Slot::Loading { cancelled: false, spec: Box::new(spec.clone()) });
         }
         let slots = state.slots.clone();
         let cell = myself.get_cell();
         let name = self.ns.replica_name(&uid);
-        let model_uid = spec.model_uid.clone();
         let args = ReplicaArgs {
             group: self.ns.replica_group(&uid),
             tracker_group: self.ns.tracker_group(&spec.model_uid),
@@ -245,15 +258,13 @@ impl Worker {
                 Ok((actor, _)) => {
                     let keep = {
                         let mut slots = lock(&slots);
-                        match slots.get(&uid) {
-                            Some(Slot::Loading { cancelled: false }) => {
-                                slots.insert(uid.clone(), Slot::Running { model_uid, actor: actor.clone() });
+                        match slots.remove(&uid) {
+                            Some(Slot::Loading { cancelled: false, spec }) => {
+                                slots.insert(uid.clone(), Slot::Running { actor: actor.clone(), spec });
                                 true
                             }
-                            _ => {
-                                slots.remove(&uid);
-                                false
-                            }
+                            // Stopped while it loaded: the slot is gone.
+                            _ => false,
                         }
                     };
                     if keep {

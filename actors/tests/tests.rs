@@ -17,6 +17,9 @@ use xinf_engine::{
 use xinf_engine_mock::MockLoader;
 use xinf_test_util::eventually;
 
+#[path = "tests/recovery.rs"]
+mod recovery;
+
 /// Logs to stderr when `RUST_LOG` asks for it (`RUST_LOG=xinf_actors=debug`).
 fn init_logs() {
     let _ = tracing_subscriber::fmt()
@@ -331,6 +334,7 @@ async fn a_failed_launch_leaves_nothing_behind() {
 /// Nodes with different secrets do not join; wildcard listen addresses are refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_with_different_secrets_refuse_each_other() {
+    let _turn = node_turn().await;
     let sup =
         Cluster::start_supervisor_with("127.0.0.1", 0, "secret-one", options()).await.expect("supervisor");
     let addr = sup.address().expect("an address").to_owned();
@@ -369,7 +373,7 @@ impl Drop for ChildGuard {
 /// and the model reports no replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_in_another_process_serves_and_its_loss_is_noticed() {
-    let (sup, mut workers, ids) = supervisor_with_workers("secret-cross-process", 1).await;
+    let (sup, mut workers, ids, _turn) = supervisor_with_workers("secret-cross-process", 1).await;
     let (guard, worker_id) = (&mut workers[0], ids[0].clone());
 
     let uid = sup
@@ -416,7 +420,7 @@ async fn a_worker_in_another_process_serves_and_its_loss_is_noticed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_the_prefill_worker_spares_requests_already_decoding() {
     // Joined one at a time: the first is the prefill worker, killed below.
-    let (sup, mut workers, ids) = supervisor_with_workers("secret-prefill-loss", 2).await;
+    let (sup, mut workers, ids, _turn) = supervisor_with_workers("secret-prefill-loss", 2).await;
     let uid = sup
         .launch(launch_request(json!({"model_uid": "pd", "replica_config": [
             {"role": "prefill", "replica_uid": "pd-p", "devices": [{"worker_ip": ids[0], "n_gpu": 0}]},
@@ -455,7 +459,7 @@ async fn losing_the_prefill_worker_spares_requests_already_decoding() {
 /// has heard).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_worker_fails_its_requests_at_the_heartbeat_deadline() {
-    let (sup, workers, ids) = supervisor_with_workers("secret-frozen-worker", 1).await;
+    let (sup, workers, ids, _turn) = supervisor_with_workers("secret-frozen-worker", 1).await;
     let worker_id = ids[0].clone();
     let uid = sup
         .launch(launch_request(json!({"model_uid": "frozen", "replica_config": [
@@ -484,6 +488,7 @@ async fn a_frozen_worker_fails_its_requests_at_the_heartbeat_deadline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_restarted_under_its_id_is_the_same_worker() {
     let secret = "secret-stable-worker";
+    let _turn = node_turn().await;
     let sup = Cluster::start_supervisor_with("127.0.0.1", 0, secret, options()).await.expect("supervisor");
     let addr = sup.address().expect("an address").to_owned();
     let s = &sup;
@@ -511,7 +516,11 @@ async fn a_worker_restarted_under_its_id_is_the_same_worker() {
 
 /// A supervisor and `n` worker processes, joined one at a time; the workers' ids in the order
 /// of the processes.
-async fn supervisor_with_workers(secret: &str, n: usize) -> (Cluster, Vec<ChildGuard>, Vec<String>) {
+async fn supervisor_with_workers(
+    secret: &str,
+    n: usize,
+) -> (Cluster, Vec<ChildGuard>, Vec<String>, NodeTurn) {
+    let turn = node_turn().await;
     let sup = Cluster::start_supervisor_with("127.0.0.1", 0, secret, options()).await.expect("supervisor");
     let addr = sup.address().expect("an address").to_owned();
     let (mut workers, mut ids) = (Vec::new(), Vec::<String>::new());
@@ -527,7 +536,17 @@ async fn supervisor_with_workers(secret: &str, n: usize) -> (Cluster, Vec<ChildG
             all.into_iter().map(|w| w.info.worker_id).find(|id| !ids.contains(id)).expect("a new worker");
         ids.push(new);
     }
-    (sup, workers, ids)
+    (sup, workers, ids, turn)
+}
+
+/// The right to run cluster nodes in this process, held by one test at a time: ractor_cluster
+/// numbers the peers of each node server from 1, so two node servers in one process give
+/// their peers' actors the same ids, and one losing a peer drops the other's actors too.
+type NodeTurn = tokio::sync::MutexGuard<'static, ()>;
+
+async fn node_turn() -> NodeTurn {
+    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    TURN.lock().await
 }
 
 /// Starts a worker process (this test binary's `child_worker`) that joins `addr`.

@@ -44,6 +44,7 @@ mod auth;
 mod cluster;
 mod error;
 mod openai;
+mod panics;
 mod peer;
 mod routes;
 mod sampling;

@@ -62,7 +62,8 @@ pub struct ModelInfo {
     pub uid: String,
     /// The registry name of the model (`smollm2-instruct`).
     pub model_name: String,
-    /// Whether it can take requests; in JSON `loading`, `ready`, `failed` or `terminating`.
+    /// Whether it can take requests; in JSON `loading`, `ready`, `degraded`, `unavailable` or
+    /// `terminating`.
     #[serde(with = "status_serde")]
     pub status: ModelStatus,
     /// Replicas serving it (alive or loading).

@@ -59,7 +59,7 @@ fn throw(addr: SocketAddr, bytes: &[u8]) {
 }
 
 /// The greedy answer of the P/D model.
-fn answer(addr: SocketAddr) -> String {
+pub(super) fn answer(addr: SocketAddr) -> String {
     let body =
         json!({"model": "pd", "prompt": "The capital of France is", "max_tokens": 6, "temperature": 0});
     let res = http::post(addr, "/v1/completions", &body);

@@ -62,6 +62,13 @@ impl Proc {
         }
     }
 
+    /// Sends a signal (`-STOP`, `-CONT`, ...) to the process.
+    pub fn signal(&self, sig: &str) {
+        let pid = self.child.id().to_string();
+        let ok = Command::new("kill").args([sig, &pid]).status().is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid} failed");
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

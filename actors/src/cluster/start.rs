@@ -220,7 +220,15 @@ impl Cluster {
         }
         .await;
         match joined {
-            Ok(worker) => Ok(WorkerNode { worker, node, worker_id, stop_timeout: options.stop_timeout }),
+            Ok(worker) => {
+                let rejoin = tokio::spawn(stay_joined(
+                    node.clone(),
+                    supervisor_addr.to_owned(),
+                    ns,
+                    options.heartbeat_interval,
+                ));
+                Ok(WorkerNode { worker, node, worker_id, stop_timeout: options.stop_timeout, rejoin })
+            }
             Err(e) => {
                 node.stop(None);
                 Err(e)
@@ -235,11 +243,55 @@ pub struct WorkerNode {
     node: ActorRef<NodeServerMessage>,
     worker_id: String,
     stop_timeout: Duration,
+    /// The task that reconnects to the supervisor when it goes out of sight.
+    rejoin: tokio::task::JoinHandle<()>,
+}
+
+/// The first wait before reconnecting to a supervisor out of sight; it doubles up to
+/// [`MAX_REJOIN_WAIT`] while the supervisor stays away.
+const FIRST_REJOIN_WAIT: Duration = Duration::from_millis(250);
+const MAX_REJOIN_WAIT: Duration = Duration::from_secs(8);
+
+/// Keeps a worker's node connected to the supervisor's: when the supervisor leaves sight (it
+/// restarted, or the network dropped the connection), connects again with growing waits. The
+/// worker's heartbeats then reach the supervisor, with the replicas it holds, which a restarted
+/// supervisor adopts.
+async fn stay_joined(node: ActorRef<NodeServerMessage>, addr: String, ns: Namespace, interval: Duration) {
+    let mut wait = FIRST_REJOIN_WAIT;
+    loop {
+        tokio::time::sleep(interval).await;
+        if !ractor::pg::get_members(&ns.supervisor_group()).is_empty() {
+            wait = FIRST_REJOIN_WAIT;
+            continue;
+        }
+        tracing::warn!(supervisor = %addr, "the supervisor is out of sight; reconnecting");
+        loop {
+            match node::connect(&node, &addr, MAX_REJOIN_WAIT).await {
+                Ok(()) => {
+                    tracing::info!(supervisor = %addr, "reconnected to the supervisor");
+                    break;
+                }
+                Err(e) => {
+                    tracing::debug!(supervisor = %addr, error = %e, ?wait, "reconnecting failed");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(MAX_REJOIN_WAIT);
+                }
+            }
+        }
+        // The supervisor's group arrives over the new connection shortly after.
+        node::wait_for_member(&ns.supervisor_group(), MAX_REJOIN_WAIT).await;
+    }
 }
 
 impl fmt::Debug for WorkerNode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WorkerNode").field("worker_id", &self.worker_id).finish_non_exhaustive()
+    }
+}
+
+impl Drop for WorkerNode {
+    fn drop(&mut self) {
+        self.rejoin.abort();
     }
 }
 

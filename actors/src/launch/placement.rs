@@ -59,6 +59,27 @@ pub(crate) struct Placement {
     pub(crate) engine_config: EngineConfig,
 }
 
+impl Placement {
+    /// What the worker is told to start: this replica of model `model_uid`.
+    pub(crate) fn replica_spec(
+        &self,
+        model_uid: &str,
+        common: &crate::spec::ModelCommon,
+    ) -> crate::spec::ReplicaSpec {
+        crate::spec::ReplicaSpec {
+            model_uid: model_uid.to_owned(),
+            replica_uid: self.replica_uid.clone(),
+            role: self.role,
+            source: common.source.clone(),
+            engine: self.engine.clone(),
+            engine_config: self.engine_config.clone(),
+            gpus: self.gpus.clone(),
+            handoff: common.handoff.clone(),
+            launch: common.launch.clone(),
+        }
+    }
+}
+
 fn find_worker<'a>(view: &'a ClusterView, ip: &str) -> Option<&'a WorkerSlot> {
     if let Some(w) = view.workers.iter().find(|w| w.worker_id == ip) {
         return Some(w);

@@ -121,3 +121,10 @@ pub(crate) fn scale_spec(
         .collect();
     Ok(LaunchSpec { model_uid: Some(uid.to_owned()), replicas, ..spec.clone() })
 }
+
+/// Replica `i` of `spec` alone, which a replacement of that replica is copied from (through
+/// [`scale_spec`]: the same engine, options and device request, the named worker included).
+pub(crate) fn one_replica(spec: &LaunchSpec, i: usize) -> Option<LaunchSpec> {
+    let draft = spec.replicas.get(i)?.clone();
+    Some(LaunchSpec { replicas: vec![draft], ..spec.clone() })
+}

@@ -43,6 +43,9 @@ pub(crate) struct LaunchSpec {
     pub(super) transfer: Option<TransferBackend>,
     /// `xavier_cache_bytes`: the snapshot cache of each prefill replica.
     pub(super) snapshot_cache_bytes: Option<u64>,
+    /// The launch request as JSON, which every replica carries (see
+    /// [`ReplicaSpec::launch`](crate::spec::ReplicaSpec)).
+    pub(crate) launch: String,
 }
 
 impl LaunchSpec {
@@ -51,6 +54,15 @@ impl LaunchSpec {
         crate::spec::ModelHandoff {
             nixl: self.transfer == Some(TransferBackend::Nixl),
             snapshot_cache_bytes: self.snapshot_cache_bytes,
+        }
+    }
+
+    /// What every replica of this launch is started with.
+    pub(crate) fn common(&self) -> crate::spec::ModelCommon {
+        crate::spec::ModelCommon {
+            source: self.source.clone(),
+            handoff: self.handoff(),
+            launch: self.launch.clone(),
         }
     }
 }

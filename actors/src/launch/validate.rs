@@ -77,7 +77,18 @@ pub(crate) fn validate(
     } else {
         entry_drafts(drafts, engines, launch_engine, &base, &base_checked)?
     };
-    Ok(LaunchSpec { model_uid: req.model_uid.clone(), source, replicas, pd, transfer, snapshot_cache_bytes })
+    // Kept as sent, for the replicas to carry (a restarted supervisor rebuilds the model from it).
+    let launch = serde_json::to_string(req)
+        .map_err(|e| ActorError::Internal(format!("the launch request does not serialize: {e}")))?;
+    Ok(LaunchSpec {
+        model_uid: req.model_uid.clone(),
+        source,
+        replicas,
+        pd,
+        transfer,
+        snapshot_cache_bytes,
+        launch,
+    })
 }
 
 /// Names: `model_name`, and `model_uid` when given.

@@ -5,13 +5,17 @@
 
 use crate::error::ActorError;
 use crate::launch::{self, ClusterView, GpuTenant, LaunchSpec, Placement, ScaleRequest, WorkerSlot};
-use crate::spec::{ModelHandoff, Role};
+use crate::spec::{ModelCommon, Role};
 use crate::view::{GpuUsage, ModelInfo, ModelStatus, ReplicaInfo, ReplicaStatus, WorkerInfo, WorkerStatus};
-use std::collections::BTreeMap;
+use recovery::{Ended, Retry};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+mod recovery;
 #[cfg(test)]
 mod tests;
+
+pub(crate) use recovery::Reconciled;
 
 /// A replica that stopped serving.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +38,17 @@ pub(crate) struct SupervisorState {
     models: BTreeMap<String, ModelInfo>,
     /// Each model's validated launch, which a scale-up copies replicas from.
     specs: BTreeMap<String, LaunchSpec>,
+    /// Each placed replica's own one-replica spec, which its replacement is copied from.
+    placed_from: BTreeMap<String, LaunchSpec>,
+    /// Dead replicas whose replacement is loading, with the replacement's uid.
+    replacing: BTreeMap<String, String>,
+    /// Models whose last replacement failed, with when to try again.
+    retry: BTreeMap<String, Retry>,
+    /// Models being rebuilt from the replicas a worker reported (after a restart).
+    adopting: BTreeSet<String>,
+    /// Replicas of ended models and replaced replicas: a worker that still reports one is
+    /// told to stop it.
+    ended: Ended,
     round_robin: usize,
 }
 
@@ -42,15 +57,24 @@ pub(crate) struct SupervisorState {
 #[derive(Debug, Clone)]
 pub(crate) struct ScalePlan {
     pub(crate) placements: Vec<Placement>,
-    pub(crate) source: xinf_engine::ModelSource,
-    pub(crate) handoff: ModelHandoff,
+    pub(crate) common: ModelCommon,
     pub(crate) others: Vec<(String, Role)>,
 }
 
 impl SupervisorState {
     /// An empty registry.
     pub(crate) fn new() -> Self {
-        Self { workers: BTreeMap::new(), models: BTreeMap::new(), specs: BTreeMap::new(), round_robin: 0 }
+        Self {
+            workers: BTreeMap::new(),
+            models: BTreeMap::new(),
+            specs: BTreeMap::new(),
+            placed_from: BTreeMap::new(),
+            replacing: BTreeMap::new(),
+            retry: BTreeMap::new(),
+            adopting: BTreeSet::new(),
+            ended: Ended::default(),
+            round_robin: 0,
+        }
     }
 
     /// Records a heartbeat; `true` when the worker is new or comes back after being lost.
@@ -185,6 +209,7 @@ impl SupervisorState {
         }
         let (placements, next) = launch::place(spec, &uid, &self.view())?;
         self.round_robin = next;
+        self.remember_drafts(spec, &placements);
         let replicas = placements.iter().map(loading).collect();
         self.specs.insert(uid.clone(), spec.clone());
         self.models.insert(
@@ -195,10 +220,7 @@ impl SupervisorState {
                 status: ModelStatus::Launching,
                 pd: spec.pd,
                 replicas,
-                created: std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_secs())
-                    .unwrap_or_default(),
+                created: now_secs(),
             },
         );
         Ok((uid, placements))
@@ -225,8 +247,32 @@ impl SupervisorState {
 
     /// A launch failed and was rolled back: forget the model entirely.
     pub(crate) fn abort_launch(&mut self, uid: &str) {
-        self.models.remove(uid);
+        self.forget_model(uid);
+    }
+
+    /// Forgets a model whose replicas were stopped; a worker that still reports one of them is
+    /// told to stop it.
+    fn forget_model(&mut self, uid: &str) {
+        if let Some(model) = self.models.remove(uid) {
+            for r in model.replicas {
+                self.placed_from.remove(&r.replica_uid);
+                self.replacing.remove(&r.replica_uid);
+                self.ended.add(r.replica_uid);
+            }
+        }
         self.specs.remove(uid);
+        self.retry.remove(uid);
+    }
+
+    /// Records the spec each placed replica came from (a uid placed again, after its model
+    /// ended, is a new replica).
+    fn remember_drafts(&mut self, spec: &LaunchSpec, placements: &[Placement]) {
+        for (i, p) in placements.iter().enumerate() {
+            self.ended.remove(&p.replica_uid);
+            if let Some(one) = launch::one_replica(spec, i) {
+                self.placed_from.insert(p.replica_uid.clone(), one);
+            }
+        }
     }
 
     /// Starts terminating a model; returns its replicas as `(worker, replica)` pairs.
@@ -247,8 +293,7 @@ impl SupervisorState {
 
     /// A model's actors are gone: forget it.
     pub(crate) fn finish_terminate(&mut self, uid: &str) {
-        self.models.remove(uid);
-        self.specs.remove(uid);
+        self.forget_model(uid);
     }
 
     /// Validates and places a scale-up of a serving model and records its new replicas as
@@ -270,7 +315,8 @@ impl SupervisorState {
         let scaled = launch::scale_spec(spec, uid, request, &view.replica_uids)?;
         let (placements, next) = launch::place(&scaled, uid, &view)?;
         self.round_robin = next;
-        let plan = ScalePlan { placements, source: scaled.source.clone(), handoff: scaled.handoff(), others };
+        self.remember_drafts(&scaled, &placements);
+        let plan = ScalePlan { placements, common: scaled.common(), others };
         if let Some(model) = self.models.get_mut(uid) {
             model.replicas.extend(plan.placements.iter().map(loading));
         }
@@ -280,9 +326,14 @@ impl SupervisorState {
     /// A scale-up finished: its replicas serve (`ok`), or were stopped and are forgotten.
     /// Returns those that died while they loaded, which the router must drop.
     pub(crate) fn finish_scale(&mut self, uid: &str, replicas: &[String], ok: bool) -> Vec<LostReplica> {
+        self.settle_replacements(uid, replicas, ok);
         let Some(model) = self.models.get_mut(uid) else { return Vec::new() };
         if !ok {
             model.replicas.retain(|r| !replicas.contains(&r.replica_uid));
+            for r in replicas {
+                self.placed_from.remove(r);
+                self.ended.add(r.clone());
+            }
             return Vec::new();
         }
         let mut dead = Vec::new();
@@ -344,6 +395,14 @@ impl SupervisorState {
     }
 }
 
+/// Seconds since the Unix epoch.
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default()
+}
+
 /// A placed replica, loading.
 fn loading(p: &Placement) -> ReplicaInfo {
     ReplicaInfo {
@@ -364,7 +423,10 @@ fn settle(model: &mut ModelInfo) {
         return;
     }
     let alive = |role| model.replicas.iter().any(|r| r.role == role && r.status == ReplicaStatus::Alive);
-    model.status = if model.replicas.iter().any(|r| !alive(r.role)) {
+    // A P/D model needs both roles, even when it knows no replica of one (a restarted
+    // supervisor that heard from one worker only).
+    let pd_short = model.pd && !(alive(Role::Prefill) && alive(Role::Decode));
+    model.status = if pd_short || model.replicas.iter().any(|r| !alive(r.role)) {
         ModelStatus::Unavailable
     } else if model.replicas.iter().any(|r| r.status == ReplicaStatus::Dead) {
         ModelStatus::Degraded

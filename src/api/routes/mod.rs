@@ -54,9 +54,23 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
         );
 }
 
-/// A resource that answers other methods with 405 in the OpenAI error shape.
-fn resource(path: &str) -> actix_web::Resource {
-    web::resource(path).default_service(web::to(method_not_allowed))
+/// A resource that answers other methods with 405 in the OpenAI error shape, and a handler
+/// that panics with 500 (see [`catch_panics`](crate::api::panics::catch_panics); it wraps each
+/// resource because routing needs the request to itself until the resource is found).
+fn resource(
+    path: &str,
+) -> actix_web::Resource<
+    impl actix_web::dev::ServiceFactory<
+        actix_web::dev::ServiceRequest,
+        Config = (),
+        Response = actix_web::dev::ServiceResponse,
+        Error = actix_web::Error,
+        InitError = (),
+    >,
+> {
+    web::resource(path)
+        .default_service(web::to(method_not_allowed))
+        .wrap(actix_web::middleware::from_fn(crate::api::panics::catch_panics))
 }
 
 /// A known path asked with a method it does not take.

@@ -4,6 +4,8 @@ use super::*;
 use crate::launch::{LaunchRequest, validate};
 use serde_json::json;
 
+mod recovery;
+
 fn info(id: &str, gpus: &[u32]) -> WorkerInfo {
     WorkerInfo {
         worker_id: id.into(),

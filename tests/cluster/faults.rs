@@ -1,0 +1,146 @@
+//! Cluster faults with real processes and real weights, each timed: the supervisor killed and
+//! started again on its ports (the workers reconnect and their replicas are adopted, nothing
+//! reloads), and the decode worker frozen mid-stream, thawed, killed mid-stream and started
+//! again under its id (a replacement loads there).
+
+use super::garbage::answer;
+use super::{SECRET, supervisor_on, worker_with_env};
+use crate::util::http;
+use crate::util::procs::poll;
+use serde_json::{Value, json};
+use std::io::Read;
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
+}
+
+/// The P/D model's status (`ready`, `unavailable`, ...; empty when it is unknown).
+fn status(addr: SocketAddr) -> String {
+    let res = http::get(addr, "/v1/models/pd");
+    if res.status != 200 {
+        return String::new();
+    }
+    res.json()["xinf"]["status"].as_str().unwrap_or_default().to_owned()
+}
+
+/// The P/D model's replicas: uid, role, worker, status; by uid.
+fn replicas(addr: SocketAddr) -> Vec<(String, String, String, String)> {
+    let info = http::get(addr, "/v1/models/pd").json();
+    let field = |r: &Value, k: &str| r[k].as_str().unwrap_or_default().to_owned();
+    let mut out: Vec<_> = info["xinf"]["replica_details"]
+        .as_array()
+        .map(|rs| {
+            rs.iter()
+                .map(|r| {
+                    (field(r, "replica_uid"), field(r, "role"), field(r, "worker_id"), field(r, "status"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+/// Starts a long greedy stream from the P/D model; returns once a token has arrived.
+fn streaming(addr: SocketAddr) -> TcpStream {
+    let body = json!({"model": "pd", "prompt": "Tell me a long story.", "max_tokens": 4000,
+        "temperature": 0, "ignore_eos": true, "stream": true});
+    let mut conn = http::send(addr, "POST", "/v1/completions", &[], body.to_string().as_bytes());
+    conn.set_read_timeout(Some(Duration::from_secs(60))).expect("a read timeout");
+    let (mut seen, mut buf) = (Vec::new(), [0u8; 4096]);
+    let has_token = |raw: &[u8]| {
+        http::sse_data(&String::from_utf8_lossy(raw)).iter().any(|e| {
+            serde_json::from_str::<Value>(e)
+                .is_ok_and(|v| v["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty()))
+        })
+    };
+    while !has_token(&seen) {
+        let n = conn.read(&mut buf).expect("read the stream");
+        assert!(n > 0, "the stream ended early: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    conn
+}
+
+/// Reads a stream to its end: how long that took, and the last of what arrived.
+fn until_end(mut conn: TcpStream) -> (Duration, String) {
+    let started = Instant::now();
+    let mut rest = Vec::new();
+    let _ = conn.read_to_end(&mut rest);
+    let text = String::from_utf8_lossy(&rest).into_owned();
+    (started.elapsed(), text[text.len().saturating_sub(800)..].to_owned())
+}
+
+#[test]
+fn the_cluster_recovers_from_supervisor_and_decode_worker_faults() {
+    let _ = crate::util::smollm2();
+    let (rest_port, cluster_port) = (free_port(), free_port());
+    let (mut sup, addr, cluster) = supervisor_on(rest_port, cluster_port);
+    let (_p, prefill) = worker_with_env(&cluster, SECRET, &[("XINF_WORKER_ID", "prefill-box")]);
+    let (mut d, decode) = worker_with_env(&cluster, SECRET, &[("XINF_WORKER_ID", "decode-box")]);
+    let body = json!({"model_name": "smollm2-instruct", "model_uid": "pd", "replica_config": [
+        {"role": "prefill", "replica_uid": "pd-p", "devices": [{"worker_ip": prefill, "n_gpu": 0}]},
+        {"role": "decode", "replica_uid": "pd-d", "devices": [{"worker_ip": decode, "n_gpu": 0}]}]});
+    let res = http::post(addr, "/v1/models", &body);
+    assert_eq!(res.status, 200, "{}", res.text());
+    let want = answer(addr);
+    let placed = replicas(addr);
+
+    // The supervisor is killed and started again on its ports: the workers reconnect and the
+    // new supervisor rebuilds the model from the replicas they report.
+    sup.kill();
+    let restarted = Instant::now();
+    let (_sup, addr, _) = supervisor_on(rest_port, cluster_port);
+    poll(Duration::from_secs(60), "the model to be adopted", || status(addr) == "ready");
+    eprintln!(
+        "supervisor restart: the P/D model is ready {:?} after the new process started",
+        restarted.elapsed()
+    );
+    assert_eq!(replicas(addr), placed, "the same replicas, on the same workers, alive");
+    assert_eq!(answer(addr), want, "the adopted model answers as before");
+    let workers = http::get(addr, "/v1/workers").json();
+    let alive = workers.as_array().expect("workers").iter().filter(|w| w["alive"] == true).count();
+    assert_eq!(alive, 2, "{workers}");
+
+    // The decode worker freezes mid-stream: the client hears at the heartbeat deadline (5 s,
+    // checked every 1.25 s), and the model says why it cannot serve.
+    let conn = streaming(addr);
+    d.signal("-STOP");
+    let (waited, tail) = until_end(conn);
+    assert!(tail.contains("\"error\""), "the client got no error from a frozen decode worker: {tail}");
+    assert!(waited < Duration::from_secs(10), "the client waited {waited:?}");
+    eprintln!("decode worker frozen: the stream failed after {waited:?}");
+    poll(Duration::from_secs(15), "the model to be unavailable", || status(addr) == "unavailable");
+    let refused =
+        http::post(addr, "/v1/completions", &json!({"model": "pd", "prompt": "Hi", "max_tokens": 2}));
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert!(refused.text().contains("no alive decode replica"), "{}", refused.text());
+    // Thawed, it brings its replica back: no reload.
+    d.signal("-CONT");
+    let thawed = Instant::now();
+    poll(Duration::from_secs(30), "the decode replica to rejoin", || status(addr) == "ready");
+    eprintln!("decode worker thawed: the model is ready again after {:?}", thawed.elapsed());
+    assert_eq!(replicas(addr), placed);
+    assert_eq!(answer(addr), want);
+
+    // The decode worker is killed mid-stream: the client hears at once; started again under its
+    // id, the worker gets a replacement decode replica.
+    let conn = streaming(addr);
+    d.kill();
+    let (waited, tail) = until_end(conn);
+    assert!(tail.contains("\"error\""), "the client got no error from a killed decode worker: {tail}");
+    assert!(waited < Duration::from_secs(5), "the client waited {waited:?}");
+    eprintln!("decode worker killed: the stream failed after {waited:?}");
+    let (_d, again) = worker_with_env(&cluster, SECRET, &[("XINF_WORKER_ID", "decode-box")]);
+    assert_eq!(again, decode);
+    let back = Instant::now();
+    poll(Duration::from_secs(60), "a replacement decode replica", || status(addr) == "ready");
+    eprintln!("decode worker restarted: the model is ready again after {:?}", back.elapsed());
+    let now = replicas(addr);
+    assert_eq!(now.len(), 2, "{now:?}");
+    let d_now = now.iter().find(|r| r.1 == "decode").expect("a decode replica");
+    assert!(d_now.0 != "pd-d" && d_now.2 == decode && d_now.3 == "alive", "{now:?}");
+    assert_eq!(answer(addr), want, "the replacement answers as before");
+}
