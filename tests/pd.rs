@@ -208,15 +208,18 @@ pub(crate) enum Cancel {
     AbortRoute(u64),
     /// The client disconnects once tokens flow (during decode).
     AfterFirstToken,
+    /// A non-streaming client disconnects after a delay.
+    NonStreaming(u64),
 }
 
 pub(crate) fn cancelled_request(addr: SocketAddr, model: &str, id: &str, ids: &[u32], how: Cancel) {
     use std::io::Read;
-    let body = json!({"model": model, "prompt": ids, "max_tokens": 16, "ignore_eos": true, "temperature": 0, "stream": true});
+    let stream = !matches!(how, Cancel::NonStreaming(_));
+    let body = json!({"model": model, "prompt": ids, "max_tokens": 16, "ignore_eos": true, "temperature": 0, "stream": stream});
     let mut conn =
         http::send(addr, "POST", "/v1/completions", &[("X-Request-Id", id)], body.to_string().as_bytes());
     match how {
-        Cancel::Disconnect(ms) => {
+        Cancel::Disconnect(ms) | Cancel::NonStreaming(ms) => {
             std::thread::sleep(std::time::Duration::from_millis(ms));
             drop(conn);
         }
@@ -242,44 +245,63 @@ pub(crate) fn cancelled_request(addr: SocketAddr, model: &str, id: &str, ids: &[
     }
 }
 
-/// 100 P/D requests cancelled at random points (before and during prefill, during the
-/// transfer, during decode) leave no room open and no KV pinned; requests then succeed.
-/// Replica sets of 1P+2D and 2P+1D spread requests by role round-robin.
+/// 200 requests, a quarter to the ordinary replica and the rest P/D, cancelled at random points
+/// (before and during prefill, during the transfer, during decode; streaming, non-streaming and
+/// through the abort route), in four rounds of 50: after each round no room is open, no KV is
+/// pinned and nothing runs, and the server's memory stays flat from the second round on (the
+/// first warms caches and allocator pools). Requests then succeed. Replica sets of 1P+2D and
+/// 2P+1D spread requests by role round-robin.
 #[test]
 fn pd_cancellations_leave_nothing_behind_and_roles_round_robin() {
     let _ = util::smollm2();
-    let (_server, addr) = local("hybrid", &[]);
+    let (server, addr) = local("hybrid", &[]);
     let rc = pd_replicas(
         json!({"kv_layout": "paged-kv-first", "block_size": 16}),
         json!({"kv_layout": "token-pool"}),
     );
     launch(addr, json!({"model_name": "smollm2-instruct", "model_uid": "pd", "replica_config": rc}));
 
-    let threads: Vec<_> = (0..4u64)
-        .map(|t| {
-            std::thread::spawn(move || {
-                let mut rng = Rng::new(t + 1);
-                for k in 0..25 {
-                    let n = 2 + rng.below(130) as usize;
-                    let ids = prompt(n);
-                    let how = match rng.below(3) {
-                        0 => Cancel::Disconnect(rng.below(800)),
-                        1 => Cancel::AbortRoute(rng.below(800)),
-                        _ => Cancel::AfterFirstToken,
-                    };
-                    cancelled_request(addr, "pd", &format!("cancel-{t}-{k}"), &ids, how);
-                }
+    let mut rss = Vec::new();
+    for round in 0..4u64 {
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    let mut rng = Rng::new(round * 4 + t + 1);
+                    for k in 0..12 + u32::from(t < 2) {
+                        let ids = prompt(2 + rng.below(130) as usize);
+                        let how = match rng.below(4) {
+                            0 => Cancel::Disconnect(rng.below(800)),
+                            1 => Cancel::AbortRoute(rng.below(800)),
+                            2 => Cancel::NonStreaming(rng.below(800)),
+                            _ => Cancel::AfterFirstToken,
+                        };
+                        let model = if rng.below(4) == 0 { "hybrid" } else { "pd" };
+                        cancelled_request(addr, model, &format!("cancel-{round}-{t}-{k}"), &ids, how);
+                    }
+                })
             })
-        })
-        .collect();
-    for t in threads {
-        t.join().expect("a cancelling client panicked");
+            .collect();
+        for t in threads {
+            t.join().expect("a cancelling client panicked");
+        }
+        // Released by the cancellations themselves, well before any lease (30 s) would.
+        poll(std::time::Duration::from_secs(20), "every room and pinned block freed", || {
+            let (s, h) = (stats(addr, "pd"), stats(addr, "hybrid"));
+            let idle = |s: &Value| s["running"] == 0 && s["queued"] == 0;
+            s["handoff"]["active_rooms"] == 0 && s["pinned_blocks"] == 0 && idle(&s) && idle(&h)
+        });
+        let snapshots = stats(addr, "pd")["handoff"]["snapshot_bytes"].as_u64().unwrap_or(0);
+        rss.push((server.rss_bytes(), snapshots));
     }
-    // Released by the cancellations themselves, well before any lease (30 s) would.
-    poll(std::time::Duration::from_secs(20), "every room and pinned block freed", || {
-        let s = stats(addr, "pd");
-        s["handoff"]["active_rooms"] == 0 && s["pinned_blocks"] == 0 && s["running"] == 0 && s["queued"] == 0
-    });
+    let mib: Vec<(u64, u64)> = rss.iter().map(|(r, s)| (r >> 20, s >> 20)).collect();
+    eprintln!("server RSS and prefill snapshot cache after each round of 50 cancellations: {mib:?} MiB");
+    // The snapshot cache fills up to its budget by design; anything else growing is a leak.
+    let growth = (rss[3].0.saturating_sub(rss[1].0)).saturating_sub(rss[3].1.saturating_sub(rss[1].1));
+    assert!(
+        growth < 64 << 20,
+        "the server grew {} MiB over rounds 2-4 besides its cache: {mib:?}",
+        growth >> 20
+    );
     let s = stats(addr, "pd");
     assert!(
         s["handoff"]["pages_transferred"].as_u64().unwrap_or(0) > 0,

@@ -62,6 +62,18 @@ impl Proc {
         }
     }
 
+    /// The process's resident memory (`VmRSS`), in bytes.
+    pub fn rss_bytes(&self) -> u64 {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("the process status");
+        let kib = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .expect("VmRSS in the process status");
+        kib << 10
+    }
+
     /// Sends a signal (`-STOP`, `-CONT`, ...) to the process.
     pub fn signal(&self, sig: &str) {
         let pid = self.child.id().to_string();
