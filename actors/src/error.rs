@@ -72,6 +72,8 @@ pub enum LaunchRule {
     GpuMemoryUtilizationRequired,
     /// The `gpu_memory_utilization` of the replicas on one GPU sum to more than 1.
     GpuMemoryOversubscribed,
+    /// A worker's memory cannot hold one more replica computing on its CPU.
+    NotEnoughMemory,
 }
 
 impl LaunchRule {
@@ -99,6 +101,7 @@ impl LaunchRule {
             Self::GpuMemoryUtilizationRequired | Self::GpuMemoryOversubscribed => {
                 "engine_config.gpu_memory_utilization"
             }
+            Self::NotEnoughMemory => "replica",
             Self::InvalidField | Self::NoWorkers | Self::CacheBudget => return None,
         })
     }
@@ -135,6 +138,7 @@ impl LaunchRule {
             Self::ContractMismatch => "pd_contract_mismatch",
             Self::GpuMemoryUtilizationRequired => "gpu_memory_utilization_required",
             Self::GpuMemoryOversubscribed => "gpu_memory_oversubscribed",
+            Self::NotEnoughMemory => "not_enough_memory",
         }
     }
 }

@@ -134,6 +134,12 @@ pub struct WorkerInfo {
     pub gpu_details: Vec<GpuInfo>,
     /// Whether several replicas may share one GPU (`XINF_ALLOW_MULTI_REPLICA_PER_GPU`).
     pub allow_gpu_sharing: bool,
+    /// Host memory for the replicas that compute on its CPU, in bytes: `XINF_WORKER_MEMORY`
+    /// (bytes, or with a `K`/`M`/`G` or `KiB`/`MiB`/`GiB` suffix), else what the system had
+    /// available when the worker started; `None` where the system does not say (then nothing
+    /// is checked).
+    #[serde(default)]
+    pub memory: Option<u64>,
 }
 
 /// What runs on one GPU of a worker.

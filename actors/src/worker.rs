@@ -15,18 +15,26 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use xinf_transfer::sync::lock;
 
+mod memory;
 #[cfg(test)]
 mod tests;
 
-/// A replica slot on the worker, with the spec it was started from (which heartbeats report).
+/// A replica slot on the worker, with the spec it was started from (which heartbeats report)
+/// and the host memory reserved for it (see [`memory`]).
 enum Slot {
     /// Its engine is loading; `cancelled` when a stop arrived meanwhile.
-    Loading { cancelled: bool, spec: Box<ReplicaSpec> },
+    Loading { cancelled: bool, spec: Box<ReplicaSpec>, host_bytes: u64 },
     /// It serves.
-    Running { actor: ActorRef<ReplicaMsg>, spec: Box<ReplicaSpec> },
+    Running { actor: ActorRef<ReplicaMsg>, spec: Box<ReplicaSpec>, host_bytes: u64 },
 }
 
 impl Slot {
+    fn host_bytes(&self) -> u64 {
+        match self {
+            Self::Loading { host_bytes, .. } | Self::Running { host_bytes, .. } => *host_bytes,
+        }
+    }
+
     fn held(&self) -> HeldReplica {
         match self {
             Self::Loading { spec, .. } => HeldReplica { spec: (**spec).clone(), serving: false },
@@ -236,7 +244,8 @@ impl Worker {
                 );
                 return;
             }
-            slots.insert(uid.clone(), Slot::Loading { cancelled: false, spec: Box::new(spec.clone()) });
+            let loading = Slot::Loading { cancelled: false, spec: Box::new(spec.clone()), host_bytes: 0 };
+            slots.insert(uid.clone(), loading);
         }
         let slots = state.slots.clone();
         let cell = myself.get_cell();
@@ -252,15 +261,21 @@ impl Worker {
             spec,
         };
         let stop_timeout = self.times.stop_timeout;
+        let (memory, worker_id) = (self.info.memory, self.info.worker_id.clone());
         // Load off the mailbox: heartbeats must keep flowing while a model loads.
         tokio::spawn(async move {
+            if let Err(e) = reserve_memory(&slots, &args, memory, &worker_id).await {
+                lock(&slots).remove(&uid);
+                return answer(reply, Wire(Err(e)));
+            }
             let outcome = match Actor::spawn_linked(Some(name), Replica, args, cell).await {
                 Ok((actor, _)) => {
                     let keep = {
                         let mut slots = lock(&slots);
                         match slots.remove(&uid) {
-                            Some(Slot::Loading { cancelled: false, spec }) => {
-                                slots.insert(uid.clone(), Slot::Running { actor: actor.clone(), spec });
+                            Some(Slot::Loading { cancelled: false, spec, host_bytes }) => {
+                                let running = Slot::Running { actor: actor.clone(), spec, host_bytes };
+                                slots.insert(uid.clone(), running);
                                 true
                             }
                             // Stopped while it loaded: the slot is gone.
@@ -289,6 +304,28 @@ impl Worker {
     }
 }
 
+/// Reserves in the replica's slot the host memory it needs, if the worker's memory holds it
+/// beside the other replicas' reservations (see [`memory`]).
+async fn reserve_memory(
+    slots: &Slots,
+    args: &ReplicaArgs,
+    memory: Option<u64>,
+    worker_id: &str,
+) -> Result<(), ActorError> {
+    let (engines, spec) = (args.engines.clone(), args.spec.clone());
+    let need = tokio::task::spawn_blocking(move || memory::need(&engines, &spec))
+        .await
+        .map_err(|e| ActorError::Internal(format!("sizing the replica's memory: {e}")))??;
+    let mut slots = lock(slots);
+    let uid = &args.spec.replica_uid;
+    let held: u64 = slots.iter().filter(|(u, _)| *u != uid).map(|(_, s)| s.host_bytes()).sum();
+    memory::admit(memory, held, need, uid, worker_id)?;
+    if let Some(Slot::Loading { host_bytes, .. }) = slots.get_mut(uid) {
+        *host_bytes = need;
+    }
+    Ok(())
+}
+
 impl WorkerInfo {
     /// A worker's description from the process environment and the GPU driver.
     pub(crate) fn from_env(worker_id: String, host: String) -> Result<Self, ActorError> {
@@ -300,6 +337,7 @@ impl WorkerInfo {
             gpus: gpu_details.iter().map(|g| g.index).collect(),
             gpu_details,
             allow_gpu_sharing: allow_gpu_sharing(var("XINF_ALLOW_MULTI_REPLICA_PER_GPU").as_deref()),
+            memory: memory::worker_memory(var("XINF_WORKER_MEMORY").as_deref())?,
         })
     }
 }

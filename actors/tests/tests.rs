@@ -17,6 +17,8 @@ use xinf_engine::{
 use xinf_engine_mock::MockLoader;
 use xinf_test_util::eventually;
 
+#[path = "tests/admission.rs"]
+mod admission;
 #[path = "tests/recovery.rs"]
 mod recovery;
 
@@ -496,7 +498,7 @@ async fn a_worker_restarted_under_its_id_is_the_same_worker() {
         let workers = s.list_workers().await.expect("workers");
         workers.into_iter().map(|w| (w.info.worker_id, w.alive)).collect::<Vec<_>>()
     };
-    let mut first = child_worker_process_with(&addr, secret, Some("gpu-box-1"));
+    let mut first = child_worker_process_with(&addr, secret, Some("gpu-box-1"), &[]);
     eventually(Duration::from_secs(30), "the worker to join", || async move {
         listed().await == [("gpu-box-1".to_owned(), true)]
     })
@@ -506,7 +508,7 @@ async fn a_worker_restarted_under_its_id_is_the_same_worker() {
         listed().await == [("gpu-box-1".to_owned(), false)]
     })
     .await;
-    let _second = child_worker_process_with(&addr, secret, Some("gpu-box-1"));
+    let _second = child_worker_process_with(&addr, secret, Some("gpu-box-1"), &[]);
     eventually(Duration::from_secs(30), "the worker to come back", || async move {
         listed().await == [("gpu-box-1".to_owned(), true)]
     })
@@ -551,16 +553,22 @@ async fn node_turn() -> NodeTurn {
 
 /// Starts a worker process (this test binary's `child_worker`) that joins `addr`.
 fn child_worker_process(addr: &str, secret: &str) -> ChildGuard {
-    child_worker_process_with(addr, secret, None)
+    child_worker_process_with(addr, secret, None, &[])
 }
 
-/// [`child_worker_process`] with a worker id of its own.
-fn child_worker_process_with(addr: &str, secret: &str, worker_id: Option<&str>) -> ChildGuard {
+/// [`child_worker_process`] with a worker id of its own and more environment.
+fn child_worker_process_with(
+    addr: &str,
+    secret: &str,
+    worker_id: Option<&str>,
+    env: &[(&str, &str)],
+) -> ChildGuard {
     let exe = std::env::current_exe().expect("the test binary");
     let mut command = Command::new(exe);
     if let Some(id) = worker_id {
         command.env("XINF_TEST_WORKER_ID", id);
     }
+    command.envs(env.iter().copied());
     let child = command
         .args(["--exact", "child_worker", "--ignored", "--nocapture", "--test-threads=1"])
         .env("XINF_TEST_SUPERVISOR", addr)

@@ -1,7 +1,8 @@
 //! Cluster faults with real processes and real weights, each timed: the supervisor killed and
 //! started again on its ports (the workers reconnect and their replicas are adopted, nothing
 //! reloads), and the decode worker frozen mid-stream, thawed, killed mid-stream and started
-//! again under its id (a replacement loads there).
+//! again under its id (a replacement loads there); and a launch larger than the worker's
+//! memory, refused before it can take the node down.
 
 use super::garbage::answer;
 use super::{SECRET, supervisor_on, worker_with_env};
@@ -143,4 +144,35 @@ fn the_cluster_recovers_from_supervisor_and_decode_worker_faults() {
     let d_now = now.iter().find(|r| r.1 == "decode").expect("a decode replica");
     assert!(d_now.0 != "pd-d" && d_now.2 == decode && d_now.3 == "alive", "{now:?}");
     assert_eq!(answer(addr), want, "the replacement answers as before");
+}
+
+/// A launch of more replicas than the worker's memory holds (`XINF_WORKER_MEMORY`, 1.5 GiB here;
+/// SmolLM2 on the CPU takes ~0.85 GiB: f32 weights and an 8,192-token KV cache) is refused
+/// naming `replica`, nothing is left behind, and a launch that fits serves.
+#[test]
+fn a_launch_larger_than_the_workers_memory_is_refused() {
+    let _ = crate::util::smollm2();
+    let mut cmd = crate::util::procs::xinf();
+    cmd.args(["local", "--port", "0"]).env("XINF_WORKER_MEMORY", "1500M");
+    let mut p = crate::util::procs::Proc::spawn(cmd);
+    let addr: SocketAddr =
+        p.wait_for("REST API at http://").trim().trim_end_matches("/v1").parse().expect("REST address");
+    let res = http::post(
+        addr,
+        "/v1/models",
+        &json!({"model_name": "smollm2-instruct", "model_uid": "m", "replica": 3}),
+    );
+    assert_eq!(res.status, 400, "{}", res.text());
+    let err = res.json();
+    assert_eq!(
+        (err["error"]["code"].as_str(), err["error"]["param"].as_str()),
+        (Some("not_enough_memory"), Some("replica")),
+        "{err}"
+    );
+    assert!(err["error"]["message"].as_str().is_some_and(|m| m.contains("host memory")), "{err}");
+    assert_eq!(http::get(addr, "/v1/models").json()["data"].as_array().map(Vec::len), Some(0));
+    let res = http::post(addr, "/v1/models", &json!({"model_name": "smollm2-instruct", "model_uid": "m"}));
+    assert_eq!(res.status, 200, "{}", res.text());
+    let body = json!({"model": "m", "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0});
+    assert_eq!(http::post(addr, "/v1/completions", &body).status, 200);
 }

@@ -51,6 +51,16 @@ pub trait EngineLoader: Send + Sync {
     /// unknown keys and bad values naming the key.
     fn check_config(&self, config: &Map<String, Value>) -> Result<EngineConfig, EngineError>;
 
+    /// The host memory, in bytes, one replica of `model` with these options takes: its weights
+    /// as held in host memory and, computing on the CPU, its KV cache. Workers add these up
+    /// against their memory before loading a replica, so that a launch of more replicas than
+    /// fit is refused instead of swapping the node to death. Blocking (it may read the model's
+    /// metadata, resolving its files as a load would); `None` where the engine cannot tell or
+    /// keeps the replica in GPU memory.
+    fn host_memory(&self, _model: &ModelSource, _config: &EngineConfig) -> Result<Option<u64>, EngineError> {
+        Ok(None)
+    }
+
     /// Loads an engine for one replica. Blocking: it reads weights, and may download them.
     fn load(&self, model: &ModelSource, config: &EngineConfig) -> Result<Arc<dyn Engine>, EngineError>;
 }

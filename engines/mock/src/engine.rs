@@ -89,6 +89,12 @@ struct Run {
     table: Vec<u32>,
 }
 
+/// The host memory a mock engine's KV cache takes: f16 K and V of every layer per token.
+pub(crate) fn host_bytes(config: &MockConfig) -> u64 {
+    let tokens = config.engine.kv_cache_tokens.unwrap_or(DEFAULT_CACHE_TOKENS) as u64;
+    tokens * (2 * kv::LAYERS * kv::KV_HEADS * kv::HEAD_DIM * 2) as u64
+}
+
 impl MockEngine {
     /// A mock engine for `model_name` with `config`'s KV layout, sizes and faults.
     pub fn new(model_name: &str, config: &MockConfig) -> Result<Self, EngineError> {

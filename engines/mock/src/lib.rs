@@ -101,6 +101,11 @@ impl EngineLoader for MockLoader {
         MockConfig::from_map(config).map(EngineConfig::Mock)
     }
 
+    fn host_memory(&self, _model: &ModelSource, config: &EngineConfig) -> Result<Option<u64>, EngineError> {
+        let EngineConfig::Mock(config) = config else { return Ok(None) };
+        Ok(Some(engine::host_bytes(config)))
+    }
+
     fn load(&self, model: &ModelSource, config: &EngineConfig) -> Result<Arc<dyn Engine>, EngineError> {
         let EngineConfig::Mock(config) = config else {
             return Err(EngineError::Internal("the mock engine was given another engine's options".into()));

@@ -17,6 +17,7 @@
 
 mod handle;
 mod load;
+pub(crate) use load::read_config;
 mod scheduler;
 mod seq;
 mod shared;

@@ -42,6 +42,17 @@ impl EngineLoader for NativeLoader {
         NativeConfig::from_map(config).map(EngineConfig::Native)
     }
 
+    fn host_memory(&self, model: &ModelSource, config: &EngineConfig) -> Result<Option<u64>, EngineError> {
+        let EngineConfig::Native(config) = config else { return Ok(None) };
+        let options = EngineOptions::from_config(config);
+        if options.device != crate::options::ComputeDevice::Cpu {
+            return Ok(None);
+        }
+        let resolved = xinf_models::resolve(&request(model)).map_err(EngineError::from)?;
+        let cfg = crate::engine::read_config(&resolved)?;
+        Ok(Some(crate::memory::host_bytes(&cfg, &options)))
+    }
+
     fn load(&self, model: &ModelSource, config: &EngineConfig) -> Result<Arc<dyn Engine>, EngineError> {
         let EngineConfig::Native(config) = config else {
             return Err(EngineError::Internal("the native engine was given another engine's options".into()));

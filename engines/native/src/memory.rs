@@ -136,6 +136,24 @@ pub(crate) fn weight_bytes(weights: &Weights, tied: bool, dtype: KvDtype) -> u64
     (elems * dtype.size()) as u64
 }
 
+/// The parameters of a model of this config, from its shapes (the norms aside, which are
+/// too small to matter here).
+pub(crate) fn param_count(cfg: &ModelConfig) -> u64 {
+    let (h, q, kv) = (cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim);
+    let per_layer = h * q + 2 * h * kv + q * h + 3 * h * cfg.intermediate_size;
+    let embeddings = cfg.vocab_size * h * if cfg.tie_word_embeddings { 1 } else { 2 };
+    (cfg.num_layers * per_layer + embeddings) as u64
+}
+
+/// The host memory a replica computing on the CPU takes: its weights in f32 (whatever the file
+/// stores) and its KV cache as `options` size it.
+pub(crate) fn host_bytes(cfg: &ModelConfig, options: &EngineOptions) -> u64 {
+    let dtype = options.kv_dtype.unwrap_or(KvDtype::F32);
+    let per_token = kv_bytes_per_token(cfg.num_layers, cfg.kv_heads, cfg.head_dim, dtype);
+    let cache = cache_bytes(options.kv_cache_tokens, options.kv_layout.block_size, per_token);
+    (param_count(cfg) * 4).saturating_add(cache)
+}
+
 /// The options with `kv_cache_tokens` sized from `gpu_memory_utilization`, when it is given:
 /// the weights (`weight_bytes` on the GPU), the reserve and the KV cache must fit in the fraction
 /// of the GPU's total memory. Options without a fraction come back unchanged. A fraction is

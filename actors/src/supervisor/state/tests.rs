@@ -13,6 +13,7 @@ fn info(id: &str, gpus: &[u32]) -> WorkerInfo {
         gpus: gpus.to_vec(),
         gpu_details: gpus.iter().map(|g| crate::view::GpuInfo::index_only(*g)).collect(),
         allow_gpu_sharing: false,
+        memory: None,
     }
 }
 

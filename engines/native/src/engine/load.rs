@@ -95,6 +95,29 @@ pub(super) fn load(model: &ResolvedModel, options: EngineOptions) -> Result<Load
     Ok(Loaded { backend, cache, device, tokenizer, contract, layout, options, max_seq_len, eos, graph_steps })
 }
 
+/// The model's config alone (a GGUF file's metadata, or `config.json`), without its weights.
+pub(crate) fn read_config(model: &ResolvedModel) -> Result<ModelConfig, EngineError> {
+    match model.format {
+        WeightsFormat::Gguf => {
+            let path = &model.path;
+            let mut f = std::fs::File::open(path).map_err(|e| model_err(ModelError::io(path, e)))?;
+            let content = candle_core::quantized::gguf_file::Content::read(&mut f).map_err(|e| {
+                model_err(ModelError::Corrupt {
+                    file: path.display().to_string(),
+                    reason: crate::weights::candle_reason(&e),
+                })
+            })?;
+            ModelConfig::from_gguf(&content).map_err(model_err)
+        }
+        WeightsFormat::Safetensors => {
+            let cfg_path = model.path.join("config.json");
+            let text =
+                std::fs::read_to_string(&cfg_path).map_err(|e| model_err(ModelError::io(&cfg_path, e)))?;
+            ModelConfig::from_hf_json(&text, &cfg_path.display().to_string()).map_err(model_err)
+        }
+    }
+}
+
 /// A GGUF file: config, tokenizer and weights all come from it (loaded as f32).
 fn read_gguf(path: &Path) -> Result<ModelFiles, EngineError> {
     let mut f = std::fs::File::open(path).map_err(|e| model_err(ModelError::io(path, e)))?;

@@ -95,3 +95,28 @@ fn a_kv_cache_larger_than_the_machine_is_refused_naming_the_limit() {
     let plain = EngineOptions::default();
     assert_eq!(fit_kv_cache(plain.clone(), &cfg, KvDtype::F32, 0), Ok(plain));
 }
+
+#[test]
+fn a_cpu_replica_holds_its_weights_in_f32_and_its_kv_cache() {
+    // SmolLM2-135M's shapes: 134.5 M parameters (tied embeddings).
+    let cfg = ModelConfig::from_hf_json(
+        &serde_json::json!({
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
+            "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+            "num_key_value_heads": 3, "vocab_size": 49152, "rms_norm_eps": 1e-5,
+            "max_position_embeddings": 8192, "tie_word_embeddings": true, "eos_token_id": 2
+        })
+        .to_string(),
+        "config.json",
+    )
+    .expect("a valid config");
+    assert_eq!(param_count(&cfg), 134_479_872);
+    let options = EngineOptions { kv_cache_tokens: 8192, ..EngineOptions::default() };
+    // 8,192 tokens in blocks of the layout's size, plus the spare block, at 46,080 bytes each.
+    let block = options.kv_layout.block_size as u64;
+    let cache = (8192u64.div_ceil(block) + 1) * block * 46_080;
+    assert_eq!(host_bytes(&cfg, &options), 134_479_872 * 4 + cache);
+    // Untied embeddings count the LM head too.
+    let untied = ModelConfig { tie_word_embeddings: false, ..cfg };
+    assert_eq!(param_count(&untied), 134_479_872 + 49_152 * 576);
+}
