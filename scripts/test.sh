@@ -28,4 +28,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/xinf-target}"
 (cd python && VIRTUAL_ENV="$VENV" "$VENV/bin/maturin" develop --quiet --locked)
 "$VENV/bin/python" -m pytest -q python/tests
 
+# The documentation site: every page in every language, links, anchors, cited paths; mdBook
+# builds each book.
+scripts/docs.sh
+
 cargo test --workspace --locked -- --test-threads="${XINF_TEST_THREADS:-2}"
