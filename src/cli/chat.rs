@@ -106,9 +106,9 @@ pub(crate) fn chat(args: ChatArgs, cat: &Catalog) -> Result<(), String> {
                 // The turn failed: forget it, say why, and go on unless nobody is there.
                 messages.pop();
                 if !interactive || e.status().is_none() {
-                    return Err(e.to_string());
+                    return Err(e.text(cat));
                 }
-                eprintln!("{}: {e}", cat.text("error-prefix", &[]));
+                eprintln!("{}: {}", cat.text("error-prefix", &[]), e.text(cat));
             }
         }
     }

@@ -10,6 +10,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read};
 use std::time::Duration;
+use xinf_i18n::Catalog;
 
 /// The error shape of every failed call and of a stream's `error` event:
 /// `{"error": {"message": ..}}` (other keys are not needed here).
@@ -41,18 +42,29 @@ impl ModelList {
     }
 }
 
-/// Why a call failed, in words for the terminal.
+/// Why a call failed. `Display` gives the English text (for logs); [`ClientError::text`] gives
+/// the reader's.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ClientError {
     /// The server could not be reached.
     #[error("cannot reach {endpoint}: {detail}")]
     Unreachable { endpoint: String, detail: String },
-    /// The server answered with an error (its OpenAI-shaped message).
+    /// The server answered with an error (its OpenAI-shaped message, in the language the
+    /// request asked for).
     #[error("{message} (HTTP {status})")]
     Status { status: u16, message: String },
     /// The answer was not what the API returns.
     #[error("unexpected answer from {endpoint}: {detail}")]
     Invalid { endpoint: String, detail: String },
+    /// The call ended without any answer, not even an error.
+    #[error("unexpected answer from {endpoint}: no answer")]
+    NoAnswer { endpoint: String },
+    /// A stream broke off while it was being read.
+    #[error("cannot reach {endpoint}: the stream broke: {detail}")]
+    StreamBroken { endpoint: String, detail: String },
+    /// A stream ended without its closing `data: [DONE]`.
+    #[error("cannot reach {endpoint}: the stream ended before [DONE]")]
+    StreamUnfinished { endpoint: String },
 }
 
 impl ClientError {
@@ -63,6 +75,30 @@ impl ClientError {
             _ => None,
         }
     }
+
+    /// The failure in the catalog's language. The server's own message is already in the
+    /// reader's language (the client sends `Accept-Language`); transport details come from the
+    /// operating system and stay as they are.
+    pub(crate) fn text(&self, cat: &Catalog) -> String {
+        match self {
+            Self::Unreachable { endpoint, detail } => {
+                cat.text("cli-unreachable", &[("endpoint", endpoint), ("detail", detail)])
+            }
+            Self::Status { status, message } => {
+                cat.text("cli-http-error", &[("message", message), ("status", &status.to_string())])
+            }
+            Self::Invalid { endpoint, detail } => {
+                cat.text("cli-bad-answer", &[("endpoint", endpoint), ("detail", detail)])
+            }
+            Self::NoAnswer { endpoint } => cat.text("cli-no-answer", &[("endpoint", endpoint)]),
+            Self::StreamBroken { endpoint, detail } => {
+                cat.text("cli-stream-broken", &[("endpoint", endpoint), ("detail", detail)])
+            }
+            Self::StreamUnfinished { endpoint } => {
+                cat.text("cli-stream-unfinished", &[("endpoint", endpoint)])
+            }
+        }
+    }
 }
 
 /// A client of one server.
@@ -70,11 +106,15 @@ impl ClientError {
 pub(crate) struct Client {
     endpoint: String,
     api_key: Option<String>,
+    /// The user's language (`ja-JP`), sent as `Accept-Language` so that the server's errors
+    /// come back in it; `None` for the `C` locale.
+    language: Option<String>,
     agent: ureq::Agent,
 }
 
 impl Client {
-    /// A client of `endpoint` (`http://host:port`, with or without a trailing `/`).
+    /// A client of `endpoint` (`http://host:port`, with or without a trailing `/`) that asks
+    /// for answers in the language of the process locale.
     pub(crate) fn new(endpoint: &str, api_key: Option<String>) -> Self {
         let agent = ureq::AgentBuilder::new()
             .timeout_connect(Duration::from_secs(10))
@@ -83,7 +123,8 @@ impl Client {
             .build();
         let endpoint = endpoint.trim_end_matches('/').to_owned();
         let endpoint = if endpoint.contains("://") { endpoint } else { format!("http://{endpoint}") };
-        Self { endpoint, api_key: api_key.filter(|k| !k.is_empty()), agent }
+        let language = xinf_i18n::user_language();
+        Self { endpoint, api_key: api_key.filter(|k| !k.is_empty()), language, agent }
     }
 
     fn request(&self, method: &str, path: &str) -> ureq::Request {
@@ -91,7 +132,15 @@ impl Client {
         if let Some(key) = &self.api_key {
             req = req.set("Authorization", &format!("Bearer {key}"));
         }
+        if let Some(language) = &self.language {
+            req = req.set("Accept-Language", language);
+        }
         req
+    }
+
+    /// The endpoint, for errors that name it.
+    pub(crate) fn endpoint(&self) -> &str {
+        &self.endpoint
     }
 
     fn fail(&self, e: ureq::Error) -> ClientError {
@@ -153,9 +202,9 @@ impl Client {
         let res = self.request("POST", path).send_json(body).map_err(|e| self.fail(e))?;
         let reader: Box<dyn Read + Send> = res.into_reader();
         for line in BufReader::new(reader).lines() {
-            let line = line.map_err(|e| ClientError::Unreachable {
+            let line = line.map_err(|e| ClientError::StreamBroken {
                 endpoint: self.endpoint.clone(),
-                detail: format!("the stream broke: {e}"),
+                detail: e.to_string(),
             })?;
             let Some(data) = line.strip_prefix("data:") else { continue };
             let data = data.trim();
@@ -171,9 +220,37 @@ impl Client {
             }
             each(&event);
         }
-        Err(ClientError::Unreachable {
-            endpoint: self.endpoint.clone(),
-            detail: "the stream ended before [DONE]".into(),
-        })
+        Err(ClientError::StreamUnfinished { endpoint: self.endpoint.clone() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_carry_the_user_language() {
+        let mut client = Client::new("127.0.0.1:9997/", Some(String::new()));
+        assert_eq!(client.endpoint(), "http://127.0.0.1:9997");
+        client.language = xinf_i18n::locale_tag("ja_JP.UTF-8");
+        let req = client.request("GET", "/v1/models");
+        assert_eq!(req.header("Accept-Language"), Some("ja-JP"));
+        assert_eq!(req.header("Authorization"), None);
+        client.language = xinf_i18n::locale_tag("C.UTF-8");
+        assert_eq!(client.request("GET", "/v1/models").header("Accept-Language"), None);
+    }
+
+    #[test]
+    fn failures_read_in_the_catalog_language() {
+        let endpoint = "http://h:1".to_owned();
+        let broken = ClientError::StreamBroken { endpoint: endpoint.clone(), detail: "reset".into() };
+        let en = Catalog::new("en");
+        assert_eq!(broken.text(&en), broken.to_string());
+        let status = ClientError::Status { status: 404, message: "no model".into() };
+        assert_eq!(status.text(&en), "no model (HTTP 404)");
+        let unfinished = ClientError::StreamUnfinished { endpoint };
+        assert_eq!(unfinished.text(&en), "cannot reach http://h:1: the stream ended before [DONE]");
+        let de = unfinished.text(&Catalog::new("de"));
+        assert!(de.contains("http://h:1") && de != unfinished.to_string(), "{de}");
     }
 }

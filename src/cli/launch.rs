@@ -2,7 +2,7 @@
 //! [`LaunchRequest`], then `POST /v1/models` with progress while the model loads.
 
 use super::client::{Client, ClientError};
-use crate::api::status_name;
+use super::status::model_status_text;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Deserialize;
@@ -181,7 +181,7 @@ impl LaunchSource {
 }
 
 /// The progress line of a model that is loading, from `GET /v1/models`.
-fn progress(client: &Client, uid: Option<&str>, name: &str) -> Option<String> {
+fn progress(client: &Client, uid: Option<&str>, name: &str, cat: &Catalog) -> Option<String> {
     let models = client.models().ok()?;
     let model = models.iter().find(|m| match uid {
         Some(uid) => m.uid == uid,
@@ -189,7 +189,13 @@ fn progress(client: &Client, uid: Option<&str>, name: &str) -> Option<String> {
     })?;
     let replicas = &model.replica_details;
     let alive = replicas.iter().filter(|r| r.status == ReplicaStatus::Alive).count();
-    Some(format!("{} {}: {alive}/{} replicas", model.uid, status_name(model.status), replicas.len()))
+    let args = [
+        ("uid", model.uid.as_str()),
+        ("status", &model_status_text(model.status, cat)),
+        ("alive", &alive.to_string()),
+        ("total", &replicas.len().to_string()),
+    ];
+    Some(cat.text("cli-launch-progress", &args))
 }
 
 /// The answer of `POST /v1/models`.
@@ -222,21 +228,18 @@ pub(crate) fn launch(args: LaunchArgs, cat: &Catalog) -> Result<(), String> {
         match rx.recv_timeout(Duration::from_millis(500)) {
             Ok(result) => break result,
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                break Err(ClientError::Invalid {
-                    endpoint: args.endpoint.endpoint.clone(),
-                    detail: "no answer".into(),
-                });
+                break Err(ClientError::NoAnswer { endpoint: client.endpoint().to_owned() });
             }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                 bar.tick();
-                if let Some(line) = progress(&client, request.model_uid.as_deref(), &name) {
+                if let Some(line) = progress(&client, request.model_uid.as_deref(), &name, cat) {
                     bar.set_message(line);
                 }
             }
         }
     };
     bar.finish_and_clear();
-    let answer = result.map_err(|e| e.to_string())?;
+    let answer = result.map_err(|e| e.text(cat))?;
     let uid = Launched::deserialize(&answer).map(|a| a.model_uid).unwrap_or_default();
     let secs = format!("{:.1}", started.elapsed().as_secs_f64());
     eprintln!("{}", cat.text("cli-launch-done", &[("uid", &uid), ("secs", &secs)]));

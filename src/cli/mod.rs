@@ -3,11 +3,13 @@
 mod bench;
 mod chat;
 mod client;
+mod columns;
 mod generate;
 mod launch;
 mod models;
 mod random_checkpoint;
 mod server;
+mod status;
 
 use crate::engine_error_text;
 use clap::{Parser, Subcommand};

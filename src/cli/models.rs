@@ -1,10 +1,12 @@
 //! `xinf list` and `xinf terminate`.
 
 use super::client::ModelList;
+use super::columns;
 use super::launch::EndpointArgs;
-use crate::api::{ModelInfo, status_name};
+use super::status::{model_status_text, replica_status_text};
+use crate::api::ModelInfo;
 use clap::Args;
-use xinf_actors::{GpuInfo, GpuUsage, ReplicaStatus, WorkerStatus};
+use xinf_actors::{GpuInfo, GpuUsage, WorkerStatus};
 use xinf_i18n::Catalog;
 
 /// `xinf list`.
@@ -29,13 +31,14 @@ pub(crate) struct TerminateArgs {
     endpoint: EndpointArgs,
 }
 
-/// Prints rows as columns padded to the widest cell.
+/// Prints rows as columns padded to the widest cell (in terminal columns: headers may be
+/// Chinese, Japanese or Korean).
 fn table(rows: &[Vec<String>]) {
     let widths: Vec<usize> = (0..rows.first().map_or(0, Vec::len))
-        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .map(|c| rows.iter().filter_map(|r| r.get(c)).map(|s| columns::width(s)).max().unwrap_or(0))
         .collect();
     for row in rows {
-        let cells: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        let cells: Vec<String> = row.iter().zip(&widths).map(|(c, w)| columns::pad(c, *w, true)).collect();
         println!("{}", cells.join("  ").trim_end());
     }
 }
@@ -43,17 +46,17 @@ fn table(rows: &[Vec<String>]) {
 /// A worker's GPUs for `xinf list --workers`: each index with its name, memory and the share of
 /// its memory the replicas on it hold, where known (`0 (NVIDIA H200, 139.8 GiB, used 0.8)`), or
 /// `cpu` when it has none.
-fn gpus_cell(worker: &WorkerStatus) -> String {
+fn gpus_cell(worker: &WorkerStatus, cat: &Catalog) -> String {
     let cells: Vec<String> = if worker.info.gpu_details.is_empty() {
         worker.info.gpus.iter().map(u32::to_string).collect()
     } else {
-        worker.info.gpu_details.iter().map(|g| gpu_cell(g, &worker.gpu_usage)).collect()
+        worker.info.gpu_details.iter().map(|g| gpu_cell(g, &worker.gpu_usage, cat)).collect()
     };
     if cells.is_empty() { "cpu".into() } else { cells.join("; ") }
 }
 
 /// One GPU of [`gpus_cell`].
-fn gpu_cell(gpu: &GpuInfo, usage: &[GpuUsage]) -> String {
+fn gpu_cell(gpu: &GpuInfo, usage: &[GpuUsage], cat: &Catalog) -> String {
     let mut about: Vec<String> = Vec::new();
     if let Some(name) = &gpu.name {
         about.push(name.clone());
@@ -63,60 +66,62 @@ fn gpu_cell(gpu: &GpuInfo, usage: &[GpuUsage]) -> String {
     }
     let used = usage.iter().find(|u| u.index == gpu.index).map(|u| u.memory_fraction);
     if let Some(f) = used.filter(|f| *f > 0.0) {
-        about.push(format!("used {}", (f * 100.0).round() / 100.0));
+        let fraction = ((f * 100.0).round() / 100.0).to_string();
+        about.push(cat.text("cli-list-gpu-used", &[("fraction", &fraction)]));
     }
     if about.is_empty() { gpu.index.to_string() } else { format!("{} ({})", gpu.index, about.join(", ")) }
 }
 
-/// A replica's status as the API writes it.
-fn replica_status(status: ReplicaStatus) -> &'static str {
-    match status {
-        ReplicaStatus::Loading => "loading",
-        ReplicaStatus::Alive => "alive",
-        ReplicaStatus::Dead => "dead",
-    }
+/// A table's header row from its column keys.
+fn header(keys: &[&str], cat: &Catalog) -> Vec<String> {
+    keys.iter().map(|k| cat.text(k, &[])).collect()
 }
 
 /// The rows of `xinf list --workers`.
-fn worker_rows(workers: &[WorkerStatus]) -> Vec<Vec<String>> {
-    let mut rows = vec![vec!["WORKER".into(), "ALIVE".into(), "GPUS".into(), "REPLICAS".into()]];
+fn worker_rows(workers: &[WorkerStatus], cat: &Catalog) -> Vec<Vec<String>> {
+    let columns = ["cli-list-col-worker", "cli-list-col-alive", "cli-list-col-gpus", "cli-list-col-replicas"];
+    let mut rows = vec![header(&columns, cat)];
     for w in workers {
-        rows.push(vec![w.info.worker_id.clone(), w.alive.to_string(), gpus_cell(w), w.replicas.join(",")]);
+        let alive = cat.text(if w.alive { "cli-list-alive-true" } else { "cli-list-alive-false" }, &[]);
+        rows.push(vec![w.info.worker_id.clone(), alive, gpus_cell(w, cat), w.replicas.join(",")]);
     }
     rows
 }
 
 /// The rows of `xinf list`: each model, and where its replicas run (their count for a single
-/// engine, which has no replica details).
-fn model_rows(models: &[ModelInfo]) -> Vec<Vec<String>> {
-    let mut rows = vec![vec!["UID".into(), "NAME".into(), "STATUS".into(), "REPLICAS".into()]];
+/// engine, which has no replica details). Roles stay as the API names them: they are the values
+/// `--replica-config` takes.
+fn model_rows(models: &[ModelInfo], cat: &Catalog) -> Vec<Vec<String>> {
+    let columns = ["cli-list-col-uid", "cli-list-col-name", "cli-list-col-status", "cli-list-col-replicas"];
+    let mut rows = vec![header(&columns, cat)];
     for m in models {
         let replicas = if m.replica_details.is_empty() {
             m.replicas.to_string()
         } else {
             let each = m.replica_details.iter().map(|r| {
-                format!("{}({} {} {})", r.replica_uid, r.role, replica_status(r.status), r.worker_id)
+                let status = replica_status_text(r.status, cat);
+                format!("{}({} {status} {})", r.replica_uid, r.role, r.worker_id)
             });
             each.collect::<Vec<_>>().join(" ")
         };
-        rows.push(vec![m.uid.clone(), m.model_name.clone(), status_name(m.status).into(), replicas]);
+        rows.push(vec![m.uid.clone(), m.model_name.clone(), model_status_text(m.status, cat), replicas]);
     }
     rows
 }
 
 /// `xinf list`: the models (uid, name, status, replicas and where they run) or the workers.
-pub(crate) fn list(args: ListArgs, _cat: &Catalog) -> Result<(), String> {
+pub(crate) fn list(args: ListArgs, cat: &Catalog) -> Result<(), String> {
     let client = args.endpoint.client();
     let path = if args.workers { "/v1/workers" } else { "/v1/models" };
-    let answer = client.get(path).map_err(|e| e.to_string())?;
+    let answer = client.get(path).map_err(|e| e.text(cat))?;
     if args.json {
         println!("{answer:#}");
         return Ok(());
     }
     let rows = if args.workers {
-        worker_rows(&client.typed::<Vec<WorkerStatus>>(answer).map_err(|e| e.to_string())?)
+        worker_rows(&client.typed::<Vec<WorkerStatus>>(answer).map_err(|e| e.text(cat))?, cat)
     } else {
-        model_rows(&client.typed::<ModelList>(answer).map_err(|e| e.to_string())?.into_models())
+        model_rows(&client.typed::<ModelList>(answer).map_err(|e| e.text(cat))?.into_models(), cat)
     };
     table(&rows);
     Ok(())
@@ -125,7 +130,7 @@ pub(crate) fn list(args: ListArgs, _cat: &Catalog) -> Result<(), String> {
 /// `xinf terminate`.
 pub(crate) fn terminate(args: TerminateArgs, cat: &Catalog) -> Result<(), String> {
     let client = args.endpoint.client();
-    client.delete(&format!("/v1/models/{}", args.model_uid)).map_err(|e| e.to_string())?;
+    client.delete(&format!("/v1/models/{}", args.model_uid)).map_err(|e| e.text(cat))?;
     eprintln!("{}", cat.text("cli-terminated", &[("uid", &args.model_uid)]));
     Ok(())
 }
@@ -133,7 +138,9 @@ pub(crate) fn terminate(args: TerminateArgs, cat: &Catalog) -> Result<(), String
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::status_name;
     use serde_json::json;
+    use xinf_actors::ModelStatus;
 
     #[test]
     fn rows_from_the_api_answers() {
@@ -145,7 +152,10 @@ mod tests {
             "owned_by": "xinf", "xinf": {"uid": "one", "model_name": "qwen3", "status": "ready",
             "replicas": 1, "engine": "native", "context_length": 4096, "created": 1}}]});
         let models = serde_json::from_value::<ModelList>(models).map(ModelList::into_models);
-        let rows = model_rows(&models.unwrap_or_default());
+        let models = models.unwrap_or_default();
+        let en = Catalog::new("en");
+        let rows = model_rows(&models, &en);
+        assert_eq!(rows[0], ["UID", "NAME", "STATUS", "REPLICAS"]);
         assert_eq!(rows[1], ["m", "smollm2", "loading", "m-0(prefill alive w1)"]);
         assert_eq!(rows[2], ["one", "qwen3", "ready", "1"]);
 
@@ -155,7 +165,39 @@ mod tests {
             "alive": true, "last_heartbeat_ms": 3, "replicas": ["m-0", "m-1"],
             "gpu_usage": [{"index": 0, "replicas": ["m-0"], "memory_fraction": 0.8}]}]);
         let workers = serde_json::from_value::<Vec<WorkerStatus>>(workers).unwrap_or_default();
-        let rows = worker_rows(&workers);
+        let rows = worker_rows(&workers, &en);
+        assert_eq!(rows[0], ["WORKER", "ALIVE", "GPUS", "REPLICAS"]);
         assert_eq!(rows[1], ["w1", "true", "0 (NVIDIA H200, 139.7 GiB, used 0.8); 1", "m-0,m-1"]);
+
+        // Headers, statuses and GPU use in the reader's language; ids, roles and numbers as sent.
+        let ja = Catalog::new("ja");
+        let rows = model_rows(&models, &ja);
+        assert_eq!(rows[0], ["UID", "名前", "状態", "レプリカ"]);
+        assert_eq!(rows[1], ["m", "smollm2", "読み込み中", "m-0(prefill 稼働中 w1)"]);
+        assert_eq!(rows[2][2], "準備完了");
+        let rows = worker_rows(&workers, &Catalog::new("de"));
+        assert_eq!(rows[1], ["w1", "ja", "0 (NVIDIA H200, 139.7 GiB, belegt 0.8); 1", "m-0,m-1"]);
+    }
+
+    #[test]
+    fn every_status_has_words_in_every_language() {
+        let statuses = [
+            ModelStatus::Launching,
+            ModelStatus::Ready,
+            ModelStatus::Degraded,
+            ModelStatus::Unavailable,
+            ModelStatus::Terminating,
+        ];
+        let en = Catalog::new("en");
+        for status in statuses {
+            // English keeps the API's names.
+            assert_eq!(model_status_text(status, &en), status_name(status));
+        }
+        for lang in xinf_i18n::languages().filter(|l| *l != "en") {
+            let cat = Catalog::new(lang);
+            for status in statuses {
+                assert_ne!(model_status_text(status, &cat), model_status_text(status, &en), "{lang}");
+            }
+        }
     }
 }

@@ -28,9 +28,8 @@ fn request_body(uid: &str, prompt: &str, output_tokens: usize) -> Value {
 
 /// Sends one streamed request and times it. The first and last non-empty text deltas give TTFT
 /// and TPOT; the output length comes from the usage chunk, or from the deltas when a server
-/// sends none. A stream without text fails with `no_text` (a catalog text made beforehand: a
-/// [`Catalog`] stays on its thread).
-fn one_request(client: &Client, body: &Value, no_text: &str) -> Result<Sample, String> {
+/// sends none. A failure is told in `cat`'s language.
+fn one_request(client: &Client, body: &Value, cat: &Catalog) -> Result<Sample, String> {
     let sent = Instant::now();
     let (mut first, mut last, mut deltas, mut usage) = (None, None, 0, None);
     client
@@ -45,9 +44,9 @@ fn one_request(client: &Client, body: &Value, no_text: &str) -> Result<Sample, S
                 usage = Some(n as usize);
             }
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.text(cat))?;
     let (Some(first), Some(last)) = (first, last) else {
-        return Err(no_text.to_owned());
+        return Err(cat.text("cli-bench-no-text", &[]));
     };
     let output_tokens = usage.unwrap_or(deltas);
     let ttft_ms = first.duration_since(sent).as_secs_f64() * 1000.0;
@@ -74,7 +73,8 @@ pub(super) fn run_level(
     );
     let concurrency_text = concurrency.to_string();
     bar.set_message(cat.text("cli-bench-running", &[("uid", uid), ("concurrency", &concurrency_text)]));
-    let no_text = cat.text("cli-bench-no-text", &[]);
+    // A catalog stays on its thread: each sender makes its own, in the same language.
+    let lang = cat.lang();
     let next = AtomicUsize::new(0);
     let started = Instant::now();
     let outcomes: Vec<Result<Sample, String>> = std::thread::scope(|scope| {
@@ -83,6 +83,7 @@ pub(super) fn run_level(
                 scope.spawn(|| {
                     // A client per thread: each keeps its own connection alive.
                     let client = args.endpoint.client();
+                    let cat = Catalog::new(lang);
                     let mut mine = Vec::new();
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
@@ -92,7 +93,7 @@ pub(super) fn run_level(
                         let Some(prompt) = prompts.get(i % prompts.len().max(1)) else { break };
                         let text = tagged(first_number + i, &prompt.body);
                         let body = request_body(uid, &text, args.output_tokens);
-                        mine.push(one_request(&client, &body, &no_text));
+                        mine.push(one_request(&client, &body, &cat));
                         bar.inc(1);
                     }
                     mine
@@ -139,7 +140,7 @@ pub(super) fn warm_up(
     for i in 0..args.warmup {
         let Some(prompt) = prompts.get(i % prompts.len()) else { break };
         let body = request_body(uid, &tagged(first_number + i, &prompt.body), args.output_tokens);
-        if let Err(detail) = one_request(client, &body, &cat.text("cli-bench-no-text", &[])) {
+        if let Err(detail) = one_request(client, &body, cat) {
             eprintln!("{}", cat.text("cli-bench-warmup-failed", &[("uid", uid), ("detail", &detail)]));
             break;
         }

@@ -138,7 +138,7 @@ pub(super) struct Prompt {
 /// The prompt length, as the server counts it.
 fn measure(client: &Client, uid: &str, prompt: &str, cat: &Catalog) -> Result<usize, String> {
     let body = json!({"model": uid, "prompt": prompt, "max_tokens": 1, "temperature": 0});
-    let answer = client.post("/v1/completions", &body).map_err(|e| e.to_string())?;
+    let answer = client.post("/v1/completions", &body).map_err(|e| e.text(cat))?;
     answer["usage"]["prompt_tokens"]
         .as_u64()
         .map(|n| n as usize)

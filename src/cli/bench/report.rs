@@ -3,18 +3,19 @@
 use xinf_i18n::Catalog;
 
 use super::stats::Level;
+use crate::cli::columns;
 
 /// Milliseconds with one decimal, or `-` without samples.
 fn ms(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |v| format!("{v:.1}"))
 }
 
-/// Rows as columns padded to the widest cell: the first column to the left, numbers to the
-/// right.
+/// Rows as columns padded to the widest cell (in terminal columns: headers may be Chinese,
+/// Japanese or Korean): the first column to the left, numbers to the right.
 fn table(rows: &[Vec<String>]) -> String {
-    let columns = rows.first().map_or(0, Vec::len);
-    let widths: Vec<usize> = (0..columns)
-        .map(|c| rows.iter().filter_map(|r| r.get(c)).map(|s| s.chars().count()).max().unwrap_or(0))
+    let count = rows.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..count)
+        .map(|c| rows.iter().filter_map(|r| r.get(c)).map(|s| columns::width(s)).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
     for row in rows {
@@ -22,7 +23,7 @@ fn table(rows: &[Vec<String>]) -> String {
             .iter()
             .zip(&widths)
             .enumerate()
-            .map(|(i, (cell, w))| if i == 0 { format!("{cell:<w$}") } else { format!("{cell:>w$}") })
+            .map(|(i, (cell, w))| columns::pad(cell, *w, i == 0))
             .collect();
         out.push_str(cells.join("  ").trim_end());
         out.push('\n');
@@ -121,5 +122,10 @@ mod tests {
             ]
         );
         assert_eq!(report(&levels[..2], 2, &Catalog::new("en")).lines().count(), 3);
+
+        // Chinese headers take two terminal columns a character; the columns still line up.
+        let text = report(&levels, 2, &Catalog::new("zh-CN"));
+        let widths: Vec<usize> = text.lines().take(7).map(columns::width).collect();
+        assert!(widths.iter().all(|w| *w == widths[0]), "{text}");
     }
 }
