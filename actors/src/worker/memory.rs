@@ -68,6 +68,20 @@ pub(crate) fn admit(
     if need == 0 || held.saturating_add(need) <= memory {
         return Ok(());
     }
+    if need > memory {
+        // Too big on its own: its KV cache is what a launch sizes.
+        return Err(ActorError::launch(
+            LaunchRule::NotEnoughMemory,
+            format!(
+                "replica '{replica_uid}' needs {} of host memory for its weights and KV cache on the CPU, more \
+                 than worker {worker_id} has for replicas ({}); lower engine_config.kv_cache_tokens or place \
+                 it on a GPU",
+                size(need),
+                size(memory)
+            ),
+        )
+        .at("engine_config.kv_cache_tokens"));
+    }
     Err(ActorError::launch(
         LaunchRule::NotEnoughMemory,
         format!(
@@ -116,6 +130,9 @@ mod tests {
         assert_eq!(e.launch_rule(), Some(LaunchRule::NotEnoughMemory));
         let text = e.to_string();
         assert!(text.contains("'r-3' needs 2.00 GiB") && text.contains("worker w:1 has 4.00 GiB"), "{text}");
+        // Too big alone: the cache size is at fault.
+        let e = admit(Some(4 * gib), 0, 5 * gib, "r", "w").expect_err("too big");
+        assert_eq!(e.launch_field(), Some("engine_config.kv_cache_tokens"), "{e}");
         // Unknown memory or need: nothing is checked.
         assert_eq!(admit(None, 9 * gib, 9 * gib, "r", "w"), Ok(()));
         assert_eq!(admit(Some(gib), 9 * gib, 0, "r", "w"), Ok(()));
