@@ -430,6 +430,7 @@ impl PrefillLeg {
         body: serde_json::Value,
     ) -> Result<PinnedPrefill, EngineError> {
         let flavor = self.flavor;
+        let started = std::time::Instant::now();
         let call = self.client.post(&self.url).json(&body).timeout(crate::handoff::PREFILL_TIMEOUT).send();
         let response = call
             .await
@@ -443,6 +444,7 @@ impl PrefillLeg {
             .await
             .map_err(|e| EngineError::Process(format!("the {flavor} server's prefill answer: {e}")))?;
         let (first_token, remote) = crate::handoff::prefill_answer(flavor, &v, room, self.host.as_ref())?;
+        tracing::debug!(%flavor, request_id = %self.request_id, ms = started.elapsed().as_secs_f64() * 1e3, prompt_len = ids.len(), "prefill leg answered");
         self.counters.prompt_tokens.fetch_add(ids.len() as u64, Ordering::Relaxed);
         lock(&self.rooms).insert(self.request_id.clone(), (remote.endpoint.clone(), room));
         Ok(PinnedPrefill { request_id: self.request_id, prompt_ids: ids, first_token, remote: Some(remote) })

@@ -64,6 +64,10 @@ pub(crate) async fn run(call: Call, tx: Tx) {
 
 /// Posts the request and forwards its tokens; returns how it finished.
 async fn drive(call: Call, tx: &Tx) -> Result<(FinishReason, Usage), EngineError> {
+    // Timings at debug level (`XINF_LOG=xinf_engine_external=debug`): where a request's time to
+    // its first token goes, the server's answer or its first token.
+    let started = std::time::Instant::now();
+    let rid = call.body.get("rid").or_else(|| call.body.get("request_id")).cloned().unwrap_or_default();
     let send = call.client.post(&call.url).json(&call.body).send();
     let response = tokio::time::timeout(HEADERS_TIMEOUT, send)
         .await
@@ -75,10 +79,12 @@ async fn drive(call: Call, tx: &Tx) -> Result<(FinishReason, Usage), EngineError
         })?
         .map_err(|e| EngineError::Process(format!("the {} server could not be reached: {e}", call.flavor)))?;
     let status = response.status();
+    tracing::debug!(flavor = %call.flavor, %rid, ms = started.elapsed().as_secs_f64() * 1e3, "the server answered");
     if !status.is_success() {
         return Err(refusal(call.flavor, status, response).await);
     }
     let mut body = response.bytes_stream();
+    let mut first = true;
     let mut sse = SseDecoder::default();
     let mut state = Progress::default();
     loop {
@@ -101,6 +107,11 @@ async fn drive(call: Call, tx: &Tx) -> Result<(FinishReason, Usage), EngineError
             if let Some(chunk) = protocol::parse_chunk(call.flavor, &data)? {
                 state.apply(chunk, tx, &call.emitted).await?;
             }
+        }
+        if first && call.emitted.load(Ordering::Relaxed) > 0 {
+            first = false;
+            let ms = started.elapsed().as_secs_f64() * 1e3;
+            tracing::debug!(flavor = %call.flavor, %rid, ms, prompt_len = call.prompt_len, "first token from the server");
         }
         if ended {
             break;
