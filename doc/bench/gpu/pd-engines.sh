@@ -50,7 +50,7 @@ launch_one() {  # uid: vo/so/no ordinary, else prefill engine + decode engine
 case ${1:-} in
 launch)
     [ -f "$M/config.json" ] || python3 "$R/tests/engines/make_model.py" "$M" --qwen05 | tail -1
-    XINF_GPUS=0 XINF_LOG=warn setsid "$X" local --port $P > "$W/xinf.log" 2>&1 < /dev/null &
+    XINF_GPUS=0 XINF_LOG=${XINF_LOG:-warn} setsid "$X" local --port $P > "$W/xinf.log" 2>&1 < /dev/null &
     echo $! > "$W/xinf.pid"
     for _ in $(seq 60); do curl -sf "$E/v1/models" > /dev/null && break; sleep 1; done
     for uid in $MODELS; do launch_one "$uid"; done
