@@ -10,10 +10,10 @@ source scripts/system-packages.sh
 xinf_system_packages
 
 VENV="${XINF_VENV:-$HOME/.cache/xinf-venv}"
-if ! "$VENV/bin/python" -c "import torch, transformers, gguf, openai, nixl_cu12, maturin, pytest" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "import torch, transformers, gguf, openai, xinference_client, nixl_cu12, maturin, pytest" 2>/dev/null; then
     echo "setting up the reference Python environment in $VENV" >&2
     python3 -m venv "$VENV"
-    "$VENV/bin/pip" install --quiet torch transformers gguf accelerate numpy openai nixl-cu12==1.5.1 \
+    "$VENV/bin/pip" install --quiet torch transformers gguf accelerate numpy openai xinference-client nixl-cu12==1.5.1 \
         'maturin>=1.5,<2' pytest
 fi
 export XINF_TEST_PYTHON="$VENV/bin/python"

@@ -1,8 +1,10 @@
 //! The OpenAI-compatible REST API over real sockets, with the real default model: chat and
 //! completions (streaming or not), sampling fields, strict request checking, limits, the API
-//! key, client disconnects, the official `openai` Python client and `xinf serve`.
+//! key, client disconnects, the official `openai` Python client, Xinference's own client and
+//! `xinf serve`.
 
 mod corpus;
+mod xinference_client;
 
 use crate::util::{self, http};
 use serde_json::{Value, json};

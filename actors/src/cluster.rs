@@ -55,6 +55,12 @@ impl Cluster {
         self.inner.address.as_deref()
     }
 
+    /// The engines launches may name, the default first: what the REST API lists as the
+    /// engines of a registry model.
+    pub fn engines(&self) -> &xinf_engine::Engines {
+        &self.inner.options.engines
+    }
+
     pub(crate) fn open(&self) -> Result<(), ActorError> {
         if self.inner.closed.load(Ordering::Acquire) { Err(ActorError::ShuttingDown) } else { Ok(()) }
     }

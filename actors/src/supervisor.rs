@@ -209,6 +209,51 @@ impl Supervisor {
         });
     }
 
+    /// Starts terminating a model; a task tears it down and reports back with `TerminateDone`,
+    /// then answers.
+    fn terminate(
+        &self,
+        myself: &ActorRef<SupervisorMsg>,
+        state: &mut SupervisorState,
+        model_uid: String,
+        reply: RpcReplyPort<Wire<()>>,
+    ) {
+        let replicas = match state.begin_terminate(&model_uid) {
+            Ok(replicas) => replicas,
+            Err(e) => return answer(reply, Wire(Err(e))),
+        };
+        let actors = self.models.remove(&model_uid);
+        let ctx = self.task_ctx(myself);
+        tokio::spawn(async move {
+            teardown(&ctx, actors, &replicas).await;
+            let done = call(&ctx.sup, "supervisor", ctx.times.call, |reply| SupervisorMsg::TerminateDone {
+                model_uid: model_uid.clone(),
+                reply,
+            })
+            .await;
+            tracing::info!(%model_uid, "model terminated");
+            answer(reply, Wire(done));
+        });
+    }
+
+    /// Records how an adoption ended.
+    fn adopt_done(
+        &self,
+        state: &mut SupervisorState,
+        model_uid: &str,
+        replicas: Vec<String>,
+        outcome: Result<(), ActorError>,
+    ) {
+        let dead = state.finish_adopt(model_uid, &replicas, outcome.is_ok());
+        self.drop_replicas(dead, "it died while it was adopted");
+        match outcome {
+            Ok(()) => tracing::info!(%model_uid, ?replicas, "replicas adopted"),
+            Err(e) => {
+                tracing::warn!(%model_uid, error = %e, "adopting replicas failed; retried at the next heartbeat")
+            }
+        }
+    }
+
     /// Acts on what a worker's heartbeat says it holds: replicas gone leave their routers,
     /// ended ones are stopped, and serving ones the supervisor does not count are adopted.
     fn reconcile(
@@ -348,22 +393,7 @@ impl Actor for Supervisor {
                 }
                 answer(reply, Wire::ok(()));
             }
-            SupervisorMsg::Terminate { model_uid, reply } => match state.begin_terminate(&model_uid) {
-                Err(e) => answer(reply, Wire(Err(e))),
-                Ok(replicas) => {
-                    let actors = self.models.remove(&model_uid);
-                    let ctx = self.task_ctx(&myself);
-                    tokio::spawn(async move {
-                        teardown(&ctx, actors, &replicas).await;
-                        let done = call(&ctx.sup, "supervisor", ctx.times.call, |reply| {
-                            SupervisorMsg::TerminateDone { model_uid: model_uid.clone(), reply }
-                        })
-                        .await;
-                        tracing::info!(%model_uid, "model terminated");
-                        answer(reply, Wire(done));
-                    });
-                }
-            },
+            SupervisorMsg::Terminate { model_uid, reply } => self.terminate(&myself, state, model_uid, reply),
             SupervisorMsg::TerminateDone { model_uid, reply } => {
                 state.finish_terminate(&model_uid);
                 answer(reply, Wire::ok(()));
@@ -392,15 +422,7 @@ impl Actor for Supervisor {
                 (Err(e), _) | (_, Err(e)) => tracing::warn!(error = %e, "an unreadable heartbeat"),
             },
             SupervisorMsg::AdoptDone { model_uid, replicas, outcome, reply } => {
-                let replicas = replicas.0.unwrap_or_default();
-                let dead = state.finish_adopt(&model_uid, &replicas, outcome.0.is_ok());
-                self.drop_replicas(dead, "it died while it was adopted");
-                match outcome.0 {
-                    Ok(()) => tracing::info!(%model_uid, ?replicas, "replicas adopted"),
-                    Err(e) => {
-                        tracing::warn!(%model_uid, error = %e, "adopting replicas failed; retried at the next heartbeat")
-                    }
-                }
+                self.adopt_done(state, &model_uid, replicas.0.unwrap_or_default(), outcome.0);
                 answer(reply, Wire::ok(()));
             }
             SupervisorMsg::ReplicaDied { model_uid, replica_uid } => {

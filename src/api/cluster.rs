@@ -96,6 +96,10 @@ impl ModelService for ClusterService {
         async move { service(c.list_workers().await) }.boxed()
     }
 
+    fn engines(&self) -> xinf_engine::Engines {
+        self.cluster.engines().clone()
+    }
+
     fn scale(&self, uid: &str, request: xinf_actors::ScaleRequest) -> ServiceFuture<Vec<String>> {
         let (c, uid) = (self.cluster.clone(), uid.to_owned());
         async move { service(c.scale(&uid, request).await) }.boxed()

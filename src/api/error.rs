@@ -196,9 +196,11 @@ impl Problem {
     /// The OpenAI error object, in the given language.
     pub(crate) fn body(&self, lang: &str) -> ErrorBody {
         let cat = Catalog::new(lang);
+        let message = self.text(&cat);
         ErrorBody {
+            detail: message.clone(),
             error: ErrorDetail {
-                message: self.text(&cat),
+                message,
                 kind: status_type(self.status()),
                 param: self.param(),
                 code: self.code(),
@@ -361,6 +363,7 @@ mod tests {
         let body = serde_json::to_value(p.body("en")).unwrap_or_default();
         assert_eq!(body["error"]["param"], "model");
         assert!(body["error"]["message"].as_str().unwrap_or("").contains("nope"), "{body}");
+        assert_eq!(body["detail"], body["error"]["message"]);
         let p = Problem::from(EngineError::Overloaded { queued: 3, limit: 3 });
         assert_eq!(p.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(p.retry_after(), Some(1));

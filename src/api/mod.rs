@@ -15,6 +15,10 @@
 //! | `GET /v1/models/{uid}/replicas` | the model's replicas: role, worker, GPUs, engine, status |
 //! | `POST /v1/models/{uid}/replicas` | add replicas (`{"role", "count", "worker_ip", "gpu_idx"}`), copies of the model's first replica of the role → `{"model_uid", "replicas"}` |
 //! | `POST /v1/models/{uid}/requests/{rid}/abort` | `{"msg": "DONE"}` or `{"msg": "NOT_FOUND"}` |
+//! | `GET /v1/cluster/auth` | `{"auth": bool}`: whether a key is needed (open, as in Xinference) |
+//! | `GET /v1/models/{uid}/progress` | `{"progress": 0..1}`: the share of the replicas loaded |
+//! | `GET /v1/engines/{model_type}/{name}`, `GET /v1/engines/{name}` | the engines that serve a registry model, with the variants each takes |
+//! | `GET /v1/model_registrations/{model_type}` (`?detailed=true`), `…/{name}` | the model registry, in Xinference's shapes |
 //! | `GET /health` | `{"status": "ok"}` |
 //! | `GET /metrics` | Prometheus text: running/queued requests, token counters, KV blocks |
 //!
@@ -22,7 +26,8 @@
 //! not support yet (`n` > 1, `logprobs`, `response_format` other than text, tools, image
 //! content, batches of prompts) is refused with 400 and the field in `param`. Errors use
 //! OpenAI's shape, in the language of `Accept-Language` (see the `error` module for the
-//! status table). When an API key is configured, every `/v1` route needs
+//! status table), with the message also under `detail`, where Xinference's client reads it.
+//! When an API key is configured, every `/v1` route but `/v1/cluster/auth` needs
 //! `Authorization: Bearer <key>`; `/health` and `/metrics` stay open.
 //!
 //! A client that disconnects from a stream aborts its request: the response body owns the

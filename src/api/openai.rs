@@ -234,10 +234,12 @@ pub(crate) struct Completion {
     pub(crate) usage: Option<UsageOut>,
 }
 
-/// The body of every error response: `{"error": {...}}`.
+/// The body of every error response: `{"error": {...}, "detail": message}`. `detail` is where
+/// Xinference's clients read the message (FastAPI's error shape); OpenAI's clients read `error`.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct ErrorBody {
     pub(crate) error: ErrorDetail,
+    pub(crate) detail: String,
 }
 
 /// OpenAI's error object.
@@ -250,20 +252,47 @@ pub(crate) struct ErrorDetail {
     pub(crate) code: &'static str,
 }
 
-/// One entry of `GET /v1/models`.
+/// One entry of `GET /v1/models`, and the answer of `GET /v1/models/{uid}`: OpenAI's model
+/// object, the keys of Xinference's model description that its client dispatches on
+/// (`model_type`, `model_ability`), and xinf's own description.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct ModelObject {
     pub(crate) id: String,
     pub(crate) object: &'static str,
     pub(crate) created: u64,
     pub(crate) owned_by: &'static str,
+    /// Xinference's model type: xinf serves `LLM`s only.
+    pub(crate) model_type: &'static str,
+    /// The registry name, as Xinference describes it.
+    pub(crate) model_name: String,
+    /// What the model answers: every model xinf serves takes completions and chats.
+    pub(crate) model_ability: [&'static str; 2],
+    /// The registry's line for the family; empty for a model launched from a path.
+    pub(crate) model_description: &'static str,
+    /// Longest prompt plus output, in tokens: the model's own, else its family's.
+    pub(crate) context_length: Option<usize>,
+    /// Replicas serving it, as Xinference counts them.
+    pub(crate) replica: usize,
     /// xinf's own description of the model.
     pub(crate) xinf: crate::api::ModelInfo,
 }
 
 impl From<crate::api::ModelInfo> for ModelObject {
     fn from(info: crate::api::ModelInfo) -> Self {
-        Self { id: info.uid.clone(), object: "model", created: info.created, owned_by: "xinf", xinf: info }
+        let family = xinf_models::find_family(&info.model_name);
+        Self {
+            id: info.uid.clone(),
+            object: "model",
+            created: info.created,
+            owned_by: "xinf",
+            model_type: "LLM",
+            model_name: info.model_name.clone(),
+            model_ability: ["generate", "chat"],
+            model_description: family.map_or("", |f| f.description),
+            context_length: info.context_length.or(family.map(|f| f.context_length as usize)),
+            replica: info.replicas,
+            xinf: info,
+        }
     }
 }
 

@@ -191,6 +191,12 @@ pub trait ModelService: Send + Sync + 'static {
         unsupported("listing workers")
     }
 
+    /// The engines launches may name, the default first (`GET /v1/engines/...` lists those
+    /// that take a registry model); none where models are not launched.
+    fn engines(&self) -> xinf_engine::Engines {
+        xinf_engine::Engines::default()
+    }
+
     /// Adds replicas to a serving model (`POST /v1/models/{uid}/replicas`); returns their uids
     /// once they serve.
     fn scale(&self, uid: &str, request: xinf_actors::ScaleRequest) -> ServiceFuture<Vec<String>> {

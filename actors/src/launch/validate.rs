@@ -348,6 +348,9 @@ fn engine_options(
 ) -> Result<(Map<String, Value>, EngineConfig), ActorError> {
     let mut base = req.engine_config.clone().unwrap_or_default();
     for (k, v) in engine_kwargs {
+        if v.is_null() && is_optional_xinference_key(&k) {
+            continue;
+        }
         if base.contains_key(&k) {
             return Err(invalid(
                 LaunchRule::EngineConfig,
@@ -502,6 +505,16 @@ fn is_reserved_replica_uid(uid: &str) -> bool {
         }
         None => false,
     }
+}
+
+/// Launch keys of Xinference that xinf does not implement and that Xinference's client sends,
+/// as `null`, with every launch. Null asks for nothing, so the key is dropped; any other value
+/// is refused by name like every reserved key.
+const OPTIONAL_XINFERENCE_KEYS: &[&str] =
+    &["peft_model_config", "request_limits", "enable_thinking", "enable_virtual_env", "envs"];
+
+fn is_optional_xinference_key(key: &str) -> bool {
+    OPTIONAL_XINFERENCE_KEYS.contains(&key) || key.starts_with("virtual_env_")
 }
 
 fn is_reserved_engine_key(key: &str) -> bool {

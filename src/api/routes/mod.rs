@@ -5,6 +5,7 @@ pub(crate) mod chat;
 pub(crate) mod completions;
 pub(crate) mod health;
 pub(crate) mod models;
+pub(crate) mod xinference;
 
 use crate::api::error::{ApiError, Problem, request_lang};
 use crate::api::openai::{
@@ -27,6 +28,8 @@ use xinf_engine::EngineError;
 pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(resource("/health").route(web::get().to(health::health)))
         .service(resource("/metrics").route(web::get().to(health::metrics)))
+        // Before the `/v1` scope, whose key check it must escape: clients ask it before sending a key.
+        .service(resource("/v1/cluster/auth").route(web::get().to(xinference::cluster_auth)))
         .service(
             web::scope("/v1")
                 .wrap(actix_web::middleware::from_fn(crate::api::auth::require_api_key))
@@ -50,6 +53,19 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
                         .route(web::post().to(models::scale)),
                 )
                 .service(resource("/models/{uid}/requests/{rid}/abort").route(web::post().to(models::abort)))
+                .service(resource("/models/{uid}/progress").route(web::get().to(xinference::progress)))
+                .service(resource("/engines/{model_name}").route(web::get().to(xinference::llm_engines)))
+                .service(
+                    resource("/engines/{model_type}/{model_name}").route(web::get().to(xinference::engines)),
+                )
+                .service(
+                    resource("/model_registrations/{model_type}")
+                        .route(web::get().to(xinference::registrations)),
+                )
+                .service(
+                    resource("/model_registrations/{model_type}/{model_name}")
+                        .route(web::get().to(xinference::registration)),
+                )
                 .default_service(web::to(not_found)),
         );
 }

@@ -325,6 +325,26 @@ fn engine_options_are_checked_before_launch() {
 }
 
 #[test]
+fn null_xinference_keys_are_dropped_and_set_ones_refused() {
+    // What Xinference's client sends for every launch.
+    let spec = validate(
+        &parse(json!({
+            "model_name": "smollm2-instruct", "peft_model_config": null, "request_limits": null,
+            "enable_thinking": null, "enable_virtual_env": null, "virtual_env_packages": null,
+            "virtual_env_find_links": null, "envs": null,
+        })),
+        true,
+        &engines(),
+    )
+    .expect("valid");
+    assert_eq!(json_of(&spec.replicas[0].engine_config), json!({}));
+    let e = validate_err(json!({"model_name": "smollm2-instruct", "envs": {"A": "1"}}), true);
+    assert_rule(&e, LaunchRule::InvalidField, "`envs` is not a supported launch key");
+    let e = validate_err(json!({"model_name": "smollm2-instruct", "enable_thinking": true}), true);
+    assert_rule(&e, LaunchRule::EngineConfig, "enable_thinking");
+}
+
+#[test]
 fn unknown_models_are_refused_unless_a_path_is_given() {
     let e = validate_err(json!({"model_name": "no-such-model"}), true);
     assert_rule(&e, LaunchRule::UnknownModel, "unknown model `no-such-model`; known models:");
