@@ -525,13 +525,7 @@ fn api_key_guards_v1_routes() {
 fn official_openai_python_client_works() {
     let s = shared();
     let base = format!("http://{}/v1", s.addr());
-    let out = std::process::Command::new(util::python())
-        .args(["tests/api/openai_client.py", "--base-url", &base, "--model", UID])
-        .current_dir(util::root())
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("no_proxy", "127.0.0.1,localhost")
-        .output()
-        .expect("run python");
+    let out = util::client_script(&["tests/api/openai_client.py", "--base-url", &base, "--model", UID]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "openai client failed:\n{stdout}\n{stderr}");

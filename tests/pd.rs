@@ -497,11 +497,7 @@ fn pd_over_nixl_snapshot_reuse_and_transfer_faults_across_workers() {
 #[test]
 fn a_nixl_launch_without_the_library_is_refused_clearly() {
     let _ = util::smollm2();
-    let mut cmd = crate::util::procs::xinf();
-    cmd.args(["local", "--port", "0"]).env("XINF_NIXL_LIB_DIR", "/nonexistent/nixl");
-    let mut p = crate::util::procs::Proc::spawn(cmd);
-    let addr: SocketAddr =
-        p.wait_for("REST API at http://").trim().trim_end_matches("/v1").parse().expect("REST address");
+    let (_server, addr) = crate::util::procs::bare_local(&[("XINF_NIXL_LIB_DIR", "/nonexistent/nixl")]);
     let res = http::post(
         addr,
         "/v1/models",

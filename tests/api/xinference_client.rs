@@ -19,13 +19,8 @@ fn xinference_python_client_drives_a_local_cluster() {
     );
     let _ = util::smollm2(); // fetched once, before the server waits on it
     let (server, addr) = procs::local("preloaded", &["--api-key", KEY]);
-    let out = Command::new(&python)
-        .args(["tests/xinference_client/client_e2e.py", &format!("http://{addr}"), KEY, "preloaded"])
-        .current_dir(util::root())
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("no_proxy", "127.0.0.1,localhost")
-        .output()
-        .expect("run python");
+    let url = format!("http://{addr}");
+    let out = util::client_script(&["tests/xinference_client/client_e2e.py", &url, KEY, "preloaded"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

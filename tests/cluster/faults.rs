@@ -152,11 +152,7 @@ fn the_cluster_recovers_from_supervisor_and_decode_worker_faults() {
 #[test]
 fn a_launch_larger_than_the_workers_memory_is_refused() {
     let _ = crate::util::smollm2();
-    let mut cmd = crate::util::procs::xinf();
-    cmd.args(["local", "--port", "0"]).env("XINF_WORKER_MEMORY", "1500M");
-    let mut p = crate::util::procs::Proc::spawn(cmd);
-    let addr: SocketAddr =
-        p.wait_for("REST API at http://").trim().trim_end_matches("/v1").parse().expect("REST address");
+    let (_server, addr) = crate::util::procs::bare_local(&[("XINF_WORKER_MEMORY", "1500M")]);
     let res = http::post(
         addr,
         "/v1/models",

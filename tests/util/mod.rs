@@ -104,6 +104,18 @@ pub fn run_py(args: &[&str]) {
     );
 }
 
+/// Runs a client script of the repository against a local server (no proxy for it) with the
+/// reference Python; its output, whatever its status.
+pub fn client_script(args: &[&str]) -> std::process::Output {
+    Command::new(python())
+        .args(args)
+        .current_dir(root())
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("no_proxy", "127.0.0.1,localhost")
+        .output()
+        .expect("run python")
+}
+
 /// Reference outputs of transformers for a model (cached per run).
 pub fn reference(model: &ResolvedModel, key: &str) -> serde_json::Value {
     static LOCK: Mutex<()> = Mutex::new(());

@@ -93,6 +93,16 @@ impl Drop for Proc {
     }
 }
 
+/// `xinf local` on a free port with no model, with more environment; with its REST address.
+pub fn bare_local(env: &[(&str, &str)]) -> (Proc, SocketAddr) {
+    let mut cmd = xinf();
+    cmd.args(["local", "--port", "0"]).envs(env.iter().copied());
+    let mut p = Proc::spawn(cmd);
+    let addr =
+        p.wait_for("REST API at http://").trim().trim_end_matches("/v1").parse().expect("REST address");
+    (p, addr)
+}
+
 /// `xinf local` on a free port serving the default model as `uid` (more launch flags in
 /// `extra`), once the model is ready; with its REST address.
 pub fn local(uid: &str, extra: &[&str]) -> (Proc, SocketAddr) {

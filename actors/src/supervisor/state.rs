@@ -304,12 +304,7 @@ impl SupervisorState {
         if !model.status.launched() {
             return Err(ActorError::NotReady { model_uid: uid.to_owned(), status: model.status.to_string() });
         }
-        let others = model
-            .replicas
-            .iter()
-            .filter(|r| r.status == ReplicaStatus::Alive)
-            .map(|r| (r.replica_uid.clone(), r.role))
-            .collect();
+        let others = alive_roles(model);
         let spec = self.specs.get(uid).ok_or_else(|| ActorError::ModelNotFound(uid.to_owned()))?;
         let view = self.view();
         let scaled = launch::scale_spec(spec, uid, request, &view.replica_uids)?;
@@ -393,6 +388,16 @@ impl SupervisorState {
             })
             .collect()
     }
+}
+
+/// A model's alive replicas with their roles (those a new replica's contract is checked against).
+fn alive_roles(model: &ModelInfo) -> Vec<(String, Role)> {
+    model
+        .replicas
+        .iter()
+        .filter(|r| r.status == ReplicaStatus::Alive)
+        .map(|r| (r.replica_uid.clone(), r.role))
+        .collect()
 }
 
 /// Seconds since the Unix epoch.

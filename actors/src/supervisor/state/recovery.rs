@@ -234,12 +234,7 @@ impl SupervisorState {
         self.round_robin = next;
         self.remember_drafts(&scaled, &placements);
         let model = self.models.get_mut(uid).ok_or_else(|| ActorError::ModelNotFound(uid.to_owned()))?;
-        let others = model
-            .replicas
-            .iter()
-            .filter(|r| r.status == ReplicaStatus::Alive)
-            .map(|r| (r.replica_uid.clone(), r.role))
-            .collect();
+        let others = super::alive_roles(model);
         model.replicas.extend(placements.iter().map(super::loading));
         for p in &placements {
             self.replacing.insert(dead_uid.to_owned(), p.replica_uid.clone());

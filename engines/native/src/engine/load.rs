@@ -98,17 +98,7 @@ pub(super) fn load(model: &ResolvedModel, options: EngineOptions) -> Result<Load
 /// The model's config alone (a GGUF file's metadata, or `config.json`), without its weights.
 pub(crate) fn read_config(model: &ResolvedModel) -> Result<ModelConfig, EngineError> {
     match model.format {
-        WeightsFormat::Gguf => {
-            let path = &model.path;
-            let mut f = std::fs::File::open(path).map_err(|e| model_err(ModelError::io(path, e)))?;
-            let content = candle_core::quantized::gguf_file::Content::read(&mut f).map_err(|e| {
-                model_err(ModelError::Corrupt {
-                    file: path.display().to_string(),
-                    reason: crate::weights::candle_reason(&e),
-                })
-            })?;
-            ModelConfig::from_gguf(&content).map_err(model_err)
-        }
+        WeightsFormat::Gguf => ModelConfig::from_gguf(&gguf_content(&model.path)?).map_err(model_err),
         WeightsFormat::Safetensors => {
             let cfg_path = model.path.join("config.json");
             let text =
@@ -118,15 +108,20 @@ pub(crate) fn read_config(model: &ResolvedModel) -> Result<ModelConfig, EngineEr
     }
 }
 
-/// A GGUF file: config, tokenizer and weights all come from it (loaded as f32).
-fn read_gguf(path: &Path) -> Result<ModelFiles, EngineError> {
+/// A GGUF file's metadata and tensor index (no tensor data).
+fn gguf_content(path: &Path) -> Result<candle_core::quantized::gguf_file::Content, EngineError> {
     let mut f = std::fs::File::open(path).map_err(|e| model_err(ModelError::io(path, e)))?;
-    let content = candle_core::quantized::gguf_file::Content::read(&mut f).map_err(|e| {
+    candle_core::quantized::gguf_file::Content::read(&mut f).map_err(|e| {
         model_err(ModelError::Corrupt {
             file: path.display().to_string(),
             reason: crate::weights::candle_reason(&e),
         })
-    })?;
+    })
+}
+
+/// A GGUF file: config, tokenizer and weights all come from it (loaded as f32).
+fn read_gguf(path: &Path) -> Result<ModelFiles, EngineError> {
+    let content = gguf_content(path)?;
     let cfg = ModelConfig::from_gguf(&content).map_err(model_err)?;
     let tokenizer = TextTokenizer::from_gguf(&content).map_err(model_err)?;
     let weights = weights::load_gguf(path, &content, &cfg, DType::F32).map_err(model_err)?;
