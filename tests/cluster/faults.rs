@@ -1,8 +1,9 @@
 //! Cluster faults with real processes and real weights, each timed: the supervisor killed and
 //! started again on its ports (the workers reconnect and their replicas are adopted, nothing
-//! reloads), and the decode worker frozen mid-stream, thawed, killed mid-stream and started
-//! again under its id (a replacement loads there); and a launch larger than the worker's
-//! memory, refused before it can take the node down.
+//! reloads), the decode worker frozen mid-stream, thawed, killed mid-stream and started again
+//! under its id (a replacement loads there), the prefill worker frozen with a request on it,
+//! thawed, killed and started again; and a launch larger than the worker's memory, refused
+//! before it can take the node down.
 
 use super::garbage::answer;
 use super::{SECRET, supervisor_on, worker_with_env};
@@ -75,11 +76,11 @@ fn until_end(mut conn: TcpStream) -> (Duration, String) {
 }
 
 #[test]
-fn the_cluster_recovers_from_supervisor_and_decode_worker_faults() {
+fn the_cluster_recovers_from_supervisor_and_worker_faults() {
     let _ = crate::util::smollm2();
     let (rest_port, cluster_port) = (free_port(), free_port());
     let (mut sup, addr, cluster) = supervisor_on(rest_port, cluster_port);
-    let (_p, prefill) = worker_with_env(&cluster, SECRET, &[("XINF_WORKER_ID", "prefill-box")]);
+    let (mut p, prefill) = worker_with_env(&cluster, SECRET, &[("XINF_WORKER_ID", "prefill-box")]);
     let (mut d, decode) = worker_with_env(&cluster, SECRET, &[("XINF_WORKER_ID", "decode-box")]);
     let body = json!({"model_name": "smollm2-instruct", "model_uid": "pd", "replica_config": [
         {"role": "prefill", "replica_uid": "pd-p", "devices": [{"worker_ip": prefill, "n_gpu": 0}]},
@@ -144,6 +145,33 @@ fn the_cluster_recovers_from_supervisor_and_decode_worker_faults() {
     let d_now = now.iter().find(|r| r.1 == "decode").expect("a decode replica");
     assert!(d_now.0 != "pd-d" && d_now.2 == decode && d_now.3 == "alive", "{now:?}");
     assert_eq!(answer(addr), want, "the replacement answers as before");
+
+    // The prefill worker freezes: a request whose prefill it holds fails at the heartbeat
+    // deadline, and thawed, the worker serves again.
+    p.signal("-STOP");
+    let sent = Instant::now();
+    let body =
+        json!({"model": "pd", "prompt": "The capital of France is", "max_tokens": 6, "temperature": 0});
+    let res = http::post(addr, "/v1/completions", &body);
+    let waited = sent.elapsed();
+    assert_eq!(res.status, 503, "{}", res.text());
+    assert!(waited < Duration::from_secs(10), "the client waited {waited:?}");
+    eprintln!("prefill worker frozen: the request failed after {waited:?}");
+    p.signal("-CONT");
+    poll(Duration::from_secs(30), "the prefill replica to rejoin", || status(addr) == "ready");
+    assert_eq!(answer(addr), want);
+    // Killed, it is noticed at once: requests are refused naming the role, then served by a
+    // replacement once it is back under its id.
+    p.kill();
+    poll(Duration::from_secs(5), "the model to be unavailable", || status(addr) == "unavailable");
+    let refused = http::post(addr, "/v1/completions", &body);
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert!(refused.text().contains("no alive prefill replica"), "{}", refused.text());
+    let (_p, _) = worker_with_env(&cluster, SECRET, &[("XINF_WORKER_ID", "prefill-box")]);
+    let back = Instant::now();
+    poll(Duration::from_secs(60), "a replacement prefill replica", || status(addr) == "ready");
+    eprintln!("prefill worker restarted: the model is ready again after {:?}", back.elapsed());
+    assert_eq!(answer(addr), want);
 }
 
 /// A launch of more replicas than the worker's memory holds (`XINF_WORKER_MEMORY`, 1.5 GiB here;
