@@ -92,7 +92,8 @@ pub use launch::{
     ReplicaConfig, Role, ScaleRequest, scale_refused_key,
 };
 pub use view::{
-    GpuInfo, GpuUsage, HANDOFF_LATENCY_BOUNDS, HandoffStats, LatencyHistogram, ModelInfo, ModelStatus,
-    ReplicaInfo, ReplicaStats, ReplicaStatus, WorkerInfo, WorkerStatus,
+    FinishCounts, GpuInfo, GpuUsage, HANDOFF_LATENCY_BOUNDS, HandoffStats, LatencyHistogram, ModelInfo,
+    ModelStatus, REQUEST_LATENCY_BOUNDS, ReplicaInfo, ReplicaStats, ReplicaStatus, RequestHistogram,
+    ServingStats, WorkerInfo, WorkerStatus,
 };
 pub use xinf_engine::{ErrorClass, TokenStream};

@@ -15,6 +15,7 @@
 pub(crate) mod handoff;
 pub(crate) mod requests;
 pub(crate) mod rooms;
+pub(crate) mod serving;
 pub(crate) mod snapshot;
 
 use crate::error::ActorError;
@@ -26,6 +27,7 @@ use handoff::{Handoff, HandoffSide, HandoffTimes};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::RactorClusterMessage;
 use requests::{EventBatch, RequestTable};
+use serving::{Recorder, Timeline};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -103,8 +105,11 @@ pub(crate) struct ReplicaState {
     requests: Arc<RequestTable>,
     replica_uid: String,
     worker_id: String,
+    role: Role,
     times: PullTimes,
     served: Arc<AtomicU64>,
+    /// Per-request latencies and finish reasons, recorded by the request tasks.
+    serving: Arc<Recorder>,
     handoff: Arc<HandoffSide>,
 }
 
@@ -164,8 +169,10 @@ impl Actor for Replica {
             requests: Arc::new(RequestTable::default()),
             replica_uid: spec.replica_uid,
             worker_id: args.worker_id,
+            role: spec.role,
             times: args.times,
             served: Arc::default(),
+            serving: Arc::default(),
             handoff,
         })
     }
@@ -261,11 +268,15 @@ fn next_events(state: &ReplicaState, request_id: String, reply: RpcReplyPort<Wir
 /// Computes a prompt and publishes its KV off the mailbox; a room nobody will fetch (the caller
 /// went away) is released at once.
 fn prefill(state: &ReplicaState, request: GenerateRequest, reply: RpcReplyPort<Wire<Handoff>>) {
+    let received = Instant::now();
     let prefill = state.handoff.prefill(request);
-    let side = state.handoff.clone();
+    let (side, serving) = (state.handoff.clone(), state.serving.clone());
     // Compute off the mailbox: other requests and pulls go on meanwhile.
     tokio::spawn(async move {
         let result = prefill.await;
+        if result.is_ok() {
+            serving.prefilled(received, Instant::now());
+        }
         let room = result.as_ref().ok().map(|h| h.room);
         if reply.send(Wire(result)).is_err()
             && let Some(room) = room
@@ -288,8 +299,9 @@ fn generate_imported(
         answer(reply, Wire(Err(ActorError::Engine(EngineError::DuplicateRequest(id)))));
         return;
     }
+    let received = Instant::now();
     let (engine, requests, served) = (state.engine.clone(), state.requests.clone(), state.served.clone());
-    let side = state.handoff.clone();
+    let (side, serving) = (state.handoff.clone(), state.serving.clone());
     // An engine that loads the KV itself (an engine server) is told the room instead, and the
     // answer (after which the router releases the room) waits for its stream's first event:
     // the engine's load is over by then.
@@ -309,7 +321,7 @@ fn generate_imported(
                     Box::pin(futures::StreamExt::chain(futures::stream::iter(first), stream))
                 }
             };
-            drain(&requests, &served, &id, stream);
+            drain(Drain { requests: &requests, served: &served, serving: &serving, received }, &id, stream);
             if side.was_aborted(&id) {
                 // The abort came while the pages were in flight.
                 engine.abort(&id);
@@ -334,28 +346,57 @@ fn stats(state: &ReplicaState) -> ReplicaStats {
         generated_tokens: s.generated_tokens,
         pinned_blocks: s.pinned_blocks as u64,
         handoff: state.handoff.stats(),
+        role: state.role,
+        serving: state.serving.stats(),
     }
 }
 
 /// Starts a request on the engine and a task that buffers its events.
 fn start(state: &mut ReplicaState, request: GenerateRequest) -> Result<(), ActorError> {
+    let received = Instant::now();
     let id = request.request_id.clone();
     if state.requests.get(&id).is_some() {
         return Err(ActorError::Engine(EngineError::DuplicateRequest(id)));
     }
     let stream = state.engine.submit(request)?;
-    drain(&state.requests, &state.served, &id, stream);
+    let to = Drain { requests: &state.requests, served: &state.served, serving: &state.serving, received };
+    drain(to, &id, stream);
     Ok(())
 }
 
-/// Registers a started request and a task that buffers its events for the pulls.
-fn drain(requests: &RequestTable, served: &AtomicU64, id: &str, mut stream: xinf_engine::TokenStream) {
-    let slot = requests.insert(id, Instant::now());
-    served.fetch_add(1, Ordering::Relaxed);
+/// Where a started request's events and figures go.
+struct Drain<'a> {
+    requests: &'a RequestTable,
+    served: &'a AtomicU64,
+    serving: &'a Arc<Recorder>,
+    /// When the request reached the replica.
+    received: Instant,
+}
+
+/// Registers a started request and a task that buffers its events for the pulls and records
+/// its latencies and finish reason once its stream ends.
+fn drain(to: Drain<'_>, id: &str, mut stream: xinf_engine::TokenStream) {
+    let now = Instant::now();
+    let slot = to.requests.insert(id, now);
+    to.served.fetch_add(1, Ordering::Relaxed);
+    to.serving.accepted(to.received, now);
+    let (serving, mut timeline) = (to.serving.clone(), Timeline::new(to.received));
     tokio::spawn(async move {
         use futures::StreamExt;
+        let mut recorded = false;
         while let Some(event) = stream.next().await {
+            let now = Instant::now();
+            timeline.see(&event, now);
+            // Record before the caller can see the last event, so stats read after a request
+            // ended include it.
+            if timeline.ended() && !recorded {
+                serving.finished(&timeline, now);
+                recorded = true;
+            }
             slot.push(event);
+        }
+        if !recorded {
+            serving.finished(&timeline, Instant::now());
         }
         slot.finish();
     });

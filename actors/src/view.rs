@@ -1,9 +1,13 @@
 //! The views the actor layer hands out: models, replicas, workers, GPUs and load figures. They
 //! cross nodes and reach REST and the CLI as they are, so they are plain serializable data.
 
+mod serving;
+
 use crate::spec::Role;
 use serde::{Deserialize, Serialize};
 use std::fmt;
+
+pub use serving::{FinishCounts, REQUEST_LATENCY_BOUNDS, RequestHistogram, ServingStats};
 
 /// The lifecycle of a model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -179,6 +183,9 @@ pub struct ReplicaStats {
     pub replica_uid: String,
     /// Its worker.
     pub worker_id: String,
+    /// Its role (`hybrid` from a server that did not say).
+    #[serde(default)]
+    pub role: Role,
     /// Requests being computed.
     pub running: u64,
     /// Requests waiting for admission.
@@ -193,6 +200,9 @@ pub struct ReplicaStats {
     pub pinned_blocks: u64,
     /// Handoff figures (P/D replicas).
     pub handoff: HandoffStats,
+    /// Per-request latencies and finish reasons (empty from a server that did not record them).
+    #[serde(default)]
+    pub serving: ServingStats,
 }
 
 /// Upper bounds, in seconds, of the handoff latency histogram's buckets (the last bucket,

@@ -21,6 +21,7 @@ use xinf_test_util::eventually;
 mod admission;
 #[path = "tests/recovery.rs"]
 mod recovery;
+mod serving;
 
 /// Logs to stderr when `RUST_LOG` asks for it (`RUST_LOG=xinf_actors=debug`).
 fn init_logs() {

@@ -293,6 +293,18 @@ impl std::fmt::Display for ApiError {
     }
 }
 
+/// The level an error response is logged at. A client's mistake (4xx) is the client's to see,
+/// so it stays at debug; 503 means "try later" (a model loading, a role without replicas, an
+/// overload), worth an operator's notice but not a fault; any other 5xx is a fault of the
+/// server.
+fn log_level(status: StatusCode) -> tracing::Level {
+    match status {
+        StatusCode::SERVICE_UNAVAILABLE => tracing::Level::WARN,
+        s if s.is_server_error() => tracing::Level::ERROR,
+        _ => tracing::Level::DEBUG,
+    }
+}
+
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         self.problem.status()
@@ -300,10 +312,11 @@ impl ResponseError for ApiError {
 
     fn error_response(&self) -> HttpResponse {
         let status = self.status_code();
-        if status.is_server_error() {
-            tracing::error!(target: "xinf::api", status = status.as_u16(), "{}", self);
-        } else {
-            tracing::debug!(target: "xinf::api", status = status.as_u16(), "{}", self);
+        let code = status.as_u16();
+        match log_level(status) {
+            tracing::Level::ERROR => tracing::error!(target: "xinf::api", status = code, "{}", self),
+            tracing::Level::WARN => tracing::warn!(target: "xinf::api", status = code, "{}", self),
+            _ => tracing::debug!(target: "xinf::api", status = code, "{}", self),
         }
         let mut res = HttpResponse::build(status);
         if let Some(secs) = self.problem.retry_after() {
@@ -328,6 +341,17 @@ mod tests {
             Ok(_) => panic!("{json} parsed"),
             Err(e) => Problem::from_json(e),
         }
+    }
+
+    #[test]
+    fn log_level_by_status() {
+        use tracing::Level;
+        assert_eq!(log_level(StatusCode::BAD_REQUEST), Level::DEBUG);
+        assert_eq!(log_level(StatusCode::NOT_FOUND), Level::DEBUG);
+        assert_eq!(log_level(StatusCode::TOO_MANY_REQUESTS), Level::DEBUG);
+        assert_eq!(log_level(StatusCode::SERVICE_UNAVAILABLE), Level::WARN);
+        assert_eq!(log_level(StatusCode::INTERNAL_SERVER_ERROR), Level::ERROR);
+        assert_eq!(log_level(StatusCode::GATEWAY_TIMEOUT), Level::ERROR);
     }
 
     #[test]

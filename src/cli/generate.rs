@@ -52,6 +52,11 @@ pub(crate) struct LayoutArgs {
     /// KV element type: auto, f32, f16 or bf16.
     #[arg(long)]
     kv_dtype: Option<String>,
+    /// An engine option, KEY=VALUE (repeatable; VALUE is read as JSON when it parses, else as a
+    /// string), as `xinf launch` takes it: --engine-option kv_cache_tokens=16384. The flags
+    /// above win over the same key here.
+    #[arg(long = "engine-option", value_name = "KEY=VALUE")]
+    engine_option: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -108,8 +113,11 @@ pub(crate) struct ServeArgs {
     verbose: bool,
 }
 
-fn engine_options(layout: &LayoutArgs) -> Result<EngineOptions, EngineError> {
-    let mut cfg = serde_json::Map::new();
+/// The native engine's `engine_config` of `--engine-option` and the layout flags (which win).
+fn engine_config(layout: &LayoutArgs, cat: &Catalog) -> Result<serde_json::Value, EngineError> {
+    let (mut cfg, renamed) = super::launch::engine_options(&layout.engine_option, true, cat)
+        .map_err(|text| EngineError::invalid("--engine-option", text))?;
+    super::launch::alias_hints(&renamed, cat);
     if let Some(l) = &layout.kv_layout {
         cfg.insert("kv_layout".into(), l.clone().into());
     }
@@ -122,7 +130,7 @@ fn engine_options(layout: &LayoutArgs) -> Result<EngineOptions, EngineError> {
     if let Some(d) = &layout.kv_dtype {
         cfg.insert("kv_dtype".into(), d.clone().into());
     }
-    EngineOptions::from_engine_config(&serde_json::Value::Object(cfg))
+    Ok(serde_json::Value::Object(cfg))
 }
 
 fn load(
@@ -131,7 +139,7 @@ fn load(
     cat: &Catalog,
     verbose: bool,
 ) -> Result<NativeEngine, EngineError> {
-    let options = engine_options(layout)?;
+    let options = EngineOptions::from_engine_config(&engine_config(layout, cat)?)?;
     if verbose {
         eprintln!("{}", cat.text("cli-resolving", &[("name", &model.model_name)]));
     }
@@ -252,4 +260,45 @@ pub(crate) async fn serve(args: ServeArgs, cat: &Catalog) -> Result<(), String> 
     eprintln!("{}", cat.text("cli-stopping", &[]));
     server.stop(true).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
+
+    #[test]
+    fn engine_options_of_serve_and_generate() {
+        let line = [
+            "xinf",
+            "serve",
+            "--engine-option",
+            "kv_cache_tokens=1024",
+            "--engine-option",
+            "max_model_len=64",
+            "--engine-option",
+            "block_size=16",
+            "--block-size",
+            "32",
+        ];
+        let Ok(Cli { command: Command::Serve(args) }) = Cli::try_parse_from(line) else { panic!("serve") };
+        let en = Catalog::new("en");
+        let config = engine_config(&args.layout, &en).map_err(|e| e.to_string());
+        let expected = serde_json::json!({"kv_cache_tokens": 1024, "context_length": 64, "block_size": 32});
+        assert_eq!(config, Ok(expected.clone()));
+        assert!(EngineOptions::from_engine_config(&expected).is_ok());
+
+        let line = ["xinf", "generate", "--prompt", "hi", "--engine-option", "max_batch_tokens=32"];
+        let Ok(Cli { command: Command::Generate(args) }) = Cli::try_parse_from(line) else {
+            panic!("generate")
+        };
+        let config = engine_config(&args.layout, &en).map_err(|e| e.to_string());
+        assert_eq!(config, Ok(serde_json::json!({"max_batch_tokens": 32})));
+        let line = ["xinf", "generate", "--prompt", "hi", "--engine-option", "max_batch_tokens"];
+        let Ok(Cli { command: Command::Generate(args) }) = Cli::try_parse_from(line) else {
+            panic!("generate")
+        };
+        assert!(engine_config(&args.layout, &en).is_err());
+    }
 }

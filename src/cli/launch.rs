@@ -7,6 +7,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Deserialize;
 use serde_json::{Map, Value};
+use std::ffi::OsString;
 use std::time::{Duration, Instant};
 use xinf_actors::{GpuCount, GpuIdx, LaunchRequest, ModelSize, ModelStatus, ReplicaConfig, ReplicaStatus};
 use xinf_i18n::Catalog;
@@ -131,16 +132,120 @@ fn replica_config(text: &str, source: &LaunchSource, cat: &Catalog) -> Result<Ve
     Ok(out)
 }
 
-fn engine_options(options: &[String], cat: &Catalog) -> Result<Map<String, Value>, String> {
+/// vLLM's, SGLang's and Xinference's names of options that xinf names otherwise, with xinf's
+/// name; `true` where the name is one for every engine, `false` where it is one only for the
+/// native engine (vLLM and SGLang replicas take their own flags by their own names).
+const OPTION_ALIASES: &[(&str, &str, bool)] = &[
+    ("max_model_len", "context_length", true),
+    ("mem_fraction_static", "gpu_memory_utilization", true),
+    ("max_num_batched_tokens", "max_batch_tokens", false),
+    ("chunked_prefill_size", "max_batch_tokens", false),
+    ("max_running_requests", "max_num_seqs", false),
+    ("kv_cache_dtype", "kv_dtype", false),
+    ("page_size", "block_size", false),
+];
+
+/// xinf's name of engine option `key` where another engine's name is given; `native` tells
+/// whether every replica runs the native engine.
+fn option_alias(key: &str, native: bool) -> Option<&'static str> {
+    OPTION_ALIASES.iter().find(|(from, _, all)| *from == key && (*all || native)).map(|(_, to, _)| *to)
+}
+
+/// Options given by another engine's name, as (the name given, xinf's name).
+pub(crate) type Renamed = Vec<(String, &'static str)>;
+
+/// The engine options of `KEY=VALUE` texts: VALUE is read as JSON when it parses, else as a
+/// string; `-` in a key is read as `_` (`max-model-len` is `max_model_len`). Keys that other
+/// engines name otherwise are renamed to xinf's names; each renaming is returned as (given,
+/// xinf's), for a hint.
+pub(crate) fn engine_options(
+    options: &[String],
+    native: bool,
+    cat: &Catalog,
+) -> Result<(Map<String, Value>, Renamed), String> {
     let mut out = Map::new();
+    let mut renamed = Vec::new();
     for o in options {
         let Some((key, value)) = o.split_once('=') else {
             return Err(cat.text("cli-engine-option", &[("option", o)]));
         };
         let value = serde_json::from_str(value).unwrap_or_else(|_| Value::String(value.to_owned()));
-        out.insert(key.trim().to_owned(), value);
+        let key = key.trim().replace('-', "_");
+        let key = match option_alias(&key, native) {
+            Some(xinf) => {
+                renamed.push((key, xinf));
+                xinf.to_owned()
+            }
+            None => key,
+        };
+        out.insert(key, value);
     }
-    Ok(out)
+    Ok((out, renamed))
+}
+
+/// Prints a hint for each option given by another engine's name.
+pub(crate) fn alias_hints(renamed: &[(String, &'static str)], cat: &Catalog) {
+    for (given, key) in renamed {
+        eprintln!("{}", cat.text("cli-engine-option-alias", &[("given", given), ("key", key)]));
+    }
+}
+
+/// The command line with each `--key value` (or `--key=value`, or a `--key` without a value,
+/// read as `true`) that `xinf launch` does not know rewritten as `--engine-option key=value`, as
+/// Xinference passes extra options to the engine (`xinf launch -n m --max_model_len 4096`).
+/// Other commands' lines are returned as they are.
+pub(crate) fn extra_engine_options(args: Vec<OsString>, cli: &clap::Command) -> Vec<OsString> {
+    let Some(launch) = cli.find_subcommand("launch") else { return args };
+    if args.get(1).and_then(|a| a.to_str()) != Some("launch") {
+        return args;
+    }
+    let mut known: Vec<&str> = vec!["help", "version"];
+    for arg in launch.get_arguments() {
+        known.extend(arg.get_long());
+        known.extend(arg.get_all_aliases().unwrap_or_default());
+    }
+    let is_value = |a: &str| !a.starts_with('-') || a.parse::<f64>().is_ok();
+    let mut out = Vec::with_capacity(args.len());
+    let mut rest = args.into_iter();
+    while let Some(arg) = rest.next() {
+        let Some(text) = arg.to_str() else {
+            out.push(arg);
+            continue;
+        };
+        if text == "--" {
+            out.push(arg);
+            out.extend(rest.by_ref());
+            break;
+        }
+        let Some(flag) = text.strip_prefix("--") else {
+            out.push(arg);
+            continue;
+        };
+        let (name, inline) = match flag.split_once('=') {
+            Some((n, v)) => (n, Some(v.to_owned())),
+            None => (flag, None),
+        };
+        if known.contains(&name) {
+            out.push(arg);
+            continue;
+        }
+        let value = match inline {
+            Some(v) => v,
+            None => {
+                let mut peek = rest.clone();
+                match peek.next().and_then(|a| a.to_str().filter(|a| is_value(a)).map(str::to_owned)) {
+                    Some(v) => {
+                        rest = peek;
+                        v
+                    }
+                    None => "true".to_owned(),
+                }
+            }
+        };
+        out.push("--engine-option".into());
+        out.push(format!("{name}={value}").into());
+    }
+    out
 }
 
 impl LaunchSource {
@@ -157,7 +262,11 @@ impl LaunchSource {
             Some(v) if v.eq_ignore_ascii_case("auto") => Some(GpuCount::Auto),
             Some(v) => Some(GpuCount::Count(v.parse().map_err(|_| cat.text("cli-n-gpu", &[("value", v)]))?)),
         };
-        let options = engine_options(&self.engine_option, cat)?;
+        let native = |engine: Option<&str>| engine.is_none_or(|e| e.eq_ignore_ascii_case("native"));
+        let all_native = native(self.model_engine.as_deref())
+            && replica_config.iter().flatten().all(|r| native(r.model_engine.as_deref()));
+        let (options, renamed) = engine_options(&self.engine_option, all_native, cat)?;
+        alias_hints(&renamed, cat);
         let request = LaunchRequest {
             model_uid: self.model_uid.clone(),
             model_name,
@@ -241,8 +350,19 @@ pub(crate) fn launch(args: LaunchArgs, cat: &Catalog) -> Result<(), String> {
     bar.finish_and_clear();
     let answer = result.map_err(|e| e.text(cat))?;
     let uid = Launched::deserialize(&answer).map(|a| a.model_uid).unwrap_or_default();
-    let secs = format!("{:.1}", started.elapsed().as_secs_f64());
-    eprintln!("{}", cat.text("cli-launch-done", &[("uid", &uid), ("secs", &secs)]));
+    if args.no_wait {
+        eprintln!("{}", cat.text("cli-launch-accepted", &[("uid", &uid)]));
+    } else {
+        let secs = format!("{:.1}", started.elapsed().as_secs_f64());
+        eprintln!("{}", cat.text("cli-launch-done", &[("uid", &uid), ("secs", &secs)]));
+        let models = client.models().unwrap_or_default();
+        if let Some(tokens) = models.iter().find(|m| m.uid == uid).and_then(|m| m.context_length) {
+            eprintln!("{}", cat.text("cli-model-context", &[("tokens", &tokens.to_string())]));
+        }
+    }
     println!("{uid}");
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

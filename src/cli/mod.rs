@@ -6,13 +6,15 @@ mod client;
 mod columns;
 mod generate;
 mod launch;
+mod logging;
 mod models;
 mod random_checkpoint;
+mod registry;
 mod server;
 mod status;
 
 use crate::engine_error_text;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::process::ExitCode;
 use xinf_i18n::Catalog;
 
@@ -34,11 +36,16 @@ enum Command {
     /// Run a worker that joins a supervisor and hosts the replicas placed on it.
     Worker(server::WorkerArgs),
     /// Launch a model on a running server (local or supervisor) and wait until it serves.
+    /// Options it does not know (`--max_model_len 4096`) are passed as engine options.
     Launch(launch::LaunchArgs),
     /// List a server's models (or, with --workers, its workers).
     List(models::ListArgs),
     /// Terminate a model on a running server.
     Terminate(models::TerminateArgs),
+    /// List the model registry: of a server, or of this binary when no endpoint is given.
+    Registrations(registry::RegistrationsArgs),
+    /// List the engines that serve a registry model, with the variants each takes.
+    Engine(registry::EngineArgs),
     /// Chat with a served model: one message per line, answers streamed.
     Chat(chat::ChatArgs),
     /// Generate text with a model on this machine, without a server, and stream it to stdout.
@@ -65,8 +72,9 @@ fn expand_short_flags(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std
 
 /// Runs the command line and returns the process exit code.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse_from(expand_short_flags(std::env::args_os()));
-    init_tracing();
+    let args = launch::extra_engine_options(expand_short_flags(std::env::args_os()), &Cli::command());
+    let cli = Cli::parse_from(args);
+    logging::init();
     let cat = Catalog::from_env();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
@@ -82,6 +90,8 @@ pub fn main() -> ExitCode {
         Command::Launch(args) => launch::launch(args, &cat),
         Command::List(args) => models::list(args, &cat),
         Command::Terminate(args) => models::terminate(args, &cat),
+        Command::Registrations(args) => registry::registrations(args, &cat),
+        Command::Engine(args) => registry::engine(args, &cat),
         Command::Chat(args) => chat::chat(args, &cat),
         Command::Generate(args) => {
             runtime.block_on(generate::generate(args, &cat)).map_err(|e| engine_error_text(&cat, &e))
@@ -97,12 +107,6 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("XINF_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }
 
 /// Resolves on Ctrl-C or, on Unix, SIGTERM.

@@ -26,14 +26,25 @@ pub(crate) struct ListArgs {
 #[derive(Debug, Args)]
 pub(crate) struct TerminateArgs {
     /// The model's uid (see `xinf list`).
-    model_uid: String,
+    #[arg(value_name = "MODEL_UID", required_unless_present = "model_uid")]
+    uid: Option<String>,
+    /// The model's uid, as Xinference's CLI takes it (instead of the positional uid).
+    #[arg(short = 'u', long = "model-uid", conflicts_with = "uid")]
+    model_uid: Option<String>,
     #[command(flatten)]
     endpoint: EndpointArgs,
 }
 
+impl TerminateArgs {
+    /// The uid to terminate, however it was given.
+    fn uid(&self) -> &str {
+        self.uid.as_deref().or(self.model_uid.as_deref()).unwrap_or_default()
+    }
+}
+
 /// Prints rows as columns padded to the widest cell (in terminal columns: headers may be
 /// Chinese, Japanese or Korean).
-fn table(rows: &[Vec<String>]) {
+pub(super) fn table(rows: &[Vec<String>]) {
     let widths: Vec<usize> = (0..rows.first().map_or(0, Vec::len))
         .map(|c| rows.iter().filter_map(|r| r.get(c)).map(|s| columns::width(s)).max().unwrap_or(0))
         .collect();
@@ -73,7 +84,7 @@ fn gpu_cell(gpu: &GpuInfo, usage: &[GpuUsage], cat: &Catalog) -> String {
 }
 
 /// A table's header row from its column keys.
-fn header(keys: &[&str], cat: &Catalog) -> Vec<String> {
+pub(super) fn header(keys: &[&str], cat: &Catalog) -> Vec<String> {
     keys.iter().map(|k| cat.text(k, &[])).collect()
 }
 
@@ -92,9 +103,16 @@ fn worker_rows(workers: &[WorkerStatus], cat: &Catalog) -> Vec<Vec<String>> {
 /// engine, which has no replica details). Roles stay as the API names them: they are the values
 /// `--replica-config` takes.
 fn model_rows(models: &[ModelInfo], cat: &Catalog) -> Vec<Vec<String>> {
-    let columns = ["cli-list-col-uid", "cli-list-col-name", "cli-list-col-status", "cli-list-col-replicas"];
+    let columns = [
+        "cli-list-col-uid",
+        "cli-list-col-name",
+        "cli-list-col-status",
+        "cli-list-col-context",
+        "cli-list-col-replicas",
+    ];
     let mut rows = vec![header(&columns, cat)];
     for m in models {
+        let context = m.context_length.map_or_else(|| "-".to_owned(), |n| n.to_string());
         let replicas = if m.replica_details.is_empty() {
             m.replicas.to_string()
         } else {
@@ -104,12 +122,14 @@ fn model_rows(models: &[ModelInfo], cat: &Catalog) -> Vec<Vec<String>> {
             });
             each.collect::<Vec<_>>().join(" ")
         };
-        rows.push(vec![m.uid.clone(), m.model_name.clone(), model_status_text(m.status, cat), replicas]);
+        let status = model_status_text(m.status, cat);
+        rows.push(vec![m.uid.clone(), m.model_name.clone(), status, context, replicas]);
     }
     rows
 }
 
-/// `xinf list`: the models (uid, name, status, replicas and where they run) or the workers.
+/// `xinf list`: the models (uid, name, status, context length, replicas and where they run) or
+/// the workers.
 pub(crate) fn list(args: ListArgs, cat: &Catalog) -> Result<(), String> {
     let client = args.endpoint.client();
     let path = if args.workers { "/v1/workers" } else { "/v1/models" };
@@ -130,8 +150,9 @@ pub(crate) fn list(args: ListArgs, cat: &Catalog) -> Result<(), String> {
 /// `xinf terminate`.
 pub(crate) fn terminate(args: TerminateArgs, cat: &Catalog) -> Result<(), String> {
     let client = args.endpoint.client();
-    client.delete(&format!("/v1/models/{}", args.model_uid)).map_err(|e| e.text(cat))?;
-    eprintln!("{}", cat.text("cli-terminated", &[("uid", &args.model_uid)]));
+    let uid = args.uid();
+    client.delete(&format!("/v1/models/{uid}")).map_err(|e| e.text(cat))?;
+    eprintln!("{}", cat.text("cli-terminated", &[("uid", uid)]));
     Ok(())
 }
 
@@ -155,9 +176,9 @@ mod tests {
         let models = models.unwrap_or_default();
         let en = Catalog::new("en");
         let rows = model_rows(&models, &en);
-        assert_eq!(rows[0], ["UID", "NAME", "STATUS", "REPLICAS"]);
-        assert_eq!(rows[1], ["m", "smollm2", "loading", "m-0(prefill alive w1)"]);
-        assert_eq!(rows[2], ["one", "qwen3", "ready", "1"]);
+        assert_eq!(rows[0], ["UID", "NAME", "STATUS", "CONTEXT", "REPLICAS"]);
+        assert_eq!(rows[1], ["m", "smollm2", "loading", "-", "m-0(prefill alive w1)"]);
+        assert_eq!(rows[2], ["one", "qwen3", "ready", "4096", "1"]);
 
         let workers = json!([{"info": {"worker_id": "w1", "host": "h", "gpus": [0, 1], "gpu_details": [
             {"index": 0, "name": "NVIDIA H200", "total_memory": 150_000_000_000u64},
@@ -172,11 +193,26 @@ mod tests {
         // Headers, statuses and GPU use in the reader's language; ids, roles and numbers as sent.
         let ja = Catalog::new("ja");
         let rows = model_rows(&models, &ja);
-        assert_eq!(rows[0], ["UID", "名前", "状態", "レプリカ"]);
-        assert_eq!(rows[1], ["m", "smollm2", "読み込み中", "m-0(prefill 稼働中 w1)"]);
+        assert_eq!(rows[0], ["UID", "名前", "状態", "コンテキスト長", "レプリカ"]);
+        assert_eq!(rows[1], ["m", "smollm2", "読み込み中", "-", "m-0(prefill 稼働中 w1)"]);
         assert_eq!(rows[2][2], "準備完了");
         let rows = worker_rows(&workers, &Catalog::new("de"));
         assert_eq!(rows[1], ["w1", "ja", "0 (NVIDIA H200, 139.7 GiB, belegt 0.8); 1", "m-0,m-1"]);
+    }
+
+    #[test]
+    fn terminate_takes_the_uid_either_way() {
+        use crate::cli::{Cli, Command};
+        use clap::Parser;
+        let uid = |line: &[&str]| match Cli::try_parse_from(line) {
+            Ok(Cli { command: Command::Terminate(args) }) => Some(args.uid().to_owned()),
+            _ => None,
+        };
+        assert_eq!(uid(&["xinf", "terminate", "chat"]).as_deref(), Some("chat"));
+        assert_eq!(uid(&["xinf", "terminate", "--model-uid", "chat"]).as_deref(), Some("chat"));
+        assert_eq!(uid(&["xinf", "terminate", "-u", "chat", "-e", "http://h:1"]).as_deref(), Some("chat"));
+        assert_eq!(uid(&["xinf", "terminate"]), None);
+        assert_eq!(uid(&["xinf", "terminate", "a", "--model-uid", "b"]), None);
     }
 
     #[test]

@@ -3,7 +3,9 @@
 use crate::api::{AppState, ModelStats};
 use actix_web::{HttpResponse, web};
 use std::fmt::Write;
-use xinf_actors::{HANDOFF_LATENCY_BOUNDS, HandoffStats};
+use xinf_actors::{
+    HANDOFF_LATENCY_BOUNDS, HandoffStats, REQUEST_LATENCY_BOUNDS, RequestHistogram, ServingStats,
+};
 
 /// Liveness: `{"status": "ok"}`.
 pub(crate) async fn health() -> HttpResponse {
@@ -121,6 +123,28 @@ const HANDOFF_FAMILIES: &[Family<HandoffStats>] = &[
     ),
 ];
 
+/// The replicas' per-request histograms: name, help text, and the histogram of
+/// [`ServingStats`] it shows.
+type Histogram = (&'static str, &'static str, fn(&ServingStats) -> &RequestHistogram);
+
+/// The per-request histograms, each sampled per replica.
+const SERVING_HISTOGRAMS: &[Histogram] = &[
+    ("xinf_time_to_first_token_seconds", "Time from a request reaching a replica to its first token.", |s| {
+        &s.ttft
+    }),
+    (
+        "xinf_time_per_output_token_seconds",
+        "Mean time per output token after the first, one sample per request.",
+        |s| &s.tpot,
+    ),
+    ("xinf_e2e_request_latency_seconds", "Time from a request reaching a replica to its end.", |s| &s.e2e),
+    (
+        "xinf_request_queue_time_seconds",
+        "Time from a request reaching a replica to its engine accepting it.",
+        |s| &s.queue,
+    ),
+];
+
 /// A Prometheus label value: backslash, double quote and newline escaped.
 fn label(value: &str) -> String {
     value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
@@ -128,6 +152,8 @@ fn label(value: &str) -> String {
 
 /// What `/metrics` shows of one model.
 struct ModelMetrics {
+    /// Its uid, the `model` label of per-replica samples.
+    uid: String,
     /// Its labels, `model_uid="..",model_name=".."`.
     labels: String,
     ready: bool,
@@ -149,6 +175,7 @@ pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
         .iter()
         .zip(figures)
         .map(|(m, s)| ModelMetrics {
+            uid: m.uid.clone(),
             labels: format!("model_uid=\"{}\",model_name=\"{}\"", label(&m.uid), label(&m.model_name)),
             ready: m.status.serves(),
             stats: s.ok(),
@@ -181,7 +208,49 @@ fn render(models: &[ModelMetrics]) -> String {
         let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum_us as f64 / 1e6);
         let _ = writeln!(out, "{name}_count{{{labels}}} {}", h.count);
     }
+    serving(&mut out, models);
     out
+}
+
+/// Writes the replicas' per-request histograms and finish counts, labelled `model`, `replica`
+/// and `role`, so a P/D model's prefill and decode sides can be told apart.
+fn serving(out: &mut String, models: &[ModelMetrics]) {
+    let replicas: Vec<(String, &ServingStats)> = models
+        .iter()
+        .flat_map(|m| {
+            let list = m.stats.as_ref().and_then(|s| s.replicas.as_deref()).unwrap_or_default();
+            list.iter().map(move |r| {
+                let labels = format!(
+                    "model=\"{}\",replica=\"{}\",role=\"{}\"",
+                    label(&m.uid),
+                    label(&r.replica_uid),
+                    r.role.as_str()
+                );
+                (labels, &r.serving)
+            })
+        })
+        .collect();
+    for (name, help, of) in SERVING_HISTOGRAMS {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} histogram");
+        for (labels, s) in &replicas {
+            let h = of(s);
+            for (bound, n) in REQUEST_LATENCY_BOUNDS.iter().zip(h.buckets) {
+                let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {n}");
+            }
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", h.count);
+            let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum_us as f64 / 1e6);
+            let _ = writeln!(out, "{name}_count{{{labels}}} {}", h.count);
+        }
+    }
+    let name = "xinf_requests_finished_total";
+    let _ = writeln!(out, "# HELP {name} Requests a replica finished, by finish reason.");
+    let _ = writeln!(out, "# TYPE {name} counter");
+    for (labels, s) in &replicas {
+        for (reason, n) in s.finished.by_reason() {
+            let _ = writeln!(out, "{name}{{{labels},finish_reason=\"{reason}\"}} {n}");
+        }
+    }
 }
 
 /// Writes `list`'s families, each model's sample from the figures `of` finds for it.
@@ -240,21 +309,92 @@ mod tests {
             .ok()
         };
         let replicas = [replica("p", HandoffStats::default()), replica("d", handoff)];
-        let replicas: Vec<ReplicaStats> = replicas.into_iter().flatten().collect();
+        let mut replicas: Vec<ReplicaStats> = replicas.into_iter().flatten().collect();
         assert_eq!(replicas.len(), 2);
+        replicas[0].role = xinf_actors::Role::Prefill;
+        replicas[0].serving.ttft.observe(0.3);
+        replicas[1].role = xinf_actors::Role::Decode;
+        replicas[1].serving = serving();
         vec![
             ModelMetrics {
+                uid: "one".into(),
                 labels: "model_uid=\"one\",model_name=\"smollm2\"".into(),
                 ready: true,
                 stats: Some(ModelStats::from(&engine)),
             },
             ModelMetrics {
+                uid: "pd".into(),
                 labels: "model_uid=\"pd\",model_name=\"qwen3\"".into(),
                 ready: false,
                 stats: Some(ModelStats::from_replicas(replicas)),
             },
-            ModelMetrics { labels: "model_uid=\"gone\",model_name=\"x\"".into(), ready: true, stats: None },
+            ModelMetrics {
+                uid: "gone".into(),
+                labels: "model_uid=\"gone\",model_name=\"x\"".into(),
+                ready: true,
+                stats: None,
+            },
         ]
+    }
+
+    /// A decode replica's figures: three requests, two stopped and one cut at its length.
+    fn serving() -> ServingStats {
+        let mut s = ServingStats::default();
+        for (ttft, e2e) in [(0.04, 1.2), (0.2, 3.0), (0.04, 30.0)] {
+            s.ttft.observe(ttft);
+            s.e2e.observe(e2e);
+            s.queue.observe(0.001);
+            s.tpot.observe(0.02);
+        }
+        s.finished.count(xinf_engine::FinishReason::Stop);
+        s.finished.count(xinf_engine::FinishReason::Stop);
+        s.finished.count(xinf_engine::FinishReason::Length);
+        s
+    }
+
+    /// The value of the sample line `name{labels} value`.
+    fn sample(text: &str, name_and_labels: &str) -> Option<f64> {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(name_and_labels) && l[name_and_labels.len()..].starts_with(' '))?;
+        line.rsplit(' ').next()?.parse().ok()
+    }
+
+    /// Each per-request histogram of the decode replica: cumulative buckets ending in `+Inf`
+    /// equal to the count, its sum and count, under the `model`, `replica` and `role` labels;
+    /// and its finish counts by reason.
+    #[test]
+    fn serving_histograms() {
+        let text = render(&models());
+        let labels = "model=\"pd\",replica=\"d\",role=\"decode\"";
+        for (name, _, _) in SERVING_HISTOGRAMS {
+            assert!(text.contains(&format!("# TYPE {name} histogram\n")), "{name}");
+            let buckets: Vec<f64> = REQUEST_LATENCY_BOUNDS
+                .iter()
+                .map(|b| sample(&text, &format!("{name}_bucket{{{labels},le=\"{b}\"}}")).unwrap_or(-1.0))
+                .collect();
+            assert!(buckets.iter().all(|&n| n >= 0.0), "{name}: {buckets:?}");
+            assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "{name}: {buckets:?}");
+            let inf = sample(&text, &format!("{name}_bucket{{{labels},le=\"+Inf\"}}"));
+            let count = sample(&text, &format!("{name}_count{{{labels}}}"));
+            assert_eq!((inf, count), (Some(3.0), Some(3.0)), "{name}");
+            assert!(sample(&text, &format!("{name}_sum{{{labels}}}")).is_some_and(|s| s > 0.0), "{name}");
+        }
+        let ttft = |le: &str| {
+            sample(&text, &format!("xinf_time_to_first_token_seconds_bucket{{{labels},le=\"{le}\"}}"))
+        };
+        assert_eq!((ttft("0.025"), ttft("0.05"), ttft("0.25")), (Some(0.0), Some(2.0), Some(3.0)));
+        let finished = |reason: &str| {
+            sample(&text, &format!("xinf_requests_finished_total{{{labels},finish_reason=\"{reason}\"}}"))
+        };
+        assert_eq!(
+            (finished("stop"), finished("length"), finished("abort")),
+            (Some(2.0), Some(1.0), Some(0.0))
+        );
+        let prefill = "model=\"pd\",replica=\"p\",role=\"prefill\"";
+        assert_eq!(sample(&text, &format!("xinf_time_to_first_token_seconds_count{{{prefill}}}")), Some(1.0));
+        // A single engine has no replicas, hence no per-replica samples.
+        assert!(!text.contains("model=\"one\""));
     }
 
     /// The whole text, byte for byte: every family's header, samples only for the figures a
