@@ -225,22 +225,33 @@ pub struct LatencyHistogram {
 impl LatencyHistogram {
     /// Counts one fetch of `secs` seconds.
     pub fn observe(&mut self, secs: f64) {
-        for (b, bound) in self.buckets.iter_mut().zip(HANDOFF_LATENCY_BOUNDS) {
-            if secs <= bound {
-                *b += 1;
-            }
-        }
+        count_in(&mut self.buckets, &HANDOFF_LATENCY_BOUNDS, secs);
         self.count += 1;
-        self.sum_us += (secs * 1e6) as u64;
+        self.sum_us += (secs.max(0.0) * 1e6) as u64;
     }
 
     /// Bucket-wise sum.
     pub fn add(&mut self, o: &Self) {
-        for (a, b) in self.buckets.iter_mut().zip(o.buckets) {
-            *a += b;
-        }
+        add_buckets(&mut self.buckets, &o.buckets);
         self.count += o.count;
         self.sum_us += o.sum_us;
+    }
+}
+
+/// Counts an observation of `secs` seconds in the cumulative `buckets` of `bounds` (every
+/// bucket whose bound it does not exceed), as Prometheus histograms count.
+pub(crate) fn count_in(buckets: &mut [u64], bounds: &[f64], secs: f64) {
+    for (b, bound) in buckets.iter_mut().zip(bounds) {
+        if secs <= *bound {
+            *b += 1;
+        }
+    }
+}
+
+/// Adds `other`'s bucket counts to `buckets`.
+pub(crate) fn add_buckets(buckets: &mut [u64], other: &[u64]) {
+    for (a, b) in buckets.iter_mut().zip(other) {
+        *a += b;
     }
 }
 

@@ -26,20 +26,14 @@ pub struct RequestHistogram {
 impl RequestHistogram {
     /// Counts one observation of `secs` seconds.
     pub fn observe(&mut self, secs: f64) {
-        for (b, bound) in self.buckets.iter_mut().zip(REQUEST_LATENCY_BOUNDS) {
-            if secs <= bound {
-                *b += 1;
-            }
-        }
+        super::count_in(&mut self.buckets, &REQUEST_LATENCY_BOUNDS, secs);
         self.count += 1;
         self.sum_us += (secs.max(0.0) * 1e6) as u64;
     }
 
     /// Bucket-wise sum.
     pub fn add(&mut self, o: &Self) {
-        for (a, b) in self.buckets.iter_mut().zip(o.buckets) {
-            *a += b;
-        }
+        super::add_buckets(&mut self.buckets, &o.buckets);
         self.count += o.count;
         self.sum_us += o.sum_us;
     }
