@@ -58,6 +58,7 @@ mod sse;
 mod stats;
 
 pub use cluster::ClusterService;
+pub(crate) use routes::registrations_json;
 pub(crate) use service::status_name;
 pub use service::{LocalService, ModelInfo, ModelService, ServiceError, ServiceFuture};
 pub use stats::ModelStats;

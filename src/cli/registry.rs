@@ -102,24 +102,7 @@ fn distinct(items: impl Iterator<Item = String>) -> String {
 
 /// The registry built into this binary, in the server's JSON shape, for `model_type`.
 fn local_registry(model_type: &str) -> Value {
-    let families = xinf_models::families().iter().filter(|_| model_type.eq_ignore_ascii_case("llm"));
-    let list: Vec<Value> = families
-        .map(|f| {
-            let specs: Vec<Value> = f
-                .specs
-                .iter()
-                .map(|s| {
-                    let size = s.size.parse::<u64>().map_or_else(|_| Value::from(s.size), Value::from);
-                    serde_json::json!({"model_format": s.format, "model_size_in_billions": size,
-                        "quantization": s.quantization, "model_src": s.source_label()})
-                })
-                .collect();
-            serde_json::json!({"version": 2, "model_type": "LLM", "model_name": f.name,
-                "model_ability": ["generate", "chat"], "model_description": f.description,
-                "context_length": f.context_length, "model_specs": specs, "is_builtin": true})
-        })
-        .collect();
-    Value::Array(list)
+    Value::Array(crate::api::registrations_json(model_type))
 }
 
 /// The rows of `xinf registrations`: name, context length, formats, sizes, quantizations and

@@ -7,6 +7,8 @@ pub(crate) mod health;
 pub(crate) mod models;
 pub(crate) mod xinference;
 
+pub(crate) use xinference::registrations_json;
+
 use crate::api::error::{ApiError, Problem, request_lang};
 use crate::api::openai::{
     ChatChoice, ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, OutMessage, TextChoice,

@@ -89,13 +89,24 @@ fn detailed(req: &HttpRequest) -> bool {
 /// `[{"model_name", "is_builtin"}]`, or each whole when detailed. Empty for types other than
 /// `LLM`.
 pub(crate) async fn registrations(req: HttpRequest, model_type: web::Path<String>) -> HttpResponse {
-    let families = xinf_models::families().iter().filter(|_| model_type.eq_ignore_ascii_case("llm"));
     let list: Vec<Value> = if detailed(&req) {
-        families.map(family_json).collect()
+        registrations_json(&model_type)
     } else {
-        families.map(|f| json!({ "model_name": f.name, "is_builtin": true })).collect()
+        families_of(&model_type).map(|f| json!({ "model_name": f.name, "is_builtin": true })).collect()
     };
     HttpResponse::Ok().json(list)
+}
+
+/// The registry's families of `model_type` (none but for `LLM`).
+fn families_of(model_type: &str) -> impl Iterator<Item = &'static ModelFamily> {
+    let llm = model_type.eq_ignore_ascii_case("llm");
+    xinf_models::families().iter().filter(move |_| llm)
+}
+
+/// The registry's families of `model_type`, each whole as Xinference describes it: the detailed
+/// registrations route's answer, and what `xinf registrations` lists without a server.
+pub(crate) fn registrations_json(model_type: &str) -> Vec<Value> {
+    families_of(model_type).map(family_json).collect()
 }
 
 /// `GET /v1/model_registrations/{model_type}/{model_name}`: one family, whole.
