@@ -14,7 +14,15 @@ use crate::router::RouterMsg;
 use crate::wire::{Wire, call, call_local};
 use guard::RequestGuard;
 use pull::PullSettings;
-use xinf_engine::{GenerateRequest, TokenStream};
+use xinf_engine::{GenerateRequest, TokenEvent, TokenStream};
+
+/// How far a request got when its caller gets its stream.
+enum Started {
+    /// It runs on the replica that generates it.
+    Now,
+    /// The prefill's first token, shown at once; the decode leg, which starts the rest.
+    Later { first: TokenEvent, leg: futures::future::BoxFuture<'static, Result<(), ActorError>> },
+}
 
 /// A request id for a request that came without one.
 fn new_request_id() -> String {
@@ -49,21 +57,30 @@ impl Cluster {
             request_id: request_id.clone(),
             timeout: t,
         };
-        let (replica_uid, replica, prefill) =
-            (routed.replica_uid.clone(), routed.replica.clone(), routed.prefill.clone());
+        let decode: handoff::Party = (routed.replica_uid.clone(), routed.replica.clone());
+        let (prefill, times) = (routed.prefill.clone(), self.decode_times());
         let start = async move {
-            match prefill {
-                None => {
-                    let what = format!("replica `{replica_uid}`");
-                    call(&replica, &what, t, |reply| ReplicaMsg::Generate {
-                        request: Wire::ok(request),
-                        reply,
-                    })
-                    .await
-                }
-                Some((prefill_uid, prefill)) => {
-                    self.handoff(&prefill_uid, &prefill, &replica_uid, &replica, request).await
-                }
+            let Some(prefill) = prefill else {
+                let (replica_uid, replica) = decode;
+                let what = format!("replica `{replica_uid}`");
+                let generate = call(&replica, &what, t, |reply| ReplicaMsg::Generate {
+                    request: Wire::ok(request),
+                    reply,
+                });
+                return generate.await.map(|()| Started::Now);
+            };
+            let mut handoff = self.prefill_leg(&prefill, &request).await?;
+            if !handoff::shows_first(&request.sampling, handoff.first_text.as_deref()) {
+                handoff.first_text = None;
+            }
+            let first = handoff
+                .first_text
+                .clone()
+                .map(|text| TokenEvent::Delta { token_id: handoff.first_token, text });
+            let leg = handoff::decode_leg(times, prefill, decode, request, handoff);
+            match first {
+                Some(first) => Ok(Started::Later { first, leg: Box::pin(leg) }),
+                None => leg.await.map(|()| Started::Now),
             }
         };
         // A replica lost while the request starts ends it at once (a frozen worker would
@@ -73,20 +90,12 @@ impl Cluster {
             reason = &mut routed.lost => return Err(pull::lost(reason).into()),
             started = start => started,
         };
-        guard.router = None;
-        guard.replicas.clear();
-        let ended = match started {
-            Err(e) => Some((RouterMsg::Finished { request_id }, Err(e))),
-            Ok(()) if routed.prefill.is_some() => Some((RouterMsg::PrefillDone { request_id }, Ok(()))),
-            Ok(()) => None,
-        };
-        if let Some((message, outcome)) = ended {
-            if actors.router.cast(message).is_err() {
-                tracing::debug!("the router is gone");
-            }
-            outcome?;
-        }
         let settings = PullSettings { long_poll: self.inner.options.long_poll, call: t };
+        if let Ok(Started::Later { first, leg }) = started {
+            return Ok(pull::open_after_first(first, leg, guard, routed, actors.router, settings));
+        }
+        guard.disarm();
+        pull::started(&actors.router, &request_id, routed.prefill.is_some(), started.map(|_| ()))?;
         Ok(pull::open(routed, actors.router, settings))
     }
 

@@ -73,9 +73,21 @@ def test_a_decode_loads_all_but_the_last_prompt_token_once():
     s.finished("d", ok=True)
 
 
+def test_a_decode_that_continues_after_the_shown_first_token_loads_the_whole_room():
+    # The prompt is the room's 130 tokens and the prefill's first token: vLLM computes that one.
+    s = SchedulerState(16)
+    assert s.matched("d", decode(130), 131, 0) == 130
+    s.allocated("d", decode(130), 131, list(range(1, 10)), 130)
+    [load] = s.step([], [], {}).loads
+    assert (load.start, load.end) == (0, 130)
+    # A one-token prompt then loads its one token.
+    assert s.matched("one", decode(1), 2, 0) == 1
+
+
 def test_a_decode_whose_room_holds_another_prompt_computes_it():
     s = SchedulerState(16)
-    assert s.matched("d", decode(64), 65, 0) == 0
+    assert s.matched("d", decode(64), 66, 0) == 0
+    assert s.matched("d", decode(64), 63, 0) == 0
     assert s.matched("one", decode(1), 1, 0) == 0  # nothing to load: vLLM computes the token
 
 

@@ -88,7 +88,10 @@ class SchedulerState:
         handoff = self._parse(request_id, params)
         if not isinstance(handoff, DecodeParams) or request_id in self._asked:
             return 0
-        if handoff.prompt_len != prompt_len:
+        # The request's prompt is the room's, or the room's and then the prefill's first
+        # token, already shown to the client (xinf's `first_text`): either way vLLM computes
+        # the last prompt token itself, and the room holds the KV of every token before it.
+        if prompt_len not in (handoff.prompt_len, handoff.prompt_len + 1):
             log.warning(
                 "request %s: the room holds %d prompt tokens, the request has %d; computing it",
                 request_id,

@@ -40,6 +40,11 @@ pub(crate) struct Handoff {
     pub(crate) prompt_ids: Vec<u32>,
     /// The prefill's first sampled token.
     pub(crate) first_token: u32,
+    /// Its text when it may be shown before the decode side answers ([`PinnedPrefill`]'s); the
+    /// caller clears it when it does not show it, so the decode side knows which it is.
+    ///
+    /// [`PinnedPrefill`]: xinf_engine::PinnedPrefill
+    pub(crate) first_text: Option<String>,
     /// Canonical pages in the room: `ceil(prompt / 64)`.
     pub(crate) pages: u32,
     /// Where the pages are fetched from.
@@ -429,6 +434,7 @@ impl HandoffSide {
                 room,
                 prompt_ids: pinned.prompt_ids,
                 first_token: pinned.first_token,
+                first_text: pinned.first_text,
                 pages,
                 endpoint,
                 contract: engine.contract().clone(),
@@ -475,6 +481,7 @@ impl HandoffSide {
         Ok(xinf_engine::RemoteKv {
             prompt_ids: handoff.prompt_ids.clone(),
             first_token: handoff.first_token,
+            first_text: handoff.first_text.clone(),
             room: handoff.room,
             endpoint: handoff.endpoint.clone(),
             device: handoff.device.clone(),

@@ -16,6 +16,14 @@ pub(super) struct RequestGuard {
     pub(super) timeout: Duration,
 }
 
+impl RequestGuard {
+    /// The request started: nothing to clean up any more.
+    pub(super) fn disarm(&mut self) {
+        self.router = None;
+        self.replicas.clear();
+    }
+}
+
 impl Drop for RequestGuard {
     fn drop(&mut self) {
         if let Some(router) = self.router.take()

@@ -1,53 +1,114 @@
-//! The P/D start of a request.
+//! The P/D start of a request: the prefill leg computes the prompt and publishes its KV, the
+//! decode leg has a decode replica fetch it and generate.
+//!
+//! The prefill's first token is the request's first output. Where it can be shown before the
+//! decode leg answers ([`shows_first`]), the caller gets it at once, and the decode replica is
+//! told so (the handoff keeps its text) and continues after it: the time to the first token is
+//! then the prefill leg's, not the prefill leg's plus the decode leg's.
 
 use crate::cluster::Cluster;
 use crate::error::ActorError;
 use crate::replica::ReplicaMsg;
+use crate::replica::handoff::Handoff;
 use crate::wire::{Wire, call};
 use ractor::ActorRef;
-use xinf_engine::GenerateRequest;
+use std::time::Duration;
+use xinf_engine::{GenerateRequest, SamplingParams};
+
+/// Time limits of a decode leg.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct DecodeTimes {
+    /// Fetching the pages and starting.
+    start: Duration,
+    /// The release of the room.
+    release: Duration,
+}
+
+/// A replica taking part in a handoff, and its uid (for errors).
+pub(super) type Party = (String, ActorRef<ReplicaMsg>);
 
 impl Cluster {
-    /// The P/D start of a request: the prefill replica computes the prompt (one token, the
-    /// request's sampling) and publishes its KV in a room; the decode replica fetches the
-    /// pages, imports them and starts generating; then the room is released. Whatever fails,
-    /// the prefill side is told (release), and a caller that goes away mid-way aborts the
-    /// prefill (the caller's guard); a lost message is covered by the room's lease.
-    pub(super) async fn handoff(
+    /// The prefill leg: the prefill replica computes the prompt (one token, the request's
+    /// sampling) and publishes its KV in a room. A caller that goes away mid-way aborts it (the
+    /// caller's guard); a lost answer is covered by the room's lease.
+    pub(super) async fn prefill_leg(
         &self,
-        prefill_uid: &str,
-        prefill: &ActorRef<ReplicaMsg>,
-        decode_uid: &str,
-        decode: &ActorRef<ReplicaMsg>,
-        request: GenerateRequest,
-    ) -> Result<(), ActorError> {
-        let o = &self.inner.options;
+        (prefill_uid, prefill): &Party,
+        request: &GenerateRequest,
+    ) -> Result<Handoff, ActorError> {
         let mut first = request.clone();
         first.sampling.max_tokens = Some(1);
         let what = format!("prefill replica `{prefill_uid}`");
-        let handoff = call(prefill, &what, o.prefill_timeout, |reply| ReplicaMsg::Prefill {
+        call(prefill, &what, self.inner.options.prefill_timeout, |reply| ReplicaMsg::Prefill {
             request: Wire::ok(first),
             reply,
         })
-        .await?;
-        let room = handoff.room;
-        let what = format!("decode replica `{decode_uid}`");
-        let limit = o.transfer_timeout + o.call_timeout;
-        let started = call(decode, &what, limit, |reply| ReplicaMsg::GenerateImported {
-            request: Wire::ok(request),
-            handoff: Wire::ok(Box::new(handoff)),
-            reply,
-        })
-        .await;
-        // The pages were read (or will never be): free them on the prefill side, off the
-        // request's path. A lost release is covered by the room's lease.
-        let release = prefill.clone();
-        let (t, what) = (o.call_timeout, format!("prefill replica `{prefill_uid}`"));
-        tokio::spawn(async move {
-            if let Err(e) = call(&release, &what, t, |reply| ReplicaMsg::Release { room, reply }).await {
-                tracing::warn!(room, error = %e, "could not release a handoff room; its lease will");
-            }
-        });
-        started
+        .await
+    }
+
+    /// The time limits of this node's decode legs.
+    pub(super) fn decode_times(&self) -> DecodeTimes {
+        let o = &self.inner.options;
+        DecodeTimes { start: o.transfer_timeout + o.call_timeout, release: o.call_timeout }
+    }
+}
+
+/// Whether the prefill's first token is shown before the decode leg: its engine gave the text
+/// (no stop string could hold it back, no stop token ended it, the text is whole), the request
+/// wants more than that one token, and no penalty counts output tokens (an engine that takes
+/// the shown token as input would not count it).
+pub(super) fn shows_first(s: &SamplingParams, first_text: Option<&str>) -> bool {
+    first_text.is_some() && s.max_tokens != Some(1) && s.presence_penalty == 0.0 && s.frequency_penalty == 0.0
+}
+
+/// The decode leg: the decode replica fetches the pages, imports them and starts generating;
+/// then the room is released, whatever happened (off the request's path; a lost release is
+/// covered by the room's lease).
+pub(super) async fn decode_leg(
+    times: DecodeTimes,
+    prefill: Party,
+    (decode_uid, decode): Party,
+    request: GenerateRequest,
+    handoff: Handoff,
+) -> Result<(), ActorError> {
+    let room = handoff.room;
+    let what = format!("decode replica `{decode_uid}`");
+    let started = call(&decode, &what, times.start, |reply| ReplicaMsg::GenerateImported {
+        request: Wire::ok(request),
+        handoff: Wire::ok(Box::new(handoff)),
+        reply,
+    })
+    .await;
+    let (prefill_uid, prefill) = prefill;
+    tokio::spawn(async move {
+        let what = format!("prefill replica `{prefill_uid}`");
+        if let Err(e) =
+            call(&prefill, &what, times.release, |reply| ReplicaMsg::Release { room, reply }).await
+        {
+            tracing::warn!(room, error = %e, "could not release a handoff room; its lease will");
+        }
+    });
+    started
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sampling(edit: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
+        let mut s = SamplingParams::greedy(8);
+        edit(&mut s);
+        s
+    }
+
+    #[test]
+    fn the_first_token_is_shown_early_only_when_the_rest_follows_from_it_exactly() {
+        assert!(shows_first(&sampling(|_| {}), Some(" a")));
+        assert!(shows_first(&sampling(|s| s.max_tokens = None), Some(" a")));
+        // No text from the prefill engine, nothing after it, a penalty over the output.
+        assert!(!shows_first(&sampling(|_| {}), None));
+        assert!(!shows_first(&sampling(|s| s.max_tokens = Some(1)), Some(" a")));
+        assert!(!shows_first(&sampling(|s| s.presence_penalty = 0.5), Some(" a")));
+        assert!(!shows_first(&sampling(|s| s.frequency_penalty = -0.5), Some(" a")));
     }
 }

@@ -44,6 +44,10 @@ pub struct PinnedPrefill {
     pub prompt_ids: Vec<u32>,
     /// The first token the engine sampled after the prompt.
     pub first_token: u32,
+    /// The first token's text, when it may be shown before the decode side answers: the
+    /// prefill ended by its length (not a stop token), the request has no stop strings, and
+    /// the text is whole (no partial character). `None` where the engine cannot tell.
+    pub first_text: Option<String>,
     /// Set by an engine that publishes the room itself, in its own process (an engine server
     /// through xinf's KV connector): where decode sides fetch the pages. `None`: the replica
     /// publishes the room and serves the pages out of [`Engine::export_pages`].
@@ -69,6 +73,10 @@ pub struct RemoteKv {
     pub prompt_ids: Vec<u32>,
     /// The prefill side's first sampled token.
     pub first_token: u32,
+    /// Set when the first token was already shown to the client, with this text: an engine
+    /// that would sample the first token again (it recomputes the last prompt token) takes it
+    /// as input instead and continues after it, so the output follows what was shown.
+    pub first_text: Option<String>,
     /// The room, its page server, where its pages are staged, and its page count.
     pub room: u64,
     /// The page server and provider serving the room.

@@ -134,11 +134,15 @@ impl ServerEngine {
 
     /// Starts a streamed generation of `ids`, with `handoff` (a handoff's fields, top-level
     /// keys of the server's request) added to the request.
+    ///
+    /// `lead`: a token the server takes as the prompt's last but that is the request's first
+    /// output (shown already): the stream starts with it, and the usage counts it as output.
     fn start(
         &self,
         request: GenerateRequest,
         ids: Vec<u32>,
         handoff: Option<serde_json::Value>,
+        lead: Option<(u32, String)>,
     ) -> Result<TokenStream, EngineError> {
         if let Some(how) = self.process.exit_status() {
             return Err(self.process.death(&how));
@@ -169,7 +173,10 @@ impl ServerEngine {
             idle_timeout: self.idle_timeout,
         };
         let (tx, mut rx) = mpsc::channel(256);
-        let prompt_len = ids.len();
+        // The lead token is output, not prompt, in what the client is told.
+        let shift = usize::from(lead.is_some());
+        let prompt_len = ids.len() - shift;
+        let mut lead = lead.map(|(token_id, text)| TokenEvent::Delta { token_id, text });
         // Dropping the stream ends the task (and so the upstream request).
         let Listed { guard, aborted, .. } = self.spawn_listed(&id, stream::run(call, tx))?;
         let mut done = false;
@@ -178,18 +185,27 @@ impl ServerEngine {
             if done {
                 return std::task::Poll::Ready(None);
             }
+            if let Some(first) = lead.take() {
+                return std::task::Poll::Ready(Some(Ok(first)));
+            }
             if aborted.load(Ordering::Acquire) {
                 done = true;
-                let usage =
-                    Usage { prompt_tokens: prompt_len, completion_tokens: emitted.load(Ordering::Relaxed) };
+                let completion_tokens = emitted.load(Ordering::Relaxed) + shift;
+                let usage = Usage { prompt_tokens: prompt_len, completion_tokens };
                 return std::task::Poll::Ready(Some(Ok(TokenEvent::Finished {
                     reason: FinishReason::Abort,
                     usage,
                 })));
             }
-            let next = rx.poll_recv(cx);
-            if let std::task::Poll::Ready(Some(Ok(TokenEvent::Finished { .. }) | Err(_))) = &next {
-                done = true;
+            let mut next = rx.poll_recv(cx);
+            match &mut next {
+                std::task::Poll::Ready(Some(Ok(TokenEvent::Finished { usage, .. }))) => {
+                    done = true;
+                    usage.prompt_tokens = usage.prompt_tokens.saturating_sub(shift);
+                    usage.completion_tokens += shift;
+                }
+                std::task::Poll::Ready(Some(Err(_))) => done = true,
+                _ => {}
             }
             next
         })))
@@ -248,7 +264,7 @@ impl Engine for ServerEngine {
 
     fn submit(&self, request: GenerateRequest) -> Result<TokenStream, EngineError> {
         let ids = self.prompt_ids(&request.prompt)?;
-        self.start(request, ids, None)
+        self.start(request, ids, None, None)
     }
 
     fn abort(&self, request_id: &str) -> bool {
@@ -315,6 +331,7 @@ impl Engine for ServerEngine {
             counters: self.counters.clone(),
             host: self.page_host.clone(),
             request_id: request.request_id.clone(),
+            stops: !request.sampling.stop.is_empty(),
         };
         // The leg runs as a task of its own, listed with the running requests: an abort finds
         // it there and ends it, and closing its connection makes the server drop the request.
@@ -364,6 +381,24 @@ impl Engine for ServerEngine {
         if !self.handoffs() {
             return Err(self.not_pd());
         }
+        // vLLM recomputes the last prompt token and samples the first output from it. When the
+        // prefill's first token was shown already, it is given as the prompt's last token
+        // instead (the room holds the KV of every token before it), so that the output goes on
+        // from what was shown.
+        let lead = match (&kv.first_text, request.sampling.max_tokens) {
+            (Some(text), max) if self.flavor == Flavor::Vllm && max != Some(1) => {
+                Some((kv.first_token, text.clone()))
+            }
+            _ => None,
+        };
+        if lead.is_some() {
+            let fields = serde_json::json!({ "kv_transfer_params": crate::handoff::fetch_params(&kv) });
+            let mut request = request;
+            request.sampling.max_tokens = request.sampling.max_tokens.map(|m| m.saturating_sub(1));
+            let mut ids = kv.prompt_ids;
+            ids.push(kv.first_token);
+            return self.start(request, ids, Some(fields), lead);
+        }
         let fields = match self.flavor {
             Flavor::Vllm if kv.prompt_ids.len() < 2 => {
                 return Err(EngineError::invalid(
@@ -375,7 +410,7 @@ impl Engine for ServerEngine {
             Flavor::Vllm => serde_json::json!({ "kv_transfer_params": crate::handoff::fetch_params(&kv) }),
             Flavor::Sglang => crate::handoff::sglang_fetch_fields(&kv, &self.contract),
         };
-        self.start(request, kv.prompt_ids, Some(fields))
+        self.start(request, kv.prompt_ids, Some(fields), None)
     }
 
     fn submit_imported(
@@ -420,6 +455,8 @@ struct PrefillLeg {
     counters: Arc<Counters>,
     host: Option<crate::handoff::PageHost>,
     request_id: String,
+    /// The request has stop strings (its first token's text is then not shown early).
+    stops: bool,
 }
 
 impl PrefillLeg {
@@ -443,11 +480,18 @@ impl PrefillLeg {
             .json()
             .await
             .map_err(|e| EngineError::Process(format!("the {flavor} server's prefill answer: {e}")))?;
-        let (first_token, remote) = crate::handoff::prefill_answer(flavor, &v, room, self.host.as_ref())?;
+        let answer = crate::handoff::prefill_answer(flavor, &v, room, self.host.as_ref(), self.stops)?;
+        let remote = answer.room;
         tracing::debug!(%flavor, request_id = %self.request_id, ms = started.elapsed().as_secs_f64() * 1e3, prompt_len = ids.len(), "prefill leg answered");
         self.counters.prompt_tokens.fetch_add(ids.len() as u64, Ordering::Relaxed);
         lock(&self.rooms).insert(self.request_id.clone(), (remote.endpoint.clone(), room));
-        Ok(PinnedPrefill { request_id: self.request_id, prompt_ids: ids, first_token, remote: Some(remote) })
+        Ok(PinnedPrefill {
+            request_id: self.request_id,
+            prompt_ids: ids,
+            first_token: answer.first_token,
+            first_text: answer.first_text,
+            remote: Some(remote),
+        })
     }
 }
 

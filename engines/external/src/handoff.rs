@@ -99,14 +99,38 @@ impl PageHost {
     }
 }
 
+/// What a prefill leg's (non-streamed) answer says.
+#[derive(Debug, PartialEq)]
+pub(crate) struct PrefillAnswer {
+    pub(crate) first_token: u32,
+    /// The first token's text, when it may be shown at once (see [`first_text`]).
+    pub(crate) first_text: Option<String>,
+    pub(crate) room: RemoteRoom,
+}
+
+/// The first token's text of a prefill answer when it may be shown before the decode side
+/// answers: the server ended the leg by its length (a stop token or string ends it as `stop`),
+/// the request has no stop strings (`stops`: the text could be held back or cut), and the
+/// text is whole (not empty, no replacement character of a partial one).
+fn first_text(flavor: Flavor, v: &Value, stops: bool) -> Option<String> {
+    let (text, reason) = match flavor {
+        Flavor::Vllm => (v.pointer("/choices/0/text"), v.pointer("/choices/0/finish_reason")),
+        Flavor::Sglang => (v.pointer("/text"), v.pointer("/meta_info/finish_reason/type")),
+    };
+    let text = text?.as_str()?;
+    (!stops && reason?.as_str()? == "length" && !text.is_empty() && !text.contains('\u{FFFD}'))
+        .then(|| text.to_owned())
+}
+
 /// The first token and the published room of a prefill leg's (non-streamed) answer; SGLang's
-/// room is at `host`, the server's page server.
+/// room is at `host`, the server's page server. `stops`: the request has stop strings.
 pub(crate) fn prefill_answer(
     flavor: Flavor,
     v: &Value,
     room: u64,
     host: Option<&PageHost>,
-) -> Result<(u32, RemoteRoom), EngineError> {
+    stops: bool,
+) -> Result<PrefillAnswer, EngineError> {
     let bad = |what: &str| {
         EngineError::Process(format!(
             "the {flavor} server's prefill answer {what} (is xinf_kv installed for the server's Python, \
@@ -121,12 +145,11 @@ pub(crate) fn prefill_answer(
         .and_then(Value::as_u64)
         .and_then(|t| u32::try_from(t).ok())
         .ok_or_else(|| bad("has no token id"))?;
+    let first_text = first_text(flavor, v, stops);
     if flavor == Flavor::Sglang {
         let host = host.ok_or_else(|| bad("cannot be fetched: the server named no page server"))?;
-        return Ok((
-            first,
-            RemoteRoom { room, endpoint: host.endpoint.clone(), device: host.device.clone() },
-        ));
+        let room = RemoteRoom { room, endpoint: host.endpoint.clone(), device: host.device.clone() };
+        return Ok(PrefillAnswer { first_token: first, first_text, room });
     }
     let x = v.pointer("/kv_transfer_params/xinf").ok_or_else(|| bad("names no room"))?;
     if x.get("room").and_then(Value::as_u64) != Some(room) {
@@ -135,7 +158,7 @@ pub(crate) fn prefill_answer(
     let endpoint: Endpoint =
         from_text_or_object(x.get("endpoint")).ok_or_else(|| bad("has no page server"))?;
     let device: Option<KvDevice> = from_text_or_object(x.get("device"));
-    Ok((first, RemoteRoom { room, endpoint, device }))
+    Ok(PrefillAnswer { first_token: first, first_text, room: RemoteRoom { room, endpoint, device } })
 }
 
 /// A field the connector writes either as an object or as its JSON text.

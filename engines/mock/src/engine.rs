@@ -403,7 +403,14 @@ impl MockEngine {
         inner.pinned_blocks += run.table.len();
         let first_token = output_token(&run.prompt, 0);
         inner.pinned.insert(run.request_id.clone(), Pinned { table: run.table, ids: run.prompt.clone() });
-        Ok(PinnedPrefill { request_id: run.request_id, prompt_ids: run.prompt, first_token, remote: None })
+        let first_text = request.sampling.stop.is_empty().then(|| token_text(first_token));
+        Ok(PinnedPrefill {
+            request_id: run.request_id,
+            prompt_ids: run.prompt,
+            first_token,
+            first_text,
+            remote: None,
+        })
     }
 
     /// Writes imported pages into a run's blocks and checks them against the prompt's own KV:

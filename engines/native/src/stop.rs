@@ -46,6 +46,11 @@ impl StopMatcher {
         }
     }
 
+    /// Whether there are stop strings to look for (text may then be held back).
+    pub(crate) fn has_stops(&self) -> bool {
+        !self.stops.is_empty()
+    }
+
     /// Takes the next piece of decoded text and says what can be sent.
     ///
     /// Once it has returned [`StopOutcome::Stopped`], every later call returns `Stopped` with

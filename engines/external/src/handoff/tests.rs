@@ -6,14 +6,15 @@ fn a_prefill_answer_gives_its_first_token_and_room() {
     let dev = r#"{"host":"h","ordinal":0}"#;
     let v = json!({"choices": [{"token_ids": [42]}],
                    "kv_transfer_params": {"xinf": {"room": 9, "endpoint": ep, "device": dev, "pages": 2}}});
-    let (first, room) = prefill_answer(Flavor::Vllm, &v, 9, None).expect("answer");
+    let a = prefill_answer(Flavor::Vllm, &v, 9, None, false).expect("answer");
+    let (first, room) = (a.first_token, a.room);
     assert_eq!(first, 42);
     assert_eq!(room.endpoint, Endpoint { process: 7, provider: 1, tcp: "127.0.0.1:4000".into() });
     assert_eq!(room.device, Some(KvDevice { host: "h".into(), ordinal: 0 }));
     // An object works as well as its text, and a host-memory room has no device.
     let v = json!({"choices": [{"token_ids": [1]}],
                    "kv_transfer_params": {"xinf": {"room": 9, "endpoint": {"process":7,"provider":1,"tcp":"x:1"}, "device": null}}});
-    assert_eq!(prefill_answer(Flavor::Vllm, &v, 9, None).expect("answer").1.device, None);
+    assert_eq!(prefill_answer(Flavor::Vllm, &v, 9, None, false).expect("answer").room.device, None);
 }
 
 #[test]
@@ -24,7 +25,7 @@ fn a_prefill_answer_without_a_room_says_what_to_check() {
         json!({"choices": [{"token_ids": []}], "kv_transfer_params": {"xinf": {"room": 9}}}),
         json!({"choices": [{"token_ids": [1]}], "kv_transfer_params": {"xinf": {"room": 9, "endpoint": "not json"}}}),
     ] {
-        let e = prefill_answer(Flavor::Vllm, &v, 9, None).expect_err("refused");
+        let e = prefill_answer(Flavor::Vllm, &v, 9, None, false).expect_err("refused");
         assert!(matches!(e, EngineError::Process(ref m) if m.contains("xinf_kv")), "{e}");
     }
 }
@@ -34,6 +35,7 @@ fn the_fetch_fields_are_what_the_connector_parses() {
     let kv = RemoteKv {
         prompt_ids: vec![1, 2, 3],
         first_token: 4,
+        first_text: None,
         room: 5,
         endpoint: Endpoint { process: 1, provider: 2, tcp: "127.0.0.1:9".into() },
         device: None,
@@ -82,6 +84,7 @@ fn sglang_legs_carry_their_handoff_in_the_bootstrap_fields() {
     let kv = RemoteKv {
         prompt_ids: vec![1, 2, 3],
         first_token: 4,
+        first_text: None,
         room: 5,
         endpoint: Endpoint { process: 1, provider: 2, tcp: "127.0.0.1:9".into() },
         device: Some(KvDevice { host: "h".into(), ordinal: 0 }),
@@ -102,12 +105,13 @@ fn an_sglang_prefill_answer_gives_its_first_token_and_the_server_s_page_host() {
     let host =
         PageHost { endpoint: Endpoint { process: 3, provider: 1, tcp: "127.0.0.1:7".into() }, device: None };
     let v = json!({"text": "a", "output_ids": [311], "meta_info": {"finish_reason": {"type": "length"}}});
-    let (first, room) = prefill_answer(Flavor::Sglang, &v, 12, Some(&host)).expect("answer");
-    assert_eq!((first, room.room, room.endpoint), (311, 12, host.endpoint.clone()));
-    let e = prefill_answer(Flavor::Sglang, &v, 12, None).expect_err("no page host");
+    let a = prefill_answer(Flavor::Sglang, &v, 12, Some(&host), false).expect("answer");
+    assert_eq!((a.first_token, a.room.room, a.room.endpoint), (311, 12, host.endpoint.clone()));
+    assert_eq!(a.first_text.as_deref(), Some("a"));
+    let e = prefill_answer(Flavor::Sglang, &v, 12, None, false).expect_err("no page host");
     assert!(e.to_string().contains("named no page server"), "{e}");
-    let e =
-        prefill_answer(Flavor::Sglang, &json!({"output_ids": []}), 12, Some(&host)).expect_err("no token");
+    let e = prefill_answer(Flavor::Sglang, &json!({"output_ids": []}), 12, Some(&host), false)
+        .expect_err("no token");
     assert!(e.to_string().contains("no token id"), "{e}");
 }
 
@@ -125,4 +129,26 @@ fn the_page_host_file_is_read_or_its_absence_explained() {
     std::fs::write(&path, "[]").expect("write");
     assert!(PageHost::read(&path).is_err());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_first_token_is_shown_early_only_when_whole_and_nothing_can_hold_it_back() {
+    let ep = r#"{"process":7,"provider":1,"tcp":"127.0.0.1:4000"}"#;
+    let vllm = |text: &str, reason: &str| {
+        json!({"choices": [{"token_ids": [42], "text": text, "finish_reason": reason}],
+               "kv_transfer_params": {"xinf": {"room": 9, "endpoint": ep}}})
+    };
+    let text =
+        |v: &Value, stops: bool| prefill_answer(Flavor::Vllm, v, 9, None, stops).expect("answer").first_text;
+    assert_eq!(text(&vllm(" Hello", "length"), false).as_deref(), Some(" Hello"));
+    // A stop token ended it, the request has stop strings, a partial character, no text.
+    assert_eq!(text(&vllm("", "stop"), false), None);
+    assert_eq!(text(&vllm(" Hello", "length"), true), None);
+    assert_eq!(text(&vllm("\u{FFFD}", "length"), false), None);
+    assert_eq!(text(&vllm("", "length"), false), None);
+    let host =
+        PageHost { endpoint: Endpoint { process: 3, provider: 1, tcp: "127.0.0.1:7".into() }, device: None };
+    let v = json!({"text": "b", "output_ids": [311], "meta_info": {"finish_reason": {"type": "stop"}}});
+    let a = prefill_answer(Flavor::Sglang, &v, 12, Some(&host), false).expect("answer");
+    assert_eq!(a.first_text, None);
 }

@@ -249,10 +249,15 @@ impl Worker {
     /// frees the blocks again when nobody waits for the answer any more.
     fn pin(&mut self, s: &mut Seq, reply: Option<PinnedReply>) {
         let first_token = s.tokens.get(s.prompt_len).copied().unwrap_or_default();
+        // Shown before the decode side answers only when nothing could hold it back or end it.
+        let first_text = (!s.stop.has_stops() && !s.stop_ids.contains(&first_token))
+            .then(|| s.detok.step(&self.tokenizer, &s.tokens))
+            .filter(|t| !t.is_empty());
         let pinned = PinnedPrefill {
             request_id: s.id.clone(),
             prompt_ids: s.tokens[..s.prompt_len].to_vec(),
             first_token,
+            first_text,
             remote: None,
         };
         let table = std::mem::take(&mut s.table);
