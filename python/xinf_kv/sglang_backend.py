@@ -260,7 +260,8 @@ class XinfKVSender(_Side):
             self._published = True
             self._metric = TransferMetric(time.perf_counter() - start, None, pages * layout.page_bytes)
             self._state = SUCCESS
-            log.info("room %d: %d tokens published; %s", t.room, len(self._slots), dict(self.kv_mgr.host.stats()))
+            ms = self._metric.transfer_latency_s * 1e3
+            log.info("room %d: %d tokens published in %.1f ms; %s", t.room, len(self._slots), ms, dict(self.kv_mgr.host.stats()))
         except Exception as e:  # noqa: BLE001 - an exception here would stop the server
             self._fail(f"publishing KV: {e}")
 
@@ -284,6 +285,7 @@ class XinfKVReceiver(_Side):
         self._error: str | None = None
         self._aborted = False
         self._aux: int | None = None
+        self._started = 0.0
         self._key = f"{bootstrap_room}/{id(self)}"
         self._state = BOOTSTRAPPING
         ticket, why = _ticket(bootstrap_addr, bootstrap_room)
@@ -316,6 +318,7 @@ class XinfKVReceiver(_Side):
             # Tokens below `start` are the server's own prefix: their slots are never written.
             table = [0] * start + slots
             mgr.loader.start(self._key, t.fetch.endpoint, t.fetch.room, t.fetch.device, layout, mgr.regions, table, (start, n), LOAD_TIMEOUT_MS)
+            self._started = time.perf_counter()
             self._state = TRANSFERRING
         except Exception as e:  # noqa: BLE001 - an exception here would stop the server
             self._fail(f"loading KV: {e}")
@@ -348,6 +351,8 @@ class XinfKVReceiver(_Side):
                     else:
                         self._write_aux()
                         self._state = self.conclude_state = SUCCESS
+                        ms = (time.perf_counter() - self._started) * 1e3
+                        log.info("room %s: KV loaded in %.1f ms", self.room, ms)
             except Exception as e:  # noqa: BLE001
                 self._fail(f"finishing the load: {e}")
         return self._state

@@ -20,6 +20,7 @@ request id is reported twice.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +78,8 @@ class XinfConnector(KVConnectorBase_V1):
         self._loader = None
         self._block_size = block_size
         self._loading: dict[str, list[int]] = {}
+        # When each load started (``time.perf_counter``), for the debug timings.
+        self._load_started: dict[str, float] = {}
         self._finished: set[str] = set()
         self._bad_blocks: set[int] = set()
 
@@ -123,6 +126,7 @@ class XinfConnector(KVConnectorBase_V1):
                 log.error("request %s: this engine cannot load KV (no loader); recomputing", load.request_id)
                 self._fail(load.request_id)
                 continue
+            self._load_started[load.request_id] = time.perf_counter()
             try:
                 self._loader.start(
                     load.request_id,
@@ -174,7 +178,9 @@ class XinfConnector(KVConnectorBase_V1):
                 if error is not None:
                     self._bad_blocks.update(blocks)
                 self._finished.add(request_id)
-                log.info("request %s: KV load %s; %s", request_id, error or "done", dict(self._loader.stats()))
+                started = self._load_started.pop(request_id, None)
+                ms = -1.0 if started is None else (time.perf_counter() - started) * 1e3
+                log.info("request %s: KV load %s in %.1f ms; %s", request_id, error or "done", ms, dict(self._loader.stats()))
         done, self._finished = self._finished, set()
         return None, (done or None)
 
@@ -255,6 +261,7 @@ class XinfConnector(KVConnectorBase_V1):
         return list(block_ids[start // b : -(-end // b)])
 
     def _fail(self, request_id: str) -> None:
+        self._load_started.pop(request_id, None)
         self._bad_blocks.update(self._loading.pop(request_id, []))
         self._finished.add(request_id)
 

@@ -13,8 +13,10 @@ the ordinary model of its prefill engine:
   vv: vLLM P → vLLM D    vs: vLLM P → SGLang D    sv: SGLang P → vLLM D    ss: SGLang P → SGLang D
   nv: native P → vLLM D  vn: vLLM P → native D    ns: native P → SGLang D  sn: SGLang P → native D
 
-It also sends a 1-token prompt (a vLLM decode refuses it clearly; xinf keeps answering) and
-records each model's replica counters.
+It also sends 1-token prompts (a vLLM decode serves one after the prefill's shown first token
+and refuses one clearly where nothing is shown early; xinf keeps answering), checks that no
+decode engine's KV load failed (vLLM would recompute the prompt and hide it), and records each
+model's replica counters.
 
 usage: XINF_BIN=... MODEL=<HF folder> OUT=<dir> cross_pd.py vo so vs sv [...]
 """
@@ -22,6 +24,7 @@ usage: XINF_BIN=... MODEL=<HF folder> OUT=<dir> cross_pd.py vo so vs sv [...]
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -95,8 +98,10 @@ def launch(uid, spec, out):
     out[uid] = (http("POST", f"{API}/v1/models", body), round(time.time() - t0, 1))
 
 
-def complete(uid, ids, n, stream=False):
+def complete(uid, ids, n, stream=False, stop=None):
     body = {"model": uid, "prompt": ids, "max_tokens": n, "temperature": 0, "stream": stream}
+    if stop:
+        body["stop"] = stop
     s, b = http("POST", f"{API}/v1/completions", body, timeout=120)
     if s != 200:
         return s, None, b
@@ -160,6 +165,25 @@ def cancellations(uid, vocab, rnd):
     check(f"{uid}: and the model keeps answering", s == 200, b[:300])
 
 
+STARTED = time.time()
+# vLLM's recovery, the vLLM connector's failed load, the SGLang backend's.
+FAILED_LOAD = re.compile(r"KV load failure|xinf_kv: request \S+: KV load (?!done)|: loading KV: ")
+
+
+def load_failures():
+    """No decode engine recomputed a prompt because its KV load failed (the output would still
+    be right: vLLM recovers by recomputing, which hides a handoff that moved nothing)."""
+    logs = os.path.join(os.environ.get("XINF_HOME", os.path.expanduser("~/.xinf")), "logs")
+    bad = []
+    for name in sorted(os.listdir(logs)) if os.path.isdir(logs) else []:
+        path = os.path.join(logs, name)
+        if os.path.getmtime(path) < STARTED:
+            continue
+        with open(path, errors="replace") as f:
+            bad += [f"{name}: {line.strip()[:200]}" for line in f if FAILED_LOAD.search(line)]
+    check("no decode engine's KV load failed", not bad, "; ".join(bad[:5]) + f" ({len(bad)} lines)")
+
+
 def main():
     names = sys.argv[1:] or ["vo", "so", "vs", "sv"]
     log = open(os.path.join(OUT, "xinf.log"), "w")
@@ -213,13 +237,21 @@ def main():
                     check(f"{uid} {n} {'stream' if stream else 'plain'}: equals {REFERENCE[uid]}",
                           s == 200 and ref is not None and text == ref, (s, text, ref, b[:300]))
         for uid in [u for u in names if u in REFERENCE and u[1] == "v"]:
-            s, text, b = complete(uid, [rnd.randrange(100, vocab - 100)], 4)
-            check(f"{uid}: a 1-token prompt to a vLLM decode is refused clearly", 400 <= s < 500 and b"2 tokens" in b, (s, b[:300]))
+            # The prefill's first token shown, vLLM's decode takes it as its prompt's last: a
+            # 1-token prompt is served. With a stop string nothing is shown early, and vLLM's
+            # decode, which recomputes the last prompt token, refuses it clearly.
+            one = [rnd.randrange(100, vocab - 100)]
+            s, text, b = complete(uid, one, 4)
+            check(f"{uid}: a vLLM decode serves a 1-token prompt after the shown first token", s == 200, (s, b[:300]))
+            s, text, b = complete(uid, one, 4, stop=["\u0001"])
+            check(f"{uid}: with a stop string it refuses it clearly", 400 <= s < 500 and b"2 tokens" in b, (s, b[:300]))
             s, text, b = complete(uid, [rnd.randrange(100, vocab - 100) for _ in range(70)], 4)
             check(f"{uid}: and the model keeps answering", s == 200, (s, b[:300]))
         for uid in [u for u in names if u in REFERENCE and u[1] == "s"]:
             s, text, b = complete(uid, [rnd.randrange(100, vocab - 100)], 4)
             check(f"{uid}: an SGLang decode serves a 1-token prompt", s == 200, (s, b[:300]))
+        # Before the cancellations, whose aborts may end loads in flight.
+        load_failures()
         if os.environ.get("CANCEL") == "1":
             for uid in [u for u in names if u in REFERENCE]:
                 cancellations(uid, vocab, rnd)

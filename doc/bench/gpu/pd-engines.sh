@@ -7,9 +7,11 @@
 # ordinary replicas.
 #
 # Needs a `--features cuda` xinf (XINF_BIN), vLLM 0.26 and SGLang 0.5.15 with xinf_kv
-# (VLLM_PYTHONPATH, SGLANG_PYTHONPATH; ../../engines.md says how). Two steps, so that each fits a
-# command's time limit on a lent machine: `pd-engines.sh launch` (xinf local in the background,
-# the model, the six models) then `pd-engines.sh bench`; `pd-engines.sh stop` ends xinf.
+# (VLLM_PYTHONPATH, SGLANG_PYTHONPATH; ../../engines.md says how). Two steps, each a few
+# minutes: `pd-engines.sh launch` (xinf local in the background, the model, the six models) then
+# `pd-engines.sh bench`; `pd-engines.sh stop` ends xinf. MODELS picks models. Per-leg timings:
+# XINF_LOG=info,xinf_engine_external=debug (xinf's log) and XINF_KV_LOG=info (the connectors'
+# load and publish times, in the engine servers' logs under ~/.xinf/logs).
 set -u
 R=$(cd "$(dirname "$0")/../../.." && pwd)
 X=${XINF_BIN:-$R/target/release/xinf}
@@ -23,10 +25,10 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 mkdir -p "$W" "$OUT"
 
 vllm() {  # engine_config of a vLLM replica
-    echo "{\"env\":{\"PYTHONPATH\":\"${VLLM_PYTHONPATH:-}\",\"VLLM_USE_FLASHINFER_SAMPLER\":\"0\"},\"gpu_memory_utilization\":0.08,\"enable_prefix_caching\":false,\"context_length\":4096}"
+    echo "{\"env\":{\"PYTHONPATH\":\"${VLLM_PYTHONPATH:-}\",\"XINF_KV_LOG\":\"${XINF_KV_LOG:-}\",\"VLLM_USE_FLASHINFER_SAMPLER\":\"0\"},\"gpu_memory_utilization\":0.08,\"enable_prefix_caching\":false,\"context_length\":4096}"
 }
 sglang() {
-    echo "{\"env\":{\"PYTHONPATH\":\"${SGLANG_PYTHONPATH:-}\"},\"gpu_memory_utilization\":0.08,\"attention_backend\":\"triton\",\"sampling_backend\":\"pytorch\",\"disable_radix_cache\":true,\"context_length\":4096}"
+    echo "{\"env\":{\"PYTHONPATH\":\"${SGLANG_PYTHONPATH:-}\",\"XINF_KV_LOG\":\"${XINF_KV_LOG:-}\"},\"gpu_memory_utilization\":0.08,\"attention_backend\":\"triton\",\"sampling_backend\":\"pytorch\",\"disable_radix_cache\":true,\"context_length\":4096}"
 }
 native() {
     echo '{"gpu_memory_utilization":0.08,"context_length":4096}'

@@ -134,15 +134,11 @@ impl ServerEngine {
 
     /// Starts a streamed generation of `ids`, with `handoff` (a handoff's fields, top-level
     /// keys of the server's request) added to the request.
-    ///
-    /// `lead`: a token the server takes as the prompt's last but that is the request's first
-    /// output (shown already): the stream starts with it, and the usage counts it as output.
     fn start(
         &self,
         request: GenerateRequest,
         ids: Vec<u32>,
         handoff: Option<serde_json::Value>,
-        lead: Option<(u32, String)>,
     ) -> Result<TokenStream, EngineError> {
         if let Some(how) = self.process.exit_status() {
             return Err(self.process.death(&how));
@@ -173,10 +169,7 @@ impl ServerEngine {
             idle_timeout: self.idle_timeout,
         };
         let (tx, mut rx) = mpsc::channel(256);
-        // The lead token is output, not prompt, in what the client is told.
-        let shift = usize::from(lead.is_some());
-        let prompt_len = ids.len() - shift;
-        let mut lead = lead.map(|(token_id, text)| TokenEvent::Delta { token_id, text });
+        let prompt_len = ids.len();
         // Dropping the stream ends the task (and so the upstream request).
         let Listed { guard, aborted, .. } = self.spawn_listed(&id, stream::run(call, tx))?;
         let mut done = false;
@@ -185,27 +178,18 @@ impl ServerEngine {
             if done {
                 return std::task::Poll::Ready(None);
             }
-            if let Some(first) = lead.take() {
-                return std::task::Poll::Ready(Some(Ok(first)));
-            }
             if aborted.load(Ordering::Acquire) {
                 done = true;
-                let completion_tokens = emitted.load(Ordering::Relaxed) + shift;
-                let usage = Usage { prompt_tokens: prompt_len, completion_tokens };
+                let usage =
+                    Usage { prompt_tokens: prompt_len, completion_tokens: emitted.load(Ordering::Relaxed) };
                 return std::task::Poll::Ready(Some(Ok(TokenEvent::Finished {
                     reason: FinishReason::Abort,
                     usage,
                 })));
             }
-            let mut next = rx.poll_recv(cx);
-            match &mut next {
-                std::task::Poll::Ready(Some(Ok(TokenEvent::Finished { usage, .. }))) => {
-                    done = true;
-                    usage.prompt_tokens = usage.prompt_tokens.saturating_sub(shift);
-                    usage.completion_tokens += shift;
-                }
-                std::task::Poll::Ready(Some(Err(_))) => done = true,
-                _ => {}
+            let next = rx.poll_recv(cx);
+            if let std::task::Poll::Ready(Some(Ok(TokenEvent::Finished { .. }) | Err(_))) = &next {
+                done = true;
             }
             next
         })))
@@ -264,7 +248,7 @@ impl Engine for ServerEngine {
 
     fn submit(&self, request: GenerateRequest) -> Result<TokenStream, EngineError> {
         let ids = self.prompt_ids(&request.prompt)?;
-        self.start(request, ids, None, None)
+        self.start(request, ids, None)
     }
 
     fn abort(&self, request_id: &str) -> bool {
@@ -385,19 +369,17 @@ impl Engine for ServerEngine {
         // prefill's first token was shown already, it is given as the prompt's last token
         // instead (the room holds the KV of every token before it), so that the output goes on
         // from what was shown.
-        let lead = match (&kv.first_text, request.sampling.max_tokens) {
-            (Some(text), max) if self.flavor == Flavor::Vllm && max != Some(1) => {
-                Some((kv.first_token, text.clone()))
-            }
-            _ => None,
-        };
-        if lead.is_some() {
+        if let Some(text) = &kv.first_text
+            && self.flavor == Flavor::Vllm
+            && request.sampling.max_tokens != Some(1)
+        {
+            let (first, text) = (kv.first_token, text.clone());
             let fields = serde_json::json!({ "kv_transfer_params": crate::handoff::fetch_params(&kv) });
             let mut request = request;
             request.sampling.max_tokens = request.sampling.max_tokens.map(|m| m.saturating_sub(1));
             let mut ids = kv.prompt_ids;
-            ids.push(kv.first_token);
-            return self.start(request, ids, Some(fields), lead);
+            ids.push(first);
+            return Ok(crate::lead::lead_first(self.start(request, ids, Some(fields))?, first, text));
         }
         let fields = match self.flavor {
             Flavor::Vllm if kv.prompt_ids.len() < 2 => {
@@ -410,7 +392,7 @@ impl Engine for ServerEngine {
             Flavor::Vllm => serde_json::json!({ "kv_transfer_params": crate::handoff::fetch_params(&kv) }),
             Flavor::Sglang => crate::handoff::sglang_fetch_fields(&kv, &self.contract),
         };
-        self.start(request, kv.prompt_ids, Some(fields), None)
+        self.start(request, kv.prompt_ids, Some(fields))
     }
 
     fn submit_imported(
