@@ -62,3 +62,40 @@ fn keys_travel_as_hex_and_depend_on_the_secret() {
     assert!(PageKey::from_hex(&"zz".repeat(32)).is_err());
     assert_eq!(format!("{k:?}"), "PageKey(..)", "the key is never printed");
 }
+
+/// A peer that sends `bytes`, then ends, and takes whatever it is sent.
+type Scripted<'a> = tokio::io::Join<&'a [u8], tokio::io::Sink>;
+
+/// Runs `side` against a peer that sends `bytes` and then ends.
+fn against_bytes<T>(bytes: Vec<u8>, side: impl AsyncFnOnce(&mut Scripted<'_>) -> T) -> T {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
+    runtime.block_on(async move {
+        let mut peer = tokio::io::join(&bytes[..], tokio::io::sink());
+        side(&mut peer).await
+    })
+}
+
+proptest::proptest! {
+    /// Whatever a client sends, the server's handshake ends (refused, or an I/O error) without
+    /// a panic and without letting it in.
+    #[test]
+    fn any_client_bytes_are_refused(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..128)) {
+        let key = PageKey::from_secret("cluster secret");
+        let accepted = against_bytes(bytes, async |s| accept(s, &key).await);
+        proptest::prop_assert!(!matches!(accepted, Ok(true)));
+    }
+
+    /// Whatever a server sends (a hello, then an answer stating any length), the client's
+    /// handshake ends without a panic and without trusting it.
+    #[test]
+    fn any_server_bytes_are_refused(
+        tail in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256),
+        hello in proptest::prelude::any::<bool>(),
+    ) {
+        let mut bytes = if hello { HELLO.to_vec() } else { Vec::new() };
+        bytes.extend_from_slice(&tail);
+        let key = PageKey::from_secret("cluster secret");
+        let connected = against_bytes(bytes, async |s| connect(s, &key).await);
+        proptest::prop_assert!(connected.is_err());
+    }
+}

@@ -59,6 +59,30 @@ proptest! {
         prop_assert_eq!(Request::decode(&frame[..cut % frame.len()]), Err(BadRequest::Truncated));
     }
 
+    /// Whatever arrives on a page server's connection (its NIXL side channel included), reading
+    /// it yields requests, a refusal naming what is wrong, or the end, without a panic.
+    #[test]
+    fn any_bytes_read_as_requests_a_refusal_or_the_end(bytes in prop::collection::vec(any::<u8>(), 0..600)) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
+        runtime.block_on(async {
+            let mut rest = &bytes[..];
+            // Every request takes at least one frame head: this many reads end it.
+            for _ in 0..=bytes.len() / 4 {
+                match Request::read(&mut rest).await {
+                    Ok(Some(Ok(_))) => continue,
+                    Ok(Some(Err(_)) | None) | Err(_) => return,
+                }
+            }
+            panic!("more requests than frame heads in {} bytes", bytes.len());
+        });
+    }
+
+    /// Any bytes as a GPU stage answer: a stage or a protocol error.
+    #[test]
+    fn any_bytes_as_a_gpu_stage_answer_are_a_stage_or_an_error(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+        let _ = decode_device_stage(&bytes);
+    }
+
     #[test]
     fn answer_heads_round_trip(status in any::<u8>(), len in any::<u64>()) {
         let head = AnswerHead { status, len };
