@@ -1,5 +1,7 @@
 //! Prefill and decode throughput of the native engine on the default model
-//! (SmolLM2-135M-Instruct), at batch 1 and 8.
+//! (SmolLM2-135M-Instruct, Q4_1 GGUF), at batch 1 and 8, with the CPU multiplying the file's
+//! quantized blocks as stored (`quantized`, the default) and with them dequantized to F32 at
+//! load (`dequantized`), side by side in one run.
 //!
 //! `cargo bench --bench engine`. Prefill: 8 × 128-token prompts (or one), time to every first
 //! token. Decode: 32 tokens per sequence after the prompts, timed from the last first token.
@@ -76,42 +78,45 @@ fn bench(c: &mut Criterion) {
         eprintln!("SKIPPED: the default model cannot be fetched here");
         return;
     };
-    let Ok(engine) = NativeEngine::load(&model, EngineOptions::default()) else {
-        eprintln!("SKIPPED: the default model does not load");
-        return;
-    };
-    let engine = Arc::new(engine);
     let Ok(rt) = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() else {
         return;
     };
     let mut round = 0u64;
-    let mut g = c.benchmark_group("smollm2-135m");
-    g.sample_size(10).warm_up_time(Duration::from_secs(2)).measurement_time(Duration::from_secs(20));
-    for batch in [1usize, 8] {
-        g.throughput(Throughput::Elements((batch * PROMPT_TOKENS) as u64));
-        g.bench_function(format!("prefill/batch{batch}"), |b| {
-            b.iter_custom(|iters| {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    round += 1;
-                    total += rt.block_on(run_batch(&engine, batch, 1, round)).0;
-                }
-                total
-            })
-        });
-        g.throughput(Throughput::Elements((batch * (DECODE_TOKENS - 1)) as u64));
-        g.bench_function(format!("decode/batch{batch}"), |b| {
-            b.iter_custom(|iters| {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    round += 1;
-                    total += rt.block_on(run_batch(&engine, batch, DECODE_TOKENS, round)).1;
-                }
-                total
-            })
-        });
+    for (name, quantized_matmul) in [("quantized", true), ("dequantized", false)] {
+        let options = EngineOptions { quantized_matmul, ..EngineOptions::default() };
+        let Ok(engine) = NativeEngine::load(&model, options) else {
+            eprintln!("SKIPPED: the default model does not load");
+            return;
+        };
+        let engine = Arc::new(engine);
+        let mut g = c.benchmark_group(format!("smollm2-135m/{name}"));
+        g.sample_size(10).warm_up_time(Duration::from_secs(2)).measurement_time(Duration::from_secs(20));
+        for batch in [1usize, 8] {
+            g.throughput(Throughput::Elements((batch * PROMPT_TOKENS) as u64));
+            g.bench_function(format!("prefill/batch{batch}"), |b| {
+                b.iter_custom(|iters| {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        round += 1;
+                        total += rt.block_on(run_batch(&engine, batch, 1, round)).0;
+                    }
+                    total
+                })
+            });
+            g.throughput(Throughput::Elements((batch * (DECODE_TOKENS - 1)) as u64));
+            g.bench_function(format!("decode/batch{batch}"), |b| {
+                b.iter_custom(|iters| {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        round += 1;
+                        total += rt.block_on(run_batch(&engine, batch, DECODE_TOKENS, round)).1;
+                    }
+                    total
+                })
+            });
+        }
+        g.finish();
     }
-    g.finish();
 }
 
 criterion_group!(benches, bench);

@@ -79,9 +79,64 @@ fn check_model_with(model: &ResolvedModel, key: &str, config: serde_json::Value)
     let _ = engine.contract();
 }
 
+/// The GGUF file's weights dequantized to F32 at load: exact against transformers, which
+/// dequantizes them too.
 #[test]
 fn smollm2_gguf_matches_transformers() {
-    check_model(&util::smollm2(), "smollm2");
+    check_model_with(&util::smollm2(), "smollm2", serde_json::json!({"quantized_matmul": false}));
+}
+
+/// Largest |logit difference| relative to the spread when the CPU multiplies the GGUF file's
+/// quantized blocks as stored (`quantized_matmul`, the default): the weights are the same as the reference's, but
+/// the activations are quantized to 8 bits per block of 32 for each product, as llama.cpp
+/// does (SmolLM2 Q4_1, re-blocked as Q8_0: observed 1.7e-2).
+const QUANTIZED_REL_TOL: f32 = 3e-2;
+
+/// Greedy tokens that must equal the reference's, from the start, with quantized products:
+/// a near-tie later on may go the other way (SmolLM2 Q4_1: all 32 observed equal).
+const QUANTIZED_GREEDY_PREFIX: usize = 16;
+
+/// The default CPU path for a GGUF file, its quantized blocks multiplied as stored, against
+/// the same reference within [`QUANTIZED_REL_TOL`]: the same next token, the same first
+/// [`QUANTIZED_GREEDY_PREFIX`] greedy tokens, the same chat answer.
+#[test]
+fn smollm2_gguf_quantized_matmul_stays_within_its_tolerance() {
+    let model = util::smollm2();
+    let reference = util::reference(&model, "smollm2");
+    let engine = util::engine(&model, serde_json::json!({"quantized_matmul": true}));
+    let prompt_ids = ids(&reference["prompt_ids"]);
+    let rt = util::rt();
+    let logits = rt.block_on(engine.prompt_logits(prompt_ids.clone())).expect("logits");
+    let want: Vec<f32> = reference["last_logits"]
+        .as_array()
+        .expect("logits")
+        .iter()
+        .map(|x| x.as_f64().expect("f") as f32)
+        .collect();
+    let spread =
+        want.iter().cloned().fold(f32::MIN, f32::max) - want.iter().cloned().fold(f32::MAX, f32::min);
+    let max_diff = logits.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    eprintln!("smollm2 quantized: max |Δlogit| = {max_diff:.3e} (relative {:.3e})", max_diff / spread);
+    assert!(max_diff <= QUANTIZED_REL_TOL * spread, "logits differ by {max_diff} (spread {spread})");
+    let argmax = |v: &[f32]| v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i);
+    assert_eq!(argmax(&logits), argmax(&want), "the next token");
+    let greedy = rt.block_on(util::greedy_ids(engine.as_ref(), "golden", prompt_ids, 32));
+    let want = ids(&reference["greedy_ids"]);
+    let same = greedy.iter().zip(&want).take_while(|(a, b)| a == b).count();
+    eprintln!("smollm2 quantized: {same} of 32 greedy tokens equal the reference's");
+    assert!(same >= QUANTIZED_GREEDY_PREFIX, "only the first {same} greedy tokens are the reference's");
+    let r = &reference["chat"];
+    let messages = vec![
+        xinf::engine::ChatMessage::new("system", "You are a helpful assistant."),
+        xinf::engine::ChatMessage::new("user", "What is the capital of France?"),
+    ];
+    let out = rt.block_on(util::run(
+        engine.as_ref(),
+        "chat",
+        xinf::engine::Prompt::Chat(messages),
+        xinf::engine::SamplingParams::greedy(24),
+    ));
+    assert_eq!(out.text, r["chat_greedy_text"].as_str().expect("text"), "chat text");
 }
 
 #[test]

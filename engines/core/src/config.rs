@@ -129,6 +129,10 @@ pub struct NativeConfig {
     /// Replay decode steps as CUDA graphs on a GPU.
     #[serde(default)]
     pub cuda_graphs: Option<bool>,
+    /// On the CPU, multiply a GGUF file's quantized weights as stored (`false`: dequantize
+    /// them to F32 at load).
+    #[serde(default)]
+    pub quantized_matmul: Option<bool>,
 }
 
 impl NativeConfig {
@@ -147,6 +151,7 @@ impl NativeConfig {
         "device",
         "gpu_memory_utilization",
         "cuda_graphs",
+        "quantized_matmul",
     ];
 
     /// Reads and checks the options of an `engine_config` object; unknown keys and bad values

@@ -123,10 +123,8 @@ pub(crate) fn weight_bytes(weights: &Weights, tied: bool, dtype: KvDtype) -> u64
         elems += weights.lm_head.elem_count();
     }
     for l in &weights.layers {
-        elems += [&l.attn_norm, &l.wqkv, &l.wo, &l.mlp_norm, &l.w_gate_up, &l.w_down]
-            .iter()
-            .map(|t| t.elem_count())
-            .sum::<usize>();
+        elems += l.attn_norm.elem_count() + l.mlp_norm.elem_count();
+        elems += [&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down].iter().map(|w| w.elem_count()).sum::<usize>();
         elems += [&l.bqkv, &l.q_norm, &l.k_norm]
             .iter()
             .filter_map(|t| t.as_ref())

@@ -236,7 +236,7 @@ impl ComputeBackend for CpuModel {
         for layer in 0..cfg.num_layers {
             let lw = &self.w.layers[layer];
             let hn = candle_nn::ops::rms_norm(&x, &lw.attn_norm, eps)?;
-            let mut qkv = hn.matmul(&lw.wqkv.t()?)?;
+            let mut qkv = lw.wqkv.forward(&hn)?;
             if let Some(b) = &lw.bqkv {
                 qkv = qkv.broadcast_add(b)?;
             }
@@ -264,12 +264,12 @@ impl ComputeBackend for CpuModel {
             }
             let attn = self.attention(layer, &q, chunks, cache)?;
             let lw = &self.w.layers[layer];
-            x = (x + attn.matmul(&lw.wo.t()?)?)?;
+            x = (x + lw.wo.forward(&attn)?)?;
             let hn = candle_nn::ops::rms_norm(&x, &lw.mlp_norm, eps)?;
-            let gu = hn.matmul(&lw.w_gate_up.t()?)?;
+            let gu = lw.w_gate_up.forward(&hn)?;
             let i = cfg.intermediate_size;
             let act = (gu.narrow(1, 0, i)?.silu()? * gu.narrow(1, i, i)?)?;
-            x = (x + act.matmul(&lw.w_down.t()?)?)?;
+            x = (x + lw.w_down.forward(&act)?)?;
         }
         let mut rows = Vec::new();
         let mut end = 0;
@@ -285,7 +285,7 @@ impl ComputeBackend for CpuModel {
         let n = rows.len();
         let sel = x.index_select(&Tensor::from_vec(rows, n, &Device::Cpu)?, 0)?;
         let hn = candle_nn::ops::rms_norm(&sel, &self.w.final_norm, eps)?;
-        let logits = hn.matmul(&self.w.lm_head.t()?)?.to_dtype(DType::F32)?;
+        let logits = self.w.lm_head.forward(&hn)?.to_dtype(DType::F32)?;
         logits.to_vec2::<f32>()
     }
 }

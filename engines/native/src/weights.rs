@@ -1,32 +1,86 @@
 //! Loading weights into the tensors the forward pass uses, from safetensors or GGUF.
 //!
-//! Weights are held in the compute dtype (F32 on CPU). Q, K and V projections are fused into
-//! one matrix, and so are the gate and up projections: one matmul each instead of three and
-//! two, which matters most at decode where every matmul is small.
+//! Weights are held in the compute dtype (F32 on CPU), or, for a GGUF file on the CPU, as its
+//! quantized blocks ([`Linear::Quantized`]). Q, K and V projections are fused into one matrix,
+//! and so are the gate and up projections: one matmul each instead of three and two, which
+//! matters most at decode where every matmul is small.
 
-use candle_core::quantized::gguf_file;
+use candle_core::quantized::{GgmlDType, QStorage, QTensor, gguf_file};
 use candle_core::{DType, Device, Tensor};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 use xinf_models::ModelError;
 use xinf_models::{Architecture, ModelConfig};
+
+/// A projection's weight, `[out, in]`.
+pub(crate) enum Linear {
+    /// In the compute dtype.
+    Dense(Tensor),
+    /// A GGUF file's quantized blocks, multiplied as stored (candle's quantized matmul, which
+    /// quantizes the activations to 8 bits and works block by block, as llama.cpp does).
+    Quantized(Arc<QTensor>),
+}
+
+/// Rows of activations from which a quantized weight is dequantized for one F32 GEMM instead:
+/// block-by-block dot products win while the weight's bytes dominate (decode), a GEMM once
+/// there are enough rows to reuse each weight (prefill), where dequantizing costs a few
+/// percent of the multiply.
+const DENSE_FROM_TOKENS: usize = 32;
+
+impl Linear {
+    /// `x @ wᵀ`.
+    pub(crate) fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Self::Dense(w) => x.matmul(&w.t()?),
+            Self::Quantized(q) => {
+                let tokens = x.elem_count() / x.dims().last().copied().unwrap_or(1).max(1);
+                if tokens >= DENSE_FROM_TOKENS {
+                    x.matmul(&q.dequantize(x.device())?.t()?)
+                } else {
+                    x.contiguous()?.apply_op1_no_bwd(q.as_ref())
+                }
+            }
+        }
+    }
+
+    /// The dense weight; quantized weights are computed on the CPU only.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn dense(&self) -> candle_core::Result<&Tensor> {
+        match self {
+            Self::Dense(w) => Ok(w),
+            Self::Quantized(_) => Err(candle_core::Error::Msg(
+                "quantized weights are multiplied on the CPU only (load them dequantized)".into(),
+            )),
+        }
+    }
+
+    /// Its elements (`out × in`).
+    pub(crate) fn elem_count(&self) -> usize {
+        match self {
+            Self::Dense(w) => w.elem_count(),
+            Self::Quantized(q) => q.shape().elem_count(),
+        }
+    }
+}
 
 /// One transformer layer.
 pub(crate) struct LayerWeights {
     pub(crate) attn_norm: Tensor,
     /// `[q + k + v, hidden]`.
-    pub(crate) wqkv: Tensor,
+    pub(crate) wqkv: Linear,
     /// `[q + k + v]` when the model has biases.
     pub(crate) bqkv: Option<Tensor>,
     pub(crate) q_norm: Option<Tensor>,
     pub(crate) k_norm: Option<Tensor>,
     /// `[hidden, q]`.
-    pub(crate) wo: Tensor,
+    pub(crate) wo: Linear,
     pub(crate) mlp_norm: Tensor,
     /// `[2 * intermediate, hidden]`, gate rows first.
-    pub(crate) w_gate_up: Tensor,
+    pub(crate) w_gate_up: Linear,
     /// `[hidden, intermediate]`.
-    pub(crate) w_down: Tensor,
+    pub(crate) w_down: Linear,
 }
 
 /// All weights of a model.
@@ -36,7 +90,7 @@ pub(crate) struct Weights {
     pub(crate) layers: Vec<LayerWeights>,
     pub(crate) final_norm: Tensor,
     /// `[vocab, hidden]`; the embedding when tied.
-    pub(crate) lm_head: Tensor,
+    pub(crate) lm_head: Linear,
 }
 
 fn corrupt(file: &Path, reason: impl ToString) -> ModelError {
@@ -63,16 +117,21 @@ fn corrupt_by(file: &Path, e: candle_core::Error) -> ModelError {
 /// A name → tensor source that knows which file it reads, for error messages.
 struct Source<'a> {
     tensors: HashMap<String, Tensor>,
+    /// Projection weights kept quantized (a GGUF file's, for the CPU).
+    quantized: HashMap<String, QTensor>,
     file: &'a Path,
     dtype: DType,
 }
 
 impl Source<'_> {
     fn take(&mut self, name: &str, shape: &[usize]) -> Result<Tensor, ModelError> {
-        let t = self
-            .tensors
-            .remove(name)
-            .ok_or_else(|| corrupt(self.file, format!("tensor `{name}` is missing")))?;
+        let t = match self.quantized.remove(name) {
+            Some(q) => q.dequantize(&Device::Cpu).map_err(|e| corrupt_by(self.file, e))?,
+            None => self
+                .tensors
+                .remove(name)
+                .ok_or_else(|| corrupt(self.file, format!("tensor `{name}` is missing")))?,
+        };
         if t.dims() != shape {
             return Err(corrupt(
                 self.file,
@@ -83,7 +142,46 @@ impl Source<'_> {
     }
 
     fn take_opt(&mut self, name: &str, shape: &[usize]) -> Result<Option<Tensor>, ModelError> {
-        if self.tensors.contains_key(name) { self.take(name, shape).map(Some) } else { Ok(None) }
+        let present = self.tensors.contains_key(name) || self.quantized.contains_key(name);
+        if present { self.take(name, shape).map(Some) } else { Ok(None) }
+    }
+
+    /// The projection made of `parts` (names and their `[out, in]` shapes) stacked by rows:
+    /// quantized when every part is, in one block type; dense otherwise.
+    fn linear(&mut self, parts: &[(String, [usize; 2])]) -> Result<Linear, ModelError> {
+        let quantized: Vec<&QTensor> = parts.iter().filter_map(|(n, _)| self.quantized.get(n)).collect();
+        let one_type = quantized.first().map(|q| q.dtype());
+        if quantized.len() == parts.len() && quantized.iter().all(|q| Some(q.dtype()) == one_type) {
+            let mut bytes = Vec::new();
+            let mut rows = 0;
+            for (name, shape) in parts {
+                let q = self
+                    .quantized
+                    .remove(name)
+                    .ok_or_else(|| corrupt(self.file, "a quantized part vanished"))?;
+                if q.shape().dims() != shape {
+                    let dims = q.shape().dims().to_vec();
+                    return Err(corrupt(
+                        self.file,
+                        format!("tensor `{name}` has shape {dims:?}, expected {shape:?}"),
+                    ));
+                }
+                bytes.extend_from_slice(&q.data().map_err(|e| corrupt_by(self.file, e))?);
+                rows += shape[0];
+            }
+            let (dtype, cols) = (one_type.unwrap_or(GgmlDType::F32), parts[0].1[1]);
+            let storage = QStorage::from_data(Cow::Owned(bytes), &Device::Cpu, dtype)
+                .map_err(|e| corrupt_by(self.file, e))?;
+            let q = QTensor::new(storage, (rows, cols)).map_err(|e| corrupt_by(self.file, e))?;
+            return Ok(Linear::Quantized(Arc::new(q)));
+        }
+        let dense = parts.iter().map(|(n, shape)| self.take(n, shape)).collect::<Result<Vec<_>, _>>()?;
+        let dense = if dense.len() == 1 {
+            dense.into_iter().next().ok_or_else(|| corrupt(self.file, "no part"))?
+        } else {
+            Tensor::cat(&dense, 0).map_err(|e| corrupt_by(self.file, e))?
+        };
+        Ok(Linear::Dense(dense))
     }
 }
 
@@ -150,13 +248,20 @@ fn build(cfg: &ModelConfig, src: &mut Source<'_>, names: &Names) -> Result<Weigh
     let (q_out, kv_out) = (cfg.num_heads * d, cfg.kv_heads * d);
     let cat = |ts: &[&Tensor], file: &Path| Tensor::cat(ts, 0).map_err(|e| corrupt_by(file, e));
     let file = src.file;
+    // A tied LM head multiplies by the embedding: quantized, it stays so (the lookup needs it
+    // dense too).
+    let tied_head = match src.quantized.get(names.embed) {
+        Some(q) if cfg.tie_word_embeddings => {
+            let q = vectorized(requantized(q, file)?).map_err(|e| corrupt_by(file, e))?;
+            Some(Linear::Quantized(Arc::new(q)))
+        }
+        _ => None,
+    };
     let embed = src.take(names.embed, &[cfg.vocab_size, h])?;
     let mut layers = Vec::with_capacity(cfg.num_layers);
     for i in 0..cfg.num_layers {
         let n = |part: &str| (names.layer)(i, part);
-        let q = src.take(&n("q"), &[q_out, h])?;
-        let k = src.take(&n("k"), &[kv_out, h])?;
-        let v = src.take(&n("v"), &[kv_out, h])?;
+        let wqkv = src.linear(&[(n("q"), [q_out, h]), (n("k"), [kv_out, h]), (n("v"), [kv_out, h])])?;
         let bqkv = if cfg.qkv_bias {
             let bq = src.take(&n("q_bias"), &[q_out])?;
             let bk = src.take(&n("k_bias"), &[kv_out])?;
@@ -170,24 +275,34 @@ fn build(cfg: &ModelConfig, src: &mut Source<'_>, names: &Names) -> Result<Weigh
         } else {
             (src.take_opt(&n("q_norm"), &[d])?, src.take_opt(&n("k_norm"), &[d])?)
         };
-        let gate = src.take(&n("gate"), &[cfg.intermediate_size, h])?;
-        let up = src.take(&n("up"), &[cfg.intermediate_size, h])?;
+        let inter = cfg.intermediate_size;
         layers.push(LayerWeights {
             attn_norm: src.take(&n("attn_norm"), &[h])?,
-            wqkv: cat(&[&q, &k, &v], file)?,
+            wqkv,
             bqkv,
             q_norm,
             k_norm,
-            wo: src.take(&n("o"), &[h, q_out])?,
+            wo: src.linear(&[(n("o"), [h, q_out])])?,
             mlp_norm: src.take(&n("mlp_norm"), &[h])?,
-            w_gate_up: cat(&[&gate, &up], file)?,
-            w_down: src.take(&n("down"), &[h, cfg.intermediate_size])?,
+            w_gate_up: src.linear(&[(n("gate"), [inter, h]), (n("up"), [inter, h])])?,
+            w_down: src.linear(&[(n("down"), [h, inter])])?,
         });
     }
     let final_norm = src.take(names.final_norm, &[h])?;
-    let lm_head =
-        if cfg.tie_word_embeddings { embed.clone() } else { src.take(names.lm_head, &[cfg.vocab_size, h])? };
+    let lm_head = match tied_head {
+        Some(head) => head,
+        None if cfg.tie_word_embeddings => Linear::Dense(embed.clone()),
+        None => src.linear(&[(names.lm_head.to_owned(), [cfg.vocab_size, h])])?,
+    };
     Ok(Weights { embed, layers, final_norm, lm_head })
+}
+
+/// A copy of a quantized tensor.
+fn requantized(q: &QTensor, file: &Path) -> Result<QTensor, ModelError> {
+    let data = q.data().map_err(|e| corrupt_by(file, e))?.into_owned();
+    let storage =
+        QStorage::from_data(Cow::Owned(data), &Device::Cpu, q.dtype()).map_err(|e| corrupt_by(file, e))?;
+    QTensor::new(storage, q.shape().clone()).map_err(|e| corrupt_by(file, e))
 }
 
 /// Loads safetensors weights from a Hugging Face folder (single file or sharded with an index).
@@ -200,7 +315,7 @@ pub(crate) fn load_safetensors(dir: &Path, cfg: &ModelConfig, dtype: DType) -> R
     }
     let index = dir.join("model.safetensors");
     let file = files.first().map(|p| p.as_path()).unwrap_or(index.as_path());
-    build(cfg, &mut Source { tensors, file, dtype }, &HF_NAMES)
+    build(cfg, &mut Source { tensors, quantized: HashMap::new(), file, dtype }, &HF_NAMES)
 }
 
 /// Undoes llama.cpp's Q/K row permutation, so that HF's rotate-half RoPE applies.
@@ -209,28 +324,78 @@ fn unpermute(t: &Tensor, heads: usize) -> candle_core::Result<Tensor> {
     t.reshape((heads, out / heads / 2, 2, inp))?.transpose(1, 2)?.reshape((out, inp))
 }
 
-/// Loads (dequantizes) GGUF weights.
+/// Rows of a quantized `[out, in]` tensor in `unpermute`'s order.
+fn unpermute_rows(q: &QTensor, heads: usize) -> candle_core::Result<QTensor> {
+    let (out, cols) = q.shape().dims2()?;
+    if heads == 0 || out % (2 * heads) != 0 {
+        candle_core::bail!("{out} rows do not split into {heads} heads of rotary pairs");
+    }
+    let data = q.data()?;
+    let row = data.len() / out;
+    let half = out / heads / 2;
+    let mut rows = Vec::with_capacity(data.len());
+    for head in 0..heads {
+        for j in 0..2 {
+            for i in 0..half {
+                let r = head * 2 * half + 2 * i + j;
+                rows.extend_from_slice(&data[r * row..(r + 1) * row]);
+            }
+        }
+    }
+    QTensor::new(QStorage::from_data(Cow::Owned(rows), &Device::Cpu, q.dtype())?, (out, cols))
+}
+
+/// `q` in a block type that candle multiplies with SIMD code: Q4_1, Q5_0 and Q5_1 have only
+/// scalar code on x86 (ten times slower than Q8_0's), so they are re-blocked as Q8_0, which
+/// holds their values to within 1/254 of each block's range and reads 8.5 bits a weight.
+fn vectorized(q: QTensor) -> candle_core::Result<QTensor> {
+    match q.dtype() {
+        GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1 => {
+            QTensor::quantize(&q.dequantize(&Device::Cpu)?, GgmlDType::Q8_0)
+        }
+        _ => Ok(q),
+    }
+}
+
+/// Loads GGUF weights: dequantized, or with the projections kept in their quantized blocks
+/// (`keep_quantized`, for the CPU).
 pub(crate) fn load_gguf(
     path: &Path,
     content: &gguf_file::Content,
     cfg: &ModelConfig,
     dtype: DType,
+    keep_quantized: bool,
 ) -> Result<Weights, ModelError> {
     let mut file = std::fs::File::open(path).map_err(|e| ModelError::io(path, e))?;
     let mut tensors = HashMap::new();
+    let mut quantized = HashMap::new();
+    let llama = cfg.architecture == Architecture::Llama;
     for name in content.tensor_infos.keys() {
         let q = content.tensor(&mut file, name, &Device::Cpu).map_err(|e| corrupt_by(path, e))?;
+        let heads = match name {
+            n if llama && n.ends_with("attn_q.weight") => Some(cfg.num_heads),
+            n if llama && n.ends_with("attn_k.weight") => Some(cfg.kv_heads),
+            _ => None,
+        };
+        let float = matches!(q.dtype(), GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16);
+        if keep_quantized && !float && q.shape().dims().len() == 2 {
+            // The embedding is looked up dense; a tied head re-blocks its own copy.
+            let q =
+                if name == GGUF_NAMES.embed { q } else { vectorized(q).map_err(|e| corrupt_by(path, e))? };
+            let q = match heads {
+                Some(heads) => unpermute_rows(&q, heads).map_err(|e| corrupt_by(path, e))?,
+                None => q,
+            };
+            quantized.insert(name.clone(), q);
+            continue;
+        }
         let mut t = q.dequantize(&Device::Cpu).map_err(|e| corrupt_by(path, e))?;
-        if cfg.architecture == Architecture::Llama {
-            if name.ends_with("attn_q.weight") {
-                t = unpermute(&t, cfg.num_heads).map_err(|e| corrupt_by(path, e))?;
-            } else if name.ends_with("attn_k.weight") {
-                t = unpermute(&t, cfg.kv_heads).map_err(|e| corrupt_by(path, e))?;
-            }
+        if let Some(heads) = heads {
+            t = unpermute(&t, heads).map_err(|e| corrupt_by(path, e))?;
         }
         tensors.insert(name.clone(), t);
     }
-    build(cfg, &mut Source { tensors, file: path, dtype }, &GGUF_NAMES)
+    build(cfg, &mut Source { tensors, quantized, file: path, dtype }, &GGUF_NAMES)
 }
 
 #[cfg(test)]
@@ -247,5 +412,54 @@ mod tests {
         .with_path("/m/model.gguf");
         assert!(e.to_string().lines().count() > 1, "candle prints the backtrace itself");
         assert_eq!(candle_reason(&e), "/m/model.gguf: unknown magic 0x4c4c");
+    }
+
+    fn q8(rows: usize, cols: usize, seed: f32) -> QTensor {
+        let values: Vec<f32> = (0..rows * cols).map(|i| ((i as f32 + seed) * 0.37).sin()).collect();
+        let t = Tensor::from_vec(values, (rows, cols), &Device::Cpu).expect("tensor");
+        QTensor::quantize(&t, GgmlDType::Q8_0).expect("quantize")
+    }
+
+    fn dense(q: &QTensor) -> Vec<Vec<f32>> {
+        q.dequantize(&Device::Cpu).expect("dequantize").to_vec2().expect("rows")
+    }
+
+    #[test]
+    fn quantized_rows_unpermute_as_the_dense_weight_does() {
+        let q = q8(16, 64, 0.0);
+        let expected = unpermute(&q.dequantize(&Device::Cpu).expect("dequantize"), 4).expect("unpermute");
+        let got = unpermute_rows(&q, 4).expect("unpermute rows");
+        assert_eq!(dense(&got), expected.to_vec2::<f32>().expect("rows"));
+        assert!(unpermute_rows(&q, 3).is_err(), "16 rows are not 3 heads of pairs");
+    }
+
+    #[test]
+    fn quantized_parts_fuse_by_rows_and_mixed_parts_fall_back_to_dense() {
+        let (a, b) = (q8(8, 64, 1.0), q8(4, 64, 2.0));
+        let expected: Vec<Vec<f32>> = dense(&a).into_iter().chain(dense(&b)).collect();
+        let quantized = HashMap::from([("a".to_owned(), a), ("b".to_owned(), b)]);
+        let path = Path::new("m.gguf");
+        let mut src = Source { tensors: HashMap::new(), quantized, file: path, dtype: DType::F32 };
+        let parts = [("a".to_owned(), [8, 64]), ("b".to_owned(), [4, 64])];
+        let Linear::Quantized(fused) = src.linear(&parts).expect("fused") else { panic!("not quantized") };
+        assert_eq!(dense(&fused), expected);
+
+        let dense_b = Tensor::zeros((4, 64), DType::F32, &Device::Cpu).expect("zeros");
+        let mut src = Source {
+            tensors: HashMap::from([("b".to_owned(), dense_b)]),
+            quantized: HashMap::from([("a".to_owned(), q8(8, 64, 1.0))]),
+            file: path,
+            dtype: DType::F32,
+        };
+        let Linear::Dense(w) = src.linear(&parts).expect("mixed") else { panic!("not dense") };
+        assert_eq!(w.dims(), [12, 64]);
+        let wrong = [("a".to_owned(), [8, 32])];
+        let mut src = Source {
+            tensors: HashMap::new(),
+            quantized: HashMap::from([("a".to_owned(), q8(8, 64, 1.0))]),
+            file: path,
+            dtype: DType::F32,
+        };
+        assert!(src.linear(&wrong).is_err(), "a part of another shape is refused");
     }
 }

@@ -68,7 +68,7 @@ pub(super) fn load(model: &ResolvedModel, options: EngineOptions) -> Result<Load
     // The CPU computes in f32 whatever the weights; the GPU in the weights' own dtype.
     let on_gpu = options.device != ComputeDevice::Cpu;
     let read = match model.format {
-        WeightsFormat::Gguf => read_gguf(&model.path)?,
+        WeightsFormat::Gguf => read_gguf(&model.path, !on_gpu && options.quantized_matmul)?,
         WeightsFormat::Safetensors => read_safetensors(&model.path, on_gpu)?,
     };
     let dtype = options.kv_dtype.unwrap_or(read.weights_dtype);
@@ -119,12 +119,13 @@ fn gguf_content(path: &Path) -> Result<candle_core::quantized::gguf_file::Conten
     })
 }
 
-/// A GGUF file: config, tokenizer and weights all come from it (loaded as f32).
-fn read_gguf(path: &Path) -> Result<ModelFiles, EngineError> {
+/// A GGUF file: config, tokenizer and weights all come from it (loaded as f32, or with the
+/// projections in their quantized blocks: `keep_quantized`).
+fn read_gguf(path: &Path, keep_quantized: bool) -> Result<ModelFiles, EngineError> {
     let content = gguf_content(path)?;
     let cfg = ModelConfig::from_gguf(&content).map_err(model_err)?;
     let tokenizer = TextTokenizer::from_gguf(&content).map_err(model_err)?;
-    let weights = weights::load_gguf(path, &content, &cfg, DType::F32).map_err(model_err)?;
+    let weights = weights::load_gguf(path, &content, &cfg, DType::F32, keep_quantized).map_err(model_err)?;
     Ok(ModelFiles { cfg, weights, tokenizer, files: vec![path.to_owned()], weights_dtype: KvDtype::F32 })
 }
 

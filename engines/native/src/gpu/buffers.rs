@@ -58,18 +58,18 @@ impl GpuWeights {
         for l in &w.layers {
             layers.push(GpuLayer {
                 attn_norm: upload(s, &l.attn_norm, wdt)?,
-                wqkv: upload(s, &l.wqkv, wdt)?,
+                wqkv: upload_linear(s, &l.wqkv, wdt)?,
                 bqkv: opt_upload(s, &l.bqkv, wdt)?,
                 q_norm: opt_upload(s, &l.q_norm, wdt)?,
                 k_norm: opt_upload(s, &l.k_norm, wdt)?,
-                wo: upload(s, &l.wo, wdt)?,
+                wo: upload_linear(s, &l.wo, wdt)?,
                 mlp_norm: upload(s, &l.mlp_norm, wdt)?,
-                w_gate_up: upload(s, &l.w_gate_up, wdt)?,
-                w_down: upload(s, &l.w_down, wdt)?,
+                w_gate_up: upload_linear(s, &l.w_gate_up, wdt)?,
+                w_down: upload_linear(s, &l.w_down, wdt)?,
             });
         }
         let embed = upload(s, &w.embed, wdt)?;
-        let lm_head = if tied { None } else { Some(upload(s, &w.lm_head, wdt)?) };
+        let lm_head = if tied { None } else { Some(upload_linear(s, &w.lm_head, wdt)?) };
         let final_norm = upload(s, &w.final_norm, wdt)?;
         Ok(Self { embed, layers, final_norm, lm_head })
     }
@@ -87,6 +87,11 @@ fn candle_dtype(dt: KvDtype) -> DType {
         KvDtype::F16 => DType::F16,
         KvDtype::Bf16 => DType::BF16,
     }
+}
+
+/// [`upload`] of a projection (loaded dense for a GPU).
+fn upload_linear(stream: &Arc<CudaStream>, l: &crate::weights::Linear, dt: KvDtype) -> Result<Buf, GpuError> {
+    upload(stream, l.dense().map_err(|e| GpuError::Weights(e.to_string()))?, dt)
 }
 
 fn upload(stream: &Arc<CudaStream>, t: &Tensor, dt: KvDtype) -> Result<Buf, GpuError> {
