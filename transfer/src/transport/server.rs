@@ -35,7 +35,15 @@ pub struct PageServer {
 pub(crate) struct ServeOptions {
     pub(crate) fault: Fault,
     pub(crate) nixl: Option<Arc<Node>>,
+    /// Connections served at once; `None`: [`MAX_CONNECTIONS`].
+    pub(crate) max_connections: Option<usize>,
 }
+
+/// Connections one page server serves at once. Each holds a task and a socket until its peer
+/// closes it or stays idle past [`wire::IDLE`]: without a cap, peers that open connections and
+/// wait could take every file descriptor of the process. A fetch opens one connection for
+/// its request, so this bounds the fetches served at once, far above what handoffs need.
+const MAX_CONNECTIONS: usize = 1024;
 
 impl Drop for PageServer {
     fn drop(&mut self) {
@@ -47,7 +55,8 @@ impl PageServer {
     /// Listens on `ip` (a free port) and serves fetches for providers registered in this
     /// process. Must be called inside a tokio runtime.
     pub async fn start(ip: IpAddr) -> std::io::Result<Self> {
-        Self::start_with(ip, ServeOptions { fault: Fault::from_env(), nixl: None }).await
+        Self::start_with(ip, ServeOptions { fault: Fault::from_env(), nixl: None, max_connections: None })
+            .await
     }
 
     /// [`start`](Self::start) with explicit options instead of the environment's.
@@ -75,15 +84,23 @@ impl PageServer {
 const MAX_HOLD: Duration = Duration::from_secs(600);
 
 /// Accepts connections for as long as the server lives, each served by a task of its own.
+/// Past the cap a new connection is closed at once (its fetch fails and may retry).
 async fn accept(listener: TcpListener, options: ServeOptions) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(options.max_connections.unwrap_or(MAX_CONNECTIONS)));
     loop {
         match listener.accept().await {
-            Ok((stream, _)) => {
+            Ok((stream, peer)) => {
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    tracing::warn!(%peer, "the page server is at its connection cap; a connection was closed");
+                    drop(stream);
+                    continue;
+                };
                 let options = options.clone();
                 tokio::spawn(async move {
                     if let Err(e) = serve(stream, &options).await {
                         tracing::debug!(error = %e, "a page fetch connection failed");
                     }
+                    drop(slot);
                 });
             }
             Err(e) => {

@@ -127,7 +127,7 @@ async fn failures_are_typed() {
 
 #[tokio::test]
 async fn a_cut_connection_fails_fast_with_an_io_error() {
-    let options = ServeOptions { fault: Fault::CutAfter(1000), nixl: None };
+    let options = ServeOptions { fault: Fault::CutAfter(1000), nixl: None, max_connections: None };
     let server = PageServer::start_with("127.0.0.1".parse().expect("ip"), options).await.expect("server");
     let provider: Arc<dyn PageProvider> = Arc::new(Pattern);
     let reg = server.register(&provider);
@@ -161,4 +161,33 @@ async fn an_answer_longer_than_what_arrives_fails_without_reserving_its_length()
     let endpoint = Endpoint { process: 0, provider: 1, tcp: addr.to_string() };
     let e = fetch(&endpoint, 3, 0, 1, TransportPolicy::Tcp, T).await.expect_err("short");
     assert!(e.to_string().contains("ended after 10 of 64424509440 bytes"), "{e}");
+}
+
+/// Past its connection cap the page server closes new connections at once, without a task or
+/// a handshake; once a held connection goes, fetches are served again.
+#[tokio::test]
+async fn connections_past_the_cap_are_closed_and_the_server_keeps_serving() {
+    use tokio::io::AsyncReadExt;
+    let options = ServeOptions { fault: Fault::None, nixl: None, max_connections: Some(2) };
+    let server = PageServer::start_with("127.0.0.1".parse().expect("ip"), options).await.expect("server");
+    let provider: Arc<dyn PageProvider> = Arc::new(Pattern);
+    let reg = server.register(&provider);
+    // Two peers that connect and say nothing each get the handshake's hello and hold a slot.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = tokio::net::TcpStream::connect(server.addr()).await.expect("connect");
+        let mut hello = [0u8; 4];
+        tokio::time::timeout(T, s.read_exact(&mut hello)).await.expect("hello in time").expect("hello");
+        held.push(s);
+    }
+    let mut third = tokio::net::TcpStream::connect(server.addr()).await.expect("connect");
+    let mut got = Vec::new();
+    let n = tokio::time::timeout(T, third.read_to_end(&mut got)).await.expect("closed in time");
+    assert!(n.is_err() || got.is_empty(), "a connection past the cap was served: {got:?}");
+    let e = fetch(reg.endpoint(), 7, 0, 1, TransportPolicy::Tcp, T).await.expect_err("at the cap");
+    assert!(matches!(e, TransferError::Io { .. }), "{e}");
+    held.pop();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (pages, _) = fetch(reg.endpoint(), 7, 0, 2, TransportPolicy::Tcp, T).await.expect("served again");
+    assert_eq!(pages.len(), 2000);
 }
