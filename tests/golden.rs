@@ -18,6 +18,37 @@ fn check_model(model: &ResolvedModel, key: &str) {
     check_model_with(model, key, serde_json::json!({}));
 }
 
+/// The engine's last-position logits for the golden prompt against the reference's.
+struct LogitGap {
+    logits: Vec<f32>,
+    want: Vec<f32>,
+    /// Largest |difference|.
+    max_diff: f32,
+    /// The reference's largest minus smallest logit.
+    spread: f32,
+}
+
+fn logit_gap(
+    rt: &tokio::runtime::Runtime,
+    engine: &xinf::native::NativeEngine,
+    reference: &serde_json::Value,
+    prompt_ids: &[u32],
+    key: &str,
+) -> LogitGap {
+    let logits = rt.block_on(engine.prompt_logits(prompt_ids.to_vec())).expect("logits");
+    let want: Vec<f32> = reference["last_logits"]
+        .as_array()
+        .expect("logits")
+        .iter()
+        .map(|x| x.as_f64().expect("f") as f32)
+        .collect();
+    assert_eq!(logits.len(), want.len(), "{key}: vocabulary size");
+    let spread =
+        want.iter().cloned().fold(f32::MIN, f32::max) - want.iter().cloned().fold(f32::MAX, f32::min);
+    let max_diff = logits.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    LogitGap { logits, want, max_diff, spread }
+}
+
 fn check_model_with(model: &ResolvedModel, key: &str, config: serde_json::Value) {
     let reference = util::reference(model, key);
     let engine = util::engine(model, config);
@@ -31,17 +62,7 @@ fn check_model_with(model: &ResolvedModel, key: &str, config: serde_json::Value)
 
     // Last-position logits.
     let rt = util::rt();
-    let logits = rt.block_on(engine.prompt_logits(prompt_ids.clone())).expect("logits");
-    let want: Vec<f32> = reference["last_logits"]
-        .as_array()
-        .expect("logits")
-        .iter()
-        .map(|x| x.as_f64().expect("f") as f32)
-        .collect();
-    assert_eq!(logits.len(), want.len(), "{key}: vocabulary size");
-    let spread =
-        want.iter().cloned().fold(f32::MIN, f32::max) - want.iter().cloned().fold(f32::MAX, f32::min);
-    let max_diff = logits.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    let LogitGap { max_diff, spread, .. } = logit_gap(&rt, engine.as_ref(), &reference, &prompt_ids, key);
     eprintln!(
         "{key}: max |Δlogit| = {max_diff:.3e} (spread {spread:.2}, relative {:.3e})",
         max_diff / spread
@@ -87,7 +108,7 @@ fn smollm2_gguf_matches_transformers() {
 }
 
 /// Largest |logit difference| relative to the spread when the CPU multiplies the GGUF file's
-/// quantized blocks as stored (`quantized_matmul`, the default): the weights are the same as the reference's, but
+/// quantized blocks as stored (`quantized_matmul`): the weights are the same as the reference's, but
 /// the activations are quantized to 8 bits per block of 32 for each product, as llama.cpp
 /// does (SmolLM2 Q4_1, re-blocked as Q8_0: observed 1.7e-2).
 const QUANTIZED_REL_TOL: f32 = 3e-2;
@@ -96,7 +117,7 @@ const QUANTIZED_REL_TOL: f32 = 3e-2;
 /// a near-tie later on may go the other way (SmolLM2 Q4_1: all 32 observed equal).
 const QUANTIZED_GREEDY_PREFIX: usize = 16;
 
-/// The default CPU path for a GGUF file, its quantized blocks multiplied as stored, against
+/// The CPU path for a GGUF file that multiplies its quantized blocks as stored, against
 /// the same reference within [`QUANTIZED_REL_TOL`]: the same next token, the same first
 /// [`QUANTIZED_GREEDY_PREFIX`] greedy tokens, the same chat answer.
 #[test]
@@ -106,16 +127,8 @@ fn smollm2_gguf_quantized_matmul_stays_within_its_tolerance() {
     let engine = util::engine(&model, serde_json::json!({"quantized_matmul": true}));
     let prompt_ids = ids(&reference["prompt_ids"]);
     let rt = util::rt();
-    let logits = rt.block_on(engine.prompt_logits(prompt_ids.clone())).expect("logits");
-    let want: Vec<f32> = reference["last_logits"]
-        .as_array()
-        .expect("logits")
-        .iter()
-        .map(|x| x.as_f64().expect("f") as f32)
-        .collect();
-    let spread =
-        want.iter().cloned().fold(f32::MIN, f32::max) - want.iter().cloned().fold(f32::MAX, f32::min);
-    let max_diff = logits.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    let LogitGap { logits, want, max_diff, spread } =
+        logit_gap(&rt, engine.as_ref(), &reference, &prompt_ids, "smollm2");
     eprintln!("smollm2 quantized: max |Δlogit| = {max_diff:.3e} (relative {:.3e})", max_diff / spread);
     assert!(max_diff <= QUANTIZED_REL_TOL * spread, "logits differ by {max_diff} (spread {spread})");
     let argmax = |v: &[f32]| v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i);
