@@ -108,6 +108,7 @@ fn model_rows(models: &[ModelInfo], cat: &Catalog) -> Vec<Vec<String>> {
         "cli-list-col-name",
         "cli-list-col-status",
         "cli-list-col-context",
+        "cli-list-col-engine",
         "cli-list-col-replicas",
     ];
     let mut rows = vec![header(&columns, cat)];
@@ -123,13 +124,25 @@ fn model_rows(models: &[ModelInfo], cat: &Catalog) -> Vec<Vec<String>> {
             each.collect::<Vec<_>>().join(" ")
         };
         let status = model_status_text(m.status, cat);
-        rows.push(vec![m.uid.clone(), m.model_name.clone(), status, context, replicas]);
+        rows.push(vec![m.uid.clone(), m.model_name.clone(), status, context, engines(m), replicas]);
     }
     rows
 }
 
-/// `xinf list`: the models (uid, name, status, context length, replicas and where they run) or
-/// the workers.
+/// The engines a model runs on: its replicas' in the order they first appear (`vllm/sglang` for
+/// a vLLM prefill with SGLang decode), else the model's own.
+fn engines(m: &ModelInfo) -> String {
+    let mut seen: Vec<&str> = Vec::new();
+    for r in &m.replica_details {
+        if !seen.contains(&r.engine.as_str()) {
+            seen.push(&r.engine);
+        }
+    }
+    if seen.is_empty() { m.engine.clone() } else { seen.join("/") }
+}
+
+/// `xinf list`: the models (uid, name, status, context length, engines, replicas and where
+/// they run) or the workers.
 pub(crate) fn list(args: ListArgs, cat: &Catalog) -> Result<(), String> {
     let client = args.endpoint.client();
     let path = if args.workers { "/v1/workers" } else { "/v1/models" };
@@ -168,7 +181,9 @@ mod tests {
         let models = json!({"object": "list", "data": [{"id": "m", "object": "model", "created": 1,
             "owned_by": "xinf", "xinf": {"uid": "m", "model_name": "smollm2", "status": "loading",
             "replicas": 1, "replica_details": [{"replica_uid": "m-0", "role": "prefill", "worker_id": "w1",
-            "gpus": [0], "engine": "native", "gpu_memory_utilization": 0.8, "status": "alive"}], "engine": "native",
+            "gpus": [0], "engine": "vllm", "gpu_memory_utilization": 0.4, "status": "alive"},
+            {"replica_uid": "m-1", "role": "decode", "worker_id": "w1", "gpus": [0], "engine": "sglang",
+            "gpu_memory_utilization": 0.4, "status": "alive"}], "engine": "vllm",
             "context_length": null, "created": 1}}, {"id": "one", "object": "model", "created": 1,
             "owned_by": "xinf", "xinf": {"uid": "one", "model_name": "qwen3", "status": "ready",
             "replicas": 1, "engine": "native", "context_length": 4096, "created": 1}}]});
@@ -176,9 +191,12 @@ mod tests {
         let models = models.unwrap_or_default();
         let en = Catalog::new("en");
         let rows = model_rows(&models, &en);
-        assert_eq!(rows[0], ["UID", "NAME", "STATUS", "CONTEXT", "REPLICAS"]);
-        assert_eq!(rows[1], ["m", "smollm2", "loading", "-", "m-0(prefill alive w1)"]);
-        assert_eq!(rows[2], ["one", "qwen3", "ready", "4096", "1"]);
+        assert_eq!(rows[0], ["UID", "NAME", "STATUS", "CONTEXT", "ENGINE", "REPLICAS"]);
+        assert_eq!(
+            rows[1],
+            ["m", "smollm2", "loading", "-", "vllm/sglang", "m-0(prefill alive w1) m-1(decode alive w1)"]
+        );
+        assert_eq!(rows[2], ["one", "qwen3", "ready", "4096", "native", "1"]);
 
         let workers = json!([{"info": {"worker_id": "w1", "host": "h", "gpus": [0, 1], "gpu_details": [
             {"index": 0, "name": "NVIDIA H200", "total_memory": 150_000_000_000u64},
@@ -193,8 +211,18 @@ mod tests {
         // Headers, statuses and GPU use in the reader's language; ids, roles and numbers as sent.
         let ja = Catalog::new("ja");
         let rows = model_rows(&models, &ja);
-        assert_eq!(rows[0], ["UID", "名前", "状態", "コンテキスト長", "レプリカ"]);
-        assert_eq!(rows[1], ["m", "smollm2", "読み込み中", "-", "m-0(prefill 稼働中 w1)"]);
+        assert_eq!(rows[0], ["UID", "名前", "状態", "コンテキスト長", "エンジン", "レプリカ"]);
+        assert_eq!(
+            rows[1],
+            [
+                "m",
+                "smollm2",
+                "読み込み中",
+                "-",
+                "vllm/sglang",
+                "m-0(prefill 稼働中 w1) m-1(decode 稼働中 w1)"
+            ]
+        );
         assert_eq!(rows[2][2], "準備完了");
         let rows = worker_rows(&workers, &Catalog::new("de"));
         assert_eq!(rows[1], ["w1", "ja", "0 (NVIDIA H200, 139.7 GiB, belegt 0.8); 1", "m-0,m-1"]);
