@@ -252,7 +252,10 @@ fn build(cfg: &ModelConfig, src: &mut Source<'_>, names: &Names) -> Result<Weigh
     // dense too).
     let tied_head = match src.quantized.get(names.embed) {
         Some(q) if cfg.tie_word_embeddings => {
-            let q = vectorized(requantized(q, file)?).map_err(|e| corrupt_by(file, e))?;
+            let q = match vectorized(q).map_err(|e| corrupt_by(file, e))? {
+                Some(reblocked) => reblocked,
+                None => requantized(q, file)?,
+            };
             Some(Linear::Quantized(Arc::new(q)))
         }
         _ => None,
@@ -345,15 +348,15 @@ fn unpermute_rows(q: &QTensor, heads: usize) -> candle_core::Result<QTensor> {
     QTensor::new(QStorage::from_data(Cow::Owned(rows), &Device::Cpu, q.dtype())?, (out, cols))
 }
 
-/// `q` in a block type that candle multiplies with SIMD code: Q4_1, Q5_0 and Q5_1 have only
+/// `q` re-blocked where candle has no SIMD code for its block type (`None`: it has): Q4_1, Q5_0 and Q5_1 have only
 /// scalar code on x86 (ten times slower than Q8_0's), so they are re-blocked as Q8_0, which
 /// holds their values to within 1/254 of each block's range and reads 8.5 bits a weight.
-fn vectorized(q: QTensor) -> candle_core::Result<QTensor> {
+fn vectorized(q: &QTensor) -> candle_core::Result<Option<QTensor>> {
     match q.dtype() {
         GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1 => {
-            QTensor::quantize(&q.dequantize(&Device::Cpu)?, GgmlDType::Q8_0)
+            QTensor::quantize(&q.dequantize(&Device::Cpu)?, GgmlDType::Q8_0).map(Some)
         }
-        _ => Ok(q),
+        _ => Ok(None),
     }
 }
 
@@ -380,8 +383,12 @@ pub(crate) fn load_gguf(
         let float = matches!(q.dtype(), GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16);
         if keep_quantized && !float && q.shape().dims().len() == 2 {
             // The embedding is looked up dense; a tied head re-blocks its own copy.
-            let q =
-                if name == GGUF_NAMES.embed { q } else { vectorized(q).map_err(|e| corrupt_by(path, e))? };
+            let reblocked = if name == GGUF_NAMES.embed {
+                None
+            } else {
+                vectorized(&q).map_err(|e| corrupt_by(path, e))?
+            };
+            let q = reblocked.unwrap_or(q);
             let q = match heads {
                 Some(heads) => unpermute_rows(&q, heads).map_err(|e| corrupt_by(path, e))?,
                 None => q,

@@ -87,14 +87,19 @@ const MAX_HOLD: Duration = Duration::from_secs(600);
 /// Past the cap a new connection is closed at once (its fetch fails and may retry).
 async fn accept(listener: TcpListener, options: ServeOptions) {
     let slots = Arc::new(tokio::sync::Semaphore::new(options.max_connections.unwrap_or(MAX_CONNECTIONS)));
+    // Warned once each time the cap is reached, not once per refused connection of a flood.
+    let mut at_cap = false;
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
                 let Ok(slot) = slots.clone().try_acquire_owned() else {
-                    tracing::warn!(%peer, "the page server is at its connection cap; a connection was closed");
+                    if !std::mem::replace(&mut at_cap, true) {
+                        tracing::warn!(%peer, "the page server is at its connection cap; new connections are closed");
+                    }
                     drop(stream);
                     continue;
                 };
+                at_cap = false;
                 let options = options.clone();
                 tokio::spawn(async move {
                     if let Err(e) = serve(stream, &options).await {
