@@ -6,7 +6,7 @@
 //! the cache through the layout descriptor, so every layout is exercised by every forward.
 
 use crate::kv_cache::KvCache;
-use crate::weights::Weights;
+use crate::weights::{RowKinds, Weights};
 use candle_core::{DType, Device, Tensor};
 use xinf_models::{ModelConfig, RopeScaling};
 use xinf_transfer::device::{DeviceLease, DevicePages, DeviceRoute};
@@ -21,6 +21,9 @@ pub(crate) struct Chunk<'a> {
     pub(crate) block_table: &'a [u32],
     /// Whether the logits of the last token are wanted.
     pub(crate) want_logits: bool,
+    /// The length of the sequence's prompt: positions from here on are generated tokens, which
+    /// quantized weights multiply block by block ([`RowKinds`]).
+    pub(crate) prompt_len: usize,
 }
 
 /// Something that computes a step: the seam where a GPU backend slots in.
@@ -165,16 +168,16 @@ impl CpuModel {
         let scale = 1.0 / (d as f64).sqrt();
         let mut outs = Vec::with_capacity(chunks.len());
         let mut offset = 0;
-        // Decode tokens (chunks of one) attend straight from the cache; build their rows first.
-        let q_rows = if chunks.iter().any(|c| c.tokens.len() == 1) {
-            q.flatten_all()?.to_vec1::<f32>()?
-        } else {
-            Vec::new()
-        };
+        // Generated tokens (chunks of one past the prompt) attend straight from the cache; build
+        // their rows first. A prompt token always goes through the chunk path, even alone (a
+        // prompt's tail chunk, or the last prompt token a decode recomputes): its K and V, which
+        // later tokens read, are then the same however the prompt was cut into chunks.
+        let single = |c: &Chunk<'_>| c.tokens.len() == 1 && c.start >= c.prompt_len;
+        let q_rows = if chunks.iter().any(single) { q.flatten_all()?.to_vec1::<f32>()? } else { Vec::new() };
         for c in chunks {
             let n = c.tokens.len();
             let len = c.start + n;
-            if n == 1 {
+            if single(c) {
                 let mut o = vec![0.0f32; h * d];
                 cache.attend_one(
                     layer,
@@ -228,6 +231,13 @@ impl ComputeBackend for CpuModel {
         if t == 0 {
             return Ok(Vec::new());
         }
+        let kinds: Vec<bool> = chunks
+            .iter()
+            .flat_map(|c| {
+                (c.start..c.start + c.tokens.len()).map(|p| RowKinds::quantized_at(p, c.prompt_len))
+            })
+            .collect();
+        let rows = RowKinds::new(&kinds)?;
         let ids = Tensor::from_vec(ids, t, &Device::Cpu)?;
         let pos = Tensor::from_vec(positions, t, &Device::Cpu)?;
         let cos = self.cos.index_select(&pos, 0)?;
@@ -236,7 +246,7 @@ impl ComputeBackend for CpuModel {
         for layer in 0..cfg.num_layers {
             let lw = &self.w.layers[layer];
             let hn = candle_nn::ops::rms_norm(&x, &lw.attn_norm, eps)?;
-            let mut qkv = lw.wqkv.forward(&hn)?;
+            let mut qkv = lw.wqkv.forward(&hn, &rows)?;
             if let Some(b) = &lw.bqkv {
                 qkv = qkv.broadcast_add(b)?;
             }
@@ -264,28 +274,29 @@ impl ComputeBackend for CpuModel {
             }
             let attn = self.attention(layer, &q, chunks, cache)?;
             let lw = &self.w.layers[layer];
-            x = (x + lw.wo.forward(&attn)?)?;
+            x = (x + lw.wo.forward(&attn, &rows)?)?;
             let hn = candle_nn::ops::rms_norm(&x, &lw.mlp_norm, eps)?;
-            let gu = lw.w_gate_up.forward(&hn)?;
+            let gu = lw.w_gate_up.forward(&hn, &rows)?;
             let i = cfg.intermediate_size;
             let act = (gu.narrow(1, 0, i)?.silu()? * gu.narrow(1, i, i)?)?;
-            x = (x + lw.w_down.forward(&act)?)?;
+            x = (x + lw.w_down.forward(&act, &rows)?)?;
         }
-        let mut rows = Vec::new();
+        let (mut last, mut last_kinds) = (Vec::new(), Vec::new());
         let mut end = 0;
         for c in chunks {
             end += c.tokens.len();
             if c.want_logits {
-                rows.push((end - 1) as u32);
+                last.push((end - 1) as u32);
+                last_kinds.push(kinds[end - 1]);
             }
         }
-        if rows.is_empty() {
+        if last.is_empty() {
             return Ok(Vec::new());
         }
-        let n = rows.len();
-        let sel = x.index_select(&Tensor::from_vec(rows, n, &Device::Cpu)?, 0)?;
+        let n = last.len();
+        let sel = x.index_select(&Tensor::from_vec(last, n, &Device::Cpu)?, 0)?;
         let hn = candle_nn::ops::rms_norm(&sel, &self.w.final_norm, eps)?;
-        let logits = self.w.lm_head.forward(&hn)?.to_dtype(DType::F32)?;
+        let logits = self.w.lm_head.forward(&hn, &RowKinds::new(&last_kinds)?)?.to_dtype(DType::F32)?;
         logits.to_vec2::<f32>()
     }
 }

@@ -23,25 +23,86 @@ pub(crate) enum Linear {
     Quantized(Arc<QTensor>),
 }
 
-/// Rows of activations from which a quantized weight is dequantized for one F32 GEMM instead:
-/// block-by-block dot products win while the weight's bytes dominate (decode), a GEMM once
-/// there are enough rows to reuse each weight (prefill), where dequantizing costs a few
-/// percent of the multiply.
+/// A prompt of at least this many tokens has its rows multiplied in F32, with each quantized
+/// weight dequantized for one GEMM: block-by-block dot products win while the weight's bytes
+/// dominate (decode, short prompts), a GEMM once there are enough rows to reuse each weight
+/// (prefill), where dequantizing costs a few percent of the multiply.
 const DENSE_FROM_TOKENS: usize = 32;
 
+/// Which rows of a step a quantized weight multiplies in F32 and which block by block.
+///
+/// Decided per row from what the row is, never from the step it is in: a prompt token of a
+/// prompt of [`DENSE_FROM_TOKENS`] or more is dense, every other row (generated tokens, short
+/// prompts) quantized. So a request's output is the same alone or batched, in one prompt chunk
+/// or several, and after a preemption recomputes it.
+pub(crate) enum RowKinds {
+    Dense,
+    Quantized,
+    /// Both: the rows of each kind (by index) and, for putting the results back in row order,
+    /// where each row lands in `[dense results; quantized results]`.
+    Mixed {
+        dense: Tensor,
+        quantized: Tensor,
+        order: Tensor,
+    },
+}
+
+impl RowKinds {
+    /// From each row's kind (`true`: quantized).
+    pub(crate) fn new(quantized: &[bool]) -> candle_core::Result<Self> {
+        if quantized.iter().all(|&q| q) {
+            return Ok(Self::Quantized);
+        }
+        if !quantized.iter().any(|&q| q) {
+            return Ok(Self::Dense);
+        }
+        let pick = |kind: bool| -> Vec<u32> {
+            (0..quantized.len() as u32).filter(|&i| quantized[i as usize] == kind).collect()
+        };
+        let (dense, quant) = (pick(false), pick(true));
+        let mut order = vec![0u32; quantized.len()];
+        for (at, &row) in dense.iter().chain(&quant).enumerate() {
+            order[row as usize] = at as u32;
+        }
+        let index = |v: Vec<u32>| {
+            let n = v.len();
+            Tensor::from_vec(v, n, &Device::Cpu)
+        };
+        Ok(Self::Mixed { dense: index(dense)?, quantized: index(quant)?, order: index(order)? })
+    }
+
+    /// The kind of position `pos` of a sequence whose prompt has `prompt_len` tokens.
+    pub(crate) fn quantized_at(pos: usize, prompt_len: usize) -> bool {
+        pos >= prompt_len || prompt_len < DENSE_FROM_TOKENS
+    }
+}
+
+/// `x @ qᵀ` in F32, each row as it would be among many: a lone row is multiplied as one of
+/// two, since the GEMM takes another path for one row (a matrix-vector product, whose sums
+/// differ in the last bits), which would make a prompt's last token differ with how the prompt
+/// was cut into chunks, or when a decode recomputes it.
+fn prompt_rows(x: &Tensor, q: &QTensor) -> candle_core::Result<Tensor> {
+    let w = q.dequantize(x.device())?;
+    if x.dim(0)? == 1 {
+        return Tensor::cat(&[x, x], 0)?.matmul(&w.t()?)?.narrow(0, 0, 1);
+    }
+    x.matmul(&w.t()?)
+}
+
 impl Linear {
-    /// `x @ wᵀ`.
-    pub(crate) fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+    /// `x @ wᵀ`, a quantized weight multiplying each row as `rows` says.
+    pub(crate) fn forward(&self, x: &Tensor, rows: &RowKinds) -> candle_core::Result<Tensor> {
         match self {
             Self::Dense(w) => x.matmul(&w.t()?),
-            Self::Quantized(q) => {
-                let tokens = x.elem_count() / x.dims().last().copied().unwrap_or(1).max(1);
-                if tokens >= DENSE_FROM_TOKENS {
-                    x.matmul(&q.dequantize(x.device())?.t()?)
-                } else {
-                    x.contiguous()?.apply_op1_no_bwd(q.as_ref())
+            Self::Quantized(q) => match rows {
+                RowKinds::Dense => prompt_rows(x, q),
+                RowKinds::Quantized => x.contiguous()?.apply_op1_no_bwd(q.as_ref()),
+                RowKinds::Mixed { dense, quantized, order } => {
+                    let d = prompt_rows(&x.index_select(dense, 0)?, q)?;
+                    let r = x.index_select(quantized, 0)?.apply_op1_no_bwd(q.as_ref())?;
+                    Tensor::cat(&[d, r], 0)?.index_select(order, 0)
                 }
-            }
+            },
         }
     }
 

@@ -178,7 +178,13 @@ impl Worker {
     fn logits(&mut self, ids: &[u32]) -> Result<Vec<f32>, EngineError> {
         let mut table = Vec::new();
         let result = if self.cache.ensure(&mut table, ids.len()) {
-            let chunk = Chunk { tokens: ids, start: 0, block_table: &table, want_logits: true };
+            let chunk = Chunk {
+                tokens: ids,
+                start: 0,
+                block_table: &table,
+                want_logits: true,
+                prompt_len: ids.len(),
+            };
             self.backend
                 .forward(&[chunk], &mut self.cache)
                 .map_err(|e| EngineError::Internal(e.to_string()))
@@ -361,6 +367,7 @@ impl Worker {
                     start: s.computed,
                     block_table: &s.table,
                     want_logits: s.computed + w.tokens == s.tokens.len(),
+                    prompt_len: s.prompt_len,
                 }
             })
             .collect();
