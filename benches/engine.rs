@@ -1,7 +1,7 @@
 //! Prefill and decode throughput of the native engine on the default model
 //! (SmolLM2-135M-Instruct, Q4_1 GGUF), at batch 1 and 8, with the CPU multiplying the file's
-//! quantized blocks as stored (`quantized`, `quantized_matmul`) and with them dequantized to
-//! F32 at load (`dequantized`, the default), side by side in one run.
+//! quantized blocks as stored (`quantized`, `quantized_matmul`, the default) and with them
+//! dequantized to F32 at load (`dequantized`), side by side in one run.
 //!
 //! `cargo bench --bench engine`. Prefill: 8 × 128-token prompts (or one), time to every first
 //! token. Decode: 32 tokens per sequence after the prompts, timed from the last first token.

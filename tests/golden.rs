@@ -110,12 +110,19 @@ fn smollm2_gguf_matches_transformers() {
 /// Largest |logit difference| relative to the spread when the CPU multiplies the GGUF file's
 /// quantized blocks as stored (`quantized_matmul`): the weights are the same as the reference's, but
 /// the activations are quantized to 8 bits per block of 32 for each product, as llama.cpp
-/// does (SmolLM2 Q4_1, re-blocked as Q8_0: observed 1.7e-2).
+/// does. A prompt's logits come from rows multiplied in F32 (observed 2e-6); the generated
+/// tokens, multiplied block by block, are checked by the greedy tokens below.
 const QUANTIZED_REL_TOL: f32 = 3e-2;
 
-/// Greedy tokens that must equal the reference's, from the start, with quantized products:
-/// a near-tie later on may go the other way (SmolLM2 Q4_1: all 32 observed equal).
+/// Greedy tokens that must equal the reference's, from the start, with quantized products,
+/// unless they part earlier at a near-tie of the reference (SmolLM2 Q4_1: all 32 equal with
+/// Q8_0 re-blocked weights; the first 14 with the Q4_1 blocks as stored, the 15th at a
+/// reference top-1/top-2 margin of 0.058).
 const QUANTIZED_GREEDY_PREFIX: usize = 16;
+
+/// A reference step whose top-1/top-2 logit margin is under this is a near-tie, where
+/// quantized products may pick the other token.
+const NEAR_TIE: f64 = 0.1;
 
 /// The CPU path for a GGUF file that multiplies its quantized blocks as stored, against
 /// the same reference within [`QUANTIZED_REL_TOL`]: the same next token, the same first
@@ -136,8 +143,14 @@ fn smollm2_gguf_quantized_matmul_stays_within_its_tolerance() {
     let greedy = rt.block_on(util::greedy_ids(engine.as_ref(), "golden", prompt_ids, 32));
     let want = ids(&reference["greedy_ids"]);
     let same = greedy.iter().zip(&want).take_while(|(a, b)| a == b).count();
-    eprintln!("smollm2 quantized: {same} of 32 greedy tokens equal the reference's");
-    assert!(same >= QUANTIZED_GREEDY_PREFIX, "only the first {same} greedy tokens are the reference's");
+    let margin = reference["greedy_margins"][same].as_f64().unwrap_or(f64::INFINITY);
+    eprintln!(
+        "smollm2 quantized: {same} of 32 greedy tokens equal the reference's (next margin {margin:.3})"
+    );
+    assert!(
+        same >= QUANTIZED_GREEDY_PREFIX || margin < NEAR_TIE,
+        "only the first {same} greedy tokens are the reference's, and its margin there is {margin}"
+    );
     let r = &reference["chat"];
     let messages = vec![
         xinf::engine::ChatMessage::new("system", "You are a helpful assistant."),

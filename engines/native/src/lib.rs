@@ -33,6 +33,7 @@ mod loader;
 pub mod memory;
 mod model;
 mod options;
+mod q4_1;
 mod sampler;
 mod stop;
 #[cfg(test)]

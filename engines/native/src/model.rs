@@ -199,7 +199,7 @@ impl CpuModel {
             let v = Tensor::from_slice(&self.scratch_v, (kvh, len, d), &Device::Cpu)?;
             // [n, H, D] -> [H, n, D] -> [KVH, g * n, D]: heads of one group share a KV head.
             let qc = q.narrow(0, offset, n)?.transpose(0, 1)?.contiguous()?.reshape((kvh, g * n, d))?;
-            let mut scores = (qc.matmul(&k.t()?)? * scale)?;
+            let mut scores = (row_invariant_matmul(&qc, &k.t()?)? * scale)?;
             if n > 1 {
                 let mask: Vec<f32> = (0..n)
                     .flat_map(|i| {
@@ -211,12 +211,31 @@ impl CpuModel {
                     scores.reshape((kvh, g, n, len))?.broadcast_add(&mask)?.reshape((kvh, g * n, len))?;
             }
             let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-            let o = probs.matmul(&v)?.reshape((h, n, d))?.transpose(0, 1)?.reshape((n, h * d))?;
+            let o =
+                row_invariant_matmul(&probs, &v)?.reshape((h, n, d))?.transpose(0, 1)?.reshape((n, h * d))?;
             outs.push(o);
             offset += n;
         }
         Tensor::cat(&outs, 0)
     }
+}
+
+/// Rows below which the GEMM under `matmul` takes another path, whose sums differ from a
+/// bigger product's in the last bits (seen at 3 rows of 64-wide heads, not at 4 or more).
+const MIN_GEMM_ROWS: usize = 8;
+
+/// `a @ b` for batched `a` of `[batch, rows, k]`, each row's result the same as among many rows:
+/// fewer than [`MIN_GEMM_ROWS`] rows are padded with zero rows. A prompt token alone in its
+/// chunk (a prompt's tail chunk, or the last prompt token a decode recomputes) then gets the
+/// scores it gets inside a longer chunk, so its K and V, which every later token reads, do not
+/// depend on how the prompt was cut.
+fn row_invariant_matmul(a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
+    let (batch, rows, k) = a.dims3()?;
+    if rows >= MIN_GEMM_ROWS {
+        return a.matmul(b);
+    }
+    let pad = Tensor::zeros((batch, MIN_GEMM_ROWS - rows, k), a.dtype(), a.device())?;
+    Tensor::cat(&[a, &pad], 1)?.matmul(b)?.narrow(1, 0, rows)
 }
 
 impl ComputeBackend for CpuModel {

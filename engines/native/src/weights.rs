@@ -89,6 +89,15 @@ fn prompt_rows(x: &Tensor, q: &QTensor) -> candle_core::Result<Tensor> {
     x.matmul(&w.t()?)
 }
 
+/// `x @ qᵀ` block by block: Q4_1 by xinf's kernel where the CPU runs it, other types by
+/// candle's.
+fn generated_rows(x: &Tensor, q: &QTensor) -> candle_core::Result<Tensor> {
+    if crate::q4_1::applies(q) {
+        return crate::q4_1::matmul(q, x);
+    }
+    x.contiguous()?.apply_op1_no_bwd(q)
+}
+
 impl Linear {
     /// `x @ wᵀ`, a quantized weight multiplying each row as `rows` says.
     pub(crate) fn forward(&self, x: &Tensor, rows: &RowKinds) -> candle_core::Result<Tensor> {
@@ -96,10 +105,10 @@ impl Linear {
             Self::Dense(w) => x.matmul(&w.t()?),
             Self::Quantized(q) => match rows {
                 RowKinds::Dense => prompt_rows(x, q),
-                RowKinds::Quantized => x.contiguous()?.apply_op1_no_bwd(q.as_ref()),
+                RowKinds::Quantized => generated_rows(x, q),
                 RowKinds::Mixed { dense, quantized, order } => {
                     let d = prompt_rows(&x.index_select(dense, 0)?, q)?;
-                    let r = x.index_select(quantized, 0)?.apply_op1_no_bwd(q.as_ref())?;
+                    let r = generated_rows(&x.index_select(quantized, 0)?, q)?;
                     Tensor::cat(&[d, r], 0)?.index_select(order, 0)
                 }
             },
@@ -409,11 +418,13 @@ fn unpermute_rows(q: &QTensor, heads: usize) -> candle_core::Result<QTensor> {
     QTensor::new(QStorage::from_data(Cow::Owned(rows), &Device::Cpu, q.dtype())?, (out, cols))
 }
 
-/// `q` re-blocked where candle has no SIMD code for its block type (`None`: it has): Q4_1, Q5_0 and Q5_1 have only
-/// scalar code on x86 (ten times slower than Q8_0's), so they are re-blocked as Q8_0, which
+/// `q` re-blocked where neither candle nor [`crate::q4_1`] has SIMD code for its block type
+/// (`None`: one has): Q4_1 (without AVX2), Q5_0 and Q5_1 have only scalar code on x86 (ten
+/// times slower than Q8_0's), so they are re-blocked as Q8_0, which
 /// holds their values to within 1/254 of each block's range and reads 8.5 bits a weight.
 fn vectorized(q: &QTensor) -> candle_core::Result<Option<QTensor>> {
     match q.dtype() {
+        GgmlDType::Q4_1 if crate::q4_1::applies(q) => Ok(None),
         GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1 => {
             QTensor::quantize(&q.dequantize(&Device::Cpu)?, GgmlDType::Q8_0).map(Some)
         }
