@@ -116,8 +116,9 @@ const QUANTIZED_REL_TOL: f32 = 3e-2;
 
 /// Greedy tokens that must equal the reference's, from the start, with quantized products,
 /// unless they part earlier at a near-tie of the reference (SmolLM2 Q4_1: all 32 equal with
-/// Q8_0 re-blocked weights; the first 14 with the Q4_1 blocks as stored, the 15th at a
-/// reference top-1/top-2 margin of 0.058).
+/// Q8_0 re-blocked weights; with the Q4_1 blocks as stored the first 4, parting at the 5th,
+/// where the reference's top-1/top-2 margin is 0.034, or the first 14 with the activations
+/// rounded half away from zero instead of half to even).
 const QUANTIZED_GREEDY_PREFIX: usize = 16;
 
 /// A reference step whose top-1/top-2 logit margin is under this is a near-tie, where

@@ -5,8 +5,9 @@
 //! where Q4_1 needs 5, and a decode step is bound by those reads. Here each activation row is
 //! quantized to 8 bits per 32-element block (its scale and its scaled sum kept in F32, where
 //! llama.cpp rounds them to F16), and each output is `Σ d_w·d_a·Σq_w·q_a + m_w·s_a` over the
-//! blocks: the nibbles are widened once per block and multiplied against up to [`TILE`]
-//! activation rows. Output rows are split over candle's CPU thread pool.
+//! blocks, in tiles of [`WEIGHT_ROWS`] × [`ACT_ROWS`] outputs. Every output is summed in the same
+//! order whatever tile computes it, so a row's result does not depend on the other rows.
+//! Weight rows are split over candle's CPU thread pool.
 //!
 //! Unsafe code: SIMD intrinsics (behind a run-time CPU check) and the pool's threads writing
 //! disjoint elements of one output buffer.
@@ -21,8 +22,12 @@ use std::arch::x86_64::*;
 const QK: usize = 32;
 /// Bytes per block: F16 scale, F16 minimum, 16 bytes of nibbles.
 const BLOCK_BYTES: usize = 20;
-/// Activation rows multiplied against one widened weight block.
-const TILE: usize = 4;
+/// Weight rows whose blocks are widened together and multiplied against [`ACT_ROWS`] activation
+/// rows: each activation block loaded is used [`WEIGHT_ROWS`] times, each widened weight block
+/// [`ACT_ROWS`] times, and the `2 × 4` accumulators stay in registers.
+const WEIGHT_ROWS: usize = 2;
+/// See [`WEIGHT_ROWS`].
+const ACT_ROWS: usize = 4;
 
 /// Activation rows quantized per block: the 8-bit values, and per block its scale `d` and
 /// `s = d·Σq`.
@@ -70,19 +75,53 @@ pub(crate) fn matmul(q: &QTensor, x: &Tensor) -> candle_core::Result<Tensor> {
     let acts = quantize_rows(&xs, m, k);
     let mut out = vec![0f32; m * rows];
     let dst = SharedOut(out.as_mut_ptr());
-    candle_core::utils::barrier_pool().execute_chunked(rows, |range| {
-        for j in range {
-            let w = &data[j * row_bytes..(j + 1) * row_bytes];
-            for first in (0..m).step_by(TILE) {
-                let n = TILE.min(m - first);
-                let mut sums = [0f32; TILE];
-                // SAFETY: `applies(q)` checked that this CPU runs the kernel.
-                unsafe { dot_tile(w, &acts, first, n, &mut sums) };
-                for (r, &v) in sums[..n].iter().enumerate() {
-                    // SAFETY: `(first + r, j)` is inside the `m × rows` output, and each work
-                    // item owns its `j`, so no two threads write one element.
-                    unsafe { dst.write((first + r) * rows + j, v) };
+    let weight_row = |j: usize| &data[j * row_bytes..(j + 1) * row_bytes];
+    let groups = rows.div_ceil(WEIGHT_ROWS);
+    candle_core::utils::barrier_pool().execute_chunked(groups, |range| {
+        for g in range {
+            let j = g * WEIGHT_ROWS;
+            let mut first = 0;
+            while first < m {
+                let n = ACT_ROWS.min(m - first);
+                let mut sums = [[0f32; ACT_ROWS]; WEIGHT_ROWS];
+                let live = WEIGHT_ROWS.min(rows - j);
+                // SAFETY: `applies(q)` checked that this CPU runs the kernel; the rows asked for
+                // exist. The tile shapes sum each output in the same order.
+                unsafe {
+                    if live == WEIGHT_ROWS && n == ACT_ROWS {
+                        let w = std::array::from_fn(|i| weight_row(j + i));
+                        tile::<WEIGHT_ROWS, ACT_ROWS>(w, &acts, first, &mut sums);
+                    } else if live == WEIGHT_ROWS {
+                        for r in 0..n {
+                            let mut one = [[0f32; 1]; WEIGHT_ROWS];
+                            tile::<WEIGHT_ROWS, 1>(
+                                std::array::from_fn(|i| weight_row(j + i)),
+                                &acts,
+                                first + r,
+                                &mut one,
+                            );
+                            for (s, o) in sums.iter_mut().zip(one) {
+                                s[r] = o[0];
+                            }
+                        }
+                    } else {
+                        for (wi, s) in sums.iter_mut().enumerate().take(live) {
+                            for (r, s) in s.iter_mut().enumerate().take(n) {
+                                let mut one = [[0f32; 1]; 1];
+                                tile::<1, 1>([weight_row(j + wi)], &acts, first + r, &mut one);
+                                *s = one[0][0];
+                            }
+                        }
+                    }
                 }
+                for (wi, row) in sums.iter().enumerate().take(live) {
+                    for (r, &v) in row[..n].iter().enumerate() {
+                        // SAFETY: `(first + r, j + wi)` is inside the `m × rows` output, and each
+                        // work item owns its weight rows, so no two threads write one element.
+                        unsafe { dst.write((first + r) * rows + j + wi, v) };
+                    }
+                }
+                first += n;
             }
         }
     });
@@ -110,63 +149,108 @@ impl SharedOut {
 fn quantize_rows(xs: &[f32], m: usize, k: usize) -> Q8Rows {
     let blocks = k / QK;
     let mut qs = vec![0i8; m * k];
-    let mut ds = Vec::with_capacity(m * blocks);
-    for (x, q) in xs.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)) {
-        let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        let mut sum = 0i32;
-        for (v, q) in x.iter().zip(q.iter_mut()) {
-            *q = (v * id).round() as i8;
-            sum += *q as i32;
-        }
-        ds.push([d, d * sum as f32]);
+    let mut ds = vec![[0f32; 2]; m * blocks];
+    for ((x, q), d) in xs.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).zip(ds.iter_mut()) {
+        // SAFETY: only called where `applies` found AVX2 (through `matmul`, or by tests that
+        // check `supported` first).
+        *d = unsafe { quantize_block(x, q) };
     }
     Q8Rows { qs, ds, blocks }
 }
 
-/// `sums[r] = w · row (first + r)` for `r < n`, `w` one weight row's blocks.
+/// One block of 32 values: `q = round(x · 127 / max|x|)`; returns `[max|x| / 127, d·Σq]`.
 ///
 /// # Safety
-/// The CPU has AVX2, FMA and F16C.
+/// The CPU has AVX2; `x` and `q` hold 32 values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_block(x: &[f32], q: &mut [i8]) -> [f32; 2] {
+    // SAFETY: 32 values, read as four vectors of eight.
+    let v = unsafe { [0, 8, 16, 24].map(|o| _mm256_loadu_ps(x.as_ptr().add(o))) };
+    let sign = _mm256_set1_ps(-0.0);
+    let abs = v.map(|v| _mm256_andnot_ps(sign, v));
+    let max8 = _mm256_max_ps(_mm256_max_ps(abs[0], abs[1]), _mm256_max_ps(abs[2], abs[3]));
+    let max4 = _mm_max_ps(_mm256_extractf128_ps(max8, 1), _mm256_castps256_ps128(max8));
+    let max4 = _mm_max_ps(max4, _mm_movehl_ps(max4, max4));
+    let amax = _mm_cvtss_f32(_mm_max_ss(max4, _mm_movehdup_ps(max4)));
+    let d = amax / 127.0;
+    let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+    // Rounded to nearest, ties to even (the default rounding of the conversion).
+    let i = v.map(|v| _mm256_cvtps_epi32(_mm256_mul_ps(v, id)));
+    let total = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+    let total = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+    let total = _mm_add_epi32(total, _mm_shuffle_epi32(total, 0b01_00_11_10));
+    let total = _mm_cvtsi128_si32(_mm_add_epi32(total, _mm_shuffle_epi32(total, 0b10_11_00_01)));
+    // Packing works within 128-bit lanes; the permutation puts the 32 values back in order.
+    let packed = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+    let ordered = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    // SAFETY: `q` holds 32 bytes.
+    unsafe { _mm256_storeu_si256(q.as_mut_ptr().cast(), ordered) };
+    [d, d * total as f32]
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn quantize_block(_: &[f32], _: &mut [i8]) -> [f32; 2] {
+    unreachable!("`applies` is false off x86-64")
+}
+
+/// `sums[i][r] = w[i] · activation row (first + r)` for `W` weight rows and `A` activation rows.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `first + A` rows exist.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_tile(w: &[u8], acts: &Q8Rows, first: usize, n: usize, sums: &mut [f32; TILE]) {
+unsafe fn tile<const W: usize, const A: usize>(
+    w: [&[u8]; W],
+    acts: &Q8Rows,
+    first: usize,
+    sums: &mut [[f32; A]; W],
+) {
     let k = acts.blocks * QK;
     let low = _mm_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); TILE];
-    let mut mins = [0f32; TILE];
-    for (b, block) in w.chunks_exact(BLOCK_BYTES).enumerate() {
-        // The block's F16 scale and minimum, widened together.
-        let dm =
-            _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([block[0], block[1], block[2], block[3]])));
-        let d_w = _mm_cvtss_f32(dm);
-        let m_w = _mm_cvtss_f32(_mm_movehdup_ps(dm));
-        // SAFETY: `block` has 16 bytes after its two F16 values.
-        let packed = unsafe { _mm_loadu_si128(block.as_ptr().add(4).cast()) };
-        // Elements 0..16 are the low nibbles, 16..32 the high ones.
-        let lo = _mm_and_si128(packed, low);
-        let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
-        let wq = _mm256_set_m128i(hi, lo);
-        for r in 0..n {
+    let mut acc = [[_mm256_setzero_ps(); A]; W];
+    let mut mins = [[0f32; A]; W];
+    for b in 0..acts.blocks {
+        let mut wq = [_mm256_setzero_si256(); W];
+        let mut dw = [0f32; W];
+        let mut mw = [0f32; W];
+        for i in 0..W {
+            let block = &w[i][b * BLOCK_BYTES..(b + 1) * BLOCK_BYTES];
+            // The block's F16 scale and minimum, widened together.
+            let dm =
+                _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([block[0], block[1], block[2], block[3]])));
+            dw[i] = _mm_cvtss_f32(dm);
+            mw[i] = _mm_cvtss_f32(_mm_movehdup_ps(dm));
+            // SAFETY: `block` has 16 bytes after its two F16 values.
+            let packed = unsafe { _mm_loadu_si128(block.as_ptr().add(4).cast()) };
+            // Elements 0..16 are the low nibbles, 16..32 the high ones.
+            let lo = _mm_and_si128(packed, low);
+            let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
+            wq[i] = _mm256_set_m128i(hi, lo);
+        }
+        for r in 0..A {
             let row = first + r;
-            let at = row * k + b * QK;
             // SAFETY: row `row` has `k` values, `b` is one of its blocks.
-            let a = unsafe { _mm256_loadu_si256(acts.qs.as_ptr().add(at).cast()) };
+            let a = unsafe { _mm256_loadu_si256(acts.qs.as_ptr().add(row * k + b * QK).cast()) };
             let [d_a, s_a] = acts.ds[row * acts.blocks + b];
-            let products = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, a), ones);
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d_w * d_a), _mm256_cvtepi32_ps(products), acc[r]);
-            mins[r] += m_w * s_a;
+            for i in 0..W {
+                let products = _mm256_madd_epi16(_mm256_maddubs_epi16(wq[i], a), ones);
+                acc[i][r] =
+                    _mm256_fmadd_ps(_mm256_set1_ps(dw[i] * d_a), _mm256_cvtepi32_ps(products), acc[i][r]);
+                mins[i][r] += mw[i] * s_a;
+            }
         }
     }
-    for r in 0..n {
-        sums[r] = horizontal_sum(acc[r]) + mins[r];
+    for i in 0..W {
+        for r in 0..A {
+            sums[i][r] = horizontal_sum(acc[i][r]) + mins[i][r];
+        }
     }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn dot_tile(_: &[u8], _: &Q8Rows, _: usize, _: usize, _: &mut [f32; TILE]) {
+unsafe fn tile<const W: usize, const A: usize>(_: [&[u8]; W], _: &Q8Rows, _: usize, _: &mut [[f32; A]; W]) {
     unreachable!("`applies` is false off x86-64")
 }
 
