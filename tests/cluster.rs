@@ -198,6 +198,11 @@ fn two_workers_alternate_and_survive_a_killed_worker() {
     let listed = xinf().args(["list", "-e", &endpoint]).output().expect("run xinf list");
     let listed = String::from_utf8_lossy(&listed.stdout);
     assert!(listed.contains(&format!("{busy}(hybrid dead")), "{listed}");
+    // The registry variant the launch picked (SmolLM2's default: the Q4_1 GGUF file) and the
+    // replicas' KV layout (the native engine's default).
+    for column in ["ggufv2", "0_135", "Q4_1", "native", "paged-kv-first/NHD/B=16"] {
+        assert!(listed.contains(column), "{column} missing: {listed}");
+    }
 
     // The other worker serves everything now.
     let before = served(addr, "m");

@@ -84,6 +84,9 @@ pub struct ReplicaInfo {
     pub gpu_memory_utilization: Option<f64>,
     /// Its status.
     pub status: ReplicaStatus,
+    /// Its KV cache's layout (`paged-kv-first/NHD/B=16`); empty from a server that did not say.
+    #[serde(default)]
+    pub kv_layout: String,
 }
 
 /// A model and its replicas.
@@ -102,6 +105,10 @@ pub struct ModelInfo {
     pub replicas: Vec<ReplicaInfo>,
     /// When its launch began, in seconds since the Unix epoch.
     pub created: u64,
+    /// The weights as the launch named them (registry name, size, format, quantization, or a
+    /// path).
+    #[serde(default)]
+    pub source: xinf_engine::ModelSource,
 }
 
 /// One GPU of a worker.

@@ -1,7 +1,7 @@
 //! [`ClusterService`]: the REST layer over an actor cluster (`xinf local`, `xinf supervisor`).
 
 use crate::api::ModelStats;
-use crate::api::service::{ModelInfo, ModelService, ServiceError, ServiceFuture};
+use crate::api::service::{ModelInfo, ModelService, ServiceError, ServiceFuture, WeightsInfo};
 use futures::FutureExt;
 use xinf_actors::{ActorError, Cluster, LaunchRequest, ReplicaStatus, WorkerStatus};
 use xinf_engine::{GenerateRequest, TokenStream};
@@ -43,6 +43,7 @@ fn info(m: xinf_actors::ModelInfo) -> ModelInfo {
         engine,
         context_length: None,
         created: m.created,
+        weights: WeightsInfo::of(&m.source),
     }
 }
 

@@ -77,6 +77,60 @@ pub struct ModelInfo {
     pub context_length: Option<usize>,
     /// When it was launched, in seconds since the Unix epoch.
     pub created: u64,
+    /// The weights' format (`ggufv2`, `pytorch`), size in billions of parameters (`0_135`) and
+    /// quantization (`Q4_1`, `none`), where known: the registry variant a launch picked, or
+    /// the format of a `model_path`.
+    #[serde(default, flatten)]
+    pub weights: WeightsInfo,
+}
+
+/// What a model's weights are, as `xinf list` shows them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WeightsInfo {
+    /// `ggufv2` or `pytorch`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_format: Option<String>,
+    /// Billions of parameters, `_` for the decimal point.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_size_in_billions: Option<String>,
+    /// `none` or the GGUF quantization.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<String>,
+}
+
+impl WeightsInfo {
+    /// From the launch's fields: the registry variant they pick, else what a `model_path`
+    /// says by its name (a `.gguf` file or a safetensors folder).
+    pub fn of(source: &xinf_engine::ModelSource) -> Self {
+        if let Some(path) = source.model_path.as_deref().filter(|p| !p.trim().is_empty()) {
+            let gguf = path.trim().to_ascii_lowercase().ends_with(".gguf");
+            return Self {
+                model_format: Some(if gguf { "ggufv2" } else { "pytorch" }.to_owned()),
+                model_size_in_billions: source.size_in_billions.clone(),
+                quantization: source.quantization.clone(),
+            };
+        }
+        let picked = xinf_models::find_family(&source.model_name).and_then(|f| {
+            f.select(
+                source.size_in_billions.as_deref(),
+                source.model_format.as_deref(),
+                source.quantization.as_deref(),
+            )
+            .ok()
+        });
+        match picked {
+            Some(spec) => Self {
+                model_format: Some(spec.format.to_owned()),
+                model_size_in_billions: Some(spec.size.to_owned()),
+                quantization: Some(spec.quantization.to_owned()),
+            },
+            None => Self {
+                model_format: source.model_format.clone(),
+                model_size_in_billions: source.size_in_billions.clone(),
+                quantization: source.quantization.clone(),
+            },
+        }
+    }
 }
 
 /// Why a [`ModelService`] call failed. Classified like engine errors: the REST layer turns
@@ -258,6 +312,7 @@ impl LocalService {
             engine: "native".into(),
             context_length: Some(engine.contract().context_length),
             created: now_secs(),
+            weights: WeightsInfo::default(),
         };
         self.models.write().unwrap_or_else(|p| p.into_inner()).insert(uid, LocalModel { info, engine });
     }
@@ -325,6 +380,7 @@ mod tests {
             engine: "native".into(),
             context_length: None,
             created: 0,
+            weights: WeightsInfo::default(),
         };
         let names = [
             (ModelStatus::Launching, "loading"),

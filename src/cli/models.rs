@@ -108,7 +108,11 @@ fn model_rows(models: &[ModelInfo], cat: &Catalog) -> Vec<Vec<String>> {
         "cli-list-col-name",
         "cli-list-col-status",
         "cli-list-col-context",
+        "cli-list-col-format",
+        "cli-list-col-size",
+        "cli-list-col-quantization",
         "cli-list-col-engine",
+        "cli-list-col-layout",
         "cli-list-col-replicas",
     ];
     let mut rows = vec![header(&columns, cat)];
@@ -124,7 +128,20 @@ fn model_rows(models: &[ModelInfo], cat: &Catalog) -> Vec<Vec<String>> {
             each.collect::<Vec<_>>().join(" ")
         };
         let status = model_status_text(m.status, cat);
-        rows.push(vec![m.uid.clone(), m.model_name.clone(), status, context, engines(m), replicas]);
+        let cell = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".to_owned());
+        let w = &m.weights;
+        rows.push(vec![
+            m.uid.clone(),
+            m.model_name.clone(),
+            status,
+            context,
+            cell(&w.model_format),
+            cell(&w.model_size_in_billions),
+            cell(&w.quantization),
+            engines(m),
+            layouts(m),
+            replicas,
+        ]);
     }
     rows
 }
@@ -141,8 +158,20 @@ fn engines(m: &ModelInfo) -> String {
     if seen.is_empty() { m.engine.clone() } else { seen.join("/") }
 }
 
-/// `xinf list`: the models (uid, name, status, context length, engines, replicas and where
-/// they run) or the workers.
+/// The KV layouts of a model's replicas, in the order they first appear (`-` when no replica
+/// says).
+fn layouts(m: &ModelInfo) -> String {
+    let mut seen: Vec<&str> = Vec::new();
+    for r in m.replica_details.iter().filter(|r| !r.kv_layout.is_empty()) {
+        if !seen.contains(&r.kv_layout.as_str()) {
+            seen.push(&r.kv_layout);
+        }
+    }
+    if seen.is_empty() { "-".to_owned() } else { seen.join(" → ") }
+}
+
+/// `xinf list`: the models (uid, name, status, context length, weights' format, size and
+/// quantization, engines, KV layouts, replicas and where they run) or the workers.
 pub(crate) fn list(args: ListArgs, cat: &Catalog) -> Result<(), String> {
     let client = args.endpoint.client();
     let path = if args.workers { "/v1/workers" } else { "/v1/models" };
@@ -181,22 +210,49 @@ mod tests {
         let models = json!({"object": "list", "data": [{"id": "m", "object": "model", "created": 1,
             "owned_by": "xinf", "xinf": {"uid": "m", "model_name": "smollm2", "status": "loading",
             "replicas": 1, "replica_details": [{"replica_uid": "m-0", "role": "prefill", "worker_id": "w1",
-            "gpus": [0], "engine": "vllm", "gpu_memory_utilization": 0.4, "status": "alive"},
+            "gpus": [0], "engine": "vllm", "gpu_memory_utilization": 0.4, "status": "alive",
+            "kv_layout": "paged-packed/NHD/B=16"},
             {"replica_uid": "m-1", "role": "decode", "worker_id": "w1", "gpus": [0], "engine": "sglang",
-            "gpu_memory_utilization": 0.4, "status": "alive"}], "engine": "vllm",
-            "context_length": null, "created": 1}}, {"id": "one", "object": "model", "created": 1,
-            "owned_by": "xinf", "xinf": {"uid": "one", "model_name": "qwen3", "status": "ready",
+            "gpu_memory_utilization": 0.4, "status": "alive", "kv_layout": "token-pool/NHD/B=1"}],
+            "engine": "vllm", "context_length": null, "created": 1, "model_format": "pytorch",
+            "model_size_in_billions": "0_5", "quantization": "none"}}, {"id": "one", "object": "model",
+            "created": 1, "owned_by": "xinf", "xinf": {"uid": "one", "model_name": "qwen3", "status": "ready",
             "replicas": 1, "engine": "native", "context_length": 4096, "created": 1}}]});
         let models = serde_json::from_value::<ModelList>(models).map(ModelList::into_models);
         let models = models.unwrap_or_default();
         let en = Catalog::new("en");
         let rows = model_rows(&models, &en);
-        assert_eq!(rows[0], ["UID", "NAME", "STATUS", "CONTEXT", "ENGINE", "REPLICAS"]);
+        assert_eq!(
+            rows[0],
+            [
+                "UID",
+                "NAME",
+                "STATUS",
+                "CONTEXT",
+                "FORMAT",
+                "SIZE",
+                "QUANTIZATION",
+                "ENGINE",
+                "LAYOUT",
+                "REPLICAS"
+            ]
+        );
         assert_eq!(
             rows[1],
-            ["m", "smollm2", "loading", "-", "vllm/sglang", "m-0(prefill alive w1) m-1(decode alive w1)"]
+            [
+                "m",
+                "smollm2",
+                "loading",
+                "-",
+                "pytorch",
+                "0_5",
+                "none",
+                "vllm/sglang",
+                "paged-packed/NHD/B=16 → token-pool/NHD/B=1",
+                "m-0(prefill alive w1) m-1(decode alive w1)"
+            ]
         );
-        assert_eq!(rows[2], ["one", "qwen3", "ready", "4096", "native", "1"]);
+        assert_eq!(rows[2], ["one", "qwen3", "ready", "4096", "-", "-", "-", "native", "-", "1"]);
 
         let workers = json!([{"info": {"worker_id": "w1", "host": "h", "gpus": [0, 1], "gpu_details": [
             {"index": 0, "name": "NVIDIA H200", "total_memory": 150_000_000_000u64},
@@ -211,18 +267,23 @@ mod tests {
         // Headers, statuses and GPU use in the reader's language; ids, roles and numbers as sent.
         let ja = Catalog::new("ja");
         let rows = model_rows(&models, &ja);
-        assert_eq!(rows[0], ["UID", "名前", "状態", "コンテキスト長", "エンジン", "レプリカ"]);
         assert_eq!(
-            rows[1],
+            rows[0],
             [
-                "m",
-                "smollm2",
-                "読み込み中",
-                "-",
-                "vllm/sglang",
-                "m-0(prefill 稼働中 w1) m-1(decode 稼働中 w1)"
+                "UID",
+                "名前",
+                "状態",
+                "コンテキスト長",
+                "形式",
+                "サイズ",
+                "量子化",
+                "エンジン",
+                "KV レイアウト",
+                "レプリカ"
             ]
         );
+        assert_eq!(rows[1][2], "読み込み中");
+        assert_eq!(rows[1][9], "m-0(prefill 稼働中 w1) m-1(decode 稼働中 w1)");
         assert_eq!(rows[2][2], "準備完了");
         let rows = worker_rows(&workers, &Catalog::new("de"));
         assert_eq!(rows[1], ["w1", "ja", "0 (NVIDIA H200, 139.7 GiB, belegt 0.8); 1", "m-0,m-1"]);

@@ -221,6 +221,7 @@ impl SupervisorState {
                 pd: spec.pd,
                 replicas,
                 created: now_secs(),
+                source: spec.source.clone(),
             },
         );
         Ok((uid, placements))
@@ -408,6 +409,11 @@ fn now_secs() -> u64 {
         .unwrap_or_default()
 }
 
+/// The layout a replica's engine options give, as `xinf list` shows it.
+pub(crate) fn layout_name(engine: &str, config: &xinf_engine::EngineConfig) -> String {
+    config.kv_layout(engine).map(|l| l.to_string()).unwrap_or_default()
+}
+
 /// A placed replica, loading.
 fn loading(p: &Placement) -> ReplicaInfo {
     ReplicaInfo {
@@ -418,6 +424,7 @@ fn loading(p: &Placement) -> ReplicaInfo {
         engine: p.engine.clone(),
         gpu_memory_utilization: p.gpu_memory_utilization,
         status: ReplicaStatus::Loading,
+        kv_layout: layout_name(&p.engine, &p.engine_config),
     }
 }
 

@@ -376,6 +376,16 @@ pub enum EngineConfig {
     Server(ServerConfig),
 }
 
+/// The KV layout of an engine server, by the engine's name (`vllm`, `sglang`).
+pub fn server_layout(engine: &str) -> Option<xinf_transfer::KvLayout> {
+    let (kind, block_size) = match engine {
+        "vllm" => (KvLayoutKind::PagedPacked, 16),
+        "sglang" => (KvLayoutKind::TokenPool, 1),
+        _ => return None,
+    };
+    Some(xinf_transfer::KvLayout { kind, order: KvOrder::Nhd, block_size })
+}
+
 impl EngineConfig {
     /// The device `engine_config` names, if it names one.
     pub fn device(&self) -> Option<ComputeDevice> {
@@ -408,6 +418,17 @@ impl EngineConfig {
     pub fn set_page_ip(&mut self, ip: std::net::IpAddr) {
         if let Self::Server(c) = self {
             c.page_ip = Some(ip);
+        }
+    }
+
+    /// The layout of the replica's KV cache: the options' for xinf's own engines, the engine's
+    /// own for a server (`vllm`: vLLM 0.26's packed blocks of 16 tokens; `sglang`: SGLang's
+    /// token pool).
+    pub fn kv_layout(&self, engine: &str) -> Option<xinf_transfer::KvLayout> {
+        match self {
+            Self::Native(c) => Some(c.layout()),
+            Self::Mock(c) => Some(c.engine.layout()),
+            Self::Server(_) => server_layout(engine),
         }
     }
 

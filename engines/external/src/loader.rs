@@ -15,8 +15,8 @@ use xinf_engine::{
     ModelSource, ServerConfig,
 };
 use xinf_models::{ModelConfig, ModelRequest, TextTokenizer, WeightsFormat};
+use xinf_transfer::LayoutDescriptor;
 use xinf_transfer::sync::lock;
-use xinf_transfer::{KvLayout, KvLayoutKind, KvOrder, LayoutDescriptor};
 
 /// How long a server may take to become healthy unless `launch_timeout_s` says otherwise:
 /// vLLM compiles and captures CUDA graphs, SGLang captures its own, each for a minute or more.
@@ -137,10 +137,8 @@ impl ServerLoader {
     /// The layout of the server's KV cache, as xinf's layout set names it. The block count is the
     /// server's own; xinf learns it only through the KV connector.
     fn layout(&self, c: &ModelContract) -> Result<LayoutDescriptor, EngineError> {
-        let layout = match self.flavor {
-            Flavor::Vllm => KvLayout { kind: KvLayoutKind::PagedPacked, order: KvOrder::Nhd, block_size: 16 },
-            Flavor::Sglang => KvLayout { kind: KvLayoutKind::TokenPool, order: KvOrder::Nhd, block_size: 1 },
-        };
+        let layout = xinf_engine::config::server_layout(self.flavor.name())
+            .ok_or_else(|| EngineError::Internal(format!("no KV layout known for {}", self.flavor)))?;
         layout
             .describe(c.num_layers, c.kv_heads, c.head_dim, 1)
             .map_err(|e| EngineError::Internal(e.to_string()))

@@ -207,7 +207,7 @@ impl ModelFamily {
     ///
     /// Each field is checked in turn so that the error names the first field without a match
     /// and lists what exists given the fields before it.
-    pub(crate) fn select(
+    pub fn select(
         &'static self,
         size: Option<&str>,
         format: Option<&str>,

@@ -157,6 +157,7 @@ impl SupervisorState {
             pd: spec.pd,
             replicas: replicas.iter().map(|r| held_info(r, worker_id)).collect(),
             created: super::now_secs(),
+            source: spec.source.clone(),
         };
         self.models.insert(uid.to_owned(), model);
         self.specs.insert(uid.to_owned(), spec);
@@ -288,5 +289,6 @@ fn held_info(spec: &ReplicaSpec, worker_id: &str) -> ReplicaInfo {
         engine: spec.engine.clone(),
         gpu_memory_utilization: spec.engine_config.gpu_memory_utilization(),
         status: ReplicaStatus::Loading,
+        kv_layout: super::layout_name(&spec.engine, &spec.engine_config),
     }
 }
