@@ -51,10 +51,17 @@ fn delta_text(event: &Value) -> Option<String> {
     chunk.choices.into_iter().next()?.delta.content
 }
 
-/// Reads a message per line from stdin and streams each answer to stdout, keeping the
-/// conversation. An empty line is skipped; `exit`, `quit` or end of input ends the chat.
+/// Checks that the server serves the model, then reads a message per line from stdin and
+/// streams each answer to stdout, keeping the conversation. An empty line is skipped; `exit`, `quit` or end of input ends the chat.
 pub(crate) fn chat(args: ChatArgs, cat: &Catalog) -> Result<(), String> {
     let client = args.endpoint.client();
+    // Asked first, so that a mistyped uid is said before anything is typed.
+    let served = client.models().map_err(|e| e.text(cat))?;
+    if !served.iter().any(|m| m.uid == args.model_uid) {
+        let names = served.iter().map(|m| m.uid.as_str()).collect::<Vec<_>>().join(", ");
+        let names = if names.is_empty() { "-".to_owned() } else { names };
+        return Err(cat.text("cli-chat-unknown-model", &[("uid", &args.model_uid), ("served", &names)]));
+    }
     let interactive = std::io::stdin().is_terminal();
     let mut messages: Vec<Value> = Vec::new();
     if let Some(s) = &args.system {

@@ -76,6 +76,7 @@ cli-replica-config-entry = --replica-config{ $field }: { $detail }
 cli-replica-config-count = --replica ({ $replica }) muss der Anzahl der Einträge in --replica-config ({ $entries }) entsprechen
 cli-replica-config-legacy = --replica-config kann nicht zusammen mit --worker-ip, --gpu-idx, --n-gpu oder --n-worker verwendet werden
 cli-chat-hello = Chat mit `{ $uid }`; geben Sie eine Nachricht ein oder exit zum Beenden.
+cli-chat-unknown-model = Dort wird kein Modell `{ $uid }` bereitgestellt (bereitgestellt: { $served }).
 cli-bench-model-required = geben Sie mindestens eine --model-uid an
 cli-bench-sizing = Prompt-Längen werden mit `{ $uid }` bestimmt…
 cli-bench-no-usage = die Antwort enthielt kein usage.prompt_tokens

@@ -76,6 +76,7 @@ cli-replica-config-entry = --replica-config{ $field }: { $detail }
 cli-replica-config-count = --replica ({ $replica }) must match the number of entries in --replica-config ({ $entries })
 cli-replica-config-legacy = --replica-config cannot be used together with --worker-ip, --gpu-idx, --n-gpu, --n-worker
 cli-chat-hello = Chatting with `{ $uid }`; type a message, or exit to leave.
+cli-chat-unknown-model = No model `{ $uid }` is served there (served: { $served }).
 cli-bench-model-required = give at least one --model-uid
 cli-bench-sizing = Sizing the prompts with `{ $uid }`…
 cli-bench-no-usage = the answer carried no usage.prompt_tokens

@@ -76,6 +76,7 @@ cli-replica-config-entry = --replica-config{ $field }: { $detail }
 cli-replica-config-count = --replica ({ $replica }) debe coincidir con el número de entradas de --replica-config ({ $entries })
 cli-replica-config-legacy = --replica-config no se puede usar junto con --worker-ip, --gpu-idx, --n-gpu ni --n-worker
 cli-chat-hello = Chateando con `{ $uid }`; escriba un mensaje, o exit para salir.
+cli-chat-unknown-model = Allí no se sirve ningún modelo `{ $uid }` (servidos: { $served }).
 cli-bench-model-required = indique al menos un --model-uid
 cli-bench-sizing = Ajustando los prompts con `{ $uid }`…
 cli-bench-no-usage = la respuesta no incluía usage.prompt_tokens

@@ -76,6 +76,7 @@ cli-replica-config-entry = --replica-config{ $field } : { $detail }
 cli-replica-config-count = --replica ({ $replica }) doit correspondre au nombre d'entrées de --replica-config ({ $entries })
 cli-replica-config-legacy = --replica-config ne peut pas être utilisé avec --worker-ip, --gpu-idx, --n-gpu ou --n-worker
 cli-chat-hello = Discussion avec `{ $uid }` ; saisissez un message, ou exit pour quitter.
+cli-chat-unknown-model = Aucun modèle `{ $uid }` n'est servi là (servis : { $served }).
 cli-bench-model-required = indiquez au moins un --model-uid
 cli-bench-sizing = Calibrage des prompts avec `{ $uid }`…
 cli-bench-no-usage = la réponse ne contenait pas usage.prompt_tokens

@@ -76,6 +76,7 @@ cli-replica-config-entry = --replica-config{ $field }：{ $detail }
 cli-replica-config-count = --replica（{ $replica }）は --replica-config の要素数（{ $entries }）と一致しなければなりません
 cli-replica-config-legacy = --replica-config は --worker-ip、--gpu-idx、--n-gpu、--n-worker と同時に使用できません
 cli-chat-hello = `{ $uid }` とチャットします。メッセージを入力してください。exit で終了します。
+cli-chat-unknown-model = モデル `{ $uid }` はそこで提供されていません（提供中：{ $served }）。
 cli-bench-model-required = --model-uid を少なくとも 1 つ指定してください
 cli-bench-sizing = `{ $uid }` でプロンプトの長さを調整しています…
 cli-bench-no-usage = 応答に usage.prompt_tokens がありません

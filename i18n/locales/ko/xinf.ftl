@@ -76,6 +76,7 @@ cli-replica-config-entry = --replica-config{ $field }: { $detail }
 cli-replica-config-count = --replica({ $replica })는 --replica-config의 항목 수({ $entries })와 같아야 합니다
 cli-replica-config-legacy = --replica-config는 --worker-ip, --gpu-idx, --n-gpu, --n-worker와 함께 쓸 수 없습니다
 cli-chat-hello = `{ $uid }`와(과) 대화합니다. 메시지를 입력하고, 끝내려면 exit를 입력하세요.
+cli-chat-unknown-model = 그곳에서는 모델 `{ $uid }`을(를) 제공하지 않습니다(제공 중: { $served }).
 cli-bench-model-required = --model-uid를 하나 이상 지정하세요
 cli-bench-sizing = `{ $uid }`(으)로 프롬프트 길이를 맞추는 중…
 cli-bench-no-usage = 응답에 usage.prompt_tokens가 없습니다

@@ -76,6 +76,7 @@ cli-replica-config-entry = --replica-config{ $field }: { $detail }
 cli-replica-config-count = --replica ({ $replica }) deve corresponder ao número de entradas de --replica-config ({ $entries })
 cli-replica-config-legacy = --replica-config não pode ser usado junto com --worker-ip, --gpu-idx, --n-gpu ou --n-worker
 cli-chat-hello = Conversando com `{ $uid }`; digite uma mensagem, ou exit para sair.
+cli-chat-unknown-model = Nenhum modelo `{ $uid }` é servido lá (servidos: { $served }).
 cli-bench-model-required = informe pelo menos um --model-uid
 cli-bench-sizing = Ajustando os prompts com `{ $uid }`…
 cli-bench-no-usage = a resposta não trouxe usage.prompt_tokens

@@ -76,6 +76,7 @@ cli-replica-config-entry = --replica-config{ $field }: { $detail }
 cli-replica-config-count = --replica ({ $replica }) должно совпадать с числом записей в --replica-config ({ $entries })
 cli-replica-config-legacy = --replica-config нельзя использовать вместе с --worker-ip, --gpu-idx, --n-gpu или --n-worker
 cli-chat-hello = Чат с `{ $uid }`; введите сообщение или exit для выхода.
+cli-chat-unknown-model = Модель `{ $uid }` там не обслуживается (обслуживаются: { $served }).
 cli-bench-model-required = укажите хотя бы один --model-uid
 cli-bench-sizing = Подбор длины промптов с помощью `{ $uid }`…
 cli-bench-no-usage = в ответе нет usage.prompt_tokens

@@ -76,6 +76,7 @@ cli-replica-config-entry = --replica-config{ $field }：{ $detail }
 cli-replica-config-count = --replica（{ $replica }）必须与 --replica-config 的条目数（{ $entries }）一致
 cli-replica-config-legacy = --replica-config 不能与 --worker-ip、--gpu-idx、--n-gpu、--n-worker 同时使用
 cli-chat-hello = 正在与 `{ $uid }` 对话；输入消息，输入 exit 退出。
+cli-chat-unknown-model = 那里没有提供模型 `{ $uid }`（已提供：{ $served }）。
 cli-bench-model-required = 请至少提供一个 --model-uid
 cli-bench-sizing = 正在用 `{ $uid }` 确定提示词长度…
 cli-bench-no-usage = 响应中没有 usage.prompt_tokens

@@ -76,6 +76,7 @@ cli-replica-config-entry = --replica-config{ $field }：{ $detail }
 cli-replica-config-count = --replica（{ $replica }）必須與 --replica-config 的項目數（{ $entries }）相符
 cli-replica-config-legacy = --replica-config 不能與 --worker-ip、--gpu-idx、--n-gpu、--n-worker 同時使用
 cli-chat-hello = 正在與 `{ $uid }` 對話；輸入訊息，或輸入 exit 離開。
+cli-chat-unknown-model = 那裡沒有提供模型 `{ $uid }`（已提供：{ $served }）。
 cli-bench-model-required = 請至少提供一個 --model-uid
 cli-bench-sizing = 正在用 `{ $uid }` 計算提示詞長度…
 cli-bench-no-usage = 回應中沒有 usage.prompt_tokens
