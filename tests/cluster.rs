@@ -9,7 +9,7 @@ mod nodes;
 
 pub(crate) use nodes::{supervisor, supervisor_on, worker, worker_with_env};
 
-use crate::util::procs::{Proc, local, poll, xinf};
+use crate::util::procs::{Proc, local, poll, xinf, xinf_chat};
 use crate::util::{self, http};
 use serde_json::{Value, json};
 use std::io::Read;
@@ -248,24 +248,11 @@ fn local_cluster_manages_models_over_rest() {
 
     // `xinf chat` asks for the model before reading anything; then chats until `exit`.
     let endpoint = format!("http://{addr}");
-    let chat = |uid: &str, input: &str| {
-        let mut child = xinf()
-            .args(["chat", "-u", uid, "-e", &endpoint, "--temperature", "0", "--max-tokens", "24"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run xinf chat");
-        if let Some(mut stdin) = child.stdin.take() {
-            let _ = std::io::Write::write_all(&mut stdin, input.as_bytes());
-        }
-        child.wait_with_output().expect("xinf chat output")
-    };
-    let out = chat("firts", "What is the capital of France?\n");
+    let out = xinf_chat(&endpoint, "firts", "What is the capital of France?\n");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("`firts`") && err.contains("first"), "{err}");
     assert!(out.stdout.is_empty(), "nothing was sent: {}", String::from_utf8_lossy(&out.stdout));
-    let out = chat("first", "What is the capital of France?\nexit\n");
+    let out = xinf_chat(&endpoint, "first", "What is the capital of France?\nexit\n");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("Paris"),

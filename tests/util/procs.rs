@@ -20,6 +20,21 @@ pub fn xinf() -> Command {
     c
 }
 
+/// `xinf chat` with the model `uid` of `endpoint`, greedy, fed `input` on stdin; its output.
+pub fn xinf_chat(endpoint: &str, uid: &str, input: &str) -> std::process::Output {
+    let mut child = xinf()
+        .args(["chat", "-u", uid, "-e", endpoint, "--temperature", "0", "--max-tokens", "24"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run xinf chat");
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = std::io::Write::write_all(&mut stdin, input.as_bytes());
+    }
+    child.wait_with_output().expect("xinf chat output")
+}
+
 /// A running `xinf` process whose stderr is collected; killed when dropped.
 pub struct Proc {
     child: Child,
