@@ -1,7 +1,7 @@
 //! [`ClusterService`]: the REST layer over an actor cluster (`xinf local`, `xinf supervisor`).
 
 use crate::api::ModelStats;
-use crate::api::service::{ModelInfo, ModelService, ServiceError, ServiceFuture, WeightsInfo};
+use crate::api::service::{ModelInfo, ModelService, ServiceError, ServiceFuture, WeightsInfo, first_seen};
 use futures::FutureExt;
 use xinf_actors::{ActorError, Cluster, LaunchRequest, ReplicaStatus, WorkerStatus};
 use xinf_engine::{GenerateRequest, TokenStream};
@@ -27,12 +27,7 @@ impl ClusterService {
 
 fn info(m: xinf_actors::ModelInfo) -> ModelInfo {
     // The replicas' engines, once each in launch order (`vllm+sglang` for a mixed launch).
-    let mut engines: Vec<&str> = Vec::new();
-    for r in &m.replicas {
-        if !engines.contains(&r.engine.as_str()) {
-            engines.push(&r.engine);
-        }
-    }
+    let engines = first_seen(m.replicas.iter().map(|r| r.engine.as_str()));
     let engine = if engines.is_empty() { "native".to_owned() } else { engines.join("+") };
     ModelInfo {
         replicas: m.replicas.iter().filter(|r| r.status != ReplicaStatus::Dead).count(),

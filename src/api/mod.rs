@@ -59,6 +59,7 @@ mod stats;
 
 pub use cluster::ClusterService;
 pub(crate) use routes::registrations_json;
+pub(crate) use service::first_seen;
 pub(crate) use service::status_name;
 pub use service::{LocalService, ModelInfo, ModelService, ServiceError, ServiceFuture, WeightsInfo};
 pub use stats::ModelStats;

@@ -84,6 +84,18 @@ pub struct ModelInfo {
     pub weights: WeightsInfo,
 }
 
+/// `items` without repeats, each where it first appears (a model's replicas' engines or
+/// layouts, in launch order).
+pub(crate) fn first_seen<'a>(items: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut seen: Vec<&str> = Vec::new();
+    for item in items {
+        if !seen.contains(&item) {
+            seen.push(item);
+        }
+    }
+    seen
+}
+
 /// What a model's weights are, as `xinf list` shows them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WeightsInfo {

@@ -4,7 +4,7 @@ use super::client::ModelList;
 use super::columns;
 use super::launch::EndpointArgs;
 use super::status::{model_status_text, replica_status_text};
-use crate::api::ModelInfo;
+use crate::api::{ModelInfo, first_seen};
 use clap::Args;
 use xinf_actors::{GpuInfo, GpuUsage, WorkerStatus};
 use xinf_i18n::Catalog;
@@ -149,24 +149,14 @@ fn model_rows(models: &[ModelInfo], cat: &Catalog) -> Vec<Vec<String>> {
 /// The engines a model runs on: its replicas' in the order they first appear (`vllm/sglang` for
 /// a vLLM prefill with SGLang decode), else the model's own.
 fn engines(m: &ModelInfo) -> String {
-    let mut seen: Vec<&str> = Vec::new();
-    for r in &m.replica_details {
-        if !seen.contains(&r.engine.as_str()) {
-            seen.push(&r.engine);
-        }
-    }
+    let seen = first_seen(m.replica_details.iter().map(|r| r.engine.as_str()));
     if seen.is_empty() { m.engine.clone() } else { seen.join("/") }
 }
 
 /// The KV layouts of a model's replicas, in the order they first appear (`-` when no replica
 /// says).
 fn layouts(m: &ModelInfo) -> String {
-    let mut seen: Vec<&str> = Vec::new();
-    for r in m.replica_details.iter().filter(|r| !r.kv_layout.is_empty()) {
-        if !seen.contains(&r.kv_layout.as_str()) {
-            seen.push(&r.kv_layout);
-        }
-    }
+    let seen = first_seen(m.replica_details.iter().map(|r| r.kv_layout.as_str()).filter(|l| !l.is_empty()));
     if seen.is_empty() { "-".to_owned() } else { seen.join(" → ") }
 }
 
