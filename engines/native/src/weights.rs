@@ -240,9 +240,7 @@ impl Source<'_> {
                 rows += shape[0];
             }
             let (dtype, cols) = (one_type.unwrap_or(GgmlDType::F32), parts[0].1[1]);
-            let storage = QStorage::from_data(Cow::Owned(bytes), &Device::Cpu, dtype)
-                .map_err(|e| corrupt_by(self.file, e))?;
-            let q = QTensor::new(storage, (rows, cols)).map_err(|e| corrupt_by(self.file, e))?;
+            let q = blocks_tensor(bytes, dtype, (rows, cols)).map_err(|e| corrupt_by(self.file, e))?;
             return Ok(Linear::Quantized(Arc::new(q)));
         }
         let dense = parts.iter().map(|(n, shape)| self.take(n, shape)).collect::<Result<Vec<_>, _>>()?;
@@ -370,12 +368,15 @@ fn build(cfg: &ModelConfig, src: &mut Source<'_>, names: &Names) -> Result<Weigh
     Ok(Weights { embed, layers, final_norm, lm_head })
 }
 
+/// A quantized CPU tensor of `dims` made of the blocks `bytes` (of type `dtype`).
+fn blocks_tensor(bytes: Vec<u8>, dtype: GgmlDType, dims: (usize, usize)) -> candle_core::Result<QTensor> {
+    QTensor::new(QStorage::from_data(Cow::Owned(bytes), &Device::Cpu, dtype)?, dims)
+}
+
 /// A copy of a quantized tensor.
 fn requantized(q: &QTensor, file: &Path) -> Result<QTensor, ModelError> {
-    let data = q.data().map_err(|e| corrupt_by(file, e))?.into_owned();
-    let storage =
-        QStorage::from_data(Cow::Owned(data), &Device::Cpu, q.dtype()).map_err(|e| corrupt_by(file, e))?;
-    QTensor::new(storage, q.shape().clone()).map_err(|e| corrupt_by(file, e))
+    let copy = |q: &QTensor| blocks_tensor(q.data()?.into_owned(), q.dtype(), q.shape().dims2()?);
+    copy(q).map_err(|e| corrupt_by(file, e))
 }
 
 /// Loads safetensors weights from a Hugging Face folder (single file or sharded with an index).
@@ -415,7 +416,7 @@ fn unpermute_rows(q: &QTensor, heads: usize) -> candle_core::Result<QTensor> {
             }
         }
     }
-    QTensor::new(QStorage::from_data(Cow::Owned(rows), &Device::Cpu, q.dtype())?, (out, cols))
+    blocks_tensor(rows, q.dtype(), (out, cols))
 }
 
 /// `q` re-blocked where neither candle nor [`crate::q4_1`] has SIMD code for its block type
