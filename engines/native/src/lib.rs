@@ -42,4 +42,4 @@ mod weights;
 
 pub use engine::NativeEngine;
 pub use loader::NativeLoader;
-pub use options::{ComputeDevice, ENGINE_CONFIG_KEYS, EngineOptions};
+pub use options::{ComputeDevice, ENGINE_CONFIG_KEYS, EngineOptions, GPU_MAX_BATCH_TOKENS};

@@ -506,7 +506,9 @@ fn a_missing_gpu_is_an_error_not_a_panic() {
 /// engine itself (its step loop, the forward pass, the logits copy and the CPU sampler; no HTTP,
 /// no actors), for a Qwen2.5-0.5B-shaped FP16 model with random weights and a 49,152-token
 /// vocabulary, with CUDA graphs and without, against the HBM roofline (the weight bytes read
-/// once per token at 4.8 TB/s). Prints; asserts only that both runs decode the same tokens.
+/// once per token at 4.8 TB/s); and the time of the whole prompt pass of 40-, 733- and
+/// 2,833-token prompts (`prompt_logits`, medians of 5, chunks of the default
+/// `max_batch_tokens`). Prints; asserts only that both runs decode the same tokens.
 #[test]
 fn decode_step_time_at_batch_1() {
     if !gpu_enabled("decode_step_time_at_batch_1") {
@@ -570,6 +572,24 @@ fn decode_step_time_at_batch_1() {
             })
         };
         let _ = run(16, "warm");
+        if graphs {
+            for len in [40usize, 733, 2833] {
+                let ids = prompt(len, 9, vocab);
+                let mut ms: Vec<f64> = (0..6)
+                    .map(|_| {
+                        let t = std::time::Instant::now();
+                        rt().block_on(engine.prompt_logits(ids.clone())).expect("prompt logits");
+                        t.elapsed().as_secs_f64() * 1e3
+                    })
+                    .skip(1)
+                    .collect();
+                ms.sort_by(f64::total_cmp);
+                eprintln!(
+                    "Qwen2.5-0.5B shape FP16: prompt of {len} tokens: whole prompt pass p50 {:.2} ms",
+                    ms[2]
+                );
+            }
+        }
         let (times, tokens) = run(257, "timed");
         let mut gaps: Vec<f64> = times.windows(2).map(|w| (w[1] - w[0]).as_secs_f64() * 1e3).collect();
         gaps.sort_by(f64::total_cmp);

@@ -137,6 +137,9 @@ pub(super) struct StepBufs {
     pub(super) tab_off: CudaSlice<i32>,
     pub(super) tables: CudaSlice<u32>,
     pub(super) rows: CudaSlice<i32>,
+    /// `flash_prefill`'s tiles (pairs; at most one per token) and `attention`'s listed tokens.
+    pub(super) tiles: CudaSlice<i32>,
+    pub(super) singles: CudaSlice<i32>,
     pub(super) x: CudaSlice<f32>,
     pub(super) delta: CudaSlice<f32>,
     pub(super) act: Buf,
@@ -164,6 +167,8 @@ impl StepBufs {
             tab_off: s.alloc_zeros(t).map_err(driver)?,
             tables: s.alloc_zeros(tables).map_err(driver)?,
             rows: s.alloc_zeros(rows).map_err(driver)?,
+            tiles: s.alloc_zeros(2 * t).map_err(driver)?,
+            singles: s.alloc_zeros(t).map_err(driver)?,
             x: s.alloc_zeros(t * hid).map_err(driver)?,
             delta: s.alloc_zeros(t * hid).map_err(driver)?,
             act: s.alloc_zeros(t * hid.max(h * d).max(inter) * es).map_err(driver)?,
@@ -190,6 +195,12 @@ impl StepBufs {
         s.memcpy_htod(&plan.tables[..], &mut self.tables).map_err(driver)?;
         if !plan.rows.is_empty() {
             s.memcpy_htod(&plan.rows[..], &mut self.rows).map_err(driver)?;
+        }
+        if !plan.tiles.is_empty() {
+            s.memcpy_htod(&plan.tiles[..], &mut self.tiles).map_err(driver)?;
+        }
+        if !plan.singles.is_empty() {
+            s.memcpy_htod(&plan.singles[..], &mut self.singles).map_err(driver)?;
         }
         Ok(())
     }

@@ -18,7 +18,9 @@
 use super::buffers::{Buf, GpuLayer, GpuWeights, StepBufs};
 use super::error::{GpuError, driver};
 use super::pages::CacheView;
-use super::plan::{ATTENTION_WARPS, check_matmul, elem_bytes, kernel_source, rope_tables};
+use super::plan::{
+    ATTENTION_WARPS, StepShape, check_matmul, elem_bytes, flash_fits, kernel_source, rope_tables,
+};
 use crate::weights::Weights;
 use cudarc::cublas::CudaBlas;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t};
@@ -43,16 +45,24 @@ struct Kernels {
     add_rmsnorm: CudaFunction,
     qkv_post: CudaFunction,
     attention: CudaFunction,
+    /// The tensor-core prefill attention, where `plan::flash_fits` says it exists.
+    flash: Option<CudaFunction>,
     silu_mul: CudaFunction,
 }
 
 impl Kernels {
-    /// Compiles the kernels for weights in `wdt` and a cache in `kdt`, for `ctx`'s GPU.
-    fn compile(ctx: &Arc<CudaContext>, wdt: KvDtype, kdt: KvDtype) -> Result<Self, GpuError> {
+    /// Compiles the kernels for weights in `wdt`, a cache in `kdt` and heads of `head_dim`, for
+    /// `ctx`'s GPU.
+    fn compile(
+        ctx: &Arc<CudaContext>,
+        wdt: KvDtype,
+        kdt: KvDtype,
+        head_dim: usize,
+    ) -> Result<Self, GpuError> {
         let (major, minor) = ctx.compute_capability().map_err(driver)?;
         let opts =
             cudarc::nvrtc::CompileOptions { arch: Some(nvrtc_arch(major, minor)), ..Default::default() };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(kernel_source(wdt, kdt), opts)
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(kernel_source(wdt, kdt, head_dim), opts)
             .map_err(|e| GpuError::Compile(e.to_string()))?;
         let module = ctx.load_module(ptx).map_err(driver)?;
         let f = |name: &str| module.load_function(name).map_err(driver);
@@ -61,6 +71,7 @@ impl Kernels {
             add_rmsnorm: f("add_rmsnorm")?,
             qkv_post: f("qkv_post")?,
             attention: f("attention")?,
+            flash: flash_fits(kdt, head_dim, major).then(|| f("flash_prefill")).transpose()?,
             silu_mul: f("silu_mul")?,
         })
     }
@@ -103,7 +114,7 @@ impl Forward {
         kdt: KvDtype,
         max_positions: usize,
     ) -> Result<Self, GpuError> {
-        let k = Kernels::compile(s.context(), wdt, kdt)?;
+        let k = Kernels::compile(s.context(), wdt, kdt, cfg.head_dim)?;
         let w = GpuWeights::upload(s, w, wdt, cfg.tie_word_embeddings)?;
         let (cos, sin) = rope_tables(&cfg, max_positions);
         let cos = s.clone_htod(&cos).map_err(driver)?;
@@ -116,11 +127,17 @@ impl Forward {
         &self.cfg
     }
 
+    /// Whether prompt chunks over `cache` run the tensor-core prefill attention: the kernel
+    /// exists for this model and GPU, and it can read the cache's rows in whole words.
+    pub(super) fn flash(&self, cache: &CacheView) -> bool {
+        self.k.flash.is_some() && cache.aligned
+    }
+
     /// Enqueues the forward pass of a step of `t` tokens whose plan is in `bufs`, writing K
     /// and V into `cache`, and the logits of its `n_rows` wanted rows, from the embedding to
-    /// the lm_head gemm. Every launch argument depends on the model, `t` and `n_rows` alone,
-    /// and every buffer is at a fixed address, so what a capture of this records is valid for
-    /// any step of the same shape.
+    /// the lm_head gemm. Every launch argument depends on the model and the step's shape
+    /// alone, and every buffer is at a fixed address, so what a capture of this records is
+    /// valid for any step of the same shape.
     ///
     /// SAFETY (every launch of the step, here and in the helpers it calls): each kernel reads
     /// exactly the arguments pushed, in this order and with these types. Token-indexed buffers
@@ -136,9 +153,9 @@ impl Forward {
         lane: Lane<'_>,
         bufs: &mut StepBufs,
         cache: &CacheView,
-        t: usize,
-        n_rows: usize,
+        shape: StepShape,
     ) -> Result<(), GpuError> {
+        let StepShape { tokens: t, rows: n_rows, .. } = shape;
         let s = lane.stream;
         let (hid, vocab) = (self.cfg.hidden_size, self.cfg.vocab_size);
         // The first residual add reads `delta` before any layer wrote it.
@@ -156,7 +173,7 @@ impl Forward {
         unsafe { b.launch(cfg1(t_i, 256)) }.map_err(driver)?;
 
         for (li, lw) in self.w.layers.iter().enumerate() {
-            self.record_layer(lane, bufs, cache, li, lw, t)?;
+            self.record_layer(lane, bufs, cache, li, lw, shape)?;
         }
         if n_rows == 0 {
             return Ok(());
@@ -167,7 +184,7 @@ impl Forward {
         self.matmul(lane, self.w.head(), &bufs.act, &mut bufs.logits, [vocab, hid, n_rows])
     }
 
-    /// Enqueues layer `li` (weights `lw`) of a step of `t` tokens.
+    /// Enqueues layer `li` (weights `lw`) of a step of `shape`.
     fn record_layer(
         &self,
         lane: Lane<'_>,
@@ -175,8 +192,9 @@ impl Forward {
         cache: &CacheView,
         li: usize,
         lw: &GpuLayer,
-        t: usize,
+        shape: StepShape,
     ) -> Result<(), GpuError> {
+        let t = shape.tokens;
         let cfg = &self.cfg;
         let s = lane.stream;
         let (h, kvh, d) = (cfg.num_heads, cfg.kv_heads, cfg.head_dim);
@@ -187,7 +205,7 @@ impl Forward {
         self.add_rmsnorm(s, bufs, false, &lw.attn_norm, t_i)?;
         self.matmul(lane, &lw.wqkv, &bufs.act, &mut bufs.qkv, [qkv_w, hid, t])?;
         self.qkv_post(s, bufs, cache, [li, t], lw)?;
-        self.attention(s, bufs, cache, [li, t])?;
+        self.attention(s, bufs, cache, [li, t, shape.tiles, shape.singles])?;
         self.matmul(lane, &lw.wo, &bufs.act, &mut bufs.delta, [hid, h * d, t])?;
 
         self.add_rmsnorm(s, bufs, false, &lw.mlp_norm, t_i)?;
@@ -258,20 +276,58 @@ impl Forward {
         Ok(())
     }
 
-    /// Enqueues paged attention of layer `li` for `t` query tokens, each over its own
-    /// sequence's keys in `cache` up to its position, into `act`.
+    /// Enqueues attention of layer `li` for `t` query tokens, each over its own sequence's keys
+    /// in `cache` up to its position, into `act`: the prompt chunks listed in the step's tiles
+    /// on tensor cores (`flash_prefill`), the other tokens (all of them when there are no
+    /// tiles) one block per (token, head) (`attention`). `tiles`/`singles` are the plan's counts.
     fn attention(
         &self,
         s: &Arc<CudaStream>,
         bufs: &mut StepBufs,
         c: &CacheView,
-        [li, t]: [usize; 2],
+        [li, t, tiles, singles]: [usize; 4],
     ) -> Result<(), GpuError> {
         let cfg = &self.cfg;
         let (h, d) = (cfg.num_heads, cfg.head_dim);
         let (h_i, kvh_i, d_i) = (h as i32, cfg.kv_heads as i32, d as i32);
         let scale = 1.0f32 / (d as f32).sqrt();
         let [kp, vp] = c.planes[li];
+        let (use_toks, vec) = (i32::from(tiles > 0), i32::from(c.aligned));
+        let flash = self.k.flash.as_ref().filter(|_| tiles > 0 && c.aligned);
+        if let Some(flash) = flash {
+            let scale_log2 = scale * std::f32::consts::LOG2_E;
+            let mut b = s.launch_builder(flash);
+            b.arg(&bufs.q)
+                .arg(&kp)
+                .arg(&vp)
+                .arg(&bufs.pos)
+                .arg(&bufs.tab_off)
+                .arg(&bufs.tables)
+                .arg(&bufs.tiles)
+                .arg(&c.block_size)
+                .arg(&c.s_blk)
+                .arg(&c.s_tok)
+                .arg(&c.s_head)
+                .arg(&mut bufs.act)
+                .arg(&h_i)
+                .arg(&kvh_i)
+                .arg(&scale_log2);
+            let grid = LaunchConfig {
+                grid_dim: (tiles as u32, h as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: see `record`'s doc; besides, the plan's tiles are `(first, count)` pairs of
+            // tokens of one chunk each (below `t`), `flash` exists only for the dtype and head
+            // dimension `flash.cu` is compiled for, and `c.aligned` says every row it reads in
+            // 16-byte words starts on a 16-byte boundary.
+            unsafe { b.launch(grid) }.map_err(driver)?;
+        }
+        let blocks = if flash.is_some() { singles } else { t };
+        if blocks == 0 {
+            return Ok(());
+        }
+        let use_toks = if flash.is_some() { use_toks } else { 0 };
         let mut b = s.launch_builder(&self.k.attention);
         b.arg(&bufs.q)
             .arg(&kp)
@@ -279,6 +335,9 @@ impl Forward {
             .arg(&bufs.pos)
             .arg(&bufs.tab_off)
             .arg(&bufs.tables)
+            .arg(&bufs.singles)
+            .arg(&use_toks)
+            .arg(&vec)
             .arg(&c.block_size)
             .arg(&c.s_blk)
             .arg(&c.s_tok)
@@ -289,11 +348,12 @@ impl Forward {
             .arg(&d_i)
             .arg(&scale);
         let grid = LaunchConfig {
-            grid_dim: (t as u32, h as u32, 1),
+            grid_dim: (blocks as u32, h as u32, 1),
             block_dim: (32 * ATTENTION_WARPS, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: see `record`'s doc.
+        // SAFETY: see `record`'s doc; `singles` lists tokens below `t` and is read only with
+        // `use_toks`, and `vec` only when `c.aligned` holds.
         unsafe { b.launch(grid) }.map_err(driver)?;
         Ok(())
     }

@@ -7,6 +7,9 @@
 
 typedef unsigned short u16;
 #define NEG_INF __int_as_float(0xff800000)
+// 16-byte words, for whole-word loads of aligned rows.
+struct alignas(16) u32x4 { unsigned int x, y, z, w; };
+struct alignas(16) f32x4 { float x, y, z, w; };
 
 __device__ __forceinline__ float h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ u16 f2h(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
@@ -141,49 +144,91 @@ extern "C" __global__ void qkv_post(const float* qkv, const wt* bias, int has_bi
 #define MAXV 8     // head_dim <= 32 * MAXV
 // WARPS (warps per attention block) is defined by the host, which launches 32 * WARPS threads.
 
+// q · K[kr .. kr + D): with `vec`, rows start 16-byte aligned and D is a multiple of 16 bytes'
+// worth of elements, so whole 16-byte words are read.
+__device__ __forceinline__ float dot_row(const float* sq, const kt* kr, int D, int vec) {
+    float a = 0.f;
+    if (vec) {
+#if KT == 0
+        for (int i = 0; i < D; i += 4) {
+            f32x4 w = *(const f32x4*)(kr + i);
+            a += sq[i] * w.x + sq[i + 1] * w.y + sq[i + 2] * w.z + sq[i + 3] * w.w;
+        }
+#else
+        for (int i = 0; i < D; i += 8) {
+            u32x4 w = *(const u32x4*)(kr + i);
+            unsigned int u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                a += sq[i + 2 * e] * kld((u16)(u[e] & 0xffffu));
+                a += sq[i + 2 * e + 1] * kld((u16)(u[e] >> 16));
+            }
+        }
+#endif
+        return a;
+    }
+    for (int i = 0; i < D; i++) a += sq[i] * kld(kr[i]);
+    return a;
+}
+
 // Paged attention of one query (token, head) over its sequence's keys 0..pos (causal), read
 // from the cache through the block table and the layout's strides; GQA maps head h to KV head
-// h / (H / KVH). Each warp takes every WARPS-th key with an online softmax; the warps' partial
-// results are merged at the end. Prefill chunks and decode tokens are the same case.
-// grid (T, H), block 128.
+// h / (H / KVH). Each warp takes 32 keys at a time (every WARPS-th group of 32): lane j scores
+// key j against the query (kept in shared memory), the warp's online softmax advances once per
+// group, then the group's values accumulate with lanes over the head dimension. A group's key
+// loads are independent of one another, so a sequence of `len` keys costs len / (32 · WARPS)
+// dependent rounds — what bounds decoding long sequences. The warps' partial results are
+// merged at the end. Grid (T, H), token blockIdx.x; with `use_toks`, (n, H) over the tokens
+// listed in `toks` (the one-token chunks of a step whose longer chunks run `flash_prefill`).
 extern "C" __global__ void attention(const float* q, unsigned long long k_plane, unsigned long long v_plane,
-                                     const int* pos, const int* tab_off, const unsigned int* tables, int bs,
-                                     long long s_blk, long long s_tok, long long s_head, wt* out, int H, int KVH,
-                                     int D, float scale) {
+                                     const int* pos, const int* tab_off, const unsigned int* tables,
+                                     const int* toks, int use_toks, int vec, int bs, long long s_blk,
+                                     long long s_tok, long long s_head, wt* out, int H, int KVH, int D,
+                                     float scale) {
+    __shared__ float sq[32 * MAXV];
     __shared__ float sm[WARPS], sl[WARPS];
     __shared__ float sacc[WARPS][32 * MAXV];
-    long long t = blockIdx.x;
+    long long t = use_toks ? toks[blockIdx.x] : blockIdx.x;
     int h = blockIdx.y, kh = h / (H / KVH);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const kt* K = (const kt*)k_plane;
     const kt* V = (const kt*)v_plane;
     const float* qp = q + (t * H + h) * D;
-    float qr[MAXV], acc[MAXV];
+    for (int i = threadIdx.x; i < D; i += blockDim.x) sq[i] = qp[i] * scale;
+    __syncthreads();
+    float acc[MAXV];
 #pragma unroll
-    for (int u = 0; u < MAXV; u++) {
-        int i = lane + 32 * u;
-        qr[u] = i < D ? qp[i] * scale : 0.f;
-        acc[u] = 0.f;
-    }
+    for (int u = 0; u < MAXV; u++) acc[u] = 0.f;
     float m = NEG_INF, l = 0.f;
     int len = pos[t] + 1;
     const unsigned int* tab = tables + tab_off[t];
-    for (int j = warp; j < len; j += WARPS) {
-        long long base = (long long)tab[j / bs] * s_blk + (long long)(j % bs) * s_tok + (long long)kh * s_head;
-        float s = 0.f;
-#pragma unroll
-        for (int u = 0; u < MAXV; u++) {
-            int i = lane + 32 * u;
-            if (i < D) s += qr[u] * kld(K[base + i]);
+    for (int j0 = warp * 32; j0 < len; j0 += WARPS * 32) {
+        int j = j0 + lane;
+        long long base = 0;
+        float s = NEG_INF;
+        if (j < len) {
+            base = (long long)tab[j / bs] * s_blk + (long long)(j % bs) * s_tok + (long long)kh * s_head;
+            s = dot_row(sq, K + base, D, vec);
         }
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        float mn = fmaxf(m, s);
+        float mx = s;
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float mn = fmaxf(m, mx);  // finite: lane 0's key (j0 < len) is valid
         float corr = expf(m - mn), pr = expf(s - mn);
-        l = l * corr + pr;
+        float ps = pr;
+        for (int o = 16; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+        l = l * corr + ps;
 #pragma unroll
-        for (int u = 0; u < MAXV; u++) {
-            int i = lane + 32 * u;
-            if (i < D) acc[u] = acc[u] * corr + pr * kld(V[base + i]);
+        for (int u = 0; u < MAXV; u++) acc[u] *= corr;
+        int cnt = min(32, len - j0);  // the same for the whole warp
+#pragma unroll 4
+        for (int jj = 0; jj < cnt; jj++) {
+            float pj = __shfl_sync(0xffffffffu, pr, jj);
+            long long bj = __shfl_sync(0xffffffffu, base, jj);
+#pragma unroll
+            for (int u = 0; u < MAXV; u++) {
+                int i = lane + 32 * u;
+                if (i < D) acc[u] += pj * kld(V[bj + i]);
+            }
         }
         m = mn;
     }

@@ -16,7 +16,9 @@ use super::error::{GpuError, driver};
 use super::forward::{Forward, Lane};
 use super::graphs::Graphs;
 use super::pages::KvMemory;
-use super::plan::{StepCapacity, StepLimits, StepPlan, check_model, elem_bytes, is_decode, plan_step};
+use super::plan::{
+    StepCapacity, StepLimits, StepPlan, StepShape, check_model, elem_bytes, is_decode, plan_step,
+};
 use crate::kv_cache::KvCache;
 use crate::model::{Chunk, ComputeBackend};
 use crate::weights::Weights;
@@ -118,8 +120,10 @@ impl GpuModel {
 
     fn step(&mut self, chunks: &[Chunk<'_>]) -> Result<Vec<Vec<f32>>, GpuError> {
         let vocab = self.fwd.cfg().vocab_size;
-        let plan = plan_step(chunks, self.desc.block_size(), self.desc.num_blocks, vocab, self.max_positions)
-            .map_err(GpuError::Shape)?;
+        let flash = self.fwd.flash(self.kv.view());
+        let plan =
+            plan_step(chunks, self.desc.block_size(), self.desc.num_blocks, vocab, self.max_positions, flash)
+                .map_err(GpuError::Shape)?;
         if plan.ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -157,8 +161,8 @@ impl GpuModel {
         let stream = self.graphs.lane(self.main_lane(), graphed).stream.clone();
         bufs.upload(&stream, plan)?;
         let (fwd, cache) = (&self.fwd, self.kv.view());
-        if !(graphed && self.graphs.replay(t, |lane| fwd.record(lane, bufs, cache, t, t))?) {
-            self.fwd.record(self.graphs.lane(self.main_lane(), graphed), bufs, cache, t, n_rows)?;
+        if !(graphed && self.graphs.replay(t, |lane| fwd.record(lane, bufs, cache, StepShape::decode(t)))?) {
+            self.fwd.record(self.graphs.lane(self.main_lane(), graphed), bufs, cache, plan.shape())?;
         }
         if n_rows == 0 {
             stream.synchronize().map_err(driver)?;

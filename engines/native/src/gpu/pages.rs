@@ -7,7 +7,7 @@
 
 use super::buffers::Buf;
 use super::error::{GpuError, driver};
-use super::plan::{elem_bytes, page_bytes, pages_for};
+use super::plan::{elem_bytes, page_bytes, pages_for, rows_aligned};
 use cudarc::driver::DevicePtr;
 use std::sync::Arc;
 use xinf_engine::KvDtype;
@@ -24,6 +24,8 @@ pub(super) struct CacheView {
     pub(super) s_head: i64,
     /// Device address of each `(layer, K/V)` plane.
     pub(super) planes: Vec<[u64; 2]>,
+    /// Whether every K/V row can be read in whole 16-byte words (`plan::rows_aligned`).
+    pub(super) aligned: bool,
 }
 
 /// The KV cache's device memory, and the page conversions in and out of it.
@@ -68,7 +70,9 @@ impl KvMemory {
             }
             addresses.push(at);
         }
+        let aligned = rows_aligned(&addresses, [desc.s_blk, desc.s_tok, desc.s_head], desc.head_dim, es);
         let view = CacheView {
+            aligned,
             block_size: desc.block_size() as i32,
             s_blk: desc.s_blk as i64,
             s_tok: desc.s_tok as i64,

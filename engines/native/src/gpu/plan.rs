@@ -15,8 +15,16 @@ use xinf_engine::{KvDtype, PAGE_TOKENS};
 use xinf_models::ModelConfig;
 use xinf_transfer::LayoutDescriptor;
 
-/// The kernels' source; compiled at run time with the type codes and warp count defined first.
+/// The kernels' source; compiled at run time with the type codes, warp count and head
+/// dimension defined first.
 const KERNELS: &str = include_str!("kernels.cu");
+
+/// The tensor-core prefill attention kernel (`flash_prefill`), compiled with the others; it is
+/// only defined where [`flash_fits`] holds.
+const FLASH: &str = include_str!("flash.cu");
+
+/// Query tokens of one `flash_prefill` block (4 warps × 16 rows).
+const FLASH_TILE: usize = 64;
 
 /// Warps of one attention block (one query token and head). Each warp walks every
 /// `ATTENTION_WARPS`-th key with an online softmax, so the chain of dependent key loads a block
@@ -48,13 +56,30 @@ fn type_code(dt: KvDtype) -> u32 {
     }
 }
 
-/// The kernels' source for weights in `wdt` and a cache in `kdt`.
-pub(super) fn kernel_source(wdt: KvDtype, kdt: KvDtype) -> String {
+/// The kernels' source for weights in `wdt`, a cache in `kdt` and heads of `head_dim`.
+pub(super) fn kernel_source(wdt: KvDtype, kdt: KvDtype, head_dim: usize) -> String {
     format!(
-        "#define WT {}\n#define KT {}\n#define WARPS {ATTENTION_WARPS}\n{KERNELS}",
+        "#define WT {}\n#define KT {}\n#define WARPS {ATTENTION_WARPS}\n#define HD {head_dim}\n{KERNELS}\n{FLASH}",
         type_code(wdt),
         type_code(kdt)
     )
+}
+
+/// Whether `flash_prefill` exists for a cache in `kdt` with heads of `head_dim` on a GPU of
+/// compute capability `major` (the conditions `flash.cu` is compiled under): 16-bit elements
+/// for the tensor cores, whole 16-row k-steps, fragments that fit the registers, `mma.sync`
+/// of sm_80.
+pub(super) fn flash_fits(kdt: KvDtype, head_dim: usize, major: i32) -> bool {
+    kdt != KvDtype::F32 && head_dim.is_multiple_of(16) && head_dim <= 128 && major >= 8
+}
+
+/// Whether every K/V row of a cache can be read in whole 16-byte words: each plane's address
+/// and every stride (elements of `es` bytes) on 16-byte boundaries, and rows of whole words.
+pub(super) fn rows_aligned(planes: &[[u64; 2]], strides: [usize; 3], head_dim: usize, es: usize) -> bool {
+    let word = 16 / es;
+    planes.iter().flatten().all(|a| a.is_multiple_of(16))
+        && strides.iter().all(|s| s.is_multiple_of(word))
+        && head_dim.is_multiple_of(word)
 }
 
 /// Why a model or a cache layout cannot run on the GPU backend.
@@ -162,17 +187,53 @@ pub(super) struct StepPlan {
     pub(super) tables: Vec<u32>,
     /// Token rows whose logits are wanted, in chunk order.
     pub(super) rows: Vec<i32>,
+    /// `flash_prefill`'s tiles, `(first token, tokens)` pairs flattened: the chunks of two
+    /// tokens or more, 64 tokens a tile. Empty when the step has none or flash is off; then
+    /// `attention` runs over every token.
+    pub(super) tiles: Vec<i32>,
+    /// With tiles, the tokens `attention` runs over: those of one-token chunks.
+    pub(super) singles: Vec<i32>,
+}
+
+/// The counts a step's launches depend on: tokens, rows of logits, `flash_prefill` tiles and
+/// the tokens `attention` takes from its list (0: all of them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct StepShape {
+    pub(super) tokens: usize,
+    pub(super) rows: usize,
+    pub(super) tiles: usize,
+    pub(super) singles: usize,
+}
+
+impl StepShape {
+    /// A decode step of `t` sequences, as graphs capture it: one token and one row each.
+    pub(super) fn decode(t: usize) -> Self {
+        Self { tokens: t, rows: t, tiles: 0, singles: 0 }
+    }
+}
+
+impl StepPlan {
+    pub(super) fn shape(&self) -> StepShape {
+        StepShape {
+            tokens: self.ids.len(),
+            rows: self.rows.len(),
+            tiles: self.tiles.len() / 2,
+            singles: self.singles.len(),
+        }
+    }
 }
 
 /// Flattens a step and checks everything a kernel will index with: token ids below `vocab`,
 /// positions below `max_positions` (the RoPE table), block tables that cover every position
-/// with blocks below `num_blocks`.
+/// with blocks below `num_blocks`. With `flash`, chunks of two tokens or more are cut into
+/// `flash_prefill` tiles.
 pub(super) fn plan_step(
     chunks: &[Chunk<'_>],
     block_size: usize,
     num_blocks: usize,
     vocab: usize,
     max_positions: usize,
+    flash: bool,
 ) -> Result<StepPlan, String> {
     let mut p = StepPlan {
         ids: Vec::new(),
@@ -180,6 +241,8 @@ pub(super) fn plan_step(
         tab_off: Vec::new(),
         tables: Vec::new(),
         rows: Vec::new(),
+        tiles: Vec::new(),
+        singles: Vec::new(),
     };
     for c in chunks {
         let end = c.start + c.tokens.len();
@@ -199,6 +262,14 @@ pub(super) fn plan_step(
         }
         let off = p.tables.len() as i32;
         p.tables.extend_from_slice(table);
+        let first = p.ids.len();
+        if c.tokens.len() == 1 {
+            p.singles.push(first as i32);
+        } else {
+            for at in (0..c.tokens.len()).step_by(FLASH_TILE) {
+                p.tiles.extend([(first + at) as i32, FLASH_TILE.min(c.tokens.len() - at) as i32]);
+            }
+        }
         for (i, &t) in c.tokens.iter().enumerate() {
             p.ids.push(t);
             p.pos.push((c.start + i) as i32);
@@ -210,6 +281,10 @@ pub(super) fn plan_step(
     }
     if p.tables.is_empty() {
         p.tables.push(0);
+    }
+    if !flash || p.tiles.is_empty() {
+        p.tiles.clear();
+        p.singles.clear();
     }
     Ok(p)
 }
@@ -272,7 +347,11 @@ impl StepCapacity {
 
     /// Whether `plan` fits.
     pub(super) fn fits(&self, plan: &StepPlan) -> bool {
-        plan.ids.len() <= self.tokens && plan.tables.len() <= self.tables && plan.rows.len() <= self.rows
+        plan.ids.len() <= self.tokens
+            && plan.tables.len() <= self.tables
+            && plan.rows.len() <= self.rows
+            && plan.tiles.len() <= 2 * self.tokens
+            && plan.singles.len() <= self.tokens
     }
 }
 

@@ -94,3 +94,12 @@ fn kv_cache_tokens_remembers_whether_it_was_given() {
     assert!(o.kv_cache_tokens_explicit);
     assert_eq!(o.kv_cache_tokens, 4096);
 }
+
+#[test]
+fn prompts_are_chunked_larger_on_a_gpu_unless_told() {
+    let mbt = |v: Value| EngineOptions::from_engine_config(&v).expect("options").max_batch_tokens;
+    assert_eq!(mbt(json!({})), 512);
+    assert_eq!(mbt(json!({"device": "cpu"})), 512);
+    assert_eq!(mbt(json!({"device": "cuda:1"})), GPU_MAX_BATCH_TOKENS);
+    assert_eq!(mbt(json!({"device": "cuda", "max_batch_tokens": 256})), 256);
+}

@@ -10,7 +10,7 @@ fn a_step_flattens_chunks_in_order() {
     let (a, b) = ([5u32, 6, 7], [9u32]);
     let (ta, tb) = ([3u32, 4], [8u32, 2, 6]);
     let chunks = [chunk(&a, 14, &ta, true), chunk(&b, 40, &tb, true)];
-    let p = plan_step(&chunks, 16, 10, 100, 64).expect("plan");
+    let p = plan_step(&chunks, 16, 10, 100, 64, false).expect("plan");
     assert_eq!(p.ids, vec![5, 6, 7, 9]);
     assert_eq!(p.pos, vec![14, 15, 16, 40]);
     // Only the blocks the positions reach are kept: 17 tokens → 2 blocks, 41 tokens → 3.
@@ -23,7 +23,7 @@ fn a_step_flattens_chunks_in_order() {
 fn logits_rows_only_for_chunks_that_want_them() {
     let (a, b) = ([1u32, 2], [3u32]);
     let t = [1u32];
-    let p = plan_step(&[chunk(&a, 0, &t, false), chunk(&b, 0, &t, true)], 64, 2, 10, 8).expect("plan");
+    let p = plan_step(&[chunk(&a, 0, &t, false), chunk(&b, 0, &t, true)], 64, 2, 10, 8, false).expect("plan");
     assert_eq!(p.rows, vec![2]);
 }
 
@@ -32,24 +32,25 @@ fn everything_a_kernel_indexes_with_is_checked() {
     let toks = [1u32, 2, 3];
     // The table does not cover position 16.
     let short = [1u32];
-    let e = plan_step(&[chunk(&toks, 14, &short, true)], 16, 4, 10, 64).expect_err("short table");
+    let e = plan_step(&[chunk(&toks, 14, &short, true)], 16, 4, 10, 64, false).expect_err("short table");
     assert!(e.contains("block table"), "{e}");
     // A block past the cache.
     let far = [1u32, 4];
-    let e = plan_step(&[chunk(&toks, 14, &far, true)], 16, 4, 10, 64).expect_err("far block");
+    let e = plan_step(&[chunk(&toks, 14, &far, true)], 16, 4, 10, 64, false).expect_err("far block");
     assert!(e.contains("block 4"), "{e}");
     // A token past the vocabulary.
     let bad = [1u32, 10];
-    let e = plan_step(&[chunk(&bad, 0, &short, true)], 16, 4, 10, 64).expect_err("bad token");
+    let e = plan_step(&[chunk(&bad, 0, &short, true)], 16, 4, 10, 64, false).expect_err("bad token");
     assert!(e.contains("token 10"), "{e}");
     // A position past the RoPE table.
-    let e = plan_step(&[chunk(&toks, 62, &[1, 2, 3, 3], true)], 16, 4, 10, 64).expect_err("far position");
+    let e =
+        plan_step(&[chunk(&toks, 62, &[1, 2, 3, 3], true)], 16, 4, 10, 64, false).expect_err("far position");
     assert!(e.contains("position 64"), "{e}");
 }
 
 #[test]
 fn an_empty_step_still_uploads_one_table_entry() {
-    let p = plan_step(&[], 16, 4, 10, 64).expect("plan");
+    let p = plan_step(&[], 16, 4, 10, 64, false).expect("plan");
     assert_eq!((p.ids.len(), &p.tables[..], p.rows.len()), (0, &[0][..], 0));
     assert!(StepCapacity::new(0, 0, 0).fits(&p));
 }
@@ -59,12 +60,53 @@ fn the_kernels_get_one_type_code_per_dtype() {
     assert_eq!([KvDtype::F32, KvDtype::F16, KvDtype::Bf16].map(type_code), [0, 1, 2]);
     assert_eq!([KvDtype::F32, KvDtype::F16, KvDtype::Bf16].map(elem_bytes), [4, 2, 2]);
     assert!(KERNELS.contains("#if WT == 0") && KERNELS.contains("#if KT == 0"));
-    let src = kernel_source(KvDtype::F16, KvDtype::Bf16);
+    let src = kernel_source(KvDtype::F16, KvDtype::Bf16, 64);
     assert!(
-        src.starts_with(&format!("#define WT 1\n#define KT 2\n#define WARPS {ATTENTION_WARPS}\n")),
+        src.starts_with(&format!(
+            "#define WT 1\n#define KT 2\n#define WARPS {ATTENTION_WARPS}\n#define HD 64\n"
+        )),
         "{src}"
     );
-    assert!(src.ends_with(KERNELS));
+    assert!(src.contains(KERNELS) && src.ends_with(FLASH));
+}
+
+#[test]
+fn flash_prefill_runs_where_its_source_is_compiled() {
+    // The conditions of `flash.cu`'s `#if`, on the host.
+    assert!(FLASH.contains("#if KT != 0 && HD % 16 == 0 && HD <= 128 && __CUDA_ARCH__ >= 800"));
+    assert!(
+        flash_fits(KvDtype::F16, 64, 9)
+            && flash_fits(KvDtype::Bf16, 128, 8)
+            && flash_fits(KvDtype::F16, 16, 8)
+    );
+    assert!(!flash_fits(KvDtype::F32, 64, 9), "f32 caches have no tensor-core path here");
+    assert!(!flash_fits(KvDtype::F16, 72, 9) && !flash_fits(KvDtype::F16, 256, 9));
+    assert!(!flash_fits(KvDtype::F16, 64, 7), "mma.sync.m16n8k16 needs sm_80");
+    assert!(rows_aligned(&[[256, 4096]], [1024, 128, 64], 64, 2));
+    assert!(!rows_aligned(&[[256, 4098]], [1024, 128, 64], 64, 2), "a plane off a 16-byte boundary");
+    assert!(!rows_aligned(&[[256, 4096]], [1024, 132, 64], 64, 2), "a stride off");
+    assert!(rows_aligned(&[[0, 16]], [64, 16, 4], 4, 4) && !rows_aligned(&[[0, 16]], [64, 16, 4], 2, 4));
+}
+
+#[test]
+fn prompt_chunks_are_cut_into_flash_tiles_and_decode_tokens_listed() {
+    let long: Vec<u32> = (0..150).collect();
+    let (one, two) = ([7u32], [8u32, 9]);
+    let table: Vec<u32> = (0..12).collect();
+    let chunks =
+        [chunk(&one, 30, &table, true), chunk(&long, 10, &table, true), chunk(&two, 0, &table, false)];
+    let p = plan_step(&chunks, 16, 12, 200, 512, true).expect("plan");
+    // Tokens 1..151 are the long chunk: tiles of 64, 64 and 22; the two-token chunk is a tile.
+    assert_eq!(p.tiles, vec![1, 64, 65, 64, 129, 22, 151, 2]);
+    assert_eq!(p.singles, vec![0]);
+    assert!(p.tiles.len() <= 2 * p.ids.len() && p.singles.len() <= p.ids.len());
+    // Without flash, or with decode tokens only, `attention` takes every token.
+    let off = plan_step(&chunks, 16, 12, 200, 512, false).expect("plan");
+    assert!(off.tiles.is_empty() && off.singles.is_empty());
+    let decode =
+        plan_step(&[chunk(&one, 30, &table, true), chunk(&[3], 5, &table, true)], 16, 12, 200, 512, true)
+            .expect("plan");
+    assert!(decode.tiles.is_empty() && decode.singles.is_empty());
 }
 
 /// A small Llama: 2 layers, 4 heads, 2 KV heads of 16.
@@ -178,10 +220,10 @@ fn step_buffers_hold_the_largest_step_the_engine_forms() {
     let (a, b) = ([1u32, 2, 3, 4], [5u32]);
     let t = [1u32, 2];
     let two = [chunk(&a, 0, &t, true), chunk(&b, 20, &t, true)];
-    assert!(cap.fits(&plan_step(&two, 16, 10, 10, 64).expect("plan")));
+    assert!(cap.fits(&plan_step(&two, 16, 10, 10, 64, false).expect("plan")));
     // One row of logits too many: the step gets buffers of its own.
     let three = [chunk(&a, 0, &t, true), chunk(&b, 20, &t, true), chunk(&b, 3, &t, true)];
-    let p = plan_step(&three, 16, 10, 10, 64).expect("plan");
+    let p = plan_step(&three, 16, 10, 10, 64, false).expect("plan");
     assert!(!cap.fits(&p));
     assert!(StepCapacity::of(&p).fits(&p));
 }
