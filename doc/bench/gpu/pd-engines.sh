@@ -9,7 +9,8 @@
 # Needs a `--features cuda` xinf (XINF_BIN), vLLM 0.26 and SGLang 0.5.15 with xinf_kv
 # (VLLM_PYTHONPATH, SGLANG_PYTHONPATH; ../../engines.md says how). Two steps, each a few
 # minutes: `pd-engines.sh launch` (xinf local in the background, the model, the six models) then
-# `pd-engines.sh bench`; `pd-engines.sh stop` ends xinf. MODELS picks models. Per-leg timings:
+# `pd-engines.sh bench`; `pd-engines.sh stop` ends xinf. MODELS picks models (`no` is an ordinary
+# native replica), CONC the concurrency levels (default 1,16), REQ the requests per level. Per-leg timings:
 # XINF_LOG=info,xinf_engine_external=debug (xinf's log) and XINF_KV_LOG=info (the connectors'
 # load and publish times, in the engine servers' logs under ~/.xinf/logs).
 set -u
@@ -61,7 +62,7 @@ launch)
 bench)
     args=()
     for uid in $MODELS; do args+=(-u "$uid"); done
-    "$X" bench -e "$E" "${args[@]}" --concurrency 1,16 --requests "${REQ:-128}" --prompt-tokens "${PROMPTS:-40,173,733,2833}" \
+    "$X" bench -e "$E" "${args[@]}" --concurrency "${CONC:-1,16}" --requests "${REQ:-128}" --prompt-tokens "${PROMPTS:-40,173,733,2833}" \
         --output-tokens 32 --warmup 4 --json "$OUT/bench.json" 2>&1 | grep -v "^\s*$" | tail -20
     python3 - "$OUT/bench.json" <<'PY'
 import json, sys

@@ -80,6 +80,17 @@ impl Sampler {
         self.temperature.is_nan() || self.temperature <= 0.0 || self.top_k == 1
     }
 
+    /// Whether the next token is the largest logit as the backend computed it: greedy, and no
+    /// penalty that changes the logits first.
+    pub(crate) fn is_argmax(&self) -> bool {
+        self.is_greedy()
+            && self.presence_penalty == 0.0
+            && self.frequency_penalty == 0.0
+            && (self.repetition_penalty == 1.0
+                || !self.repetition_penalty.is_finite()
+                || self.repetition_penalty <= 0.0)
+    }
+
     /// Chooses the next token from `logits` (one per vocabulary entry), given the `prompt` and
     /// the `output` generated so far.
     ///

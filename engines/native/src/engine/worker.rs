@@ -7,7 +7,7 @@ use super::scheduler::{self, Admission, BlockPool, Limits, Plan, Work};
 use super::seq::{Mode, PinnedReply, Seq};
 use super::shared::{Command, Shared, dequeued};
 use crate::kv_cache::KvCache;
-use crate::model::{Chunk, ComputeBackend};
+use crate::model::{Chunk, ComputeBackend, Row};
 use crate::options::EngineOptions;
 use crate::stop::StopOutcome;
 use std::collections::{HashMap, VecDeque};
@@ -184,6 +184,7 @@ impl Worker {
                 block_table: &table,
                 want_logits: true,
                 prompt_len: ids.len(),
+                argmax: false,
             };
             self.backend
                 .forward(&[chunk], &mut self.cache)
@@ -357,7 +358,7 @@ impl Worker {
 
     /// Computes the planned chunks in one forward; `None` (every planned sequence failed)
     /// when it fails.
-    fn forward(&mut self, work: &[Work]) -> Option<Vec<Vec<f32>>> {
+    fn forward(&mut self, work: &[Work]) -> Option<Vec<Row>> {
         let chunks: Vec<Chunk<'_>> = work
             .iter()
             .map(|w| {
@@ -368,10 +369,11 @@ impl Worker {
                     block_table: &s.table,
                     want_logits: s.computed + w.tokens == s.tokens.len(),
                     prompt_len: s.prompt_len,
+                    argmax: s.sampler.is_argmax(),
                 }
             })
             .collect();
-        let result = self.backend.forward(&chunks, &mut self.cache);
+        let result = self.backend.forward_step(&chunks, &mut self.cache);
         drop(chunks);
         match result {
             Ok(logits) => Some(logits),
@@ -394,7 +396,7 @@ impl Worker {
 
     /// Advances every planned sequence past what the step computed, and samples the next
     /// token of those whose last known token was computed.
-    fn sample(&mut self, work: &[Work], logits: Vec<Vec<f32>>) {
+    fn sample(&mut self, work: &[Work], logits: Vec<Row>) {
         let mut logits = logits.into_iter();
         let mut finished = Vec::new();
         for w in work {
@@ -407,9 +409,14 @@ impl Worker {
             if s.computed < s.tokens.len() {
                 continue;
             }
-            let Some(mut row) = logits.next() else { continue };
-            let (prompt, output) = s.tokens.split_at(s.prompt_len);
-            let token = s.sampler.sample(&mut row, prompt, output);
+            let token = match logits.next() {
+                Some(Row::Logits(mut row)) => {
+                    let (prompt, output) = s.tokens.split_at(s.prompt_len);
+                    s.sampler.sample(&mut row, prompt, output)
+                }
+                Some(Row::Argmax(token)) => token,
+                None => continue,
+            };
             if let Some(reason) = self.accept(w.seq, token) {
                 finished.push((w.seq, reason));
             }

@@ -7,7 +7,7 @@
 #![allow(unsafe_code)]
 
 use super::error::{GpuError, driver};
-use super::plan::{StepCapacity, StepPlan};
+use super::plan::{MAX_SPLITS, StepCapacity, StepPlan};
 use crate::weights::Weights;
 use candle_core::{DType, Tensor};
 use cudarc::cublas::CudaBlas;
@@ -147,6 +147,13 @@ pub(super) struct StepBufs {
     pub(super) q: CudaSlice<f32>,
     pub(super) gu: CudaSlice<f32>,
     pub(super) logits: CudaSlice<f32>,
+    /// Each row's largest logit's index (`argmax_rows`).
+    pub(super) argmax: CudaSlice<u32>,
+    /// `attention`'s partial results when it splits a query's keys: `[part_rows][heads]
+    /// [MAX_SPLITS][head_dim + 2]`.
+    pub(super) part: CudaSlice<f32>,
+    /// Queries `part` holds: as many as rows of logits (every decode token of a full batch).
+    pub(super) part_rows: usize,
 }
 
 impl StepBufs {
@@ -176,6 +183,9 @@ impl StepBufs {
             q: s.alloc_zeros(t * h * d).map_err(driver)?,
             gu: s.alloc_zeros(t * 2 * inter).map_err(driver)?,
             logits: s.alloc_zeros(rows * cfg.vocab_size).map_err(driver)?,
+            argmax: s.alloc_zeros(rows).map_err(driver)?,
+            part: s.alloc_zeros(rows * h * MAX_SPLITS * (d + 2)).map_err(driver)?,
+            part_rows: rows,
         })
     }
 

@@ -4,23 +4,25 @@
 //
 // A block takes one tile of up to 64 consecutive query tokens of one sequence (a prompt chunk)
 // and one head; each of its 4 warps owns 16 query rows, kept in registers as mma fragments. The
-// block walks the sequence's keys 64 at a time: it copies a tile of K (row-major) and of V
-// (transposed, so both operands are read as whole 32-bit pairs) from the cache through the
-// block table into shared memory, each warp computes its 16 × 64 scores with
+// block walks the sequence's keys BC at a time: tiles of K and V are copied from the cache
+// through the block table into shared memory with `cp.async`, double-buffered so the next
+// tile's copy overlaps this tile's math; each warp computes its 16 × BC scores with
 // `mma.sync.m16n8k16` (f32 accumulators), masks the causal edge, advances its online softmax
 // (base-2: Q is pre-scaled by log2(e) / sqrt(HD)), and accumulates P · V with the scores
-// re-used as the A operand straight from the registers. Rows past the tile's end compute
-// over the tile's keys and are not written.
+// re-used as the A operand straight from the registers and V's fragments read transposed by
+// `ldmatrix.trans`. Rows past the tile's end compute over the tile's keys and are not written.
+// Blocks run the longest tiles (the last of a chunk, which attend to the most keys) first.
 //
 // Scores and output accumulate in f32; Q and the probabilities enter the tensor cores in the
 // cache's type, as in FlashAttention itself. Grid (tiles, H), block 128.
 
 #if KT != 0 && HD % 16 == 0 && HD <= 128 && __CUDA_ARCH__ >= 800
 
-#define BR 64         // query rows per block (4 warps × 16)
-#define BC 64         // keys per tile
-#define KPAD (HD + 8) // row pitch of the K tile: rows 16 bytes apart in the banks
-#define VPAD (BC + 8) // row pitch of the transposed V tile
+#define BR 64                    // query rows per block (4 warps × 16)
+#define BC (HD > 64 ? 32 : 64)   // keys per tile: two K and two V tiles stay under 48 KB
+#define KPAD (HD + 8)            // row pitch of the K and V tiles: rows 16 bytes apart in the banks
+#define CHUNKS (BC * (HD / 8))   // 16-byte pieces of one K (or V) tile
+#define PER_T ((CHUNKS + 127) / 128)  // of them per thread
 
 #if KT == 1
 #define MMA16816 "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
@@ -40,13 +42,26 @@ __device__ __forceinline__ unsigned int pack2(float lo, float hi) {
     return (unsigned int)kst(lo) | ((unsigned int)kst(hi) << 16);
 }
 
-extern "C" __global__ void __launch_bounds__(128)
+__device__ __forceinline__ unsigned int smem_addr(const void* p) {
+    unsigned int a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// 16 bytes global → shared without passing through registers; zeros when `!valid`.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+
+extern "C" __global__ void __launch_bounds__(128, HD <= 64 ? 4 : 2)
 flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_plane, const int* pos,
               const int* tab_off, const unsigned int* tables, const int* tiles, int bs, long long s_blk,
               long long s_tok, long long s_head, wt* out, int H, int KVH, float scale_log2) {
-    alignas(16) __shared__ u16 Ks[BC][KPAD];
-    alignas(16) __shared__ u16 Vt[HD][VPAD];
-    int t0 = tiles[2 * blockIdx.x], n = tiles[2 * blockIdx.x + 1];
+    alignas(16) __shared__ u16 Ks[2][BC][KPAD];
+    alignas(16) __shared__ u16 Vs[2][BC][KPAD];
+    int tile = gridDim.x - 1 - blockIdx.x;  // the longest tiles first
+    int t0 = tiles[2 * tile], n = tiles[2 * tile + 1];
     int h = blockIdx.y, kh = h / (H / KVH);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, tq = lane & 3;  // the fragment's row group and column pair
@@ -55,10 +70,38 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
     const unsigned int* tab = tables + tab_off[t0];
     int p0 = pos[t0];
     int last = p0 + n - 1;  // the last key any row of the tile attends to
+    int nkb = last / BC + 1;
     int r0 = warp * 16 + g, r1 = r0 + 8;
     // Row r attends to keys 0..p0 + r; rows past the tile's end to the tile's keys.
     int lim0 = p0 + min(r0, n - 1), lim1 = p0 + min(r1, n - 1);
     bool busy = warp * 16 < n;  // whether this warp has a row to write
+
+    // The cache blocks of this thread's keys in the next tile to copy, read one tile ahead so
+    // the table's load latency overlaps a tile's math instead of delaying the copy.
+    unsigned int nb[PER_T];
+    auto fetch_blocks = [&](int kb) {
+#pragma unroll
+        for (int i = 0; i < PER_T; i++) {
+            int idx = threadIdx.x + 128 * i, j = kb * BC + idx / (HD / 8);
+            nb[i] = idx < CHUNKS && j <= last ? tab[j / bs] : 0u;
+        }
+    };
+    // Starts copying key tile `kb` (blocks in `nb`) into buffer `buf`, keys past `last` as zeros.
+    auto load = [&](int kb, int buf) {
+#pragma unroll
+        for (int i = 0; i < PER_T; i++) {
+            int idx = threadIdx.x + 128 * i;
+            if (idx >= CHUNKS) break;
+            int key = idx / (HD / 8), c8 = (idx % (HD / 8)) * 8;
+            int j = kb * BC + key;
+            bool valid = j <= last;
+            long long base = valid ? (long long)nb[i] * s_blk + (long long)(j % bs) * s_tok + (long long)kh * s_head + c8
+                                   : 0;
+            cp_async16(&Ks[buf][key][c8], K + base, valid);
+            cp_async16(&Vs[buf][key][c8], V + base, valid);
+        }
+        asm volatile("cp.async.commit_group;");
+    };
 
     // Q fragments: a0 (row g, k 2tq..), a1 (row g+8), a2 (row g, k 2tq+8..), a3 (row g+8, k+8).
     unsigned int qa[HD / 16][4];
@@ -79,98 +122,99 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
     for (int d = 0; d < HD / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
 
-    for (int kb = 0; kb * BC <= last; kb++) {
-        __syncthreads();  // the previous tile is no longer read
-        for (int idx = threadIdx.x; idx < BC * (HD / 8); idx += blockDim.x) {
-            int key = idx / (HD / 8), c8 = (idx % (HD / 8)) * 8;
-            int j = kb * BC + key;
-            u32x4 kv = {0, 0, 0, 0}, vv = {0, 0, 0, 0};
-            if (j <= last) {
-                long long base =
-                    (long long)tab[j / bs] * s_blk + (long long)(j % bs) * s_tok + (long long)kh * s_head + c8;
-                kv = *(const u32x4*)(K + base);
-                vv = *(const u32x4*)(V + base);
-            }
-            *(u32x4*)&Ks[key][c8] = kv;
-            unsigned int u[4] = {vv.x, vv.y, vv.z, vv.w};
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                Vt[c8 + 2 * e][key] = (u16)(u[e] & 0xffffu);
-                Vt[c8 + 2 * e + 1][key] = (u16)(u[e] >> 16);
-            }
+    fetch_blocks(0);
+    load(0, 0);
+    fetch_blocks(1);
+    for (int kb = 0; kb < nkb; kb++) {
+        int buf = kb & 1;
+        if (kb + 1 < nkb) {
+            load(kb + 1, buf ^ 1);
+            fetch_blocks(kb + 2);
+            asm volatile("cp.async.wait_group 1;");
+        } else {
+            asm volatile("cp.async.wait_group 0;");
         }
-        __syncthreads();
-        if (!busy) continue;
-
-        // S = Q Kᵀ: 8 tiles of 16 × 8 keys; b0 (k 2tq.., key g), b1 (k 2tq+8..).
-        float s[BC / 8][4];
-#pragma unroll
-        for (int nt = 0; nt < BC / 8; nt++) {
-            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) {
-                const u16* kr = &Ks[nt * 8 + g][kk * 16 + 2 * tq];
-                mma16816(s[nt], qa[kk], *(const unsigned int*)kr, *(const unsigned int*)(kr + 8));
-            }
-        }
-        // The causal edge (and keys past the tile's last).
-        if (kb * BC + BC - 1 > lim0 || kb * BC + BC - 1 > lim1) {
+        __syncthreads();  // tile kb is in shared memory for every warp
+        if (busy) {
+            // S = Q Kᵀ: BC/8 tiles of 16 × 8 keys; b0 (k 2tq.., key g), b1 (k 2tq+8..).
+            float s[BC / 8][4];
 #pragma unroll
             for (int nt = 0; nt < BC / 8; nt++) {
-                int j = kb * BC + nt * 8 + 2 * tq;
-                if (j > lim0) s[nt][0] = NEG_INF;
-                if (j + 1 > lim0) s[nt][1] = NEG_INF;
-                if (j > lim1) s[nt][2] = NEG_INF;
-                if (j + 1 > lim1) s[nt][3] = NEG_INF;
+                s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+                for (int kk = 0; kk < HD / 16; kk++) {
+                    const u16* kr = &Ks[buf][nt * 8 + g][kk * 16 + 2 * tq];
+                    mma16816(s[nt], qa[kk], *(const unsigned int*)kr, *(const unsigned int*)(kr + 8));
+                }
             }
-        }
-        // Online softmax; a row's maximum is shared by the 4 lanes of its group. Key 0 is in
-        // every row's range, so after the first tile the maxima are finite.
-        float x0 = NEG_INF, x1 = NEG_INF;
+            // The causal edge (and keys past the tile's last).
+            if (kb * BC + BC - 1 > lim0 || kb * BC + BC - 1 > lim1) {
 #pragma unroll
-        for (int nt = 0; nt < BC / 8; nt++) {
-            x0 = fmaxf(x0, fmaxf(s[nt][0], s[nt][1]));
-            x1 = fmaxf(x1, fmaxf(s[nt][2], s[nt][3]));
-        }
-        for (int sh = 1; sh < 4; sh <<= 1) {
-            x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, sh));
-            x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, sh));
-        }
-        float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
-        float c0 = exp2f(m0 - n0), c1 = exp2f(m1 - n1);
-        float e0 = 0.f, e1 = 0.f;
+                for (int nt = 0; nt < BC / 8; nt++) {
+                    int j = kb * BC + nt * 8 + 2 * tq;
+                    if (j > lim0) s[nt][0] = NEG_INF;
+                    if (j + 1 > lim0) s[nt][1] = NEG_INF;
+                    if (j > lim1) s[nt][2] = NEG_INF;
+                    if (j + 1 > lim1) s[nt][3] = NEG_INF;
+                }
+            }
+            // Online softmax; a row's maximum is shared by the 4 lanes of its group. Key 0 is in
+            // every row's range, so after the first tile the maxima are finite.
+            float x0 = NEG_INF, x1 = NEG_INF;
 #pragma unroll
-        for (int nt = 0; nt < BC / 8; nt++) {
-            s[nt][0] = exp2f(s[nt][0] - n0);
-            s[nt][1] = exp2f(s[nt][1] - n0);
-            s[nt][2] = exp2f(s[nt][2] - n1);
-            s[nt][3] = exp2f(s[nt][3] - n1);
-            e0 += s[nt][0] + s[nt][1];
-            e1 += s[nt][2] + s[nt][3];
-        }
-        l0 = l0 * c0 + e0;  // this lane's part of the row sum; summed over the group at the end
-        l1 = l1 * c1 + e1;
-        m0 = n0;
-        m1 = n1;
+            for (int nt = 0; nt < BC / 8; nt++) {
+                x0 = fmaxf(x0, fmaxf(s[nt][0], s[nt][1]));
+                x1 = fmaxf(x1, fmaxf(s[nt][2], s[nt][3]));
+            }
+            for (int sh = 1; sh < 4; sh <<= 1) {
+                x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, sh));
+                x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, sh));
+            }
+            float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
+            float c0 = exp2f(m0 - n0), c1 = exp2f(m1 - n1);
+            float e0 = 0.f, e1 = 0.f;
 #pragma unroll
-        for (int d = 0; d < HD / 8; d++) {
-            o[d][0] *= c0;
-            o[d][1] *= c0;
-            o[d][2] *= c1;
-            o[d][3] *= c1;
-        }
-        // O += P · V: the scores' accumulator layout is the A operand's, two n-tiles per k-step.
-#pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++) {
-            unsigned int pa[4] = {pack2(s[2 * kk][0], s[2 * kk][1]), pack2(s[2 * kk][2], s[2 * kk][3]),
-                                  pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                  pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            for (int nt = 0; nt < BC / 8; nt++) {
+                s[nt][0] = exp2f(s[nt][0] - n0);
+                s[nt][1] = exp2f(s[nt][1] - n0);
+                s[nt][2] = exp2f(s[nt][2] - n1);
+                s[nt][3] = exp2f(s[nt][3] - n1);
+                e0 += s[nt][0] + s[nt][1];
+                e1 += s[nt][2] + s[nt][3];
+            }
+            l0 = l0 * c0 + e0;  // this lane's part of the row sum; summed over the group at the end
+            l1 = l1 * c1 + e1;
+            m0 = n0;
+            m1 = n1;
 #pragma unroll
             for (int d = 0; d < HD / 8; d++) {
-                const u16* vr = &Vt[d * 8 + g][kk * 16 + 2 * tq];
-                mma16816(o[d], pa, *(const unsigned int*)vr, *(const unsigned int*)(vr + 8));
+                o[d][0] *= c0;
+                o[d][1] *= c0;
+                o[d][2] *= c1;
+                o[d][3] *= c1;
+            }
+            // O += P · V: the scores' accumulator layout is the A operand's, two n-tiles per
+            // k-step; V's B fragments for two 8-column tiles at once, transposed by ldmatrix
+            // (lane L gives the address of row L % 8 of matrix L / 8: keys +0/+8, columns +0/+8).
+            int mi = lane >> 3, mr = lane & 7;
+#pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++) {
+                unsigned int pa[4] = {pack2(s[2 * kk][0], s[2 * kk][1]), pack2(s[2 * kk][2], s[2 * kk][3]),
+                                      pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                      pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+                for (int dp = 0; dp < HD / 16; dp++) {
+                    unsigned int b[4];
+                    const u16* vr = &Vs[buf][kk * 16 + (mi & 1) * 8 + mr][dp * 16 + (mi >> 1) * 8];
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                                 : "r"(smem_addr(vr)));
+                    mma16816(o[2 * dp], pa, b[0], b[1]);
+                    mma16816(o[2 * dp + 1], pa, b[2], b[3]);
+                }
             }
         }
+        __syncthreads();  // every warp is done with buffer `buf` before it is refilled
     }
     if (!busy) return;
     for (int sh = 1; sh < 4; sh <<= 1) {

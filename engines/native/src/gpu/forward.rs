@@ -19,7 +19,8 @@ use super::buffers::{Buf, GpuLayer, GpuWeights, StepBufs};
 use super::error::{GpuError, driver};
 use super::pages::CacheView;
 use super::plan::{
-    ATTENTION_WARPS, StepShape, check_matmul, elem_bytes, flash_fits, kernel_source, rope_tables,
+    ATTENTION_WARPS, StepShape, attention_splits, check_matmul, elem_bytes, flash_fits, kernel_source,
+    rope_tables,
 };
 use crate::weights::Weights;
 use cudarc::cublas::CudaBlas;
@@ -48,6 +49,8 @@ struct Kernels {
     /// The tensor-core prefill attention, where `plan::flash_fits` says it exists.
     flash: Option<CudaFunction>,
     silu_mul: CudaFunction,
+    argmax_rows: CudaFunction,
+    attention_merge: CudaFunction,
 }
 
 impl Kernels {
@@ -73,6 +76,8 @@ impl Kernels {
             attention: f("attention")?,
             flash: flash_fits(kdt, head_dim, major).then(|| f("flash_prefill")).transpose()?,
             silu_mul: f("silu_mul")?,
+            argmax_rows: f("argmax_rows")?,
+            attention_merge: f("attention_merge")?,
         })
     }
 }
@@ -101,6 +106,8 @@ pub(super) struct Forward {
     sin: CudaSlice<f32>,
     /// A stand-in for absent optional weights (never read: the kernels check the flags).
     none: Buf,
+    /// The GPU's SMs, which `attention` splits keys to fill.
+    sms: usize,
 }
 
 impl Forward {
@@ -120,7 +127,12 @@ impl Forward {
         let cos = s.clone_htod(&cos).map_err(driver)?;
         let sin = s.clone_htod(&sin).map_err(driver)?;
         let none = s.alloc_zeros::<u8>(16).map_err(driver)?;
-        Ok(Self { cfg, wdt, k, w, cos, sin, none })
+        let sms = s
+            .context()
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(driver)?
+            .max(1) as usize;
+        Ok(Self { cfg, wdt, k, w, cos, sin, none, sms })
     }
 
     pub(super) fn cfg(&self) -> &ModelConfig {
@@ -181,7 +193,15 @@ impl Forward {
         // The last residual add and the final norm, for the rows whose logits are wanted only
         // (`rows` were built from token indices below `t`).
         self.add_rmsnorm(s, bufs, true, &self.w.final_norm, n_rows as u32)?;
-        self.matmul(lane, self.w.head(), &bufs.act, &mut bufs.logits, [vocab, hid, n_rows])
+        self.matmul(lane, self.w.head(), &bufs.act, &mut bufs.logits, [vocab, hid, n_rows])?;
+        // Every row's argmax, which the host copies instead of the logits for greedy rows.
+        let vocab_i = vocab as i32;
+        let mut b = s.launch_builder(&self.k.argmax_rows);
+        b.arg(&bufs.logits).arg(&vocab_i).arg(&mut bufs.argmax);
+        // SAFETY: see this function's doc; `logits` holds `n_rows` rows of `vocab` (the gemm's
+        // checked output) and `argmax` at least `n_rows` entries (the rows' capacity).
+        unsafe { b.launch(cfg1(n_rows as u32, 1024)) }.map_err(driver)?;
+        Ok(())
     }
 
     /// Enqueues layer `li` (weights `lw`) of a step of `shape`.
@@ -211,12 +231,16 @@ impl Forward {
         self.add_rmsnorm(s, bufs, false, &lw.mlp_norm, t_i)?;
         self.matmul(lane, &lw.w_gate_up, &bufs.act, &mut bufs.gu, [2 * inter, hid, t])?;
 
-        let (inter_i, n) = (inter as i32, (t * inter) as i64);
-        let blocks = (t * inter).div_ceil(256).min(65_535) as u32;
+        let inter_i = inter as i32;
         let mut b = s.launch_builder(&self.k.silu_mul);
-        b.arg(&bufs.gu).arg(&mut bufs.act).arg(&inter_i).arg(&n);
+        b.arg(&bufs.gu).arg(&mut bufs.act).arg(&inter_i);
+        let grid = LaunchConfig {
+            grid_dim: (t_i, inter.div_ceil(1024) as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: see `record`'s doc.
-        unsafe { b.launch(cfg1(blocks, 256)) }.map_err(driver)?;
+        unsafe { b.launch(grid) }.map_err(driver)?;
         self.matmul(lane, &lw.w_down, &bufs.act, &mut bufs.delta, [hid, inter, t])
     }
 
@@ -289,7 +313,7 @@ impl Forward {
     ) -> Result<(), GpuError> {
         let cfg = &self.cfg;
         let (h, d) = (cfg.num_heads, cfg.head_dim);
-        let (h_i, kvh_i, d_i) = (h as i32, cfg.kv_heads as i32, d as i32);
+        let (h_i, kvh_i) = (h as i32, cfg.kv_heads as i32);
         let scale = 1.0f32 / (d as f32).sqrt();
         let [kp, vp] = c.planes[li];
         let (use_toks, vec) = (i32::from(tiles > 0), i32::from(c.aligned));
@@ -328,6 +352,7 @@ impl Forward {
             return Ok(());
         }
         let use_toks = if flash.is_some() { use_toks } else { 0 };
+        let splits = attention_splits(blocks, h, self.sms, bufs.part_rows);
         let mut b = s.launch_builder(&self.k.attention);
         b.arg(&bufs.q)
             .arg(&kp)
@@ -343,17 +368,31 @@ impl Forward {
             .arg(&c.s_tok)
             .arg(&c.s_head)
             .arg(&mut bufs.act)
+            .arg(&mut bufs.part)
             .arg(&h_i)
             .arg(&kvh_i)
-            .arg(&d_i)
             .arg(&scale);
         let grid = LaunchConfig {
-            grid_dim: (blocks as u32, h as u32, 1),
+            grid_dim: (blocks as u32, h as u32, splits as u32),
             block_dim: (32 * ATTENTION_WARPS, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: see `record`'s doc; `singles` lists tokens below `t` and is read only with
-        // `use_toks`, and `vec` only when `c.aligned` holds.
+        // `use_toks`, `vec` only when `c.aligned` holds, and with more than one split
+        // `attention_splits` checked that `part` holds the `blocks` rows of partials written.
+        unsafe { b.launch(grid) }.map_err(driver)?;
+        if splits == 1 {
+            return Ok(());
+        }
+        let splits_i = splits as i32;
+        let mut b = s.launch_builder(&self.k.attention_merge);
+        b.arg(&bufs.part).arg(&bufs.singles).arg(&use_toks).arg(&mut bufs.act).arg(&h_i).arg(&splits_i);
+        let grid = LaunchConfig {
+            grid_dim: (blocks as u32, h as u32, 1),
+            block_dim: (64, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: as the launch above: the same rows, tokens and partials.
         unsafe { b.launch(grid) }.map_err(driver)?;
         Ok(())
     }

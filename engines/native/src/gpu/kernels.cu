@@ -141,21 +141,22 @@ extern "C" __global__ void qkv_post(const float* qkv, const wt* bias, int has_bi
     }
 }
 
-#define MAXV 8     // head_dim <= 32 * MAXV
+#define NV ((HD + 31) / 32)  // head elements per lane
 // WARPS (warps per attention block) is defined by the host, which launches 32 * WARPS threads.
 
-// q · K[kr .. kr + D): with `vec`, rows start 16-byte aligned and D is a multiple of 16 bytes'
-// worth of elements, so whole 16-byte words are read.
-__device__ __forceinline__ float dot_row(const float* sq, const kt* kr, int D, int vec) {
+// q · K[kr .. kr + HD): with `vec`, rows start 16-byte aligned and hold whole 16-byte words.
+__device__ __forceinline__ float dot_row(const float* sq, const kt* kr, int vec) {
     float a = 0.f;
     if (vec) {
 #if KT == 0
-        for (int i = 0; i < D; i += 4) {
+#pragma unroll
+        for (int i = 0; i < HD; i += 4) {
             f32x4 w = *(const f32x4*)(kr + i);
             a += sq[i] * w.x + sq[i + 1] * w.y + sq[i + 2] * w.z + sq[i + 3] * w.w;
         }
 #else
-        for (int i = 0; i < D; i += 8) {
+#pragma unroll
+        for (int i = 0; i < HD; i += 8) {
             u32x4 w = *(const u32x4*)(kr + i);
             unsigned int u[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
@@ -167,48 +168,85 @@ __device__ __forceinline__ float dot_row(const float* sq, const kt* kr, int D, i
 #endif
         return a;
     }
-    for (int i = 0; i < D; i++) a += sq[i] * kld(kr[i]);
+    for (int i = 0; i < HD; i++) a += sq[i] * kld(kr[i]);
     return a;
+}
+
+// acc += p_jj · V[key j0 + jj] for keys jj of a group, lanes over the head dimension; `blk` and
+// `pr` are lane jj's block and probability. Fully unrolled when the group is whole, so all its
+// value loads are in flight at once.
+__device__ __forceinline__ void add_values(float* acc, const kt* V, unsigned int blk, float pr, int j0, int cnt,
+                                           int bs, long long s_blk, long long s_tok, long long head_off,
+                                           int lane) {
+    if (cnt == 32) {
+#pragma unroll
+        for (int jj = 0; jj < 32; jj++) {
+            float pj = __shfl_sync(0xffffffffu, pr, jj);
+            unsigned int bj = __shfl_sync(0xffffffffu, blk, jj);
+            const kt* vr = V + (long long)bj * s_blk + (long long)((j0 + jj) % bs) * s_tok + head_off;
+#pragma unroll
+            for (int u = 0; u < NV; u++) {
+                int i = lane + 32 * u;
+                if (i < HD) acc[u] += pj * kld(vr[i]);
+            }
+        }
+        return;
+    }
+    for (int jj = 0; jj < cnt; jj++) {
+        float pj = __shfl_sync(0xffffffffu, pr, jj);
+        unsigned int bj = __shfl_sync(0xffffffffu, blk, jj);
+        const kt* vr = V + (long long)bj * s_blk + (long long)((j0 + jj) % bs) * s_tok + head_off;
+#pragma unroll
+        for (int u = 0; u < NV; u++) {
+            int i = lane + 32 * u;
+            if (i < HD) acc[u] += pj * kld(vr[i]);
+        }
+    }
 }
 
 // Paged attention of one query (token, head) over its sequence's keys 0..pos (causal), read
 // from the cache through the block table and the layout's strides; GQA maps head h to KV head
-// h / (H / KVH). Each warp takes 32 keys at a time (every WARPS-th group of 32): lane j scores
-// key j against the query (kept in shared memory), the warp's online softmax advances once per
-// group, then the group's values accumulate with lanes over the head dimension. A group's key
-// loads are independent of one another, so a sequence of `len` keys costs len / (32 · WARPS)
-// dependent rounds — what bounds decoding long sequences. The warps' partial results are
-// merged at the end. Grid (T, H), token blockIdx.x; with `use_toks`, (n, H) over the tokens
-// listed in `toks` (the one-token chunks of a step whose longer chunks run `flash_prefill`).
+// h / (H / KVH). Keys go in groups of 32: lane j scores key j against the query (kept in
+// shared memory), the warp's online softmax advances once per group, then the group's values
+// accumulate with lanes over the head dimension — a group's loads are independent of one
+// another. The groups are dealt round robin to the `splits` blocks of a query (blockIdx.z) and
+// the WARPS warps of each, so a long sequence is walked by many warps at once even when a step
+// has few queries (decoding one sequence); the warps' partial results are merged at the end,
+// and with several splits each block writes its partial (max, sum, unnormalised output) to
+// `part` for `attention_merge`. Grid (T, H, splits), token blockIdx.x; with `use_toks`,
+// (n, H, splits) over the tokens listed in `toks` (the one-token chunks of a step whose longer
+// chunks run `flash_prefill`).
 extern "C" __global__ void attention(const float* q, unsigned long long k_plane, unsigned long long v_plane,
                                      const int* pos, const int* tab_off, const unsigned int* tables,
                                      const int* toks, int use_toks, int vec, int bs, long long s_blk,
-                                     long long s_tok, long long s_head, wt* out, int H, int KVH, int D,
+                                     long long s_tok, long long s_head, wt* out, float* part, int H, int KVH,
                                      float scale) {
-    __shared__ float sq[32 * MAXV];
+    __shared__ float sq[HD];
     __shared__ float sm[WARPS], sl[WARPS];
-    __shared__ float sacc[WARPS][32 * MAXV];
+    __shared__ float sacc[WARPS][HD];
     long long t = use_toks ? toks[blockIdx.x] : blockIdx.x;
     int h = blockIdx.y, kh = h / (H / KVH);
+    int z = blockIdx.z, splits = gridDim.z;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const kt* K = (const kt*)k_plane;
     const kt* V = (const kt*)v_plane;
-    const float* qp = q + (t * H + h) * D;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) sq[i] = qp[i] * scale;
+    const float* qp = q + (t * H + h) * HD;
+    for (int i = threadIdx.x; i < HD; i += blockDim.x) sq[i] = qp[i] * scale;
     __syncthreads();
-    float acc[MAXV];
+    float acc[NV];
 #pragma unroll
-    for (int u = 0; u < MAXV; u++) acc[u] = 0.f;
+    for (int u = 0; u < NV; u++) acc[u] = 0.f;
     float m = NEG_INF, l = 0.f;
     int len = pos[t] + 1;
     const unsigned int* tab = tables + tab_off[t];
-    for (int j0 = warp * 32; j0 < len; j0 += WARPS * 32) {
-        int j = j0 + lane;
-        long long base = 0;
+    long long head_off = (long long)kh * s_head;
+    for (int gi = z + splits * warp; gi * 32 < len; gi += splits * WARPS) {
+        int j0 = gi * 32, j = j0 + lane;
+        unsigned int blk = 0;
         float s = NEG_INF;
         if (j < len) {
-            base = (long long)tab[j / bs] * s_blk + (long long)(j % bs) * s_tok + (long long)kh * s_head;
-            s = dot_row(sq, K + base, D, vec);
+            blk = tab[j / bs];
+            s = dot_row(sq, K + (long long)blk * s_blk + (long long)(j % bs) * s_tok + head_off, vec);
         }
         float mx = s;
         for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -218,18 +256,8 @@ extern "C" __global__ void attention(const float* q, unsigned long long k_plane,
         for (int o = 16; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
         l = l * corr + ps;
 #pragma unroll
-        for (int u = 0; u < MAXV; u++) acc[u] *= corr;
-        int cnt = min(32, len - j0);  // the same for the whole warp
-#pragma unroll 4
-        for (int jj = 0; jj < cnt; jj++) {
-            float pj = __shfl_sync(0xffffffffu, pr, jj);
-            long long bj = __shfl_sync(0xffffffffu, base, jj);
-#pragma unroll
-            for (int u = 0; u < MAXV; u++) {
-                int i = lane + 32 * u;
-                if (i < D) acc[u] += pj * kld(V[bj + i]);
-            }
-        }
+        for (int u = 0; u < NV; u++) acc[u] *= corr;
+        add_values(acc, V, blk, pr, j0, min(32, len - j0), bs, s_blk, s_tok, head_off, lane);
         m = mn;
     }
     if (lane == 0) {
@@ -237,9 +265,9 @@ extern "C" __global__ void attention(const float* q, unsigned long long k_plane,
         sl[warp] = l;
     }
 #pragma unroll
-    for (int u = 0; u < MAXV; u++) {
+    for (int u = 0; u < NV; u++) {
         int i = lane + 32 * u;
-        if (i < D) sacc[warp][i] = acc[u];
+        if (i < HD) sacc[warp][i] = acc[u];
     }
     __syncthreads();
     if (warp != 0) return;
@@ -250,20 +278,97 @@ extern "C" __global__ void attention(const float* q, unsigned long long k_plane,
         f[w] = sl[w] > 0.f ? expf(sm[w] - M) : 0.f;  // a warp with no keys adds nothing
         L += sl[w] * f[w];
     }
-    for (int i = lane; i < D; i += 32) {
+    float* pp = part + (((long long)blockIdx.x * H + h) * splits + z) * (HD + 2);
+    if (splits > 1 && lane == 0) {
+        pp[0] = M;
+        pp[1] = L;
+    }
+    for (int i = lane; i < HD; i += 32) {
         float o = 0.f;
         for (int w = 0; w < WARPS; w++) o += sacc[w][i] * f[w];
-        out[(t * H + h) * D + i] = wst(o / L);
+        if (splits > 1)
+            pp[2 + i] = o;
+        else
+            out[(t * H + h) * HD + i] = wst(o / L);
     }
 }
 
-// out[t][i] = SiLU(gu[t][i]) * gu[t][I + i]. grid-stride over T * I.
-extern "C" __global__ void silu_mul(const float* gu, wt* out, int I, long long n) {
-    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < n;
-         idx += (long long)gridDim.x * blockDim.x) {
-        long long t = idx / I;
-        long long i = idx - t * I;
-        float g = gu[t * 2 * I + i], u = gu[t * 2 * I + I + i];
-        out[idx] = wst(g / (1.0f + expf(-g)) * u);
+// Merges the `splits` partial results of each query (row blockIdx.x, head blockIdx.y) that
+// `attention` wrote to `part` into its output. Grid (rows, H), block 64.
+extern "C" __global__ void attention_merge(const float* part, const int* toks, int use_toks, wt* out, int H,
+                                           int splits) {
+    long long r = blockIdx.x;
+    long long t = use_toks ? toks[r] : r;
+    int h = blockIdx.y;
+    const float* pp = part + ((r * H + h) * splits) * (HD + 2);
+    float M = NEG_INF;
+    for (int z = 0; z < splits; z++) M = fmaxf(M, pp[z * (HD + 2)]);
+    float L = 0.f;
+    for (int z = 0; z < splits; z++) {
+        float lz = pp[z * (HD + 2) + 1];
+        if (lz > 0.f) L += lz * expf(pp[z * (HD + 2)] - M);
+    }
+    for (int i = threadIdx.x; i < HD; i += blockDim.x) {
+        float o = 0.f;
+        for (int z = 0; z < splits; z++) {
+            float lz = pp[z * (HD + 2) + 1];
+            if (lz > 0.f) o += pp[z * (HD + 2) + 2 + i] * expf(pp[z * (HD + 2)] - M);
+        }
+        out[(t * H + h) * HD + i] = wst(o / L);
+    }
+}
+
+// out[t][i] = SiLU(gu[t][i]) * gu[t][I + i]. grid (T, ceil(I / 1024)), block 256: each thread
+// takes 4 elements 256 apart (coalesced, no division per element).
+extern "C" __global__ void silu_mul(const float* gu, wt* out, int I) {
+    long long t = blockIdx.x;
+    const float* g = gu + t * 2 * I;
+    const float* u = g + I;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        int i = blockIdx.y * 1024 + e * 256 + threadIdx.x;
+        if (i < I) {
+            float x = g[i];
+            out[t * I + i] = wst(x / (1.0f + expf(-x)) * u[i]);
+        }
+    }
+}
+
+// out[r] = the index of the largest of logits[r][0..vocab): the first of equals, NaN never
+// chosen, 0 when nothing beats -inf — the CPU sampler's greedy choice. grid (rows), block 1024.
+extern "C" __global__ void argmax_rows(const float* logits, int vocab, unsigned int* out) {
+    __shared__ float sv[32];
+    __shared__ unsigned int si[32];
+    const float* row = logits + (long long)blockIdx.x * vocab;
+    float bv = NEG_INF;
+    unsigned int bi = 0xffffffffu;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        float x = row[i];
+        if (x > bv) {  // false for NaN; the first of equals within this thread's stride
+            bv = x;
+            bi = i;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float v = __shfl_xor_sync(0xffffffffu, bv, o);
+        unsigned int j = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (v > bv || (v == bv && j < bi)) {
+            bv = v;
+            bi = j;
+        }
+    }
+    int w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if ((threadIdx.x & 31) == 0) {
+        sv[w] = bv;
+        si[w] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int k = 1; k < nw; k++)
+            if (sv[k] > bv || (sv[k] == bv && si[k] < bi)) {
+                bv = sv[k];
+                bi = si[k];
+            }
+        out[blockIdx.x] = bi == 0xffffffffu ? 0u : bi;
     }
 }

@@ -20,7 +20,7 @@ use super::plan::{
     StepCapacity, StepLimits, StepPlan, StepShape, check_model, elem_bytes, is_decode, plan_step,
 };
 use crate::kv_cache::KvCache;
-use crate::model::{Chunk, ComputeBackend};
+use crate::model::{Chunk, ComputeBackend, Row};
 use crate::weights::Weights;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaStream};
@@ -118,12 +118,17 @@ impl GpuModel {
         self.kv.handoff()
     }
 
-    fn step(&mut self, chunks: &[Chunk<'_>]) -> Result<Vec<Vec<f32>>, GpuError> {
+    /// Computes a step; with `argmax`, the rows of chunks that asked for it come back as
+    /// [`Row::Argmax`], all others (every row without `argmax`) as their logits.
+    fn step(&mut self, chunks: &[Chunk<'_>], argmax: bool) -> Result<Vec<Row>, GpuError> {
         let vocab = self.fwd.cfg().vocab_size;
         let flash = self.fwd.flash(self.kv.view());
-        let plan =
+        let mut plan =
             plan_step(chunks, self.desc.block_size(), self.desc.num_blocks, vocab, self.max_positions, flash)
                 .map_err(GpuError::Shape)?;
+        if !argmax {
+            plan.row_argmax.fill(false);
+        }
         if plan.ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -150,8 +155,8 @@ impl GpuModel {
     }
 
     /// Uploads the plan into `bufs`, computes the step (replaying its graph when `decode` allows
-    /// one) and returns the wanted logits.
-    fn run(&mut self, bufs: &mut StepBufs, plan: &StepPlan, decode: bool) -> Result<Vec<Vec<f32>>, GpuError> {
+    /// one) and returns the wanted rows: the argmax where the plan asks for it, else the logits.
+    fn run(&mut self, bufs: &mut StepBufs, plan: &StepPlan, decode: bool) -> Result<Vec<Row>, GpuError> {
         let (t, n_rows, vocab) = (plan.ids.len(), plan.rows.len(), self.fwd.cfg().vocab_size);
         let graphed = self.graphs.takes(decode, t, n_rows);
         if graphed {
@@ -168,20 +173,39 @@ impl GpuModel {
             stream.synchronize().map_err(driver)?;
             return Ok(Vec::new());
         }
-        let mut host = vec![0f32; n_rows * vocab];
-        let wanted = bufs
-            .logits
-            .try_slice(..n_rows * vocab)
-            .ok_or_else(|| GpuError::Shape(format!("{n_rows} rows of logits past the buffer")))?;
-        stream.memcpy_dtoh(&wanted, &mut host).map_err(driver)?;
+        let short = || GpuError::Shape(format!("{n_rows} rows of logits past the buffer"));
+        let mut ids = vec![0u32; n_rows];
+        stream.memcpy_dtoh(&bufs.argmax.try_slice(..n_rows).ok_or_else(short)?, &mut ids).map_err(driver)?;
+        let mut out = Vec::with_capacity(n_rows);
+        for (r, (&id, &argmax)) in ids.iter().zip(&plan.row_argmax).enumerate() {
+            if argmax {
+                out.push(Row::Argmax(id));
+                continue;
+            }
+            let mut row = vec![0f32; vocab];
+            let src = bufs.logits.try_slice(r * vocab..(r + 1) * vocab).ok_or_else(short)?;
+            stream.memcpy_dtoh(&src, &mut row).map_err(driver)?;
+            out.push(Row::Logits(row));
+        }
         stream.synchronize().map_err(driver)?;
-        Ok(host.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+        Ok(out)
     }
 }
 
 impl ComputeBackend for GpuModel {
     fn forward(&mut self, chunks: &[Chunk<'_>], _cache: &mut KvCache) -> candle_core::Result<Vec<Vec<f32>>> {
-        self.step(chunks).map_err(|e| candle_core::Error::Msg(format!("GPU: {e}")))
+        let rows = self.step(chunks, false).map_err(|e| candle_core::Error::Msg(format!("GPU: {e}")))?;
+        Ok(rows
+            .into_iter()
+            .map(|r| match r {
+                Row::Logits(l) => l,
+                Row::Argmax(_) => Vec::new(), // not asked for: `step` was told no argmax
+            })
+            .collect())
+    }
+
+    fn forward_step(&mut self, chunks: &[Chunk<'_>], _cache: &mut KvCache) -> candle_core::Result<Vec<Row>> {
+        self.step(chunks, true).map_err(|e| candle_core::Error::Msg(format!("GPU: {e}")))
     }
 
     fn export_pages(

@@ -26,13 +26,30 @@ const FLASH: &str = include_str!("flash.cu");
 /// Query tokens of one `flash_prefill` block (4 warps × 16 rows).
 const FLASH_TILE: usize = 64;
 
-/// Warps of one attention block (one query token and head). Each warp walks every
-/// `ATTENTION_WARPS`-th key with an online softmax, so the chain of dependent key loads a block
-/// waits for is `len / ATTENTION_WARPS` long: at batch 1 a decode step has only `heads` blocks
-/// per layer, and with 4 warps the walk over a few hundred keys dominated the step.
-pub(super) const ATTENTION_WARPS: u32 = 16;
+/// Warps of one `attention` block (one query token and head, one split of its keys). Each warp
+/// takes every `ATTENTION_WARPS × splits`-th group of 32 keys; the splits, not the warps, are
+/// what grows with the work a step lacks (see [`attention_splits`]).
+pub(super) const ATTENTION_WARPS: u32 = 4;
 
-/// Largest head dimension the attention kernel holds in registers (32 lanes × 8).
+/// Most splits of one query's keys in `attention` (the partial buffer holds this many per row).
+pub(super) const MAX_SPLITS: usize = 16;
+
+/// `attention` blocks worth launching per SM: 16 blocks of 4 warps fill an SM's 64 warp slots
+/// on sm_80/sm_90, so the key walks' load latencies overlap.
+const BLOCKS_PER_SM: usize = 16;
+
+/// How many blocks share each query's keys in `attention`, for `queries` queries of `heads`
+/// heads on a GPU of `sms` SMs, when the partial buffer holds `part_rows` queries: enough
+/// blocks to fill the GPU, up to [`MAX_SPLITS`], or 1 (no merge) when a step has more queries
+/// than the buffer. Depends on the step's shape alone, so a captured graph stays valid.
+pub(super) fn attention_splits(queries: usize, heads: usize, sms: usize, part_rows: usize) -> usize {
+    if queries == 0 || queries > part_rows {
+        return 1;
+    }
+    (sms * BLOCKS_PER_SM).div_ceil(queries * heads).clamp(1, MAX_SPLITS)
+}
+
+/// Largest head dimension the attention kernels hold in registers (32 lanes × 8).
 const MAX_HEAD_DIM: usize = 256;
 
 /// Decode steps of at most this many sequences are replayed as CUDA graphs, one graph per batch
@@ -187,6 +204,8 @@ pub(super) struct StepPlan {
     pub(super) tables: Vec<u32>,
     /// Token rows whose logits are wanted, in chunk order.
     pub(super) rows: Vec<i32>,
+    /// For each of `rows`, whether its chunk asked for the argmax alone.
+    pub(super) row_argmax: Vec<bool>,
     /// `flash_prefill`'s tiles, `(first token, tokens)` pairs flattened: the chunks of two
     /// tokens or more, 64 tokens a tile. Empty when the step has none or flash is off; then
     /// `attention` runs over every token.
@@ -241,6 +260,7 @@ pub(super) fn plan_step(
         tab_off: Vec::new(),
         tables: Vec::new(),
         rows: Vec::new(),
+        row_argmax: Vec::new(),
         tiles: Vec::new(),
         singles: Vec::new(),
     };
@@ -277,6 +297,7 @@ pub(super) fn plan_step(
         }
         if c.want_logits && !c.tokens.is_empty() {
             p.rows.push(p.ids.len() as i32 - 1);
+            p.row_argmax.push(c.argmax);
         }
     }
     if p.tables.is_empty() {

@@ -2,7 +2,7 @@ use super::*;
 use xinf_transfer::KvLayout;
 
 fn chunk<'a>(tokens: &'a [u32], start: usize, table: &'a [u32], want: bool) -> Chunk<'a> {
-    Chunk { tokens, start, block_table: table, want_logits: want, prompt_len: tokens.len() }
+    Chunk { tokens, start, block_table: table, want_logits: want, prompt_len: tokens.len(), argmax: false }
 }
 
 #[test]
@@ -242,4 +242,17 @@ fn only_decode_steps_may_replay_a_graph() {
     assert!(is_decode(&[chunk(&one, 5, &t, true), chunk(&one, 9, &t, true)]));
     assert!(!is_decode(&[chunk(&one, 5, &t, true), chunk(&two, 0, &t, true)]), "a prompt chunk");
     assert!(!is_decode(&[chunk(&one, 5, &t, false)]), "no logits wanted");
+}
+
+#[test]
+fn attention_splits_fill_the_gpu_within_the_partials() {
+    // One query of 14 heads on 132 SMs: as many splits as allowed.
+    assert_eq!(attention_splits(1, 14, 132, 64), MAX_SPLITS);
+    // 16 queries: 2,112 blocks wanted over 224 → 10 splits; 64 queries → 3.
+    assert_eq!(attention_splits(16, 14, 132, 64), 10);
+    assert_eq!(attention_splits(64, 14, 132, 64), 3);
+    // More queries than the partial buffer holds, or a step that fills the GPU alone: no split.
+    assert_eq!(attention_splits(65, 14, 132, 64), 1);
+    assert_eq!(attention_splits(2048, 14, 132, 4096), 1);
+    assert_eq!(attention_splits(0, 14, 132, 64), 1);
 }

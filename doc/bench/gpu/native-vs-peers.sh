@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The native engine against vLLM and SGLang on one GPU: an ordinary replica of each (`no`, `vo`,
+# `so`) on the same Qwen2.5-0.5B-shaped random FP16 model under one `xinf bench` run (prompts of
+# 40/173/733/2833 tokens, 32 output tokens, C1/C16/C64, prefix caching off in the peers), then
+# one table with the native engine's ratios to the better peer in each column.
+#
+# Needs what `pd-engines.sh` needs (a `--features cuda` xinf in XINF_BIN, vLLM 0.26 and SGLang
+# 0.5.15 in VLLM_PYTHONPATH / SGLANG_PYTHONPATH). `native-vs-peers.sh launch`, then `bench`,
+# then `stop`.
+set -u
+D=$(cd "$(dirname "$0")" && pwd)
+W=${WORK:-/tmp/pd-engines}
+export MODELS=${MODELS:-no vo so} OUT=${OUT:-$W}
+case ${1:-} in
+launch | stop) exec bash "$D/pd-engines.sh" "$1" ;;
+bench)
+    CONC=${CONC:-1,16,64} REQ=${REQ:-64} bash "$D/pd-engines.sh" bench | grep -v "^|"
+    python3 - "$OUT/bench.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))["results"]
+def get(model, c, metric, q=None):
+    for x in r:
+        if x.get("model_uid") == model and x.get("concurrency") == c:
+            v = x.get(metric)
+            return v.get(q) if q else v
+cols = [("C1 TTFT p95 ms", 1, "ttft_ms", "p95", True), ("C1 TPOT ms", 1, "tpot_ms", "p50", True),
+        ("C16 TTFT p50 ms", 16, "ttft_ms", "p50", True), ("C16 TPOT ms", 16, "tpot_ms", "p50", True),
+        ("C16 tok/s", 16, "output_tokens_per_s", None, False), ("C64 tok/s", 64, "output_tokens_per_s", None, False)]
+names = {"no": "xinf native", "vo": "vLLM", "so": "SGLang"}
+print("| | " + " | ".join(c[0] for c in cols) + " |")
+print("|---" * (len(cols) + 1) + "|")
+for m in ("no", "vo", "so"):
+    print(f"| {names[m]} | " + " | ".join(str(get(m, c, k, q)) for _, c, k, q, _ in cols) + " |")
+ratios = []
+for _, c, k, q, lower in cols:
+    mine, peers = get("no", c, k, q), [v for v in (get("vo", c, k, q), get("so", c, k, q)) if v]
+    best = (min if lower else max)(peers) if peers else None
+    ratios.append(f"{mine / best:.2f}×" if mine and best else "–")
+print("| native / better peer | " + " | ".join(ratios) + " |")
+PY
+    ;;
+*)
+    echo "usage: native-vs-peers.sh launch | bench | stop" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,198 @@
+//! Timings on the GPU (benchmarks printed, not asserted) and a profiling target.
+
+use super::*;
+
+/// The vocabulary of the Qwen2.5-0.5B-shaped model (SmolLM2's size, so outputs stay printable
+/// with SmolLM2's tokenizer in the serving benchmarks).
+const VOCAB_Q05: usize = 49_152;
+
+/// Writes a Qwen2.5-0.5B-shaped FP16 checkpoint with random weights (a word-level tokenizer of
+/// [`VOCAB_Q05`] words) under `dir`; returns it and its weights' bytes.
+fn q05_model(dir: &Path) -> (ResolvedModel, f64) {
+    let path = dir.join("q05");
+    let vocab = VOCAB_Q05;
+    let words: serde_json::Map<String, serde_json::Value> =
+        (0..vocab).map(|i| (format!("w{i}"), serde_json::json!(i))).collect();
+    let tok_dir = dir.join("tok");
+    std::fs::create_dir_all(&tok_dir).expect("mkdir");
+    let tokenizer = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+        "decoder": null, "model": {"type": "WordLevel", "vocab": words, "unk_token": "w0"},
+    });
+    std::fs::write(tok_dir.join("tokenizer.json"), tokenizer.to_string()).expect("write tokenizer");
+    let tok = xinf_models::TextTokenizer::from_hf_dir(&tok_dir, &[]).expect("tokenizer");
+    let config = serde_json::json!({
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896,
+        "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+        "num_key_value_heads": 2, "vocab_size": vocab, "tie_word_embeddings": true,
+        "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0,
+        "hidden_act": "silu", "torch_dtype": "float16",
+    });
+    let made = xinf_models::write_random_checkpoint(&config, xinf_models::RandomDtype::F16, 7, &tok, &path)
+        .expect("random checkpoint");
+    let model = ResolvedModel {
+        format: WeightsFormat::Safetensors,
+        path: path.clone(),
+        family: None,
+        origin: "test".into(),
+    };
+    (model, made.bytes as f64)
+}
+
+/// Benchmark (a) without the serving path: per-token time of one greedy request decoding on the
+/// engine itself (its step loop, the forward pass, the logits copy and the CPU sampler; no HTTP,
+/// no actors), for a Qwen2.5-0.5B-shaped FP16 model with random weights and a 49,152-token
+/// vocabulary, with CUDA graphs and without, against the HBM roofline (the weight bytes read
+/// once per token at 4.8 TB/s); and the time of the whole prompt pass of 40-, 733- and
+/// 2,833-token prompts (`prompt_logits`, medians of 5, chunks of the default
+/// `max_batch_tokens`). Prints; asserts only that both runs decode the same tokens.
+#[test]
+fn decode_step_time_at_batch_1() {
+    if !gpu_enabled("decode_step_time_at_batch_1") {
+        return;
+    }
+    let dir = scratch();
+    let (model, weight_bytes) = q05_model(dir.path());
+    let vocab = VOCAB_Q05;
+    let roofline_ms = weight_bytes / 4.8e12 * 1e3;
+    let mut outputs = Vec::new();
+    for graphs in [true, false] {
+        let cfg = serde_json::json!({"device": "cuda", "kv_cache_tokens": 8192, "cuda_graphs": graphs});
+        let engine = NativeEngine::load(&model, EngineOptions::from_engine_config(&cfg).expect("options"))
+            .expect("load");
+        let ids = prompt(128, 5, vocab);
+        let run = |n: usize, tag: &str| {
+            rt().block_on(async {
+                let mut sampling = SamplingParams::greedy(n);
+                sampling.ignore_eos = true;
+                let request =
+                    GenerateRequest { request_id: tag.into(), prompt: Prompt::Tokens(ids.clone()), sampling };
+                let mut stream = engine.submit(request).expect("submit");
+                let (mut times, mut tokens) = (Vec::new(), Vec::new());
+                while let Some(ev) = stream.next().await {
+                    match ev.expect("event") {
+                        TokenEvent::Delta { token_id, .. } => {
+                            times.push(std::time::Instant::now());
+                            tokens.push(token_id);
+                        }
+                        TokenEvent::Finished { .. } => break,
+                    }
+                }
+                (times, tokens)
+            })
+        };
+        let _ = run(16, "warm");
+        if graphs {
+            for len in [40usize, 733, 2833] {
+                let ids = prompt(len, 9, vocab);
+                let mut ms: Vec<f64> = (0..6)
+                    .map(|_| {
+                        let t = std::time::Instant::now();
+                        rt().block_on(engine.prompt_logits(ids.clone())).expect("prompt logits");
+                        t.elapsed().as_secs_f64() * 1e3
+                    })
+                    .skip(1)
+                    .collect();
+                ms.sort_by(f64::total_cmp);
+                eprintln!(
+                    "Qwen2.5-0.5B shape FP16: prompt of {len} tokens: whole prompt pass p50 {:.2} ms",
+                    ms[2]
+                );
+            }
+        }
+        let (times, tokens) = run(257, "timed");
+        let mut gaps: Vec<f64> = times.windows(2).map(|w| (w[1] - w[0]).as_secs_f64() * 1e3).collect();
+        gaps.sort_by(f64::total_cmp);
+        let median = gaps[gaps.len() / 2];
+        eprintln!(
+            "Qwen2.5-0.5B shape FP16, {:.1} MB of weights, batch 1, cuda_graphs {graphs}: per-token p50 \
+             {median:.3} ms, p10 {:.3}, p90 {:.3} over {} tokens; roofline {roofline_ms:.3} ms → {:.1}×",
+            weight_bytes / 1e6,
+            gaps[gaps.len() / 10],
+            gaps[gaps.len() * 9 / 10],
+            gaps.len(),
+            median / roofline_ms
+        );
+        outputs.push(tokens);
+    }
+    assert_eq!(outputs[0], outputs[1], "graphs and eager launches decode the same tokens");
+}
+
+/// Per-token times of `n` concurrent greedy requests of `len`-token prompts on `engine`, after
+/// their first tokens (the steps that only decode): the median gap between one request's
+/// tokens, in ms.
+fn decode_gap_ms(engine: &NativeEngine, n: usize, len: usize, tokens: usize) -> f64 {
+    let gaps = rt().block_on(futures::future::join_all((0..n).map(|i| async move {
+        let mut sampling = SamplingParams::greedy(tokens);
+        sampling.ignore_eos = true;
+        let ids = prompt(len, 40 + i as u32, VOCAB_Q05);
+        let request =
+            GenerateRequest { request_id: format!("b{n}-{i}"), prompt: Prompt::Tokens(ids), sampling };
+        let mut stream = engine.submit(request).expect("submit");
+        let mut times = Vec::new();
+        while let Some(ev) = stream.next().await {
+            match ev.expect("event") {
+                TokenEvent::Delta { .. } => times.push(std::time::Instant::now()),
+                TokenEvent::Finished { .. } => break,
+            }
+        }
+        // The first gaps may wait for other requests' prompt chunks.
+        times.windows(2).skip(4).map(|w| (w[1] - w[0]).as_secs_f64() * 1e3).collect::<Vec<_>>()
+    })));
+    let mut all: Vec<f64> = gaps.into_iter().flatten().collect();
+    all.sort_by(f64::total_cmp);
+    all[all.len() / 2]
+}
+
+/// Benchmark (b): decode-only steps of 1, 16 and 64 sequences with 1,000-token prompts (CUDA
+/// graphs on): the per-token time that a batch costs when no prompt shares its steps, the
+/// baseline the TPOT of a serving run is compared with. Prints only.
+#[test]
+fn decode_step_time_by_batch() {
+    if !gpu_enabled("decode_step_time_by_batch") {
+        return;
+    }
+    let dir = scratch();
+    let (model, _) = q05_model(dir.path());
+    let cfg = serde_json::json!({"device": "cuda", "kv_cache_tokens": 131_072});
+    let engine =
+        NativeEngine::load(&model, EngineOptions::from_engine_config(&cfg).expect("options")).expect("load");
+    let _ = decode_gap_ms(&engine, 4, 64, 16);
+    for n in [1usize, 16, 64] {
+        let ms = decode_gap_ms(&engine, n, 1000, 48);
+        eprintln!(
+            "Qwen2.5-0.5B shape FP16, 1,000-token prompts: decode-only batch {n}: per-token p50 {ms:.3} ms, \
+             {:.0} tokens/s",
+            n as f64 / ms * 1e3
+        );
+    }
+}
+
+/// A profiling target, not a check: with `XINF_PROFILE` set, the Qwen2.5-0.5B-shaped model runs
+/// one workload with CUDA graphs off, so a profiler sees every kernel: `prefill`, one
+/// 2,833-token prompt pass; `decodeN`, N requests of 1,000-token prompts decoding 32 tokens
+/// each. Under Nsight Compute, e.g. `XINF_TEST_GPU=1 XINF_PROFILE=decode16 ncu --metrics
+/// gpu__time_duration.sum --print-summary per-kernel ./gpu-<hash> profile_target`.
+#[test]
+fn profile_target() {
+    let Ok(what) = std::env::var("XINF_PROFILE") else {
+        eprintln!("SKIPPED profile_target: set XINF_PROFILE to prefill or decodeN");
+        return;
+    };
+    if !gpu_enabled("profile_target") {
+        return;
+    }
+    let dir = scratch();
+    let (model, _) = q05_model(dir.path());
+    let cfg = serde_json::json!({"device": "cuda", "kv_cache_tokens": 131_072, "cuda_graphs": false});
+    let engine =
+        NativeEngine::load(&model, EngineOptions::from_engine_config(&cfg).expect("options")).expect("load");
+    if what == "prefill" {
+        rt().block_on(engine.prompt_logits(prompt(2833, 9, VOCAB_Q05))).expect("prompt logits");
+    } else {
+        let n = what.trim_start_matches("decode").parse().expect("XINF_PROFILE=decodeN");
+        let ms = decode_gap_ms(&engine, n, 1000, 32);
+        eprintln!("profile_target {what}: per-token p50 {ms:.3} ms");
+    }
+}
