@@ -87,57 +87,60 @@ extern "C" __global__ void add_rmsnorm(float* x, const float* delta, const int* 
     for (int i = threadIdx.x; i < hid; i += blockDim.x) out[r * hid + i] = wst(wld(w[i]) * (xr[i] * inv));
 }
 
-// After the QKV projection, for one (token, head) of Q, K or V: bias, per-head RMSNorm (Q, K),
-// RoPE (Q, K); Q goes to q_out, K and V into the paged cache at the token's slot, found through
-// the block table and the layout's strides (elements). grid (T, H + 2 KVH), block 128.
+// After the QKV projection, for one token: per head of Q, K and V, the bias, per-head RMSNorm
+// (Q, K), RoPE (Q, K); Q goes to q_out, K and V into the paged cache at the token's slot, found
+// through the block table and the layout's strides (elements). One warp per head (8 heads at a
+// time), lanes over the head dimension; a warp's row sits in shared memory for RoPE's pairs.
+// grid (T), block 256.
 extern "C" __global__ void qkv_post(const float* qkv, const wt* bias, int has_bias, const wt* qn, const wt* kn,
                                     int has_norm, const float* cos_t, const float* sin_t, const int* pos,
                                     const int* tab_off, const unsigned int* tables, unsigned long long k_plane,
                                     unsigned long long v_plane, int bs, long long s_blk, long long s_tok,
-                                    long long s_head, float* q_out, int H, int KVH, int D, float eps) {
-    __shared__ float row[512];
-    __shared__ float sh[32];
+                                    long long s_head, float* q_out, int H, int KVH, float eps) {
+    __shared__ float rows[8][HD];
     long long t = blockIdx.x;
-    int hh = blockIdx.y;
-    int width = (H + 2 * KVH) * D;
-    const float* src = qkv + t * width + (long long)hh * D;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) {
-        float v = src[i];
-        if (has_bias) v += wld(bias[hh * D + i]);
-        row[i] = v;
-    }
-    __syncthreads();
-    int kind = hh < H ? 0 : (hh < H + KVH ? 1 : 2);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int width = (H + 2 * KVH) * HD, half = HD / 2;
     int p = pos[t];
     long long slot = (long long)tables[tab_off[t] + p / bs] * s_blk + (long long)(p % bs) * s_tok;
-    if (kind == 2) {
-        kt* dst = (kt*)v_plane + slot + (long long)(hh - H - KVH) * s_head;
-        for (int i = threadIdx.x; i < D; i += blockDim.x) dst[i] = kst(row[i]);
-        return;
-    }
-    if (has_norm) {
+    float* row = rows[warp];
+    for (int hh = warp; hh < H + 2 * KVH; hh += 8) {
+        const float* src = qkv + t * width + (long long)hh * HD;
+        int kind = hh < H ? 0 : (hh < H + KVH ? 1 : 2);
         float ss = 0.f;
-        for (int i = threadIdx.x; i < D; i += blockDim.x) ss += row[i] * row[i];
-        float inv = 1.0f / sqrtf(block_sum(ss, sh) / D + eps);
-        const wt* nw = kind == 0 ? qn : kn;
-        __syncthreads();
-        for (int i = threadIdx.x; i < D; i += blockDim.x) row[i] = wld(nw[i]) * (row[i] * inv);
-        __syncthreads();
-    }
-    int half = D / 2;
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        float c = cos_t[(long long)p * half + i], s = sin_t[(long long)p * half + i];
-        float a = row[i], b = row[i + half];
-        float o1 = a * c - b * s, o2 = b * c + a * s;
-        if (kind == 0) {
-            float* q = q_out + (t * H + hh) * D;
-            q[i] = o1;
-            q[i + half] = o2;
-        } else {
-            kt* dst = (kt*)k_plane + slot + (long long)(hh - H) * s_head;
-            dst[i] = kst(o1);
-            dst[i + half] = kst(o2);
+        for (int i = lane; i < HD; i += 32) {
+            float v = src[i];
+            if (has_bias) v += wld(bias[hh * HD + i]);
+            row[i] = v;
+            ss += v * v;
         }
+        if (kind == 2) {
+            kt* dst = (kt*)v_plane + slot + (long long)(hh - H - KVH) * s_head;
+            for (int i = lane; i < HD; i += 32) dst[i] = kst(row[i]);
+            continue;
+        }
+        if (has_norm) {
+            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            float inv = 1.0f / sqrtf(ss / HD + eps);
+            const wt* nw = kind == 0 ? qn : kn;
+            for (int i = lane; i < HD; i += 32) row[i] = wld(nw[i]) * (row[i] * inv);
+        }
+        __syncwarp();
+        for (int i = lane; i < half; i += 32) {
+            float c = cos_t[(long long)p * half + i], s = sin_t[(long long)p * half + i];
+            float a = row[i], b = row[i + half];
+            float o1 = a * c - b * s, o2 = b * c + a * s;
+            if (kind == 0) {
+                float* q = q_out + (t * H + hh) * HD;
+                q[i] = o1;
+                q[i + half] = o2;
+            } else {
+                kt* dst = (kt*)k_plane + slot + (long long)(hh - H) * s_head;
+                dst[i] = kst(o1);
+                dst[i + half] = kst(o2);
+            }
+        }
+        __syncwarp();  // the row is rewritten for the next head
     }
 }
 
@@ -370,5 +373,54 @@ extern "C" __global__ void argmax_rows(const float* logits, int vocab, unsigned 
                 bi = si[k];
             }
         out[blockIdx.x] = bi == 0xffffffffu ? 0u : bi;
+    }
+}
+
+#define GEMV_ROWS 8
+#if WT == 0
+#define WORD_ELEMS 4
+__device__ __forceinline__ void unpack_word(u32x4 v, float* f) {
+    f[0] = __uint_as_float(v.x); f[1] = __uint_as_float(v.y); f[2] = __uint_as_float(v.z); f[3] = __uint_as_float(v.w);
+}
+#else
+#define WORD_ELEMS 8
+__device__ __forceinline__ void unpack_word(u32x4 v, float* f) {
+    unsigned int u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        f[2 * e] = wld((u16)(u[e] & 0xffffu));
+        f[2 * e + 1] = wld((u16)(u[e] >> 16));
+    }
+}
+#endif
+
+// y[r][o] = Σ_i x[r][i] · w[o][i] for r < rows ≤ GEMV_ROWS: one warp per output, lanes over the
+// input in 16-byte words (the host checks the rows are whole words). For steps of a few
+// sequences, where a gemm library splits the reduction and adds a kernel to sum the parts, and
+// the weights' bytes are all that matters. grid (ceil(out / 8)), block 256.
+extern "C" __global__ void gemv(const wt* w, const wt* x, float* y, int out, int inp, int rows) {
+    int o = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (o >= out) return;
+    const wt* wr = w + (long long)o * inp;
+    float acc[GEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) acc[r] = 0.f;
+    for (int i = lane * WORD_ELEMS; i < inp; i += 32 * WORD_ELEMS) {
+        float wf[WORD_ELEMS], xf[WORD_ELEMS];
+        unpack_word(*(const u32x4*)(wr + i), wf);
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++) {
+            if (r < rows) {
+                unpack_word(*(const u32x4*)(x + (long long)r * inp + i), xf);
+#pragma unroll
+                for (int e = 0; e < WORD_ELEMS; e++) acc[r] += wf[e] * xf[e];
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) {
+        float a = acc[r];
+        for (int sh = 16; sh > 0; sh >>= 1) a += __shfl_xor_sync(0xffffffffu, a, sh);
+        if (lane == 0 && r < rows) y[(long long)r * out + o] = a;
     }
 }
