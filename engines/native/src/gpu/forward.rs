@@ -19,8 +19,8 @@ use super::buffers::{Buf, GpuLayer, GpuWeights, StepBufs};
 use super::error::{GpuError, driver};
 use super::pages::CacheView;
 use super::plan::{
-    ATTENTION_WARPS, GEMV_ROWS, StepShape, attention_splits, check_matmul, elem_bytes, flash_fits,
-    kernel_source, rope_tables,
+    ATTENTION_WARPS, StepShape, attention_splits, check_matmul, elem_bytes, flash_fits, kernel_source,
+    rope_tables,
 };
 use crate::weights::Weights;
 use cudarc::cublas::CudaBlas;
@@ -51,7 +51,6 @@ struct Kernels {
     silu_mul: CudaFunction,
     argmax_rows: CudaFunction,
     attention_merge: CudaFunction,
-    gemv: CudaFunction,
 }
 
 impl Kernels {
@@ -79,7 +78,6 @@ impl Kernels {
             silu_mul: f("silu_mul")?,
             argmax_rows: f("argmax_rows")?,
             attention_merge: f("attention_merge")?,
-            gemv: f("gemv")?,
         })
     }
 }
@@ -291,7 +289,11 @@ impl Forward {
             .arg(&h_i)
             .arg(&kvh_i)
             .arg(&eps);
-        let grid = cfg1(t as u32, 256);
+        let grid = LaunchConfig {
+            grid_dim: (t as u32, (h + 2 * kvh).div_ceil(8) as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: see `record`'s doc.
         unsafe { b.launch(grid) }.map_err(driver)?;
         Ok(())
@@ -424,8 +426,7 @@ impl Forward {
     }
 
     /// `y[t][o] = Σ_i x[t][i] · w[o][i]` for `t < rows`: `w` is `[out, inp]` in the weights'
-    /// dtype, `x` `[rows, inp]` in the weights' dtype, `y` `[rows, out]` f32, enqueued on `lane`:
-    /// by the `gemv` kernel for a few rows of whole 16-byte words, by cuBLAS otherwise.
+    /// dtype, `x` `[rows, inp]` in the weights' dtype, `y` `[rows, out]` f32, enqueued on `lane`.
     fn matmul(
         &self,
         lane: Lane<'_>,
@@ -434,19 +435,8 @@ impl Forward {
         y: &mut CudaSlice<f32>,
         [out, inp, rows]: [usize; 3],
     ) -> Result<(), GpuError> {
-        let es = elem_bytes(self.wdt);
-        check_matmul([w.len(), x.len(), y.len()], es, [out, inp, rows]).map_err(GpuError::Shape)?;
-        if rows <= GEMV_ROWS && (inp * es).is_multiple_of(16) {
-            let (out_i, inp_i, rows_i) = (out as i32, inp as i32, rows as i32);
-            let mut b = lane.stream.launch_builder(&self.k.gemv);
-            b.arg(w).arg(x).arg(y).arg(&out_i).arg(&inp_i).arg(&rows_i);
-            // SAFETY: the kernel reads exactly these arguments; the buffers were checked above to
-            // hold the matrices, each an allocation of its own (16-byte aligned) whose rows of
-            // `inp` elements are whole 16-byte words, which the kernel reads; it writes rows
-            // below `rows` and outputs below `out`.
-            unsafe { b.launch(cfg1(out.div_ceil(8) as u32, 256)) }.map_err(driver)?;
-            return Ok(());
-        }
+        check_matmul([w.len(), x.len(), y.len()], elem_bytes(self.wdt), [out, inp, rows])
+            .map_err(GpuError::Shape)?;
         let ty = cuda_type(self.wdt);
         let (alpha, beta) = (1.0f32, 0.0f32);
         let (wp, _w) = w.device_ptr(lane.stream);

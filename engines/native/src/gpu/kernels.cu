@@ -89,9 +89,9 @@ extern "C" __global__ void add_rmsnorm(float* x, const float* delta, const int* 
 
 // After the QKV projection, for one token: per head of Q, K and V, the bias, per-head RMSNorm
 // (Q, K), RoPE (Q, K); Q goes to q_out, K and V into the paged cache at the token's slot, found
-// through the block table and the layout's strides (elements). One warp per head (8 heads at a
-// time), lanes over the head dimension; a warp's row sits in shared memory for RoPE's pairs.
-// grid (T), block 256.
+// through the block table and the layout's strides (elements). One warp per head, lanes over
+// the head dimension; a warp's row sits in shared memory for RoPE's pairs.
+// grid (T, ceil((H + 2 KVH) / 8)), block 256.
 extern "C" __global__ void qkv_post(const float* qkv, const wt* bias, int has_bias, const wt* qn, const wt* kn,
                                     int has_norm, const float* cos_t, const float* sin_t, const int* pos,
                                     const int* tab_off, const unsigned int* tables, unsigned long long k_plane,
@@ -104,7 +104,7 @@ extern "C" __global__ void qkv_post(const float* qkv, const wt* bias, int has_bi
     int p = pos[t];
     long long slot = (long long)tables[tab_off[t] + p / bs] * s_blk + (long long)(p % bs) * s_tok;
     float* row = rows[warp];
-    for (int hh = warp; hh < H + 2 * KVH; hh += 8) {
+    for (int hh = blockIdx.y * 8 + warp; hh < H + 2 * KVH; hh += 8 * gridDim.y) {
         const float* src = qkv + t * width + (long long)hh * HD;
         int kind = hh < H ? 0 : (hh < H + KVH ? 1 : 2);
         float ss = 0.f;
@@ -373,54 +373,5 @@ extern "C" __global__ void argmax_rows(const float* logits, int vocab, unsigned 
                 bi = si[k];
             }
         out[blockIdx.x] = bi == 0xffffffffu ? 0u : bi;
-    }
-}
-
-#define GEMV_ROWS 8
-#if WT == 0
-#define WORD_ELEMS 4
-__device__ __forceinline__ void unpack_word(u32x4 v, float* f) {
-    f[0] = __uint_as_float(v.x); f[1] = __uint_as_float(v.y); f[2] = __uint_as_float(v.z); f[3] = __uint_as_float(v.w);
-}
-#else
-#define WORD_ELEMS 8
-__device__ __forceinline__ void unpack_word(u32x4 v, float* f) {
-    unsigned int u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-        f[2 * e] = wld((u16)(u[e] & 0xffffu));
-        f[2 * e + 1] = wld((u16)(u[e] >> 16));
-    }
-}
-#endif
-
-// y[r][o] = Σ_i x[r][i] · w[o][i] for r < rows ≤ GEMV_ROWS: one warp per output, lanes over the
-// input in 16-byte words (the host checks the rows are whole words). For steps of a few
-// sequences, where a gemm library splits the reduction and adds a kernel to sum the parts, and
-// the weights' bytes are all that matters. grid (ceil(out / 8)), block 256.
-extern "C" __global__ void gemv(const wt* w, const wt* x, float* y, int out, int inp, int rows) {
-    int o = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (o >= out) return;
-    const wt* wr = w + (long long)o * inp;
-    float acc[GEMV_ROWS];
-#pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++) acc[r] = 0.f;
-    for (int i = lane * WORD_ELEMS; i < inp; i += 32 * WORD_ELEMS) {
-        float wf[WORD_ELEMS], xf[WORD_ELEMS];
-        unpack_word(*(const u32x4*)(wr + i), wf);
-#pragma unroll
-        for (int r = 0; r < GEMV_ROWS; r++) {
-            if (r < rows) {
-                unpack_word(*(const u32x4*)(x + (long long)r * inp + i), xf);
-#pragma unroll
-                for (int e = 0; e < WORD_ELEMS; e++) acc[r] += wf[e] * xf[e];
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++) {
-        float a = acc[r];
-        for (int sh = 16; sh > 0; sh >>= 1) a += __shfl_xor_sync(0xffffffffu, a, sh);
-        if (lane == 0 && r < rows) y[(long long)r * out + o] = a;
     }
 }

@@ -31,10 +31,6 @@ const FLASH_TILE: usize = 64;
 /// what grows with the work a step lacks (see [`attention_splits`]).
 pub(super) const ATTENTION_WARPS: u32 = 4;
 
-/// Rows of a matmul computed by the `gemv` kernel instead of cuBLAS (its `GEMV_ROWS`): decode
-/// steps of a few sequences, whose gemms cuBLAS splits into two kernels.
-pub(super) const GEMV_ROWS: usize = 8;
-
 /// Most splits of one query's keys in `attention` (the partial buffer holds this many per row).
 pub(super) const MAX_SPLITS: usize = 16;
 

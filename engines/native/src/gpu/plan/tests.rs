@@ -68,8 +68,6 @@ fn the_kernels_get_one_type_code_per_dtype() {
         "{src}"
     );
     assert!(src.contains(KERNELS) && src.ends_with(FLASH));
-    // Constants the kernels and the host share.
-    assert!(KERNELS.contains(&format!("#define GEMV_ROWS {GEMV_ROWS}\n")));
 }
 
 #[test]
