@@ -9,6 +9,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read};
+use std::ops::ControlFlow;
 use std::time::Duration;
 use xinf_i18n::Catalog;
 
@@ -192,13 +193,15 @@ impl Client {
     }
 
     /// `POST path` with a JSON body that asks for a stream; calls `each` with every SSE event
-    /// until `data: [DONE]`. An `error` event ends the stream with its message.
+    /// until `data: [DONE]` (then `Continue`) or until `each` says `Break` (then `Break`, the
+    /// connection closed, so the server aborts the request). An `error` event ends the stream
+    /// with its message.
     pub(crate) fn stream(
         &self,
         path: &str,
         body: &Value,
-        mut each: impl FnMut(&Value),
-    ) -> Result<(), ClientError> {
+        mut each: impl FnMut(&Value) -> ControlFlow<()>,
+    ) -> Result<ControlFlow<()>, ClientError> {
         let res = self.request("POST", path).send_json(body).map_err(|e| self.fail(e))?;
         let reader: Box<dyn Read + Send> = res.into_reader();
         for line in BufReader::new(reader).lines() {
@@ -209,7 +212,7 @@ impl Client {
             let Some(data) = line.strip_prefix("data:") else { continue };
             let data = data.trim();
             if data == "[DONE]" {
-                return Ok(());
+                return Ok(ControlFlow::Continue(()));
             }
             let event: Value = serde_json::from_str(data).map_err(|e| ClientError::Invalid {
                 endpoint: self.endpoint.clone(),
@@ -218,7 +221,10 @@ impl Client {
             if let Ok(ErrorAnswer { error }) = ErrorAnswer::deserialize(&event) {
                 return Err(ClientError::Status { status: 500, message: error.message });
             }
-            each(&event);
+            if each(&event).is_break() {
+                // Dropping the response closes the connection: the server aborts the request.
+                return Ok(ControlFlow::Break(()));
+            }
         }
         Err(ClientError::StreamUnfinished { endpoint: self.endpoint.clone() })
     }

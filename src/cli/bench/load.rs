@@ -32,7 +32,8 @@ fn request_body(uid: &str, prompt: &str, output_tokens: usize) -> Value {
 fn one_request(client: &Client, body: &Value, cat: &Catalog) -> Result<Sample, String> {
     let sent = Instant::now();
     let (mut first, mut last, mut deltas, mut usage) = (None, None, 0, None);
-    client
+    // Every event is taken: the stream always runs to its end.
+    let _ = client
         .stream("/v1/completions", body, |event| {
             if event["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty()) {
                 let now = Instant::now();
@@ -43,6 +44,7 @@ fn one_request(client: &Client, body: &Value, cat: &Catalog) -> Result<Sample, S
             if let Some(n) = event["usage"]["completion_tokens"].as_u64() {
                 usage = Some(n as usize);
             }
+            std::ops::ControlFlow::Continue(())
         })
         .map_err(|e| e.text(cat))?;
     let (Some(first), Some(last)) = (first, last) else {
