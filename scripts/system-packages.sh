@@ -23,6 +23,22 @@ xinf_system_packages() {
         need+=(libclang-dev)
     fi
     ((${#need[@]})) || return 0
+    xinf_apt_install "${need[@]}"
+}
+
+# What the tests need besides: Chromium and its WebDriver for the Web UI's test (Selenium drives
+# them headless).
+xinf_test_system_packages() {
+    local need=()
+    [[ -x /usr/bin/chromium ]] || need+=(chromium)
+    [[ -x /usr/bin/chromedriver ]] || need+=(chromium-driver)
+    ((${#need[@]})) || return 0
+    xinf_apt_install "${need[@]}"
+}
+
+# Installs the packages given with apt (as root, or through sudo).
+xinf_apt_install() {
+    local need=("$@")
     local sudo=()
     if [[ $(id -u) != 0 ]]; then
         if ! command -v sudo >/dev/null; then

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test of xinf. Sets up the Python reference environment the golden tests compare
-# against (Hugging Face transformers on CPU, from PyPI; about 6 GB, once) and the official `openai`
-# client the REST API tests drive, then runs the Python package's tests (its extension module
-# built into that environment with maturin) and cargo test.
+# against (Hugging Face transformers on CPU, from PyPI; about 6 GB, once), the official `openai`
+# client the REST API tests drive and Selenium (with Debian's Chromium) for the Web UI's test,
+# then runs the Python package's tests (its extension module built into that environment with
+# maturin) and cargo test.
 # The default model is fetched by xinf itself on first use (into $XINF_HOME, default ~/.xinf).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,11 +11,12 @@ source scripts/system-packages.sh
 xinf_system_packages
 
 VENV="${XINF_VENV:-$HOME/.cache/xinf-venv}"
-if ! "$VENV/bin/python" -c "import torch, transformers, gguf, openai, xinference_client, nixl_cu12, maturin, pytest" 2>/dev/null; then
+xinf_test_system_packages
+if ! "$VENV/bin/python" -c "import torch, transformers, gguf, openai, xinference_client, nixl_cu12, maturin, pytest, selenium" 2>/dev/null; then
     echo "setting up the reference Python environment in $VENV" >&2
     python3 -m venv "$VENV"
     "$VENV/bin/pip" install --quiet torch transformers gguf accelerate numpy openai xinference-client nixl-cu12==1.5.1 \
-        'maturin>=1.5,<2' pytest
+        'maturin>=1.5,<2' pytest selenium
 fi
 export XINF_TEST_PYTHON="$VENV/bin/python"
 # NIXL (the nixl-cu12 wheel's libraries) for the NIXL transfer tests, which fail without it.

@@ -4,6 +4,7 @@
 //! `xinf serve`.
 
 mod corpus;
+mod web_ui;
 mod xinference_client;
 
 use crate::util::{self, http};

@@ -146,6 +146,7 @@ async fn serve_cluster(
     };
     let addr = server.local_addr().to_string();
     eprintln!("{}", cat.text("cli-api-listening", &[("addr", &addr)]));
+    eprintln!("{}", cat.text("cli-ui-listening", &[("addr", &addr)]));
     if let Some(args) = launch {
         let request = match args.request(cat) {
             Ok(r) => r,

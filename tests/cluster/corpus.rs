@@ -97,7 +97,7 @@ fn cases() -> Vec<(Value, &'static str)> {
         ),
         (
             json!([{"role": "prefill", "engine_config": {"colour": "red"}}, {"role": "decode"}]),
-            "engine_config",
+            "replica_config[0].engine_config.colour",
         ),
         (json!([{"role": "prefill", "model_engine": "tensorrt"}, {"role": "decode"}]), "replica_config"),
     ];

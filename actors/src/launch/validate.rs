@@ -436,9 +436,10 @@ fn entry_drafts(
         let engine_config = match &entry.engine_config {
             None if own_engine.name() == launch_engine.name() => base_checked.clone(),
             own => {
+                let own = own.clone().unwrap_or_default();
                 let mut merged = base.clone();
-                merged.extend(own.clone().unwrap_or_default());
-                check_options(own_engine, &merged)?
+                merged.extend(own.clone());
+                check_options(own_engine, &merged).map_err(|e| blame_entry(e, i, &own))?
             }
         };
         out.push(ReplicaDraft {
@@ -451,6 +452,23 @@ fn entry_drafts(
         });
     }
     Ok(out)
+}
+
+/// A refused option that entry `i` set itself is named as the entry's
+/// (`replica_config[i].engine_config.…`), so a form can point at the replica's field; one it
+/// inherited from the launch's `engine_config` keeps the launch's name.
+fn blame_entry(e: ActorError, i: usize, own: &Map<String, Value>) -> ActorError {
+    let key = e
+        .launch_field()
+        .and_then(|f| f.strip_prefix("engine_config."))
+        .map(|k| k.split('.').next().unwrap_or(k));
+    match (key, e.launch_field()) {
+        (Some(key), Some(field)) if own.contains_key(key) => {
+            let field = format!("replica_config[{i}].{field}");
+            e.at(field)
+        }
+        _ => e,
+    }
 }
 
 /// Engine options as `loader` checks them; its refusal names the option.

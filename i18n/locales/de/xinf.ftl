@@ -59,6 +59,7 @@ api-prompt-invalid = `{ $field }` muss ein String, eine Liste von Token-IDs oder
 api-prompt-empty = `{ $field }` darf nicht leer sein
 api-prompt-batch = `{ $field }` enthält { $count } Prompts: Stapel aus mehreren Prompts werden noch nicht unterstützt; senden Sie eine Anfrage pro Prompt
 cli-api-listening = REST-API unter http://{ $addr }/v1
+cli-ui-listening = Web-Oberfläche unter http://{ $addr }/
 cli-supervisor-listening = Worker treten unter { $addr } bei
 cli-worker-joined = Worker { $id } ist dem Supervisor unter { $supervisor } beigetreten
 cli-secret-required = ein Cluster-Geheimnis ist erforderlich: übergeben Sie --cluster-secret oder setzen Sie XINF_CLUSTER_SECRET (auf allen Knoten gleich)

@@ -59,6 +59,7 @@ api-prompt-invalid = `{ $field }` must be a string, a list of token ids, or a li
 api-prompt-empty = `{ $field }` must not be empty
 api-prompt-batch = `{ $field }` holds { $count } prompts: batches of several prompts are not supported yet; send one request per prompt
 cli-api-listening = REST API at http://{ $addr }/v1
+cli-ui-listening = Web UI at http://{ $addr }/
 cli-supervisor-listening = Workers join at { $addr }
 cli-worker-joined = Worker { $id } joined the supervisor at { $supervisor }
 cli-secret-required = a cluster secret is required: pass --cluster-secret or set XINF_CLUSTER_SECRET (the same on every node)

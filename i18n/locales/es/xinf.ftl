@@ -59,6 +59,7 @@ api-prompt-invalid = `{ $field }` debe ser una cadena, una lista de ids de token
 api-prompt-empty = `{ $field }` no puede estar vacío
 api-prompt-batch = `{ $field }` contiene { $count } prompts: todavía no se admiten lotes de varios prompts; envíe una solicitud por prompt
 cli-api-listening = API REST en http://{ $addr }/v1
+cli-ui-listening = Interfaz web en http://{ $addr }/
 cli-supervisor-listening = Los workers se unen en { $addr }
 cli-worker-joined = El worker { $id } se unió al supervisor en { $supervisor }
 cli-secret-required = se necesita un secreto de clúster: pase --cluster-secret o defina XINF_CLUSTER_SECRET (el mismo en todos los nodos)

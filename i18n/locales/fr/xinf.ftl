@@ -59,6 +59,7 @@ api-prompt-invalid = `{ $field }` doit être une chaîne, une liste d'identifian
 api-prompt-empty = `{ $field }` ne doit pas être vide
 api-prompt-batch = `{ $field }` contient { $count } prompts : les lots de plusieurs prompts ne sont pas encore pris en charge ; envoyez une requête par prompt
 cli-api-listening = API REST sur http://{ $addr }/v1
+cli-ui-listening = Interface web sur http://{ $addr }/
 cli-supervisor-listening = Les workers rejoignent le cluster sur { $addr }
 cli-worker-joined = Le worker { $id } a rejoint le superviseur { $supervisor }
 cli-secret-required = un secret de cluster est requis : passez --cluster-secret ou définissez XINF_CLUSTER_SECRET (identique sur chaque nœud)

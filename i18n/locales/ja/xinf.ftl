@@ -59,6 +59,7 @@ api-prompt-invalid = `{ $field }` は文字列、トークン ID のリスト、
 api-prompt-empty = `{ $field }` は空にできません
 api-prompt-batch = `{ $field }` に { $count } 個のプロンプトが含まれています：複数プロンプトのバッチにはまだ対応していません。プロンプトごとに 1 つのリクエストを送信してください
 cli-api-listening = REST API：http://{ $addr }/v1
+cli-ui-listening = Web UI：http://{ $addr }/
 cli-supervisor-listening = ワーカーの参加先：{ $addr }
 cli-worker-joined = ワーカー { $id } が { $supervisor } のスーパーバイザーに参加しました
 cli-secret-required = クラスターシークレットが必要です。--cluster-secret を指定するか、XINF_CLUSTER_SECRET を設定してください（すべてのノードで同じ値）

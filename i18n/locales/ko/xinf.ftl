@@ -59,6 +59,7 @@ api-prompt-invalid = `{ $field }`은(는) 문자열, 토큰 ID 목록, 또는 �
 api-prompt-empty = `{ $field }`은(는) 비어 있으면 안 됩니다
 api-prompt-batch = `{ $field }`에 프롬프트가 { $count }개 있습니다. 여러 프롬프트를 한 번에 보내는 배치는 아직 지원하지 않으니 프롬프트마다 요청을 하나씩 보내세요
 cli-api-listening = REST API 주소: http://{ $addr }/v1
+cli-ui-listening = 웹 UI 주소: http://{ $addr }/
 cli-supervisor-listening = 워커 참여 주소: { $addr }
 cli-worker-joined = 워커 { $id }이(가) { $supervisor }의 슈퍼바이저에 참여했습니다
 cli-secret-required = 클러스터 시크릿이 필요합니다. --cluster-secret을 전달하거나 XINF_CLUSTER_SECRET을 설정하세요(모든 노드에서 같은 값)

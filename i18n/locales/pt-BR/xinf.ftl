@@ -59,6 +59,7 @@ api-prompt-invalid = `{ $field }` deve ser uma string, uma lista de ids de token
 api-prompt-empty = `{ $field }` não pode estar vazio
 api-prompt-batch = `{ $field }` contém { $count } prompts: lotes com vários prompts ainda não são suportados; envie uma requisição por prompt
 cli-api-listening = API REST em http://{ $addr }/v1
+cli-ui-listening = Interface web em http://{ $addr }/
 cli-supervisor-listening = Os workers entram no cluster por { $addr }
 cli-worker-joined = O worker { $id } entrou no supervisor em { $supervisor }
 cli-secret-required = é necessário um segredo de cluster: passe --cluster-secret ou defina XINF_CLUSTER_SECRET (o mesmo em todos os nós)

@@ -59,6 +59,7 @@ api-prompt-invalid = `{ $field }` должно быть строкой, спис
 api-prompt-empty = `{ $field }` не должно быть пустым
 api-prompt-batch = `{ $field }` содержит несколько промптов ({ $count }): пакеты из нескольких промптов пока не поддерживаются; отправляйте по одному запросу на промпт
 cli-api-listening = REST API: http://{ $addr }/v1
+cli-ui-listening = Веб-интерфейс: http://{ $addr }/
 cli-supervisor-listening = Воркеры подключаются к { $addr }
 cli-worker-joined = Воркер { $id } подключился к супервизору { $supervisor }
 cli-secret-required = нужен секрет кластера: передайте --cluster-secret или задайте XINF_CLUSTER_SECRET (одинаковый на всех узлах)

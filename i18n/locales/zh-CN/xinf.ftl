@@ -59,6 +59,7 @@ api-prompt-invalid = `{ $field }` 必须是字符串、token ID 列表，或只�
 api-prompt-empty = `{ $field }` 不能为空
 api-prompt-batch = `{ $field }` 含有 { $count } 个提示词：暂不支持批量提示词，请每个提示词发送一个请求
 cli-api-listening = REST API 地址：http://{ $addr }/v1
+cli-ui-listening = Web 界面地址：http://{ $addr }/
 cli-supervisor-listening = 工作节点加入地址：{ $addr }
 cli-worker-joined = 工作节点 { $id } 已加入 { $supervisor } 的监管节点
 cli-secret-required = 需要集群密钥：请传入 --cluster-secret 或设置 XINF_CLUSTER_SECRET（各节点相同）

@@ -59,6 +59,7 @@ api-prompt-invalid = `{ $field }` 必須是字串、token ID 清單，或只含�
 api-prompt-empty = `{ $field }` 不可為空
 api-prompt-batch = `{ $field }` 含有 { $count } 個提示詞：目前尚不支援批次提示詞，請每個提示詞各送一個請求
 cli-api-listening = REST API 位址：http://{ $addr }/v1
+cli-ui-listening = Web 介面位址：http://{ $addr }/
 cli-supervisor-listening = 工作節點加入位址：{ $addr }
 cli-worker-joined = 工作節點 { $id } 已加入 { $supervisor } 的監管節點
 cli-secret-required = 需要叢集密鑰：請傳入 --cluster-secret 或設定 XINF_CLUSTER_SECRET（每個節點都要相同）

@@ -5,6 +5,7 @@ pub(crate) mod chat;
 pub(crate) mod completions;
 pub(crate) mod health;
 pub(crate) mod models;
+mod ui;
 pub(crate) mod xinference;
 
 pub(crate) use xinference::registrations_json;
@@ -28,7 +29,10 @@ use xinf_engine::EngineError;
 
 /// Registers every route.
 pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.service(resource("/health").route(web::get().to(health::health)))
+    cfg.service(resource("/").route(web::get().to(ui::index)))
+        .service(resource("/ui").route(web::get().to(ui::index)))
+        .service(resource("/ui/{file}").route(web::get().to(ui::file)))
+        .service(resource("/health").route(web::get().to(health::health)))
         .service(resource("/metrics").route(web::get().to(health::metrics)))
         // Before the `/v1` scope, whose key check it must escape: clients ask it before sending a key.
         .service(resource("/v1/cluster/auth").route(web::get().to(xinference::cluster_auth)))

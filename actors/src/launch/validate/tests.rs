@@ -382,6 +382,18 @@ fn refusals_name_their_field() {
         ),
         (json!({"model_name": "smollm2-instruct", "enable_xavier": "yes"}), "enable_xavier"),
         (json!({"model_name": "no-such-model"}), "model_name"),
+        // An option a replica set itself is named as that replica's; one it inherited, as the
+        // launch's.
+        (
+            json!({"model_name": "smollm2-instruct", "replica_config": [
+                {"role": "prefill"}, {"role": "decode", "engine_config": {"kv_cache_tokens": "a"}}]}),
+            "replica_config[1].engine_config.kv_cache_tokens",
+        ),
+        (
+            json!({"model_name": "smollm2-instruct", "engine_config": {"kv_cache_tokens": "a"},
+                   "replica_config": [{"role": "prefill"}, {"role": "decode", "engine_config": {"max_num_seqs": 4}}]}),
+            "engine_config.kv_cache_tokens",
+        ),
     ];
     for (body, field) in cases {
         let e = validate_err(body.clone(), true);

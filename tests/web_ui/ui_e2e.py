@@ -1,0 +1,121 @@
+"""xinf's Web UI in headless Chromium (Selenium): the running models, a P/D launch through the
+form (a refused option shown at the replica's field first), a streamed chat answer, the
+handoff counters moving, terminate. Prints `ok <step>` per step; screenshots into OUT_DIR.
+
+Usage: ui_e2e.py URL OUT_DIR PRELOADED_UID
+"""
+
+import sys
+import time
+
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+URL, OUT, PRELOADED = sys.argv[1:4]
+
+
+def browser():
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = "/usr/bin/chromium"
+    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        opts.add_argument(a)
+    return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
+
+
+def wait(d, what, cond, seconds=120):
+    try:
+        return WebDriverWait(d, seconds, poll_frequency=0.2).until(lambda _: cond())
+    except Exception:
+        d.save_screenshot(f"{OUT}/failed.png")
+        raise AssertionError(f"timed out waiting for {what}; page text:\n{d.find_element(By.TAG_NAME, 'body').text}")
+
+
+def tab(d, name):
+    d.find_element(By.CSS_SELECTOR, f'nav button[data-tab="{name}"]').click()
+
+
+def row(d, uid):
+    rows = d.find_elements(By.CSS_SELECTOR, f'#model-table tbody tr[data-uid="{uid}"]')
+    return rows[0] if rows else None
+
+
+def main():
+    d = browser()
+    try:
+        d.get(URL + "/")
+        wait(d, "the preloaded model", lambda: row(d, PRELOADED))
+        assert "ready" in row(d, PRELOADED).text, row(d, PRELOADED).text
+        d.save_screenshot(f"{OUT}/models.png")
+        print("ok models listed")
+
+        tab(d, "launch")
+        wait(d, "the registry in the form", lambda: d.find_elements(By.CSS_SELECTOR, "#f-model_name option"))
+        Select(d.find_element(By.ID, "f-model_name")).select_by_value("smollm2-instruct")
+        wait(d, "the engines", lambda: d.find_elements(By.CSS_SELECTOR, "#f-model_engine option"))
+        uid = d.find_element(By.ID, "f-model_uid")
+        uid.send_keys("webpd")
+        replicas = d.find_element(By.ID, "f-replica")
+        replicas.clear()
+        replicas.send_keys("2")
+        wait(d, "two replica rows", lambda: len(d.find_elements(By.CSS_SELECTOR, "#replica-table tbody tr")) == 2)
+        rows = d.find_elements(By.CSS_SELECTOR, "#replica-table tbody tr")
+        Select(rows[0].find_element(By.NAME, "role")).select_by_value("prefill")
+        Select(rows[1].find_element(By.NAME, "role")).select_by_value("decode")
+        config = rows[1].find_element(By.NAME, "engine_config")
+        config.send_keys('{"kv_cache_tokens": "lots"}')
+        d.find_element(By.ID, "launch-button").click()
+        wait(d, "the refusal at the decode replica's engine config",
+             lambda: "invalid" in config.get_attribute("class") and d.find_elements(By.CSS_SELECTOR, ".field-error"))
+        error = d.find_element(By.ID, "launch-error").text
+        assert "kv_cache_tokens" in error, error
+        d.save_screenshot(f"{OUT}/launch-refused.png")
+        print("ok refusal shown by field")
+
+        config.clear()
+        d.find_element(By.ID, "launch-button").click()
+        wait(d, "the launch", lambda: "Launched webpd" in d.find_element(By.ID, "launch-status").text, 300)
+        d.save_screenshot(f"{OUT}/launch.png")
+        print("ok prefill/decode launch")
+
+        tab(d, "chat")
+        wait(d, "webpd in the chat", lambda: d.find_elements(By.CSS_SELECTOR, '#chat-model option[value="webpd"]'))
+        Select(d.find_element(By.ID, "chat-model")).select_by_value("webpd")
+        temperature = d.find_element(By.ID, "chat-temperature")
+        temperature.clear()
+        temperature.send_keys("0")  # greedy: the answer is the model's own
+        max_tokens = d.find_element(By.ID, "chat-max-tokens")
+        max_tokens.clear()
+        max_tokens.send_keys("48")
+        d.find_element(By.ID, "chat-input").send_keys("What is the capital of France?")
+        d.find_element(By.ID, "chat-send").click()
+        answer = lambda: d.find_elements(By.CSS_SELECTOR, ".msg.assistant[data-done]")
+        wait(d, "the streamed answer", answer, 300)
+        text = answer()[0].text
+        assert "Paris" in text, text
+        d.save_screenshot(f"{OUT}/chat.png")
+        print("ok chat answered")
+
+        tab(d, "models")
+
+        def pages():
+            r = row(d, "webpd")
+            h = r.find_elements(By.CSS_SELECTOR, ".handoff") if r else []
+            return int(h[0].get_attribute("data-pages")) if h else 0
+
+        wait(d, "the handoff counters", lambda: pages() > 0, 30)
+        roles = [e.text for e in row(d, "webpd").find_elements(By.CSS_SELECTOR, ".role")]
+        assert roles == ["prefill", "decode"], roles
+        d.save_screenshot(f"{OUT}/models-pd.png")
+        print(f"ok handoff counters moved ({pages()} pages)")
+
+        row(d, "webpd").find_element(By.CSS_SELECTOR, "button.terminate").click()
+        wait(d, "the terminated model to go", lambda: row(d, "webpd") is None, 60)
+        print("ok terminate")
+    finally:
+        d.quit()
+
+
+if __name__ == "__main__":
+    main()
