@@ -175,36 +175,32 @@ __device__ __forceinline__ float dot_row(const float* sq, const kt* kr, int vec)
     return a;
 }
 
-// acc += p_jj · V[key j0 + jj] for keys jj of a group, lanes over the head dimension; `blk` and
-// `pr` are lane jj's block and probability. Fully unrolled when the group is whole, so all its
+// acc += p_jj · V[key j0 + jj], lanes over the head dimension; `blk` and `pr` are lane jj's
+// block and probability.
+__device__ __forceinline__ void add_value(float* acc, const kt* V, unsigned int blk, float pr, int j0, int jj,
+                                          int bs, long long s_blk, long long s_tok, long long head_off,
+                                          int lane) {
+    float pj = __shfl_sync(0xffffffffu, pr, jj);
+    unsigned int bj = __shfl_sync(0xffffffffu, blk, jj);
+    const kt* vr = V + (long long)bj * s_blk + (long long)((j0 + jj) % bs) * s_tok + head_off;
+#pragma unroll
+    for (int u = 0; u < NV; u++) {
+        int i = lane + 32 * u;
+        if (i < HD) acc[u] += pj * kld(vr[i]);
+    }
+}
+
+// add_value for the `cnt` keys of a group: fully unrolled when the group is whole, so all its
 // value loads are in flight at once.
 __device__ __forceinline__ void add_values(float* acc, const kt* V, unsigned int blk, float pr, int j0, int cnt,
                                            int bs, long long s_blk, long long s_tok, long long head_off,
                                            int lane) {
     if (cnt == 32) {
 #pragma unroll
-        for (int jj = 0; jj < 32; jj++) {
-            float pj = __shfl_sync(0xffffffffu, pr, jj);
-            unsigned int bj = __shfl_sync(0xffffffffu, blk, jj);
-            const kt* vr = V + (long long)bj * s_blk + (long long)((j0 + jj) % bs) * s_tok + head_off;
-#pragma unroll
-            for (int u = 0; u < NV; u++) {
-                int i = lane + 32 * u;
-                if (i < HD) acc[u] += pj * kld(vr[i]);
-            }
-        }
+        for (int jj = 0; jj < 32; jj++) add_value(acc, V, blk, pr, j0, jj, bs, s_blk, s_tok, head_off, lane);
         return;
     }
-    for (int jj = 0; jj < cnt; jj++) {
-        float pj = __shfl_sync(0xffffffffu, pr, jj);
-        unsigned int bj = __shfl_sync(0xffffffffu, blk, jj);
-        const kt* vr = V + (long long)bj * s_blk + (long long)((j0 + jj) % bs) * s_tok + head_off;
-#pragma unroll
-        for (int u = 0; u < NV; u++) {
-            int i = lane + 32 * u;
-            if (i < HD) acc[u] += pj * kld(vr[i]);
-        }
-    }
+    for (int jj = 0; jj < cnt; jj++) add_value(acc, V, blk, pr, j0, jj, bs, s_blk, s_tok, head_off, lane);
 }
 
 // Paged attention of one query (token, head) over its sequence's keys 0..pos (causal), read
