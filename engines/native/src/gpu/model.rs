@@ -17,7 +17,7 @@ use super::forward::{Forward, Lane};
 use super::graphs::Graphs;
 use super::pages::KvMemory;
 use super::plan::{
-    StepCapacity, StepLimits, StepPlan, StepShape, check_model, elem_bytes, is_decode, plan_step,
+    StepCapacity, StepLimits, StepPlan, StepShape, check_model, elem_bytes, is_decode, logit_runs, plan_step,
 };
 use crate::kv_cache::KvCache;
 use crate::model::{Chunk, ComputeBackend, Row};
@@ -176,16 +176,14 @@ impl GpuModel {
         let short = || GpuError::Shape(format!("{n_rows} rows of logits past the buffer"));
         let mut ids = vec![0u32; n_rows];
         stream.memcpy_dtoh(&bufs.argmax.try_slice(..n_rows).ok_or_else(short)?, &mut ids).map_err(driver)?;
-        let mut out = Vec::with_capacity(n_rows);
-        for (r, (&id, &argmax)) in ids.iter().zip(&plan.row_argmax).enumerate() {
-            if argmax {
-                out.push(Row::Argmax(id));
-                continue;
+        let mut out: Vec<Row> = ids.into_iter().map(Row::Argmax).collect();
+        for run in logit_runs(&plan.row_argmax) {
+            let mut host = vec![0f32; run.len() * vocab];
+            let src = bufs.logits.try_slice(run.start * vocab..run.end * vocab).ok_or_else(short)?;
+            stream.memcpy_dtoh(&src, &mut host).map_err(driver)?;
+            for (slot, row) in out[run].iter_mut().zip(host.chunks_exact(vocab)) {
+                *slot = Row::Logits(row.to_vec());
             }
-            let mut row = vec![0f32; vocab];
-            let src = bufs.logits.try_slice(r * vocab..(r + 1) * vocab).ok_or_else(short)?;
-            stream.memcpy_dtoh(&src, &mut row).map_err(driver)?;
-            out.push(Row::Logits(row));
         }
         stream.synchronize().map_err(driver)?;
         Ok(out)

@@ -317,6 +317,20 @@ pub(super) fn is_decode(chunks: &[Chunk<'_>]) -> bool {
     chunks.iter().all(|c| c.tokens.len() == 1 && c.want_logits)
 }
 
+/// The runs of consecutive rows whose logits the host needs (those not taken as an argmax):
+/// each is copied from the device in one transfer, so a step of sampled requests costs one copy,
+/// not one per row.
+pub(super) fn logit_runs(row_argmax: &[bool]) -> Vec<std::ops::Range<usize>> {
+    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+    for (r, _) in row_argmax.iter().enumerate().filter(|(_, argmax)| !**argmax) {
+        match runs.last_mut() {
+            Some(run) if run.end == r => run.end = r + 1,
+            _ => runs.push(r..r + 1),
+        }
+    }
+    runs
+}
+
 /// What the persistent step buffers are sized for, and whether decode steps replay CUDA graphs.
 #[derive(Debug, Clone)]
 pub(crate) struct StepLimits {

@@ -245,6 +245,14 @@ fn only_decode_steps_may_replay_a_graph() {
 }
 
 #[test]
+fn logits_are_copied_in_runs_of_sampled_rows() {
+    assert_eq!(logit_runs(&[false, false, false]), vec![0..3]);
+    assert_eq!(logit_runs(&[true, true]), Vec::<std::ops::Range<usize>>::new());
+    assert_eq!(logit_runs(&[false, true, false, false, true, false]), vec![0..1, 2..4, 5..6]);
+    assert_eq!(logit_runs(&[]), Vec::<std::ops::Range<usize>>::new());
+}
+
+#[test]
 fn attention_splits_fill_the_gpu_within_the_partials() {
     // One query of 14 heads on 132 SMs: as many splits as allowed.
     assert_eq!(attention_splits(1, 14, 132, 64), MAX_SPLITS);
