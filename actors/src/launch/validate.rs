@@ -458,15 +458,11 @@ fn entry_drafts(
 /// (`replica_config[i].engine_config.…`), so a form can point at the replica's field; one it
 /// inherited from the launch's `engine_config` keeps the launch's name.
 fn blame_entry(e: ActorError, i: usize, own: &Map<String, Value>) -> ActorError {
-    let key = e
-        .launch_field()
-        .and_then(|f| f.strip_prefix("engine_config."))
-        .map(|k| k.split('.').next().unwrap_or(k));
-    match (key, e.launch_field()) {
-        (Some(key), Some(field)) if own.contains_key(key) => {
-            let field = format!("replica_config[{i}].{field}");
-            e.at(field)
-        }
+    let field = e.launch_field().map(str::to_owned);
+    let key =
+        field.as_deref().and_then(|f| f.strip_prefix("engine_config.")).and_then(|k| k.split('.').next());
+    match (key, &field) {
+        (Some(key), Some(field)) if own.contains_key(key) => e.at(format!("replica_config[{i}].{field}")),
         _ => e,
     }
 }
