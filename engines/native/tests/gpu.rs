@@ -46,10 +46,12 @@ fn make_model(dir: &Path, arch: Arch, dtype: candle_core::DType) -> ResolvedMode
     let name = format!("{arch:?}-{dtype:?}").to_lowercase();
     let path = dir.join(&name);
     std::fs::create_dir_all(&path).expect("mkdir");
+    // GQA groups of 4 (one KV head), 2 and 3 query heads: the decode attention reads each
+    // K/V row once for a block of the group's heads.
     let (hidden, heads, kv_heads, head_dim, inter, layers) = match arch {
-        Arch::Llama => (64, 4, 2, 16, 128, 3),
+        Arch::Llama => (64, 4, 1, 16, 128, 3),
         Arch::Qwen2 => (64, 4, 2, 16, 160, 2),
-        Arch::Qwen3 => (64, 4, 2, 32, 128, 3),
+        Arch::Qwen3 => (64, 6, 2, 32, 128, 3),
     };
     let tied = matches!(arch, Arch::Qwen2);
     let config = match arch {

@@ -145,7 +145,8 @@ pub(super) struct StepBufs {
     pub(super) act: Buf,
     pub(super) qkv: CudaSlice<f32>,
     pub(super) q: CudaSlice<f32>,
-    pub(super) gu: CudaSlice<f32>,
+    /// The gate/up projection, in the weights' dtype.
+    pub(super) gu: Buf,
     pub(super) logits: CudaSlice<f32>,
     /// Each row's largest logit's index (`argmax_rows`).
     pub(super) argmax: CudaSlice<u32>,
@@ -154,6 +155,9 @@ pub(super) struct StepBufs {
     pub(super) part: CudaSlice<f32>,
     /// Queries `part` holds: as many as rows of logits (every decode token of a full batch).
     pub(super) part_rows: usize,
+    /// How many splits of each `attention` block's query have written their partial, `[part_rows]
+    /// [heads]` (the last one merges them and sets the count back to 0).
+    pub(super) counters: CudaSlice<u32>,
 }
 
 impl StepBufs {
@@ -181,11 +185,12 @@ impl StepBufs {
             act: s.alloc_zeros(t * hid.max(h * d).max(inter) * es).map_err(driver)?,
             qkv: s.alloc_zeros(t * (h + 2 * kvh) * d).map_err(driver)?,
             q: s.alloc_zeros(t * h * d).map_err(driver)?,
-            gu: s.alloc_zeros(t * 2 * inter).map_err(driver)?,
+            gu: s.alloc_zeros(t * 2 * inter * es).map_err(driver)?,
             logits: s.alloc_zeros(rows * cfg.vocab_size).map_err(driver)?,
             argmax: s.alloc_zeros(rows).map_err(driver)?,
             part: s.alloc_zeros(rows * h * MAX_SPLITS * (d + 2)).map_err(driver)?,
             part_rows: rows,
+            counters: s.alloc_zeros(rows * h).map_err(driver)?,
         })
     }
 

@@ -4,9 +4,10 @@
 //! normalizes Q/K heads (Qwen3), applies RoPE and writes K and V into the cache through the
 //! block table, paged attention over each token's own sequence (prefill chunks and decode
 //! tokens alike), the output projection, RMSNorm, the fused gate/up matmul, SiLU·up, the down
-//! projection; the residual adds are fused into the norms. The residual stream and every
-//! matmul output are f32 (cuBLAS accumulates and writes f32 from f16/bf16 inputs), so only the
-//! weights, the matmul inputs and the cache carry the model's dtype. Kernels are compiled at
+//! projection; the residual adds are fused into the norms. The residual stream and the matmul
+//! outputs are f32 (cuBLAS accumulates in f32 and writes f32 from f16/bf16 inputs), except the
+//! gate/up projection's, which only SiLU·up reads: it is written in the model's dtype, as the
+//! weights, the matmul inputs and the cache are. Kernels are compiled at
 //! run time with NVRTC, for the weights' and the cache's dtypes.
 
 // cudarc's kernel launches, cuBLAS calls and raw device pointers are `unsafe`. Every index a
@@ -19,8 +20,8 @@ use super::buffers::{Buf, GpuLayer, GpuWeights, StepBufs};
 use super::error::{GpuError, driver};
 use super::pages::CacheView;
 use super::plan::{
-    ATTENTION_WARPS, StepShape, attention_splits, check_matmul, elem_bytes, flash_fits, kernel_source,
-    rope_tables,
+    ATTENTION_WARPS, StepShape, attention_group, attention_heads, attention_splits, check_matmul, elem_bytes,
+    flash_fits, kernel_source, rope_tables,
 };
 use crate::weights::Weights;
 use cudarc::cublas::CudaBlas;
@@ -45,27 +46,30 @@ struct Kernels {
     embed: CudaFunction,
     add_rmsnorm: CudaFunction,
     qkv_post: CudaFunction,
+    /// `attention` with blocks of the GQA group's heads, and with blocks of one head
+    /// (`plan::attention_heads` picks per step).
     attention: CudaFunction,
+    attention_one: CudaFunction,
     /// The tensor-core prefill attention, where `plan::flash_fits` says it exists.
     flash: Option<CudaFunction>,
     silu_mul: CudaFunction,
     argmax_rows: CudaFunction,
-    attention_merge: CudaFunction,
 }
 
 impl Kernels {
-    /// Compiles the kernels for weights in `wdt`, a cache in `kdt` and heads of `head_dim`, for
-    /// `ctx`'s GPU.
+    /// Compiles the kernels for weights in `wdt`, a cache in `kdt`, heads of `head_dim` and
+    /// `attention` blocks of `group` heads, for `ctx`'s GPU.
     fn compile(
         ctx: &Arc<CudaContext>,
         wdt: KvDtype,
         kdt: KvDtype,
         head_dim: usize,
+        group: usize,
     ) -> Result<Self, GpuError> {
         let (major, minor) = ctx.compute_capability().map_err(driver)?;
         let opts =
             cudarc::nvrtc::CompileOptions { arch: Some(nvrtc_arch(major, minor)), ..Default::default() };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(kernel_source(wdt, kdt, head_dim), opts)
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(kernel_source(wdt, kdt, head_dim, group), opts)
             .map_err(|e| GpuError::Compile(e.to_string()))?;
         let module = ctx.load_module(ptx).map_err(driver)?;
         let f = |name: &str| module.load_function(name).map_err(driver);
@@ -74,10 +78,10 @@ impl Kernels {
             add_rmsnorm: f("add_rmsnorm")?,
             qkv_post: f("qkv_post")?,
             attention: f("attention")?,
+            attention_one: f("attention_one")?,
             flash: flash_fits(kdt, head_dim, major).then(|| f("flash_prefill")).transpose()?,
             silu_mul: f("silu_mul")?,
             argmax_rows: f("argmax_rows")?,
-            attention_merge: f("attention_merge")?,
         })
     }
 }
@@ -108,6 +112,8 @@ pub(super) struct Forward {
     none: Buf,
     /// The GPU's SMs, which `attention` splits keys to fill.
     sms: usize,
+    /// Query heads per `attention` block (`plan::attention_group`).
+    group: usize,
 }
 
 impl Forward {
@@ -121,7 +127,8 @@ impl Forward {
         kdt: KvDtype,
         max_positions: usize,
     ) -> Result<Self, GpuError> {
-        let k = Kernels::compile(s.context(), wdt, kdt, cfg.head_dim)?;
+        let group = attention_group(cfg.num_heads, cfg.kv_heads);
+        let k = Kernels::compile(s.context(), wdt, kdt, cfg.head_dim, group)?;
         let w = GpuWeights::upload(s, w, wdt, cfg.tie_word_embeddings)?;
         let (cos, sin) = rope_tables(&cfg, max_positions);
         let cos = s.clone_htod(&cos).map_err(driver)?;
@@ -132,7 +139,7 @@ impl Forward {
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver)?
             .max(1) as usize;
-        Ok(Self { cfg, wdt, k, w, cos, sin, none, sms })
+        Ok(Self { cfg, wdt, k, w, cos, sin, none, sms, group })
     }
 
     pub(super) fn cfg(&self) -> &ModelConfig {
@@ -229,7 +236,7 @@ impl Forward {
         self.matmul(lane, &lw.wo, &bufs.act, &mut bufs.delta, [hid, h * d, t])?;
 
         self.add_rmsnorm(s, bufs, false, &lw.mlp_norm, t_i)?;
-        self.matmul(lane, &lw.w_gate_up, &bufs.act, &mut bufs.gu, [2 * inter, hid, t])?;
+        self.matmul_narrow(lane, &lw.w_gate_up, &bufs.act, &mut bufs.gu, [2 * inter, hid, t])?;
 
         let inter_i = inter as i32;
         let mut b = s.launch_builder(&self.k.silu_mul);
@@ -302,7 +309,8 @@ impl Forward {
     /// Enqueues attention of layer `li` for `t` query tokens, each over its own sequence's keys
     /// in `cache` up to its position, into `act`: the prompt chunks listed in the step's tiles
     /// on tensor cores (`flash_prefill`), the other tokens (all of them when there are no
-    /// tiles) one block per (token, head) (`attention`). `tiles`/`singles` are the plan's counts.
+    /// tiles) one block per token and group of heads sharing a KV head (`attention`).
+    /// `tiles`/`singles` are the plan's counts.
     fn attention(
         &self,
         s: &Arc<CudaStream>,
@@ -351,8 +359,11 @@ impl Forward {
             return Ok(());
         }
         let use_toks = if flash.is_some() { use_toks } else { 0 };
-        let splits = attention_splits(blocks, h, self.sms, bufs.part_rows);
-        let mut b = s.launch_builder(&self.k.attention);
+        let per_block = attention_heads(blocks, h, self.group, self.sms);
+        let head_blocks = h / per_block;
+        let splits = attention_splits(blocks, head_blocks, self.sms, bufs.part_rows);
+        let kernel = if per_block == 1 { &self.k.attention_one } else { &self.k.attention };
+        let mut b = s.launch_builder(kernel);
         b.arg(&bufs.q)
             .arg(&kp)
             .arg(&vp)
@@ -368,30 +379,21 @@ impl Forward {
             .arg(&c.s_head)
             .arg(&mut bufs.act)
             .arg(&mut bufs.part)
+            .arg(&mut bufs.counters)
             .arg(&h_i)
             .arg(&kvh_i)
             .arg(&scale);
         let grid = LaunchConfig {
-            grid_dim: (blocks as u32, h as u32, splits as u32),
+            grid_dim: (blocks as u32, head_blocks as u32, splits as u32),
             block_dim: (32 * ATTENTION_WARPS, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: see `record`'s doc; `singles` lists tokens below `t` and is read only with
-        // `use_toks`, `vec` only when `c.aligned` holds, and with more than one split
-        // `attention_splits` checked that `part` holds the `blocks` rows of partials written.
-        unsafe { b.launch(grid) }.map_err(driver)?;
-        if splits == 1 {
-            return Ok(());
-        }
-        let splits_i = splits as i32;
-        let mut b = s.launch_builder(&self.k.attention_merge);
-        b.arg(&bufs.part).arg(&bufs.singles).arg(&use_toks).arg(&mut bufs.act).arg(&h_i).arg(&splits_i);
-        let grid = LaunchConfig {
-            grid_dim: (blocks as u32, h as u32, 1),
-            block_dim: (64, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: as the launch above: the same rows, tokens and partials.
+        // `use_toks`, `vec` only when `c.aligned` holds, the kernel's heads per block (1, or the
+        // `group` compiled in) divide the heads of a KV head (`attention_group`), and with more
+        // than one split `attention_splits` checked that `part` holds the `blocks` rows of
+        // partials written and `counters` (as many rows of `h` entries, zeroed at allocation
+        // and set back to zero by the kernel) their counts.
         unsafe { b.launch(grid) }.map_err(driver)?;
         Ok(())
     }
@@ -433,19 +435,48 @@ impl Forward {
         w: &Buf,
         x: &Buf,
         y: &mut CudaSlice<f32>,
+        dims: [usize; 3],
+    ) -> Result<(), GpuError> {
+        let bytes = y.len() * 4;
+        let (yp, _y) = y.device_ptr_mut(lane.stream);
+        self.gemm(lane, w, x, (yp, bytes, KvDtype::F32), dims)
+    }
+
+    /// [`Self::matmul`] with `y` in the weights' dtype: for outputs only an elementwise kernel
+    /// reads (the gate/up projection), whose f32 copy would be written and read again in full.
+    fn matmul_narrow(
+        &self,
+        lane: Lane<'_>,
+        w: &Buf,
+        x: &Buf,
+        y: &mut Buf,
+        dims: [usize; 3],
+    ) -> Result<(), GpuError> {
+        let bytes = y.len();
+        let (yp, _y) = y.device_ptr_mut(lane.stream);
+        self.gemm(lane, w, x, (yp, bytes, self.wdt), dims)
+    }
+
+    /// The cuBLAS call of both: `y` is a device pointer, its buffer's bytes and its dtype.
+    fn gemm(
+        &self,
+        lane: Lane<'_>,
+        w: &Buf,
+        x: &Buf,
+        (yp, y_bytes, ydt): (u64, usize, KvDtype),
         [out, inp, rows]: [usize; 3],
     ) -> Result<(), GpuError> {
-        check_matmul([w.len(), x.len(), y.len()], elem_bytes(self.wdt), [out, inp, rows])
+        check_matmul([w.len(), x.len(), y_bytes], [elem_bytes(self.wdt), elem_bytes(ydt)], [out, inp, rows])
             .map_err(GpuError::Shape)?;
         let ty = cuda_type(self.wdt);
         let (alpha, beta) = (1.0f32, 0.0f32);
         let (wp, _w) = w.device_ptr(lane.stream);
         let (xp, _x) = x.device_ptr(lane.stream);
-        let (yp, _y) = y.device_ptr_mut(lane.stream);
         // Column-major view: Yᵀ[out, rows] = W[out, inp] (row-major Wᵀ, transposed) · Xᵀ[inp, rows].
-        // SAFETY: the three buffers were checked above to hold the matrices the sizes and
-        // leading dimensions describe; alpha and beta are f32 as CUBLAS_COMPUTE_32F requires,
-        // and live until the call returns (cuBLAS reads host scalars before returning).
+        // SAFETY: the three buffers were checked above to hold the matrices the sizes, element
+        // types and leading dimensions describe (`yp` points at the `y_bytes` the caller's
+        // borrow of its buffer keeps alive); alpha and beta are f32 as CUBLAS_COMPUTE_32F
+        // requires, and live until the call returns (cuBLAS reads host scalars before returning).
         unsafe {
             cudarc::cublas::result::gemm_ex(
                 *lane.blas.handle(),
@@ -463,7 +494,7 @@ impl Forward {
                 inp as i32,
                 (&beta) as *const f32 as *const _,
                 yp as *mut _,
-                cudaDataType_t::CUDA_R_32F,
+                cuda_type(ydt),
                 out as i32,
                 cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,

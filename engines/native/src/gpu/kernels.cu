@@ -1,9 +1,10 @@
 // The native engine's forward pass on NVIDIA GPUs, compiled at run time with NVRTC.
 //
 // The host prepends `#define WT n` (weights and matmul inputs) and `#define KT n` (KV cache),
-// n = 0 f32, 1 f16, 2 bf16. Everything accumulates in f32; the residual stream and every
-// matmul output are f32 (cuBLAS writes f32 from f16/bf16 inputs), only matmul inputs and the
-// cache are stored in the narrow types. No #includes: 16-bit types are converted by hand.
+// n = 0 f32, 1 f16, 2 bf16. Everything accumulates in f32; the residual stream and the matmul
+// outputs are f32 (cuBLAS writes f32 from f16/bf16 inputs) but for the gate/up projection's;
+// it, the matmul inputs and the cache are stored in the narrow types. No #includes: 16-bit
+// types are converted by hand.
 
 typedef unsigned short u16;
 #define NEG_INF __int_as_float(0xff800000)
@@ -145,190 +146,272 @@ extern "C" __global__ void qkv_post(const float* qkv, const wt* bias, int has_bi
 }
 
 #define NV ((HD + 31) / 32)  // head elements per lane
-// WARPS (warps per attention block) is defined by the host, which launches 32 * WARPS threads.
+// WARPS (warps per attention block), GB (query heads per block: a divisor of the GQA group
+// H / KVH, at most 8) and MAX_SPLITS (most blocks sharing one query's keys) are defined by the
+// host, which launches 32 * WARPS threads.
 
-// q · K[kr .. kr + HD): with `vec`, rows start 16-byte aligned and hold whole 16-byte words.
-__device__ __forceinline__ float dot_row(const float* sq, const kt* kr, int vec) {
-    float a = 0.f;
+// s[g] += q_g · K[kr .. kr + HD) for the block's G query heads: the key row is read once for
+// all of them. With `vec`, rows start 16-byte aligned and hold whole 16-byte words.
+template <int G>
+__device__ __forceinline__ void dot_rows(const float (*sq)[HD], const kt* kr, int vec, float* s) {
     if (vec) {
 #if KT == 0
 #pragma unroll
         for (int i = 0; i < HD; i += 4) {
             f32x4 w = *(const f32x4*)(kr + i);
-            a += sq[i] * w.x + sq[i + 1] * w.y + sq[i + 2] * w.z + sq[i + 3] * w.w;
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                f32x4 a = *(const f32x4*)(&sq[g][i]);
+                s[g] += a.x * w.x + a.y * w.y + a.z * w.z + a.w * w.w;
+            }
         }
 #else
 #pragma unroll
         for (int i = 0; i < HD; i += 8) {
             u32x4 w = *(const u32x4*)(kr + i);
-            unsigned int u[4] = {w.x, w.y, w.z, w.w};
+            float k[8] = {kld((u16)(w.x & 0xffffu)), kld((u16)(w.x >> 16)), kld((u16)(w.y & 0xffffu)),
+                          kld((u16)(w.y >> 16)),     kld((u16)(w.z & 0xffffu)), kld((u16)(w.z >> 16)),
+                          kld((u16)(w.w & 0xffffu)), kld((u16)(w.w >> 16))};
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                a += sq[i + 2 * e] * kld((u16)(u[e] & 0xffffu));
-                a += sq[i + 2 * e + 1] * kld((u16)(u[e] >> 16));
+            for (int g = 0; g < G; g++) {
+                f32x4 a = *(const f32x4*)(&sq[g][i]), b = *(const f32x4*)(&sq[g][i + 4]);
+                s[g] += a.x * k[0] + a.y * k[1] + a.z * k[2] + a.w * k[3] + b.x * k[4] + b.y * k[5] + b.z * k[6] +
+                        b.w * k[7];
             }
         }
 #endif
-        return a;
+        return;
     }
-    for (int i = 0; i < HD; i++) a += sq[i] * kld(kr[i]);
-    return a;
+    for (int i = 0; i < HD; i++) {
+        float k = kld(kr[i]);
+#pragma unroll
+        for (int g = 0; g < G; g++) s[g] += sq[g][i] * k;
+    }
 }
 
-// acc += p_jj · V[key j0 + jj], lanes over the head dimension; `blk` and `pr` are lane jj's
-// block and probability.
-__device__ __forceinline__ void add_value(float* acc, const kt* V, unsigned int blk, float pr, int j0, int jj,
-                                          int bs, long long s_blk, long long s_tok, long long head_off,
-                                          int lane) {
-    float pj = __shfl_sync(0xffffffffu, pr, jj);
+// acc[g] += p_g,jj · V[key j0 + jj] for the block's heads, lanes over the head dimension; `blk`
+// and `pr` are lane jj's block and probabilities. The value row is read once for all heads.
+template <int G>
+__device__ __forceinline__ void add_value(float (*acc)[NV], const kt* V, unsigned int blk, const float* pr,
+                                          int j0, int jj, int bs, long long s_blk, long long s_tok,
+                                          long long head_off, int lane) {
     unsigned int bj = __shfl_sync(0xffffffffu, blk, jj);
     const kt* vr = V + (long long)bj * s_blk + (long long)((j0 + jj) % bs) * s_tok + head_off;
+    float v[NV];
 #pragma unroll
     for (int u = 0; u < NV; u++) {
         int i = lane + 32 * u;
-        if (i < HD) acc[u] += pj * kld(vr[i]);
+        v[u] = i < HD ? kld(vr[i]) : 0.f;
+    }
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        float pj = __shfl_sync(0xffffffffu, pr[g], jj);
+#pragma unroll
+        for (int u = 0; u < NV; u++) acc[g][u] += pj * v[u];
     }
 }
 
 // add_value for the `cnt` keys of a group: fully unrolled when the group is whole, so all its
 // value loads are in flight at once.
-__device__ __forceinline__ void add_values(float* acc, const kt* V, unsigned int blk, float pr, int j0, int cnt,
-                                           int bs, long long s_blk, long long s_tok, long long head_off,
-                                           int lane) {
+template <int G>
+__device__ __forceinline__ void add_values(float (*acc)[NV], const kt* V, unsigned int blk, const float* pr,
+                                           int j0, int cnt, int bs, long long s_blk, long long s_tok,
+                                           long long head_off, int lane) {
     if (cnt == 32) {
 #pragma unroll
-        for (int jj = 0; jj < 32; jj++) add_value(acc, V, blk, pr, j0, jj, bs, s_blk, s_tok, head_off, lane);
+        for (int jj = 0; jj < 32; jj++) add_value<G>(acc, V, blk, pr, j0, jj, bs, s_blk, s_tok, head_off, lane);
         return;
     }
-    for (int jj = 0; jj < cnt; jj++) add_value(acc, V, blk, pr, j0, jj, bs, s_blk, s_tok, head_off, lane);
+    for (int jj = 0; jj < cnt; jj++) add_value<G>(acc, V, blk, pr, j0, jj, bs, s_blk, s_tok, head_off, lane);
 }
 
-// Paged attention of one query (token, head) over its sequence's keys 0..pos (causal), read
-// from the cache through the block table and the layout's strides; GQA maps head h to KV head
-// h / (H / KVH). Keys go in groups of 32: lane j scores key j against the query (kept in
-// shared memory), the warp's online softmax advances once per group, then the group's values
-// accumulate with lanes over the head dimension — a group's loads are independent of one
-// another. The groups are dealt round robin to the `splits` blocks of a query (blockIdx.z) and
-// the WARPS warps of each, so a long sequence is walked by many warps at once even when a step
-// has few queries (decoding one sequence); the warps' partial results are merged at the end,
-// and with several splits each block writes its partial (max, sum, unnormalised output) to
-// `part` for `attention_merge`. Grid (T, H, splits), token blockIdx.x; with `use_toks`,
-// (n, H, splits) over the tokens listed in `toks` (the one-token chunks of a step whose longer
-// chunks run `flash_prefill`).
-extern "C" __global__ void attention(const float* q, unsigned long long k_plane, unsigned long long v_plane,
-                                     const int* pos, const int* tab_off, const unsigned int* tables,
-                                     const int* toks, int use_toks, int vec, int bs, long long s_blk,
-                                     long long s_tok, long long s_head, wt* out, float* part, int H, int KVH,
-                                     float scale) {
-    __shared__ float sq[HD];
-    __shared__ float sm[WARPS], sl[WARPS];
-    __shared__ float sacc[WARPS][HD];
+// Paged attention of one query token for G heads that share one KV head (GQA), over its
+// sequence's keys 0..pos (causal), read from the cache through the block table and the
+// layout's strides. Each key and value row is read once for the G heads. Keys go in groups
+// of 32: lane j scores key j against the queries (kept in shared memory), the warp's online
+// softmaxes advance once per group, then the group's values accumulate with lanes over the
+// head dimension — a group's loads are independent of one another. The groups are dealt round
+// robin to the `splits` blocks of a query (blockIdx.z) and the WARPS warps of each, so a long
+// sequence is walked by many warps at once even when a step has few queries (decoding one
+// sequence); the warps' partial results are merged at the end. With several splits each block
+// writes its partial (max, sum, unnormalised output per head) to `part`, and the last block of
+// a query to finish (counted in `counters`, which it sets back to 0 for the next launch) merges
+// them into the output. Grid (T, H / G, splits), token blockIdx.x; with `use_toks`,
+// (n, H / G, splits) over the tokens listed in `toks` (the one-token chunks of a step whose
+// longer chunks run `flash_prefill`).
+template <int G>
+__device__ __forceinline__ void attention_heads(const float* q, unsigned long long k_plane,
+                                                unsigned long long v_plane, const int* pos, const int* tab_off,
+                                                const unsigned int* tables, const int* toks, int use_toks, int vec,
+                                                int bs, long long s_blk, long long s_tok, long long s_head, wt* out,
+                                                float* part, unsigned int* counters, int H, int KVH, float scale) {
+    __shared__ __align__(16) float sq[G][HD];
+    __shared__ float sm[WARPS][G], sl[WARPS][G];
+    __shared__ float sacc[WARPS][G][HD];
+    __shared__ float pm[G][MAX_SPLITS], pl[G][MAX_SPLITS];
+    __shared__ int last;
     long long t = use_toks ? toks[blockIdx.x] : blockIdx.x;
-    int h = blockIdx.y, kh = h / (H / KVH);
+    int h0 = blockIdx.y * G, kh = h0 / (H / KVH);
     int z = blockIdx.z, splits = gridDim.z;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const kt* K = (const kt*)k_plane;
     const kt* V = (const kt*)v_plane;
-    const float* qp = q + (t * H + h) * HD;
-    for (int i = threadIdx.x; i < HD; i += blockDim.x) sq[i] = qp[i] * scale;
-    __syncthreads();
-    float acc[NV];
-#pragma unroll
-    for (int u = 0; u < NV; u++) acc[u] = 0.f;
-    float m = NEG_INF, l = 0.f;
+    const float* qp = q + (t * H + h0) * HD;  // the G heads' rows are consecutive
     int len = pos[t] + 1;
     const unsigned int* tab = tables + tab_off[t];
+    for (int i = threadIdx.x; i < G * HD; i += blockDim.x) sq[i / HD][i % HD] = qp[i] * scale;
+    __syncthreads();
+    float acc[G][NV], m[G], l[G];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        m[g] = NEG_INF;
+        l[g] = 0.f;
+#pragma unroll
+        for (int u = 0; u < NV; u++) acc[g][u] = 0.f;
+    }
     long long head_off = (long long)kh * s_head;
     for (int gi = z + splits * warp; gi * 32 < len; gi += splits * WARPS) {
         int j0 = gi * 32, j = j0 + lane;
         unsigned int blk = 0;
-        float s = NEG_INF;
+        float s[G], pr[G];
+#pragma unroll
+        for (int g = 0; g < G; g++) s[g] = 0.f;
         if (j < len) {
             blk = tab[j / bs];
-            s = dot_row(sq, K + (long long)blk * s_blk + (long long)(j % bs) * s_tok + head_off, vec);
+            dot_rows<G>(sq, K + (long long)blk * s_blk + (long long)(j % bs) * s_tok + head_off, vec, s);
+        } else {
+#pragma unroll
+            for (int g = 0; g < G; g++) s[g] = NEG_INF;
         }
-        float mx = s;
-        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        float mn = fmaxf(m, mx);  // finite: lane 0's key (j0 < len) is valid
-        float corr = expf(m - mn), pr = expf(s - mn);
-        float ps = pr;
-        for (int o = 16; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
-        l = l * corr + ps;
 #pragma unroll
-        for (int u = 0; u < NV; u++) acc[u] *= corr;
-        add_values(acc, V, blk, pr, j0, min(32, len - j0), bs, s_blk, s_tok, head_off, lane);
-        m = mn;
-    }
-    if (lane == 0) {
-        sm[warp] = m;
-        sl[warp] = l;
+        for (int g = 0; g < G; g++) {
+            float mx = s[g];
+            for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            float mn = fmaxf(m[g], mx);  // finite: lane 0's key (j0 < len) is valid
+            float corr = expf(m[g] - mn);
+            pr[g] = expf(s[g] - mn);
+            float ps = pr[g];
+            for (int o = 16; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+            l[g] = l[g] * corr + ps;
+#pragma unroll
+            for (int u = 0; u < NV; u++) acc[g][u] *= corr;
+            m[g] = mn;
+        }
+        add_values<G>(acc, V, blk, pr, j0, min(32, len - j0), bs, s_blk, s_tok, head_off, lane);
     }
 #pragma unroll
-    for (int u = 0; u < NV; u++) {
-        int i = lane + 32 * u;
-        if (i < HD) sacc[warp][i] = acc[u];
+    for (int g = 0; g < G; g++) {
+        if (lane == 0) {
+            sm[warp][g] = m[g];
+            sl[warp][g] = l[g];
+        }
+#pragma unroll
+        for (int u = 0; u < NV; u++) {
+            int i = lane + 32 * u;
+            if (i < HD) sacc[warp][g][i] = acc[g][u];
+        }
     }
     __syncthreads();
-    if (warp != 0) return;
-    float M = NEG_INF;
-    for (int w = 0; w < WARPS; w++) M = fmaxf(M, sm[w]);
-    float L = 0.f, f[WARPS];
-    for (int w = 0; w < WARPS; w++) {
-        f[w] = sl[w] > 0.f ? expf(sm[w] - M) : 0.f;  // a warp with no keys adds nothing
-        L += sl[w] * f[w];
-    }
-    float* pp = part + (((long long)blockIdx.x * H + h) * splits + z) * (HD + 2);
-    if (splits > 1 && lane == 0) {
-        pp[0] = M;
-        pp[1] = L;
-    }
-    for (int i = lane; i < HD; i += 32) {
-        float o = 0.f;
-        for (int w = 0; w < WARPS; w++) o += sacc[w][i] * f[w];
-        if (splits > 1)
-            pp[2 + i] = o;
-        else
+    // The warps' results merged, one (head, element) per thread.
+    for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
+        int g = e / HD, i = e % HD;
+        float M = NEG_INF;
+        for (int w = 0; w < WARPS; w++) M = fmaxf(M, sm[w][g]);
+        float L = 0.f, o = 0.f;
+        for (int w = 0; w < WARPS; w++) {
+            float f = sl[w][g] > 0.f ? expf(sm[w][g] - M) : 0.f;  // a warp with no keys adds nothing
+            L += sl[w][g] * f;
+            o += sacc[w][g][i] * f;
+        }
+        long long h = h0 + g;
+        if (splits == 1) {
             out[(t * H + h) * HD + i] = wst(o / L);
+            continue;
+        }
+        float* pp = part + (((long long)blockIdx.x * H + h) * splits + z) * (HD + 2);
+        if (i == 0) {
+            pp[0] = M;
+            pp[1] = L;
+        }
+        pp[2 + i] = o;
     }
-}
-
-// Merges the `splits` partial results of each query (row blockIdx.x, head blockIdx.y) that
-// `attention` wrote to `part` into its output. Grid (rows, H), block 64.
-extern "C" __global__ void attention_merge(const float* part, const int* toks, int use_toks, wt* out, int H,
-                                           int splits) {
-    long long r = blockIdx.x;
-    long long t = use_toks ? toks[r] : r;
-    int h = blockIdx.y;
-    const float* pp = part + ((r * H + h) * splits) * (HD + 2);
-    float M = NEG_INF;
-    for (int z = 0; z < splits; z++) M = fmaxf(M, pp[z * (HD + 2)]);
-    float L = 0.f;
-    for (int z = 0; z < splits; z++) {
-        float lz = pp[z * (HD + 2) + 1];
-        if (lz > 0.f) L += lz * expf(pp[z * (HD + 2)] - M);
+    if (splits == 1) return;
+    // The last split of this query to get here merges everyone's partials: each block's writes
+    // are released before its count, and the last block acquires them all after reading it.
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned int* c = counters + (long long)blockIdx.x * gridDim.y + blockIdx.y;
+        last = atomicAdd(c, 1u) == (unsigned int)(splits - 1);
+        if (last) *c = 0u;  // every split has counted: ready for the next launch
     }
-    for (int i = threadIdx.x; i < HD; i += blockDim.x) {
-        float o = 0.f;
-        for (int z = 0; z < splits; z++) {
-            float lz = pp[z * (HD + 2) + 1];
-            if (lz > 0.f) o += pp[z * (HD + 2) + 2 + i] * expf(pp[z * (HD + 2)] - M);
+    __syncthreads();
+    if (!last) return;
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    // Every split's max and sum at once into shared memory (one load per thread), then each
+    // (head, element) reads all splits' outputs with its loads in flight together.
+    for (int e = threadIdx.x; e < G * splits; e += blockDim.x) {
+        int g = e / splits, zz = e % splits;
+        const float* pz = part + ((((long long)blockIdx.x * H + h0 + g) * splits) + zz) * (HD + 2);
+        pm[g][zz] = __ldcg(pz);
+        pl[g][zz] = __ldcg(pz + 1);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
+        int g = e / HD, i = e % HD;
+        long long h = h0 + g;
+        const float* pp = part + (((long long)blockIdx.x * H + h) * splits) * (HD + 2) + 2 + i;
+        float v[MAX_SPLITS];
+#pragma unroll
+        for (int zz = 0; zz < MAX_SPLITS; zz++) v[zz] = zz < splits ? __ldcg(pp + zz * (HD + 2)) : 0.f;
+        float M = NEG_INF;
+        for (int zz = 0; zz < splits; zz++) M = fmaxf(M, pm[g][zz]);
+        float L = 0.f, o = 0.f;
+#pragma unroll
+        for (int zz = 0; zz < MAX_SPLITS; zz++) {
+            float f = zz < splits && pl[g][zz] > 0.f ? expf(pm[g][zz] - M) : 0.f;  // no keys, no weight
+            L += (zz < splits ? pl[g][zz] : 0.f) * f;
+            o += v[zz] * f;
         }
         out[(t * H + h) * HD + i] = wst(o / L);
     }
 }
 
-// out[t][i] = SiLU(gu[t][i]) * gu[t][I + i]. grid (T, ceil(I / 1024)), block 256: each thread
-// takes 4 elements 256 apart (coalesced, no division per element).
-extern "C" __global__ void silu_mul(const float* gu, wt* out, int I) {
+// The kernel for steps with many queries: blocks of the GB heads of a KV head, each K/V row
+// read once for all of them (the reads that bound a large batch).
+extern "C" __global__ void attention(const float* q, unsigned long long k_plane, unsigned long long v_plane,
+                                     const int* pos, const int* tab_off, const unsigned int* tables,
+                                     const int* toks, int use_toks, int vec, int bs, long long s_blk,
+                                     long long s_tok, long long s_head, wt* out, float* part,
+                                     unsigned int* counters, int H, int KVH, float scale) {
+    attention_heads<GB>(q, k_plane, v_plane, pos, tab_off, tables, toks, use_toks, vec, bs, s_blk, s_tok, s_head,
+                        out, part, counters, H, KVH, scale);
+}
+
+// The kernel for steps with few queries (decoding a few sequences): a block per head, so the
+// key walks are spread over GB times as many warps (the time is each warp's chain of loads).
+extern "C" __global__ void attention_one(const float* q, unsigned long long k_plane, unsigned long long v_plane,
+                                         const int* pos, const int* tab_off, const unsigned int* tables,
+                                         const int* toks, int use_toks, int vec, int bs, long long s_blk,
+                                         long long s_tok, long long s_head, wt* out, float* part,
+                                         unsigned int* counters, int H, int KVH, float scale) {
+    attention_heads<1>(q, k_plane, v_plane, pos, tab_off, tables, toks, use_toks, vec, bs, s_blk, s_tok, s_head,
+                       out, part, counters, H, KVH, scale);
+}
+
+// out[t][i] = SiLU(gu[t][i]) * gu[t][I + i], the gate/up projection in the weights' dtype.
+// grid (T, ceil(I / 1024)), block 256: each thread takes 4 elements 256 apart (coalesced, no
+// division per element).
+extern "C" __global__ void silu_mul(const wt* gu, wt* out, int I) {
     long long t = blockIdx.x;
-    const float* g = gu + t * 2 * I;
-    const float* u = g + I;
+    const wt* g = gu + t * 2 * I;
+    const wt* u = g + I;
 #pragma unroll
     for (int e = 0; e < 4; e++) {
         int i = blockIdx.y * 1024 + e * 256 + threadIdx.x;
         if (i < I) {
-            float x = g[i];
-            out[t * I + i] = wst(x / (1.0f + expf(-x)) * u[i]);
+            float x = wld(g[i]);
+            out[t * I + i] = wst(x / (1.0f + expf(-x)) * wld(u[i]));
         }
     }
 }

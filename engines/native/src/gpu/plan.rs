@@ -26,7 +26,8 @@ const FLASH: &str = include_str!("flash.cu");
 /// Query tokens of one `flash_prefill` block (4 warps × 16 rows).
 const FLASH_TILE: usize = 64;
 
-/// Warps of one `attention` block (one query token and head, one split of its keys). Each warp
+/// Warps of one `attention` block (one query token, the heads of one [`attention_group`], one
+/// split of its keys). Each warp
 /// takes every `ATTENTION_WARPS × splits`-th group of 32 keys; the splits, not the warps, are
 /// what grows with the work a step lacks (see [`attention_splits`]).
 pub(super) const ATTENTION_WARPS: u32 = 4;
@@ -38,8 +39,12 @@ pub(super) const MAX_SPLITS: usize = 16;
 /// on sm_80/sm_90, so the key walks' load latencies overlap.
 const BLOCKS_PER_SM: usize = 16;
 
+/// Blocks of one head per SM from which a step's queries are enough to fill the GPU without
+/// splitting their keys much: from there `attention` takes the GQA group's heads per block.
+const HEAD_BLOCKS_PER_SM: usize = 4;
+
 /// How many blocks share each query's keys in `attention`, for `queries` queries of `heads`
-/// heads on a GPU of `sms` SMs, when the partial buffer holds `part_rows` queries: enough
+/// blocks of heads each on a GPU of `sms` SMs, when the partial buffer holds `part_rows` queries: enough
 /// blocks to fill the GPU, up to [`MAX_SPLITS`], or 1 (no merge) when a step has more queries
 /// than the buffer. Depends on the step's shape alone, so a captured graph stays valid.
 pub(super) fn attention_splits(queries: usize, heads: usize, sms: usize, part_rows: usize) -> usize {
@@ -47,6 +52,23 @@ pub(super) fn attention_splits(queries: usize, heads: usize, sms: usize, part_ro
         return 1;
     }
     (sms * BLOCKS_PER_SM).div_ceil(queries * heads).clamp(1, MAX_SPLITS)
+}
+
+/// Query heads per `attention` block for a step of `queries` queries of `heads` heads, when the
+/// model's GQA group allows `group` ([`attention_group`]): the group when blocks of one head
+/// would already fill the GPU (many queries: the K/V reads, which a group shares, are what
+/// bound the step), else 1 (few queries: the time is each warp's chain of loads, and blocks of
+/// one head spread the keys over `group` times as many warps).
+pub(super) fn attention_heads(queries: usize, heads: usize, group: usize, sms: usize) -> usize {
+    if queries * heads >= sms * HEAD_BLOCKS_PER_SM { group } else { 1 }
+}
+
+/// Query heads of one `attention` block: the largest divisor of the GQA group (`heads /
+/// kv_heads` query heads per KV head) up to 8, so each K and V row a block reads serves that
+/// many heads (the registers per lane grow with it).
+pub(super) fn attention_group(heads: usize, kv_heads: usize) -> usize {
+    let group = heads / kv_heads.max(1);
+    (1..=group.min(8)).rev().find(|g| group.is_multiple_of(*g)).unwrap_or(1)
 }
 
 /// Largest head dimension the attention kernels hold in registers (32 lanes × 8).
@@ -73,10 +95,12 @@ fn type_code(dt: KvDtype) -> u32 {
     }
 }
 
-/// The kernels' source for weights in `wdt`, a cache in `kdt` and heads of `head_dim`.
-pub(super) fn kernel_source(wdt: KvDtype, kdt: KvDtype, head_dim: usize) -> String {
+/// The kernels' source for weights in `wdt`, a cache in `kdt`, heads of `head_dim` and
+/// `group` query heads per `attention` block ([`attention_group`]).
+pub(super) fn kernel_source(wdt: KvDtype, kdt: KvDtype, head_dim: usize, group: usize) -> String {
     format!(
-        "#define WT {}\n#define KT {}\n#define WARPS {ATTENTION_WARPS}\n#define HD {head_dim}\n{KERNELS}\n{FLASH}",
+        "#define WT {}\n#define KT {}\n#define WARPS {ATTENTION_WARPS}\n#define HD {head_dim}\n#define GB {group}\n\
+         #define MAX_SPLITS {MAX_SPLITS}\n{KERNELS}\n{FLASH}",
         type_code(wdt),
         type_code(kdt)
     )
@@ -177,15 +201,15 @@ pub(super) fn rope_tables(cfg: &ModelConfig, max_positions: usize) -> (Vec<f32>,
     (cos, sin)
 }
 
-/// Checks that buffers of lengths `[w, x, y]` hold the matrices of `y[rows][out] =
-/// x[rows][inp] · w[out][inp]ᵀ` as cuBLAS will read and write them: `w` and `x` in bytes of
-/// `es`-byte elements, `y` in f32 elements.
+/// Checks that buffers of `[w, x, y]` bytes hold the matrices of `y[rows][out] =
+/// x[rows][inp] · w[out][inp]ᵀ` as cuBLAS will read and write them: `w` and `x` in `es`-byte
+/// elements, `y` in `ys`-byte elements.
 pub(super) fn check_matmul(
     [w, x, y]: [usize; 3],
-    es: usize,
+    [es, ys]: [usize; 2],
     [out, inp, rows]: [usize; 3],
 ) -> Result<(), String> {
-    if w < out * inp * es || x < rows * inp * es || y < rows * out {
+    if w < out * inp * es || x < rows * inp * es || y < rows * out * ys {
         return Err(format!("matmul [{rows}, {inp}] × [{out}, {inp}]ᵀ over short buffers"));
     }
     Ok(())

@@ -1,19 +1,85 @@
 //! Timings on the GPU (benchmarks printed, not asserted) and a profiling target.
 
 use super::*;
+use std::sync::atomic::Ordering;
 
 /// The vocabulary of the Qwen2.5-0.5B-shaped model (SmolLM2's size, so outputs stay printable
 /// with SmolLM2's tokenizer in the serving benchmarks).
 const VOCAB_Q05: usize = 49_152;
 
-/// Writes a Qwen2.5-0.5B-shaped FP16 checkpoint with random weights (a word-level tokenizer of
-/// [`VOCAB_Q05`] words) under `dir`; returns it and its weights' bytes.
-fn q05_model(dir: &Path) -> (ResolvedModel, f64) {
-    let path = dir.join("q05");
-    let vocab = VOCAB_Q05;
+/// The model shapes the timings run on, picked by `XINF_BENCH_SHAPE`: `q05` (default),
+/// Qwen2.5-0.5B with [`VOCAB_Q05`] words; `q05v`, the same with its real 151,936-word
+/// vocabulary (the lm_head then reads a third of the weights); `l8b`, Llama-3.1-8B's config.
+#[derive(Clone, Copy)]
+struct Shape {
+    name: &'static str,
+    vocab: usize,
+}
+
+impl Shape {
+    fn from_env() -> Self {
+        let name = match std::env::var("XINF_BENCH_SHAPE").as_deref() {
+            Ok("q05v") => "q05v",
+            Ok("l8b") => "l8b",
+            Ok("q05") | Err(_) => "q05",
+            Ok(other) => panic!("XINF_BENCH_SHAPE={other}: q05, q05v or l8b"),
+        };
+        let vocab = match name {
+            "q05" => VOCAB_Q05,
+            "q05v" => 151_936,
+            _ => 128_256,
+        };
+        Self { name, vocab }
+    }
+
+    /// What the printed lines call the model.
+    fn label(self) -> String {
+        match self.name {
+            "l8b" => "Llama-3.1-8B shape FP16".into(),
+            _ => format!("Qwen2.5-0.5B shape FP16 ({} words)", self.vocab),
+        }
+    }
+
+    fn config(self) -> serde_json::Value {
+        match self.name {
+            "l8b" => serde_json::json!({
+                "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+                "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+                "num_key_value_heads": 8, "vocab_size": self.vocab, "tie_word_embeddings": false,
+                "max_position_embeddings": 131_072, "rms_norm_eps": 1e-5, "rope_theta": 500_000.0,
+                "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+                "hidden_act": "silu", "torch_dtype": "float16",
+            }),
+            _ => serde_json::json!({
+                "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896,
+                "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+                "num_key_value_heads": 2, "vocab_size": self.vocab, "tie_word_embeddings": true,
+                "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0,
+                "hidden_act": "silu", "torch_dtype": "float16",
+            }),
+        }
+    }
+}
+
+/// Writes a checkpoint of `shape` with random FP16 weights (a word-level tokenizer of its
+/// vocabulary) under `dir`, or under `XINF_BENCH_DIR` when set, where one written earlier is
+/// used again (an 8B checkpoint takes a minute to write); returns it and its weights' bytes.
+fn shape_model(dir: &Path, shape: Shape) -> (ResolvedModel, f64) {
+    let dir = std::env::var_os("XINF_BENCH_DIR").map_or_else(|| dir.to_path_buf(), PathBuf::from);
+    let path = dir.join(shape.name);
+    let model = ResolvedModel {
+        format: WeightsFormat::Safetensors,
+        path: path.clone(),
+        family: None,
+        origin: "test".into(),
+    };
+    if let Ok(meta) = std::fs::metadata(path.join("model.safetensors")) {
+        return (model, meta.len() as f64);
+    }
     let words: serde_json::Map<String, serde_json::Value> =
-        (0..vocab).map(|i| (format!("w{i}"), serde_json::json!(i))).collect();
-    let tok_dir = dir.join("tok");
+        (0..shape.vocab).map(|i| (format!("w{i}"), serde_json::json!(i))).collect();
+    let tok_dir = dir.join(format!("tok-{}", shape.name));
     std::fs::create_dir_all(&tok_dir).expect("mkdir");
     let tokenizer = serde_json::json!({
         "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
@@ -22,28 +88,16 @@ fn q05_model(dir: &Path) -> (ResolvedModel, f64) {
     });
     std::fs::write(tok_dir.join("tokenizer.json"), tokenizer.to_string()).expect("write tokenizer");
     let tok = xinf_models::TextTokenizer::from_hf_dir(&tok_dir, &[]).expect("tokenizer");
-    let config = serde_json::json!({
-        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896,
-        "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
-        "num_key_value_heads": 2, "vocab_size": vocab, "tie_word_embeddings": true,
-        "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0,
-        "hidden_act": "silu", "torch_dtype": "float16",
-    });
-    let made = xinf_models::write_random_checkpoint(&config, xinf_models::RandomDtype::F16, 7, &tok, &path)
-        .expect("random checkpoint");
-    let model = ResolvedModel {
-        format: WeightsFormat::Safetensors,
-        path: path.clone(),
-        family: None,
-        origin: "test".into(),
-    };
+    let made =
+        xinf_models::write_random_checkpoint(&shape.config(), xinf_models::RandomDtype::F16, 7, &tok, &path)
+            .expect("random checkpoint");
     (model, made.bytes as f64)
 }
 
 /// Benchmark (a) without the serving path: per-token time of one greedy request decoding on the
-/// engine itself (its step loop, the forward pass, the logits copy and the CPU sampler; no HTTP,
-/// no actors), for a Qwen2.5-0.5B-shaped FP16 model with random weights and a 49,152-token
-/// vocabulary, with CUDA graphs and without, against the HBM roofline (the weight bytes read
+/// engine itself (its step loop, the forward pass, the token's copy; no HTTP, no actors), for
+/// the FP16 model of `XINF_BENCH_SHAPE` (see [`Shape`]) with random weights, with CUDA graphs
+/// and without, against the HBM roofline (the weight bytes read
 /// once per token at 4.8 TB/s); and the time of the whole prompt pass of 40-, 733- and
 /// 2,833-token prompts (`prompt_logits`, medians of 5, chunks of the default
 /// `max_batch_tokens`). Prints; asserts only that both runs decode the same tokens.
@@ -53,8 +107,9 @@ fn decode_step_time_at_batch_1() {
         return;
     }
     let dir = scratch();
-    let (model, weight_bytes) = q05_model(dir.path());
-    let vocab = VOCAB_Q05;
+    let shape = Shape::from_env();
+    let (model, weight_bytes) = shape_model(dir.path(), shape);
+    let (vocab, label) = (shape.vocab, shape.label());
     let roofline_ms = weight_bytes / 4.8e12 * 1e3;
     let mut outputs = Vec::new();
     for graphs in [true, false] {
@@ -95,10 +150,7 @@ fn decode_step_time_at_batch_1() {
                     .skip(1)
                     .collect();
                 ms.sort_by(f64::total_cmp);
-                eprintln!(
-                    "Qwen2.5-0.5B shape FP16: prompt of {len} tokens: whole prompt pass p50 {:.2} ms",
-                    ms[2]
-                );
+                eprintln!("{label}: prompt of {len} tokens: whole prompt pass p50 {:.2} ms", ms[2]);
             }
         }
         let (times, tokens) = run(257, "timed");
@@ -106,7 +158,7 @@ fn decode_step_time_at_batch_1() {
         gaps.sort_by(f64::total_cmp);
         let median = gaps[gaps.len() / 2];
         eprintln!(
-            "Qwen2.5-0.5B shape FP16, {:.1} MB of weights, batch 1, cuda_graphs {graphs}: per-token p50 \
+            "{label}, {:.1} MB of weights, batch 1, cuda_graphs {graphs}: per-token p50 \
              {median:.3} ms, p10 {:.3}, p90 {:.3} over {} tokens; roofline {roofline_ms:.3} ms → {:.1}×",
             weight_bytes / 1e6,
             gaps[gaps.len() / 10],
@@ -119,14 +171,25 @@ fn decode_step_time_at_batch_1() {
     assert_eq!(outputs[0], outputs[1], "graphs and eager launches decode the same tokens");
 }
 
-/// Per-token times of `n` concurrent greedy requests of `len`-token prompts on `engine`, after
-/// their first tokens (the steps that only decode): the median gap between one request's
-/// tokens, in ms.
-fn decode_gap_ms(engine: &NativeEngine, n: usize, len: usize, tokens: usize) -> f64 {
+/// Per-token times of `n` concurrent greedy requests of `len`-token prompts (words below
+/// `vocab`) on `engine`, after their first tokens (the steps that only decode): the median gap
+/// between one request's tokens, in ms. With `window`, the profiler collects from when every
+/// request has its fifth token until the first has its twentieth (decode-only steps alone).
+fn decode_gap_ms(
+    engine: &NativeEngine,
+    n: usize,
+    len: usize,
+    tokens: usize,
+    vocab: usize,
+    window: bool,
+) -> f64 {
+    let started = std::sync::atomic::AtomicUsize::new(0);
+    let stopped = std::sync::atomic::AtomicBool::new(false);
+    let (started, stopped) = (&started, &stopped);
     let gaps = rt().block_on(futures::future::join_all((0..n).map(|i| async move {
         let mut sampling = SamplingParams::greedy(tokens);
         sampling.ignore_eos = true;
-        let ids = prompt(len, 40 + i as u32, VOCAB_Q05);
+        let ids = prompt(len, 40 + i as u32, vocab);
         let request =
             GenerateRequest { request_id: format!("b{n}-{i}"), prompt: Prompt::Tokens(ids), sampling };
         let mut stream = engine.submit(request).expect("submit");
@@ -136,6 +199,12 @@ fn decode_gap_ms(engine: &NativeEngine, n: usize, len: usize, tokens: usize) -> 
                 TokenEvent::Delta { .. } => times.push(std::time::Instant::now()),
                 TokenEvent::Finished { .. } => break,
             }
+            if window && times.len() == 5 && started.fetch_add(1, Ordering::SeqCst) + 1 == n {
+                profiler(true);
+            }
+            if window && times.len() == 20 && !stopped.swap(true, Ordering::SeqCst) {
+                profiler(false);
+            }
         }
         // The first gaps may wait for other requests' prompt chunks.
         times.windows(2).skip(4).map(|w| (w[1] - w[0]).as_secs_f64() * 1e3).collect::<Vec<_>>()
@@ -143,6 +212,20 @@ fn decode_gap_ms(engine: &NativeEngine, n: usize, len: usize, tokens: usize) -> 
     let mut all: Vec<f64> = gaps.into_iter().flatten().collect();
     all.sort_by(f64::total_cmp);
     all[all.len() / 2]
+}
+
+/// Starts or stops the profiler's collection (Nsight Compute's `--profile-from-start off`)
+/// for the primary context of GPU 0, the one the engine runs on.
+fn profiler(on: bool) {
+    #[cfg(feature = "cuda")]
+    {
+        let ctx = cudarc::driver::CudaContext::new(0).expect("GPU 0");
+        ctx.bind_to_thread().expect("bind the context");
+        let r = if on { cudarc::driver::profiler_start() } else { cudarc::driver::profiler_stop() };
+        r.expect("profiler start/stop");
+    }
+    #[cfg(not(feature = "cuda"))]
+    let _ = on;
 }
 
 /// Benchmark (b): decode-only steps of 1, 16 and 64 sequences with 1,000-token prompts (CUDA
@@ -154,26 +237,29 @@ fn decode_step_time_by_batch() {
         return;
     }
     let dir = scratch();
-    let (model, _) = q05_model(dir.path());
+    let shape = Shape::from_env();
+    let (model, _) = shape_model(dir.path(), shape);
     let cfg = serde_json::json!({"device": "cuda", "kv_cache_tokens": 131_072});
     let engine =
         NativeEngine::load(&model, EngineOptions::from_engine_config(&cfg).expect("options")).expect("load");
-    let _ = decode_gap_ms(&engine, 4, 64, 16);
+    let _ = decode_gap_ms(&engine, 4, 64, 16, shape.vocab, false);
     for n in [1usize, 16, 64] {
-        let ms = decode_gap_ms(&engine, n, 1000, 48);
+        let ms = decode_gap_ms(&engine, n, 1000, 48, shape.vocab, false);
         eprintln!(
-            "Qwen2.5-0.5B shape FP16, 1,000-token prompts: decode-only batch {n}: per-token p50 {ms:.3} ms, \
-             {:.0} tokens/s",
+            "{}, 1,000-token prompts: decode-only batch {n}: per-token p50 {ms:.3} ms, {:.0} tokens/s",
+            shape.label(),
             n as f64 / ms * 1e3
         );
     }
 }
 
-/// A profiling target, not a check: with `XINF_PROFILE` set, the Qwen2.5-0.5B-shaped model runs
-/// one workload with CUDA graphs off, so a profiler sees every kernel: `prefill`, one
+/// A profiling target, not a check: with `XINF_PROFILE` set, the model of `XINF_BENCH_SHAPE`
+/// runs one workload with CUDA graphs off, so a profiler sees every kernel: `prefill`, one
 /// 2,833-token prompt pass; `decodeN`, N requests of 1,000-token prompts decoding 32 tokens
-/// each. Under Nsight Compute, e.g. `XINF_TEST_GPU=1 XINF_PROFILE=decode16 ncu --metrics
-/// gpu__time_duration.sum --print-summary per-kernel ./gpu-<hash> profile_target`.
+/// each, the profiler collecting only some of their decode-only steps (15 of them, give or
+/// take the steps in flight). Under Nsight Compute, e.g. `XINF_TEST_GPU=1 XINF_PROFILE=decode16
+/// ncu --profile-from-start off --metrics gpu__time_duration.sum --print-summary per-kernel
+/// ./gpu-<hash> profile_target` (without `--profile-from-start off` for `prefill`).
 #[test]
 fn profile_target() {
     let Ok(what) = std::env::var("XINF_PROFILE") else {
@@ -184,15 +270,16 @@ fn profile_target() {
         return;
     }
     let dir = scratch();
-    let (model, _) = q05_model(dir.path());
+    let shape = Shape::from_env();
+    let (model, _) = shape_model(dir.path(), shape);
     let cfg = serde_json::json!({"device": "cuda", "kv_cache_tokens": 131_072, "cuda_graphs": false});
     let engine =
         NativeEngine::load(&model, EngineOptions::from_engine_config(&cfg).expect("options")).expect("load");
     if what == "prefill" {
-        rt().block_on(engine.prompt_logits(prompt(2833, 9, VOCAB_Q05))).expect("prompt logits");
+        rt().block_on(engine.prompt_logits(prompt(2833, 9, shape.vocab))).expect("prompt logits");
     } else {
         let n = what.trim_start_matches("decode").parse().expect("XINF_PROFILE=decodeN");
-        let ms = decode_gap_ms(&engine, n, 1000, 32);
+        let ms = decode_gap_ms(&engine, n, 1000, 32, shape.vocab, true);
         eprintln!("profile_target {what}: per-token p50 {ms:.3} ms");
     }
 }

@@ -60,10 +60,11 @@ fn the_kernels_get_one_type_code_per_dtype() {
     assert_eq!([KvDtype::F32, KvDtype::F16, KvDtype::Bf16].map(type_code), [0, 1, 2]);
     assert_eq!([KvDtype::F32, KvDtype::F16, KvDtype::Bf16].map(elem_bytes), [4, 2, 2]);
     assert!(KERNELS.contains("#if WT == 0") && KERNELS.contains("#if KT == 0"));
-    let src = kernel_source(KvDtype::F16, KvDtype::Bf16, 64);
+    let src = kernel_source(KvDtype::F16, KvDtype::Bf16, 64, 7);
     assert!(
         src.starts_with(&format!(
-            "#define WT 1\n#define KT 2\n#define WARPS {ATTENTION_WARPS}\n#define HD 64\n"
+            "#define WT 1\n#define KT 2\n#define WARPS {ATTENTION_WARPS}\n#define HD 64\n#define GB 7\n\
+             #define MAX_SPLITS {MAX_SPLITS}\n"
         )),
         "{src}"
     );
@@ -196,15 +197,17 @@ fn rope_tables_have_a_row_per_position() {
 
 #[test]
 fn matmuls_over_short_buffers_are_refused() {
-    let es = 2;
+    let (es, ys) = (2, 4);
     let (out, inp, rows) = (8, 4, 3);
-    let fit = [out * inp * es, rows * inp * es, rows * out];
-    assert_eq!(check_matmul(fit, es, [out, inp, rows]), Ok(()));
+    let fit = [out * inp * es, rows * inp * es, rows * out * ys];
+    assert_eq!(check_matmul(fit, [es, ys], [out, inp, rows]), Ok(()));
     for short in 0..3 {
         let mut lens = fit;
         lens[short] -= 1;
-        assert!(check_matmul(lens, es, [out, inp, rows]).is_err(), "buffer {short} short");
+        assert!(check_matmul(lens, [es, ys], [out, inp, rows]).is_err(), "buffer {short} short");
     }
+    // An output in the weights' 16-bit type needs half the bytes.
+    assert_eq!(check_matmul([fit[0], fit[1], rows * out * es], [es, es], [out, inp, rows]), Ok(()));
 }
 
 fn limits(max_tokens: usize, max_seqs: usize, cuda_graphs: bool) -> StepLimits {
@@ -253,12 +256,38 @@ fn logits_are_copied_in_runs_of_sampled_rows() {
 }
 
 #[test]
+fn an_attention_block_takes_the_largest_gqa_divisor_up_to_eight() {
+    // (heads, kv_heads) of Qwen2.5-0.5B, Llama-3.1-8B, Qwen2.5-3B, SmolLM2-1.7B (MHA),
+    // a group of 12 and one of 14.
+    let cases =
+        [((14, 2), 7), ((32, 8), 4), ((16, 2), 8), ((32, 32), 1), ((24, 2), 6), ((28, 2), 7), ((14, 1), 7)];
+    for ((h, kvh), want) in cases {
+        assert_eq!(attention_group(h, kvh), want, "{h} heads over {kvh}");
+    }
+}
+
+#[test]
+fn few_queries_take_a_block_per_head_and_many_the_gqa_group() {
+    // Qwen2.5-0.5B (14 heads, groups of 7) on 132 SMs: blocks of one head up to 37 queries
+    // (518 blocks), then of 7.
+    assert_eq!(attention_heads(1, 14, 7, 132), 1);
+    assert_eq!(attention_heads(16, 14, 7, 132), 1);
+    assert_eq!(attention_heads(37, 14, 7, 132), 1);
+    assert_eq!(attention_heads(38, 14, 7, 132), 7);
+    assert_eq!(attention_heads(2048, 14, 7, 132), 7);
+    // Without GQA there is nothing to group.
+    assert_eq!(attention_heads(2048, 32, 1, 132), 1);
+}
+
+#[test]
 fn attention_splits_fill_the_gpu_within_the_partials() {
     // One query of 14 heads on 132 SMs: as many splits as allowed.
     assert_eq!(attention_splits(1, 14, 132, 64), MAX_SPLITS);
-    // 16 queries: 2,112 blocks wanted over 224 → 10 splits; 64 queries → 3.
+    // 16 queries: 2,112 blocks wanted over 224 → 10 splits; 64 queries → 3; 64 queries of 2
+    // blocks of 7 heads → 17, as many as allowed.
     assert_eq!(attention_splits(16, 14, 132, 64), 10);
     assert_eq!(attention_splits(64, 14, 132, 64), 3);
+    assert_eq!(attention_splits(64, 2, 132, 64), MAX_SPLITS);
     // More queries than the partial buffer holds, or a step that fills the GPU alone: no split.
     assert_eq!(attention_splits(65, 14, 132, 64), 1);
     assert_eq!(attention_splits(2048, 14, 132, 4096), 1);
