@@ -31,8 +31,8 @@ vllm() {  # engine_config of a vLLM replica
 sglang() {
     echo "{\"env\":{\"PYTHONPATH\":\"${SGLANG_PYTHONPATH:-}\",\"XINF_KV_LOG\":\"${XINF_KV_LOG:-}\"},\"gpu_memory_utilization\":0.08,\"attention_backend\":\"triton\",\"sampling_backend\":\"pytorch\",\"disable_radix_cache\":true,\"context_length\":4096}"
 }
-native() {
-    echo '{"gpu_memory_utilization":0.08,"context_length":4096}'
+native() {  # NATIVE_CONFIG replaces it
+    echo "${NATIVE_CONFIG:-{\"gpu_memory_utilization\":0.08,\"context_length\":4096\}}"
 }
 engine() { case $1 in v) echo vllm ;; s) echo sglang ;; n) echo native ;; esac; }
 

@@ -2,7 +2,8 @@
 //!
 //! Several replicas may share one GPU; each states the fraction of the GPU's memory it may take.
 //! Within its fraction a replica holds its weights, its KV cache and its activations
-//! (forward-pass buffers, cuBLAS workspace, kernels), for which a fixed reserve is set aside.
+//! (forward-pass buffers, cuBLAS workspace, kernels), for which a reserve is set aside: a fixed
+//! part and the step buffers, which grow with `max_batch_tokens`.
 //! Without `kv_cache_tokens` the KV cache takes whatever is left; with it, the cache is checked
 //! to fit. The arithmetic is [`kv_cache_tokens`], a pure function; [`fit_kv_cache`] feeds it
 //! the GPU's total memory from the driver.
@@ -15,11 +16,26 @@ use xinf_models::ModelConfig;
 #[cfg(test)]
 mod tests;
 
-/// Device memory set aside for activations, the cuBLAS workspace and the compiled kernels,
-/// within a replica's fraction. Fixed rather than profiled: the forward pass of the native
-/// engine computes at most `max_batch_tokens` tokens at a time, whose buffers stay well below it
-/// for the models it serves.
-pub const ACTIVATION_RESERVE_BYTES: u64 = 1 << 30;
+/// Device memory set aside, within a replica's fraction, for the cuBLAS workspace, the compiled
+/// kernels and the CUDA graphs; the step buffers ([`step_buffer_bytes`]) come on top.
+pub const RUNTIME_RESERVE_BYTES: u64 = 512 << 20;
+
+/// Bytes of the forward pass's buffers on a GPU for steps of up to `tokens` tokens and `seqs`
+/// sequences, matmul inputs in `es`-byte elements (what the GPU backend's step buffers hold):
+/// per token the residual stream and its delta, Q/K/V and Q in f32, the activations and the
+/// gate/up projection in the weights' dtype; per sequence a row of logits and attention's
+/// partial results. Set aside with the weights, so a large `max_batch_tokens` takes its room
+/// from the KV cache rather than failing at the first long prompt.
+pub fn step_buffer_bytes(cfg: &ModelConfig, tokens: usize, seqs: usize, es: usize) -> u64 {
+    let (h, kvh, d) = (cfg.num_heads, cfg.kv_heads, cfg.head_dim);
+    let (hid, inter) = (cfg.hidden_size, cfg.intermediate_size);
+    let per_token = 4 * (2 * hid + (h + 2 * kvh) * d + h * d) + es * (hid.max(h * d).max(inter) + 2 * inter);
+    // `gpu::plan::MAX_SPLITS` partials of `d + 2` floats per head.
+    let per_seq = 4 * (cfg.vocab_size + h * 16 * (d + 2));
+    (tokens as u64)
+        .saturating_mul(per_token as u64)
+        .saturating_add((seqs as u64).saturating_mul(per_seq as u64))
+}
 
 /// The smallest KV cache an engine runs with (as `kv_cache_tokens` allows).
 const MIN_KV_TOKENS: usize = 64;
@@ -35,7 +51,7 @@ pub struct MemoryBudget {
     pub fraction: f64,
     /// The weights as they sit on the GPU, in bytes.
     pub weight_bytes: u64,
-    /// Set aside for activations ([`ACTIVATION_RESERVE_BYTES`]).
+    /// Set aside for activations ([`RUNTIME_RESERVE_BYTES`] and the step buffers).
     pub reserve_bytes: u64,
     /// Bytes one token takes in the KV cache: 2 (K, V) × layers × kv_heads × head_dim × dtype.
     pub bytes_per_token: u64,
@@ -159,7 +175,7 @@ pub(crate) fn host_bytes(cfg: &ModelConfig, options: &EngineOptions) -> u64 {
 pub(crate) fn fit_kv_cache(
     mut options: EngineOptions,
     cfg: &ModelConfig,
-    kv_dtype: KvDtype,
+    [weights_dtype, kv_dtype]: [KvDtype; 2],
     weight_bytes: u64,
 ) -> Result<EngineOptions, EngineError> {
     let Some(fraction) = options.gpu_memory_utilization else {
@@ -179,7 +195,12 @@ pub(crate) fn fit_kv_cache(
         total_memory: gpu_total_memory(ordinal, options.device)?,
         fraction,
         weight_bytes,
-        reserve_bytes: ACTIVATION_RESERVE_BYTES,
+        reserve_bytes: RUNTIME_RESERVE_BYTES.saturating_add(step_buffer_bytes(
+            cfg,
+            options.max_batch_tokens.max(options.max_num_seqs),
+            options.max_num_seqs,
+            weights_dtype.size(),
+        )),
         bytes_per_token: kv_bytes_per_token(cfg.num_layers, cfg.kv_heads, cfg.head_dim, kv_dtype),
         block_size: options.kv_layout.block_size,
     };

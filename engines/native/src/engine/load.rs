@@ -74,7 +74,7 @@ pub(super) fn load(model: &ResolvedModel, options: EngineOptions) -> Result<Load
     let dtype = options.kv_dtype.unwrap_or(read.weights_dtype);
     let weight_bytes =
         crate::memory::weight_bytes(&read.weights, read.cfg.tie_word_embeddings, read.weights_dtype);
-    let options = crate::memory::fit_kv_cache(options, &read.cfg, dtype, weight_bytes)?;
+    let options = crate::memory::fit_kv_cache(options, &read.cfg, [read.weights_dtype, dtype], weight_bytes)?;
     check_vocab(&read.cfg, &read.tokenizer)?;
     let digest = xinf_models::weights_digest(&read.files).map_err(model_err)?;
     let ModelFiles { cfg, weights, tokenizer, weights_dtype, .. } = read;

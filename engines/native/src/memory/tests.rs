@@ -72,11 +72,11 @@ fn the_whole_gpu_is_a_valid_share() {
 fn a_fraction_on_the_cpu_is_refused() {
     let options = EngineOptions { gpu_memory_utilization: Some(0.5), ..EngineOptions::default() };
     let cfg = crate::test_support::small_llama();
-    let e = fit_kv_cache(options, &cfg, KvDtype::F32, 0).expect_err("a CPU has no GPU memory");
+    let e = fit_kv_cache(options, &cfg, [KvDtype::F32; 2], 0).expect_err("a CPU has no GPU memory");
     assert_eq!(field_of(&e), "engine_config.gpu_memory_utilization");
     // Without a fraction nothing changes.
     let plain = EngineOptions::default();
-    assert_eq!(fit_kv_cache(plain.clone(), &cfg, KvDtype::F32, 0), Ok(plain));
+    assert_eq!(fit_kv_cache(plain.clone(), &cfg, [KvDtype::F32; 2], 0), Ok(plain));
 }
 
 #[test]
@@ -87,13 +87,13 @@ fn a_kv_cache_larger_than_the_machine_is_refused_naming_the_limit() {
         kv_cache_tokens_explicit: true,
         ..EngineOptions::default()
     };
-    let e = fit_kv_cache(absurd, &cfg, KvDtype::F32, 0).expect_err("2^62 tokens fit in no machine");
+    let e = fit_kv_cache(absurd, &cfg, [KvDtype::F32; 2], 0).expect_err("2^62 tokens fit in no machine");
     assert_eq!(field_of(&e), "engine_config.kv_cache_tokens");
     let text = e.to_string();
     assert!(text.contains("this machine's memory") && text.contains("at most"), "{text}");
     // The default cache fits.
     let plain = EngineOptions::default();
-    assert_eq!(fit_kv_cache(plain.clone(), &cfg, KvDtype::F32, 0), Ok(plain));
+    assert_eq!(fit_kv_cache(plain.clone(), &cfg, [KvDtype::F32; 2], 0), Ok(plain));
 }
 
 #[test]
@@ -119,4 +119,18 @@ fn a_cpu_replica_holds_its_weights_in_f32_and_its_kv_cache() {
     // Untied embeddings count the LM head too.
     let untied = ModelConfig { tie_word_embeddings: false, ..cfg };
     assert_eq!(param_count(&untied), 134_479_872 + 49_152 * 576);
+}
+
+#[test]
+fn step_buffers_grow_with_the_step_and_the_sequences() {
+    let mut cfg = crate::test_support::small_llama();
+    // Llama-3.1-8B's shape: 159,744 bytes a token (f32 residual, delta, QKV and Q; f16
+    // activations and gate/up), 779,264 a sequence (logits and 16 partials of 130 floats a head).
+    (cfg.hidden_size, cfg.num_heads, cfg.kv_heads, cfg.head_dim) = (4096, 32, 8, 128);
+    (cfg.intermediate_size, cfg.vocab_size) = (14_336, 128_256);
+    assert_eq!(step_buffer_bytes(&cfg, 1, 0, 2), 159_744);
+    assert_eq!(step_buffer_bytes(&cfg, 0, 1, 2), 779_264);
+    // At 8,192 tokens and 64 sequences: 1.36 GB, more than a fixed 1 GiB reserve held.
+    assert_eq!(step_buffer_bytes(&cfg, 8192, 64, 2), 8192 * 159_744 + 64 * 779_264);
+    assert!(step_buffer_bytes(&cfg, 8192, 64, 2) > GIB);
 }
