@@ -49,6 +49,7 @@ mod pages;
 pub(crate) use model::GpuModel;
 #[cfg(feature = "cuda")]
 pub(crate) use plan::StepLimits;
+pub use plan::step_buffer_bytes;
 
 #[cfg(all(test, feature = "cuda"))]
 mod tests;

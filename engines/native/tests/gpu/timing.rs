@@ -18,16 +18,11 @@ struct Shape {
 
 impl Shape {
     fn from_env() -> Self {
-        let name = match std::env::var("XINF_BENCH_SHAPE").as_deref() {
-            Ok("q05v") => "q05v",
-            Ok("l8b") => "l8b",
-            Ok("q05") | Err(_) => "q05",
+        let (name, vocab) = match std::env::var("XINF_BENCH_SHAPE").as_deref() {
+            Ok("q05") | Err(_) => ("q05", VOCAB_Q05),
+            Ok("q05v") => ("q05v", 151_936),
+            Ok("l8b") => ("l8b", 128_256),
             Ok(other) => panic!("XINF_BENCH_SHAPE={other}: q05, q05v or l8b"),
-        };
-        let vocab = match name {
-            "q05" => VOCAB_Q05,
-            "q05v" => 151_936,
-            _ => 128_256,
         };
         Self { name, vocab }
     }
