@@ -10,15 +10,19 @@
 //! cache only keeps the block accounting ([`KvCache::accounting_only`]); the backend then does
 //! the reads, writes and page conversions itself.
 
-use half::{bf16, f16};
+use half::{bf16, f16, slice::HalfFloatSliceExt};
 use std::collections::VecDeque;
 use xinf_engine::{KvDtype, PAGE_TOKENS};
 use xinf_transfer::{Direction, LayoutDescriptor, copy_pages};
+
+pub(crate) use attend::DecodeQuery;
 
 /// An element type the cache can hold.
 pub(crate) trait KvElem: Copy + Default + Send + Sync + 'static {
     fn from_f32(v: f32) -> Self;
     fn to_f32(self) -> f32;
+    /// `src` widened into `dst` (same length), with SIMD where the type has it.
+    fn to_f32_slice(src: &[Self], dst: &mut [f32]);
     fn write_le(self, out: &mut Vec<u8>);
     fn read_le(bytes: &[u8]) -> Self;
 }
@@ -29,6 +33,9 @@ impl KvElem for f32 {
     }
     fn to_f32(self) -> f32 {
         self
+    }
+    fn to_f32_slice(src: &[Self], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
     }
     fn write_le(self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.to_le_bytes());
@@ -45,6 +52,9 @@ impl KvElem for f16 {
     fn to_f32(self) -> f32 {
         f16::to_f32(self)
     }
+    fn to_f32_slice(src: &[Self], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
     fn write_le(self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.to_bits().to_le_bytes());
     }
@@ -59,6 +69,9 @@ impl KvElem for bf16 {
     }
     fn to_f32(self) -> f32 {
         bf16::to_f32(self)
+    }
+    fn to_f32_slice(src: &[Self], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
     }
     fn write_le(self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.to_bits().to_le_bytes());
@@ -196,75 +209,6 @@ impl KvCache {
         })
     }
 
-    /// Attention of one query token over positions `0..len` of a sequence, reading K and V
-    /// straight from the cache through the layout's strides (no copies).
-    ///
-    /// `q` is `[num_heads][head_dim]` (after RoPE), `out` receives `[num_heads][head_dim]`;
-    /// query heads are grouped over KV heads as in GQA. `scores` is scratch space. This is the
-    /// decode path: one token per sequence per step, where building tensors would cost more
-    /// than the arithmetic.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn attend_one(
-        &self,
-        layer: usize,
-        table: &[u32],
-        len: usize,
-        q: &[f32],
-        num_heads: usize,
-        scale: f32,
-        scores: &mut Vec<f32>,
-        out: &mut [f32],
-    ) {
-        let (kvh, d) = (self.desc.kv_heads, self.desc.head_dim);
-        let g = num_heads / kvh;
-        scores.clear();
-        scores.resize(num_heads * len, 0.0);
-        out.fill(0.0);
-        let desc = &self.desc;
-        with_regions!(self, regions => {
-            for kh in 0..kvh {
-                for t in 0..len {
-                    let (r, o) = desc.token_offset(table, layer, 0, t, kh);
-                    let k = &regions[r][o..o + d];
-                    for h in kh * g..(kh + 1) * g {
-                        let qh = &q[h * d..(h + 1) * d];
-                        let mut acc = 0.0f32;
-                        for (a, b) in qh.iter().zip(k) {
-                            acc += a * b.to_f32();
-                        }
-                        scores[h * len + t] = acc * scale;
-                    }
-                }
-            }
-            for h in 0..num_heads {
-                let row = &mut scores[h * len..(h + 1) * len];
-                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0.0f32;
-                for x in row.iter_mut() {
-                    *x = (*x - max).exp();
-                    sum += *x;
-                }
-                let inv = 1.0 / sum;
-                for x in row.iter_mut() {
-                    *x *= inv;
-                }
-            }
-            for kh in 0..kvh {
-                for t in 0..len {
-                    let (r, o) = desc.token_offset(table, layer, 1, t, kh);
-                    let v = &regions[r][o..o + d];
-                    for h in kh * g..(kh + 1) * g {
-                        let p = scores[h * len + t];
-                        let oh = &mut out[h * d..(h + 1) * d];
-                        for (acc, x) in oh.iter_mut().zip(v) {
-                            *acc += p * x.to_f32();
-                        }
-                    }
-                }
-            }
-        })
-    }
-
     /// Copies canonical pages (`[layers][K, V][64][kv_heads][head_dim]`, raw little-endian
     /// words) of a sequence of `len` tokens out of the cache. Positions past `len` are zero.
     pub(crate) fn export_pages(
@@ -306,5 +250,6 @@ fn page_elems(desc: &LayoutDescriptor) -> usize {
     desc.num_layers * 2 * PAGE_TOKENS * desc.kv_heads * desc.head_dim
 }
 
+mod attend;
 #[cfg(test)]
 mod tests;

@@ -5,7 +5,7 @@
 //! MLP run once over all the step's tokens; attention runs per chunk, on K and V gathered from
 //! the cache through the layout descriptor, so every layout is exercised by every forward.
 
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{DecodeQuery, KvCache};
 use crate::weights::{RowKinds, Weights};
 use candle_core::{DType, Device, Tensor};
 use xinf_models::{ModelConfig, RopeScaling};
@@ -110,7 +110,6 @@ pub(crate) struct CpuModel {
     sin: Tensor,
     scratch_k: Vec<f32>,
     scratch_v: Vec<f32>,
-    scratch_scores: Vec<f32>,
 }
 
 /// Inverse frequencies as Hugging Face computes them (in f32), with scaling applied.
@@ -168,15 +167,41 @@ impl CpuModel {
         }
         let cos = Tensor::from_vec(cos, (max_positions, half), &Device::Cpu)?;
         let sin = Tensor::from_vec(sin, (max_positions, half), &Device::Cpu)?;
-        Ok(Self {
-            cfg,
-            w,
-            cos,
-            sin,
-            scratch_k: Vec::new(),
-            scratch_v: Vec::new(),
-            scratch_scores: Vec::new(),
-        })
+        Ok(Self { cfg, w, cos, sin, scratch_k: Vec::new(), scratch_v: Vec::new() })
+    }
+
+    /// Attention of the step's generated tokens (`single` chunks), all at once straight from
+    /// the cache: `[tokens][num_heads * head_dim]`, in chunk order.
+    fn decode_attention(
+        &self,
+        layer: usize,
+        q: &Tensor,
+        chunks: &[Chunk<'_>],
+        cache: &KvCache,
+        single: impl Fn(&Chunk<'_>) -> bool,
+    ) -> candle_core::Result<Vec<f32>> {
+        let (h, d) = (self.cfg.num_heads, self.cfg.head_dim);
+        let (mut rows, mut queries, mut offset) = (Vec::new(), Vec::new(), 0);
+        for c in chunks {
+            if single(c) {
+                rows.push(offset as u32);
+                queries.push(DecodeQuery { table: c.block_table, len: c.start + 1 });
+            }
+            offset += c.tokens.len();
+        }
+        if queries.is_empty() {
+            return Ok(Vec::new());
+        }
+        let q = if rows.len() == offset {
+            q.flatten_all()?.to_vec1::<f32>()?
+        } else {
+            let n = rows.len();
+            q.index_select(&Tensor::from_vec(rows, n, &Device::Cpu)?, 0)?.flatten_all()?.to_vec1::<f32>()?
+        };
+        let mut out = vec![0f32; q.len()];
+        let scale = 1.0 / (d as f64).sqrt();
+        cache.attend_decode(layer, &queries, &q, h, scale as f32, &mut out);
+        Ok(out)
     }
 
     fn attention(
@@ -196,23 +221,14 @@ impl CpuModel {
         // prompt's tail chunk, or the last prompt token a decode recomputes): its K and V, which
         // later tokens read, are then the same however the prompt was cut into chunks.
         let single = |c: &Chunk<'_>| c.tokens.len() == 1 && c.start >= c.prompt_len;
-        let q_rows = if chunks.iter().any(single) { q.flatten_all()?.to_vec1::<f32>()? } else { Vec::new() };
+        let decode = self.decode_attention(layer, q, chunks, cache, single)?;
+        let mut decoded = decode.chunks_exact(h * d);
         for c in chunks {
             let n = c.tokens.len();
             let len = c.start + n;
             if single(c) {
-                let mut o = vec![0.0f32; h * d];
-                cache.attend_one(
-                    layer,
-                    c.block_table,
-                    len,
-                    &q_rows[offset * h * d..(offset + 1) * h * d],
-                    h,
-                    scale as f32,
-                    &mut self.scratch_scores,
-                    &mut o,
-                );
-                outs.push(Tensor::from_vec(o, (1, h * d), &Device::Cpu)?);
+                let o = decoded.next().unwrap_or_default();
+                outs.push(Tensor::from_slice(o, (1, h * d), &Device::Cpu)?);
                 offset += 1;
                 continue;
             }
