@@ -106,8 +106,9 @@ pub(crate) trait ComputeBackend: Send {
 pub(crate) struct CpuModel {
     cfg: ModelConfig,
     w: Weights,
-    cos: Tensor,
-    sin: Tensor,
+    /// `cos` and `sin` of each position's angles, `[max_positions][head_dim / 2]`.
+    cos: Vec<f32>,
+    sin: Vec<f32>,
     scratch_k: Vec<f32>,
     scratch_v: Vec<f32>,
 }
@@ -165,9 +166,30 @@ impl CpuModel {
                 sin.push(a.sin());
             }
         }
-        let cos = Tensor::from_vec(cos, (max_positions, half), &Device::Cpu)?;
-        let sin = Tensor::from_vec(sin, (max_positions, half), &Device::Cpu)?;
         Ok(Self { cfg, w, cos, sin, scratch_k: Vec::new(), scratch_v: Vec::new() })
+    }
+
+    /// Rotary embedding of `x` (`[tokens, heads, head_dim]`) at `positions`: the halves of each
+    /// head rotated with the arithmetic of candle's `rope_thd`, on the calling thread. candle's
+    /// runs through the rayon pool, a hand-off between threads that costs more than the
+    /// arithmetic at decode sizes (two per layer per step).
+    fn rope(&self, x: &Tensor, positions: &[u32]) -> candle_core::Result<Tensor> {
+        let (t, h, d) = x.dims3()?;
+        let half = d / 2;
+        let mut v = x.flatten_all()?.to_vec1::<f32>()?;
+        for (row, &p) in v.chunks_exact_mut(h * d).zip(positions) {
+            let at = p as usize * half;
+            let (Some(cos), Some(sin)) = (self.cos.get(at..at + half), self.sin.get(at..at + half)) else {
+                candle_core::bail!("position {p} is past the rotary table")
+            };
+            for head in row.chunks_exact_mut(d) {
+                let (x1, x2) = head.split_at_mut(half);
+                for (((a, b), c), s) in x1.iter_mut().zip(x2).zip(cos).zip(sin) {
+                    (*a, *b) = (*a * c - *b * s, *a * s + *b * c);
+                }
+            }
+        }
+        Tensor::from_vec(v, (t, h, d), &Device::Cpu)
     }
 
     /// Attention of the step's generated tokens (`single` chunks), all at once straight from
@@ -297,9 +319,6 @@ impl ComputeBackend for CpuModel {
             .collect();
         let rows = RowKinds::new(&kinds)?;
         let ids = Tensor::from_vec(ids, t, &Device::Cpu)?;
-        let pos = Tensor::from_vec(positions, t, &Device::Cpu)?;
-        let cos = self.cos.index_select(&pos, 0)?;
-        let sin = self.sin.index_select(&pos, 0)?;
         let mut x = self.w.embed.index_select(&ids, 0)?;
         for layer in 0..cfg.num_layers {
             let lw = &self.w.layers[layer];
@@ -317,10 +336,8 @@ impl ComputeBackend for CpuModel {
             if let Some(kn) = &lw.k_norm {
                 k = candle_nn::ops::rms_norm(&k.contiguous()?, kn, eps)?;
             }
-            let q =
-                candle_nn::rotary_emb::rope_thd(&q.contiguous()?.unsqueeze(0)?, &cos, &sin)?.squeeze(0)?;
-            let k =
-                candle_nn::rotary_emb::rope_thd(&k.contiguous()?.unsqueeze(0)?, &cos, &sin)?.squeeze(0)?;
+            let q = self.rope(&q, &positions)?;
+            let k = self.rope(&k, &positions)?;
             let k_rows = k.flatten_all()?.to_vec1::<f32>()?;
             let v_rows = v.flatten_all()?.to_vec1::<f32>()?;
             let mut off = 0;

@@ -87,3 +87,59 @@ impl KvElemOf {
         }
     }
 }
+
+/// Decode attention read through every layout and element type: the same as softmax attention
+/// over the gathered rows (in F64), and each sequence's result bit for bit the same alone as
+/// among others (which also moves it from the calling thread to the pool).
+#[test]
+fn decode_attention_is_softmax_attention_and_batch_invariant() {
+    let (heads, d) = (4, 8);
+    let lens = [1usize, 65, 130];
+    let q: Vec<f32> = (0..lens.len() * heads * d).map(|i| (i as f32 * 0.71).cos()).collect();
+    for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
+        for layout in layouts() {
+            let mut c = cache(layout, dtype);
+            let mut tables = Vec::new();
+            for (s, &len) in lens.iter().enumerate() {
+                let mut table = Vec::new();
+                assert!(c.ensure(&mut table, len));
+                for kv in 0..2 {
+                    c.write(1, kv, &table, 0, &rows(len, (s * 2 + kv) as f32));
+                }
+                tables.push(table);
+            }
+            let queries: Vec<DecodeQuery<'_>> =
+                tables.iter().zip(lens).map(|(table, len)| DecodeQuery { table, len }).collect();
+            let scale = 0.35;
+            let mut together = vec![0f32; q.len()];
+            c.attend_decode(1, &queries, &q, heads, scale, &mut together);
+            for (s, query) in queries.iter().enumerate() {
+                let span = s * heads * d..(s + 1) * heads * d;
+                let mut alone = vec![0f32; heads * d];
+                c.attend_decode(1, std::slice::from_ref(query), &q[span.clone()], heads, scale, &mut alone);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&alone), bits(&together[span.clone()]), "{layout} {dtype} sequence {s}");
+                let (mut k, mut v) = (Vec::new(), Vec::new());
+                c.gather(1, 0, query.table, query.len, &mut k);
+                c.gather(1, 1, query.table, query.len, &mut v);
+                let len = query.len;
+                for h in 0..heads {
+                    let (kh, qh) = (h / 2, &q[span.start + h * d..span.start + (h + 1) * d]);
+                    let key = |t: usize| &k[(kh * len + t) * d..(kh * len + t + 1) * d];
+                    let score = |t: usize| {
+                        scale as f64 * qh.iter().zip(key(t)).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>()
+                    };
+                    let max = (0..len).map(score).fold(f64::NEG_INFINITY, f64::max);
+                    let weights: Vec<f64> = (0..len).map(|t| (score(t) - max).exp()).collect();
+                    let total: f64 = weights.iter().sum();
+                    for e in 0..d {
+                        let want: f64 =
+                            (0..len).map(|t| weights[t] / total * v[(kh * len + t) * d + e] as f64).sum();
+                        let got = alone[h * d + e] as f64;
+                        assert!((got - want).abs() < 1e-5, "{layout} {dtype} s{s} h{h}: {got} vs {want}");
+                    }
+                }
+            }
+        }
+    }
+}
