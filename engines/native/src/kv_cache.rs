@@ -20,7 +20,6 @@ pub(crate) use attend::DecodeQuery;
 /// An element type the cache can hold.
 pub(crate) trait KvElem: Copy + Default + Send + Sync + 'static {
     fn from_f32(v: f32) -> Self;
-    fn to_f32(self) -> f32;
     /// `src` widened into `dst` (same length), with SIMD where the type has it.
     fn to_f32_slice(src: &[Self], dst: &mut [f32]);
     fn write_le(self, out: &mut Vec<u8>);
@@ -30,9 +29,6 @@ pub(crate) trait KvElem: Copy + Default + Send + Sync + 'static {
 impl KvElem for f32 {
     fn from_f32(v: f32) -> Self {
         v
-    }
-    fn to_f32(self) -> f32 {
-        self
     }
     fn to_f32_slice(src: &[Self], dst: &mut [f32]) {
         dst.copy_from_slice(src);
@@ -49,9 +45,6 @@ impl KvElem for f16 {
     fn from_f32(v: f32) -> Self {
         f16::from_f32(v)
     }
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
     fn to_f32_slice(src: &[Self], dst: &mut [f32]) {
         src.convert_to_f32_slice(dst);
     }
@@ -66,9 +59,6 @@ impl KvElem for f16 {
 impl KvElem for bf16 {
     fn from_f32(v: f32) -> Self {
         bf16::from_f32(v)
-    }
-    fn to_f32(self) -> f32 {
-        bf16::to_f32(self)
     }
     fn to_f32_slice(src: &[Self], dst: &mut [f32]) {
         src.convert_to_f32_slice(dst);
@@ -201,9 +191,7 @@ impl KvCache {
                 for t in 0..len {
                     let (r, o) = desc.token_offset(table, layer, kv, t, head);
                     let dst = &mut out[(head * len + t) * d..(head * len + t + 1) * d];
-                    for (x, y) in dst.iter_mut().zip(&regions[r][o..o + d]) {
-                        *x = y.to_f32();
-                    }
+                    KvElem::to_f32_slice(&regions[r][o..o + d], dst);
                 }
             }
         })
