@@ -128,6 +128,67 @@ pub(crate) fn matmul(q: &QTensor, x: &Tensor) -> candle_core::Result<Tensor> {
     Tensor::from_vec(out, (m, rows), &Device::Cpu)
 }
 
+/// Blocks widened per work item of [`dequantize`]: 16 KiB of output.
+const DEQUANT_BLOCKS: usize = 128;
+
+/// `q` (a matrix that [`applies`]) dequantized to F32 on the CPU pool, element for element as
+/// candle's `dequantize` gives it (`q·d + m`, a product then a sum), for the F32 product a
+/// prompt's rows get, each step. candle's version widens on one thread with scalar code.
+pub(crate) fn dequantize(q: &QTensor) -> candle_core::Result<Tensor> {
+    let (rows, cols) = q.shape().dims2()?;
+    if !applies(q) {
+        candle_core::bail!("a {rows}×{cols} {:?} matrix is not dequantized here", q.dtype())
+    }
+    let data = q.data()?;
+    let blocks = rows * cols / QK;
+    if data.len() != blocks * BLOCK_BYTES {
+        candle_core::bail!("{} bytes of Q4_1 blocks for a {rows}×{cols} matrix", data.len())
+    }
+    let mut out = Vec::<f32>::with_capacity(rows * cols);
+    let dst = SharedOut(out.as_mut_ptr());
+    candle_core::utils::barrier_pool().execute_chunked(blocks.div_ceil(DEQUANT_BLOCKS), |range| {
+        for item in range {
+            for b in item * DEQUANT_BLOCKS..blocks.min((item + 1) * DEQUANT_BLOCKS) {
+                // SAFETY: `applies` checked the CPU; block `b` is in `data`, its 32 values fit
+                // in `out`'s capacity, and each work item owns its blocks.
+                unsafe { dequantize_block(&data[b * BLOCK_BYTES..(b + 1) * BLOCK_BYTES], dst.at(b * QK)) };
+            }
+        }
+    });
+    // SAFETY: every block's 32 values were written above.
+    unsafe { out.set_len(rows * cols) };
+    Tensor::from_vec(out, (rows, cols), &Device::Cpu)
+}
+
+/// One block's 32 values, `q·d + m`, to `out`.
+///
+/// # Safety
+/// The CPU has AVX2 and F16C; `block` holds 20 bytes and `out` room for 32 values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn dequantize_block(block: &[u8], out: *mut f32) {
+    let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([block[0], block[1], block[2], block[3]])));
+    let d = _mm256_broadcastss_ps(dm);
+    let m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+    // SAFETY: `block` has 16 bytes after its two F16 values.
+    let packed = unsafe { _mm_loadu_si128(block.as_ptr().add(4).cast()) };
+    let low = _mm_set1_epi8(0x0F);
+    // Elements 0..16 are the low nibbles, 16..32 the high ones.
+    let halves = [_mm_and_si128(packed, low), _mm_and_si128(_mm_srli_epi16(packed, 4), low)];
+    for (h, nibbles) in halves.into_iter().enumerate() {
+        for (e, bytes) in [nibbles, _mm_srli_si128(nibbles, 8)].into_iter().enumerate() {
+            let v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+            // SAFETY: elements `16h + 8e .. + 8` of the block's 32.
+            unsafe { _mm256_storeu_ps(out.add(16 * h + 8 * e), _mm256_add_ps(_mm256_mul_ps(v, d), m)) };
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn dequantize_block(_: &[u8], _: *mut f32) {
+    unreachable!("`applies` is false off x86-64")
+}
+
 /// The output buffer, written by the pool's threads at disjoint indices.
 struct SharedOut(*mut f32);
 
@@ -136,6 +197,15 @@ struct SharedOut(*mut f32);
 unsafe impl Sync for SharedOut {}
 
 impl SharedOut {
+    /// A pointer to element `i`, for a writer that owns the elements it writes through it.
+    ///
+    /// # Safety
+    /// `i` is inside the buffer.
+    unsafe fn at(&self, i: usize) -> *mut f32 {
+        // SAFETY: as the caller promises.
+        unsafe { self.0.add(i) }
+    }
+
     /// # Safety
     /// `i` is inside the buffer and no other thread writes it.
     unsafe fn write(&self, i: usize, v: f32) {
@@ -306,6 +376,30 @@ mod tests {
         for (g, e) in got.iter().flatten().zip(exact.iter().flatten()) {
             assert!((g - e).abs() < 0.02 * spread, "{g} vs {e}");
         }
+    }
+
+    /// Bit for bit candle's dequantization, which the F32 product for prompts relies on.
+    #[test]
+    fn dequantizes_as_candle_does() {
+        if !supported() {
+            eprintln!("SKIPPED: this CPU has no AVX2/FMA/F16C");
+            return;
+        }
+        let w = Tensor::randn(0f32, 1.0, (300, 64), &Device::Cpu).expect("test tensor");
+        let q = QTensor::quantize(&w, GgmlDType::Q4_1).expect("test tensor");
+        let bits = |t: Tensor| -> Vec<u32> {
+            t.flatten_all()
+                .expect("flat")
+                .to_vec1::<f32>()
+                .expect("values")
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        };
+        assert_eq!(
+            bits(dequantize(&q).expect("dequantize")),
+            bits(q.dequantize(&Device::Cpu).expect("dequantize"))
+        );
     }
 
     #[test]
