@@ -128,36 +128,89 @@ pub(crate) fn matmul(q: &QTensor, x: &Tensor) -> candle_core::Result<Tensor> {
     Tensor::from_vec(out, (m, rows), &Device::Cpu)
 }
 
-/// Blocks widened per work item of [`dequantize`]: 16 KiB of output.
-const DEQUANT_BLOCKS: usize = 128;
+/// Weight rows widened to F32 and multiplied by one work item of [`matmul_f32`]: 128 rows of
+/// a 576-wide matrix are 288 KiB, which stay in the core's L2 for the GEMM that reads them.
+/// More than 64, which keeps the GEMM on one way of summing (below).
+const F32_ROWS: usize = 128;
 
-/// `q` (a matrix that [`applies`]) dequantized to F32 on the CPU pool, element for element as
-/// candle's `dequantize` gives it (`q·d + m`, a product then a sum), for the F32 product a
-/// prompt's rows get, each step. candle's version widens on one thread with scalar code.
-pub(crate) fn dequantize(q: &QTensor) -> candle_core::Result<Tensor> {
+/// `x @ qᵀ` in F32, for `x` of `[m, cols]` and `q` a `[rows, cols]` matrix that [`applies`]: the
+/// product a prompt's rows get, with the weights as candle dequantizes them. Each work item of
+/// the CPU pool widens [`F32_ROWS`] weight rows into its own buffer and multiplies them by
+/// candle's GEMM on its thread, so the widened matrix is never written out whole (7 MB per
+/// projection per step, four times the Q4_1 bytes), and the GEMM runs on the pool the decode
+/// kernels use instead of rayon's, whose threads the pool's would spin against.
+///
+/// A row's result must not depend on how many rows share the call (a prompt then gives the
+/// same K and V however it is cut into chunks or batched), and the GEMM sums three ways: a
+/// product of at most 16 × 16 outputs one way, one of at most 64 × 64 in blocks of 512 along
+/// `cols`, a bigger one in blocks that follow from `cols` alone. So every slice is wider than
+/// 64 rows where the matrix is (the last takes the rest), and `x` is padded with copies of its
+/// last row to more than `256 / width` rows: every call then takes the third way, as candle's
+/// `matmul` of the whole matrix does, whose results these are bit for bit where the slices
+/// are whole.
+pub(crate) fn matmul_f32(q: &QTensor, x: &Tensor) -> candle_core::Result<Tensor> {
+    let (m, k) = x.dims2()?;
     let (rows, cols) = q.shape().dims2()?;
-    if !applies(q) {
-        candle_core::bail!("a {rows}×{cols} {:?} matrix is not dequantized here", q.dtype())
+    if k != cols || !applies(q) {
+        candle_core::bail!("a {m}×{k} input against a {rows}×{cols} {:?} matrix", q.dtype())
     }
     let data = q.data()?;
-    let blocks = rows * cols / QK;
-    if data.len() != blocks * BLOCK_BYTES {
+    let row_bytes = k / QK * BLOCK_BYTES;
+    if data.len() != rows * row_bytes {
         candle_core::bail!("{} bytes of Q4_1 blocks for a {rows}×{cols} matrix", data.len())
     }
-    let mut out = Vec::<f32>::with_capacity(rows * cols);
+    if m == 0 {
+        return Tensor::zeros((0, rows), candle_core::DType::F32, &Device::Cpu);
+    }
+    let mut xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+    let slices = (rows / F32_ROWS).max(1);
+    let narrowest = rows.clamp(1, F32_ROWS);
+    let padded = m.max(256 / narrowest + 1);
+    for _ in m..padded {
+        xs.extend_from_within((m - 1) * k..m * k);
+    }
+    let mut out = vec![0f32; padded * rows];
     let dst = SharedOut(out.as_mut_ptr());
-    candle_core::utils::barrier_pool().execute_chunked(blocks.div_ceil(DEQUANT_BLOCKS), |range| {
+    candle_core::utils::barrier_pool().execute_chunked(slices, |range| {
+        let mut w = vec![0f32; (2 * F32_ROWS - 1).min(rows) * k];
         for item in range {
-            for b in item * DEQUANT_BLOCKS..blocks.min((item + 1) * DEQUANT_BLOCKS) {
-                // SAFETY: `applies` checked the CPU; block `b` is in `data`, its 32 values fit
-                // in `out`'s capacity, and each work item owns its blocks.
-                unsafe { dequantize_block(&data[b * BLOCK_BYTES..(b + 1) * BLOCK_BYTES], dst.at(b * QK)) };
+            let first = item * F32_ROWS;
+            let n = if item + 1 == slices { rows - first } else { F32_ROWS };
+            let blocks = data[first * row_bytes..(first + n) * row_bytes].chunks_exact(BLOCK_BYTES);
+            for (out, block) in w.chunks_exact_mut(QK).zip(blocks) {
+                // SAFETY: `applies` checked the CPU; a whole block, and room for its values.
+                unsafe { dequantize_block(block, out.as_mut_ptr()) };
+            }
+            // SAFETY: `out` is `padded × rows`, this item owns its columns `first..first + n`
+            // (row stride `rows`); `xs` is `padded × k`, `w` holds `n` rows of `k`, read as the
+            // `k × n` right-hand side.
+            unsafe {
+                gemm::gemm(
+                    padded,
+                    n,
+                    k,
+                    dst.at(first),
+                    1,
+                    rows as isize,
+                    false,
+                    xs.as_ptr(),
+                    1,
+                    k as isize,
+                    w.as_ptr(),
+                    k as isize,
+                    1,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                )
             }
         }
     });
-    // SAFETY: every block's 32 values were written above.
-    unsafe { out.set_len(rows * cols) };
-    Tensor::from_vec(out, (rows, cols), &Device::Cpu)
+    out.truncate(m * rows);
+    Tensor::from_vec(out, (m, rows), &Device::Cpu)
 }
 
 /// One block's 32 values, `q·d + m`, to `out`.
@@ -378,28 +431,36 @@ mod tests {
         }
     }
 
-    /// Bit for bit candle's dequantization, which the F32 product for prompts relies on.
+    /// Bit for bit candle's F32 product of the dequantized weights where the weight rows come in
+    /// whole work items, within rounding otherwise (the GEMM sums a wider slice in another
+    /// order); each row the same whatever rows share the call, on both sides of 64 rows.
     #[test]
-    fn dequantizes_as_candle_does() {
+    fn f32_product_is_candles_on_the_dequantized_weights() {
         if !supported() {
             eprintln!("SKIPPED: this CPU has no AVX2/FMA/F16C");
             return;
         }
-        let w = Tensor::randn(0f32, 1.0, (300, 64), &Device::Cpu).expect("test tensor");
-        let q = QTensor::quantize(&w, GgmlDType::Q4_1).expect("test tensor");
-        let bits = |t: Tensor| -> Vec<u32> {
-            t.flatten_all()
-                .expect("flat")
-                .to_vec1::<f32>()
-                .expect("values")
-                .iter()
-                .map(|v| v.to_bits())
-                .collect()
-        };
-        assert_eq!(
-            bits(dequantize(&q).expect("dequantize")),
-            bits(q.dequantize(&Device::Cpu).expect("dequantize"))
-        );
+        let values = |t: &Tensor| -> Vec<f32> { t.flatten_all().expect("flat").to_vec1().expect("values") };
+        let bits = |t: &Tensor| -> Vec<u32> { values(t).iter().map(|v| v.to_bits()).collect() };
+        let cols = 1536;
+        for rows in [2 * F32_ROWS, 300] {
+            let w = Tensor::randn(0f32, 1.0, (rows, cols), &Device::Cpu).expect("test tensor");
+            let q = QTensor::quantize(&w, GgmlDType::Q4_1).expect("test tensor");
+            let wd = q.dequantize(&Device::Cpu).expect("dequantize");
+            let x = Tensor::randn(0f32, 1.0, (80, cols), &Device::Cpu).expect("test tensor");
+            let ours = matmul_f32(&q, &x).expect("product");
+            let candle = x.matmul(&wd.t().expect("t")).expect("product");
+            if rows.is_multiple_of(F32_ROWS) {
+                assert_eq!(bits(&ours), bits(&candle));
+            }
+            for (a, b) in values(&ours).iter().zip(values(&candle)) {
+                assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{a} vs {b}");
+            }
+            for (first, n) in [(4, 1), (2, 3), (0, 6), (10, 64), (7, 70)] {
+                let part = matmul_f32(&q, &x.narrow(0, first, n).expect("rows")).expect("product");
+                assert_eq!(bits(&part), bits(&ours.narrow(0, first, n).expect("rows")), "{rows}: {n} rows");
+            }
+        }
     }
 
     #[test]

@@ -82,7 +82,10 @@ impl RowKinds {
 /// differ in the last bits), which would make a prompt's last token differ with how the prompt
 /// was cut into chunks, or when a decode recomputes it.
 fn prompt_rows(x: &Tensor, q: &QTensor) -> candle_core::Result<Tensor> {
-    let w = if crate::q4_1::applies(q) { crate::q4_1::dequantize(q)? } else { q.dequantize(x.device())? };
+    if crate::q4_1::applies(q) {
+        return crate::q4_1::matmul_f32(q, x);
+    }
+    let w = q.dequantize(x.device())?;
     if x.dim(0)? == 1 {
         return Tensor::cat(&[x, x], 0)?.matmul(&w.t()?)?.narrow(0, 0, 1);
     }
