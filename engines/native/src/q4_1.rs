@@ -60,9 +60,20 @@ pub(crate) fn applies(q: &QTensor) -> bool {
     q.dtype() == GgmlDType::Q4_1 && dims.len() == 2 && dims[1].is_multiple_of(QK) && supported()
 }
 
-/// `x @ qᵀ` for `x` of `[m, cols]` F32 and `q` a `[rows, cols]` matrix that [`applies`]:
-/// `[m, rows]`.
-pub(crate) fn matmul(q: &QTensor, x: &Tensor) -> candle_core::Result<Tensor> {
+/// `x @ qᵀ`'s shapes, checked, and `q`'s blocks.
+struct Operands<'a> {
+    data: std::borrow::Cow<'a, [u8]>,
+    /// Rows of `x`.
+    m: usize,
+    /// Columns of `x` and of `q`.
+    k: usize,
+    /// Rows of `q`, and their bytes each.
+    rows: usize,
+    row_bytes: usize,
+}
+
+/// [`Operands`] of `x` (`[m, cols]`) against `q`, a `[rows, cols]` matrix that [`applies`].
+fn operands<'a>(q: &'a QTensor, x: &Tensor) -> candle_core::Result<Operands<'a>> {
     let (m, k) = x.dims2()?;
     let (rows, cols) = q.shape().dims2()?;
     if k != cols || !applies(q) {
@@ -73,6 +84,13 @@ pub(crate) fn matmul(q: &QTensor, x: &Tensor) -> candle_core::Result<Tensor> {
     if data.len() != rows * row_bytes {
         candle_core::bail!("{} bytes of Q4_1 blocks for a {rows}×{cols} matrix", data.len())
     }
+    Ok(Operands { data, m, k, rows, row_bytes })
+}
+
+/// `x @ qᵀ` for `x` of `[m, cols]` F32 and `q` a `[rows, cols]` matrix that [`applies`]:
+/// `[m, rows]`.
+pub(crate) fn matmul(q: &QTensor, x: &Tensor) -> candle_core::Result<Tensor> {
+    let Operands { data, m, k, rows, row_bytes } = operands(q, x)?;
     let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
     let acts = quantize_rows(&xs, m, k);
     let vnni = acts.blocks.is_multiple_of(2) && avx512::supported();
@@ -154,16 +172,7 @@ const F32_ROWS: usize = 128;
 /// `matmul` of the whole matrix does, whose results these are bit for bit where the slices
 /// are whole.
 pub(crate) fn matmul_f32(q: &QTensor, x: &Tensor) -> candle_core::Result<Tensor> {
-    let (m, k) = x.dims2()?;
-    let (rows, cols) = q.shape().dims2()?;
-    if k != cols || !applies(q) {
-        candle_core::bail!("a {m}×{k} input against a {rows}×{cols} {:?} matrix", q.dtype())
-    }
-    let data = q.data()?;
-    let row_bytes = k / QK * BLOCK_BYTES;
-    if data.len() != rows * row_bytes {
-        candle_core::bail!("{} bytes of Q4_1 blocks for a {rows}×{cols} matrix", data.len())
-    }
+    let Operands { data, m, k, rows, row_bytes } = operands(q, x)?;
     if m == 0 {
         return Tensor::zeros((0, rows), candle_core::DType::F32, &Device::Cpu);
     }
