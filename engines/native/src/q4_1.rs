@@ -1,4 +1,6 @@
-//! Q4_1 weights multiplied as a GGUF file stores them, with AVX2, as llama.cpp does.
+//! Q4_1 weights multiplied as a GGUF file stores them, with AVX2 (AVX-512 VNNI where the CPU
+//! has it, [`avx512`]), as llama.cpp does; and, for a prompt's rows, in F32 a slice of widened
+//! weight rows at a time ([`matmul_f32`]).
 //!
 //! candle has SIMD code for Q4_0, Q8_0 and the K-quants on x86 but multiplies Q4_1 with scalar
 //! code, ten times slower; re-blocking Q4_1 as Q8_0 makes it fast but reads 8.5 bits a weight

@@ -24,7 +24,7 @@ pub(crate) enum Linear {
 }
 
 /// A prompt of at least this many tokens has its rows multiplied in F32, with each quantized
-/// weight dequantized for one GEMM: block-by-block dot products win while the weight's bytes
+/// weight widened to F32 for a GEMM: block-by-block dot products win while the weight's bytes
 /// dominate (decode, short prompts), a GEMM once there are enough rows to reuse each weight
 /// (prefill), where dequantizing costs a few percent of the multiply.
 const DENSE_FROM_TOKENS: usize = 32;
@@ -77,7 +77,8 @@ impl RowKinds {
     }
 }
 
-/// `x @ qᵀ` in F32, each row as it would be among many: a lone row is multiplied as one of
+/// `x @ qᵀ` in F32, each row as it would be among many (Q4_1 by [`crate::q4_1::matmul_f32`],
+/// which sees to that itself; other types dequantized whole): a lone row is multiplied as one of
 /// two, since the GEMM takes another path for one row (a matrix-vector product, whose sums
 /// differ in the last bits), which would make a prompt's last token differ with how the prompt
 /// was cut into chunks, or when a decode recomputes it.
