@@ -5,6 +5,10 @@
 //! MLP run once over all the step's tokens; attention runs per chunk, on K and V gathered from
 //! the cache through the layout descriptor, so every layout is exercised by every forward.
 
+mod decode;
+#[cfg(test)]
+mod tests;
+
 use crate::kv_cache::{DecodeQuery, KvCache};
 use crate::weights::{RowKinds, Weights};
 use candle_core::{DType, Device, Tensor};
@@ -111,6 +115,9 @@ pub(crate) struct CpuModel {
     sin: Vec<f32>,
     scratch_k: Vec<f32>,
     scratch_v: Vec<f32>,
+    /// What a step of generated tokens alone runs on ([`decode`]).
+    slices: decode::SliceWeights,
+    buffers: decode::Buffers,
 }
 
 /// Inverse frequencies as Hugging Face computes them (in f32), with scaling applied.
@@ -166,7 +173,9 @@ impl CpuModel {
                 sin.push(a.sin());
             }
         }
-        Ok(Self { cfg, w, cos, sin, scratch_k: Vec::new(), scratch_v: Vec::new() })
+        let slices = decode::SliceWeights::new(&w)?;
+        let (scratch_k, scratch_v, buffers) = Default::default();
+        Ok(Self { cfg, w, cos, sin, scratch_k, scratch_v, slices, buffers })
     }
 
     /// Rotary embedding of `x` (`[tokens, heads, head_dim]`) at `positions`: the halves of each
@@ -175,19 +184,9 @@ impl CpuModel {
     /// arithmetic at decode sizes (two per layer per step).
     fn rope(&self, x: &Tensor, positions: &[u32]) -> candle_core::Result<Tensor> {
         let (t, h, d) = x.dims3()?;
-        let half = d / 2;
         let mut v = x.flatten_all()?.to_vec1::<f32>()?;
         for (row, &p) in v.chunks_exact_mut(h * d).zip(positions) {
-            let at = p as usize * half;
-            let (Some(cos), Some(sin)) = (self.cos.get(at..at + half), self.sin.get(at..at + half)) else {
-                candle_core::bail!("position {p} is past the rotary table")
-            };
-            for head in row.chunks_exact_mut(d) {
-                let (x1, x2) = head.split_at_mut(half);
-                for (((a, b), c), s) in x1.iter_mut().zip(x2).zip(cos).zip(sin) {
-                    (*a, *b) = (*a * c - *b * s, *a * s + *b * c);
-                }
-            }
+            rotate(&self.cos, &self.sin, row, d, p)?;
         }
         Tensor::from_vec(v, (t, h, d), &Device::Cpu)
     }
@@ -281,6 +280,23 @@ impl CpuModel {
     }
 }
 
+/// Rotates each `d`-wide head of `heads` to position `p` (see [`CpuModel::rope`]), with the
+/// tables of `cos` and `sin` (`[positions][d / 2]`).
+fn rotate(cos: &[f32], sin: &[f32], heads: &mut [f32], d: usize, p: u32) -> candle_core::Result<()> {
+    let half = d / 2;
+    let at = p as usize * half;
+    let (Some(cos), Some(sin)) = (cos.get(at..at + half), sin.get(at..at + half)) else {
+        candle_core::bail!("position {p} is past the rotary table")
+    };
+    for head in heads.chunks_exact_mut(d) {
+        let (x1, x2) = head.split_at_mut(half);
+        for (((a, b), c), s) in x1.iter_mut().zip(x2).zip(cos).zip(sin) {
+            (*a, *b) = (*a * c - *b * s, *a * s + *b * c);
+        }
+    }
+    Ok(())
+}
+
 /// Rows below which the GEMM under `matmul` takes another path, whose sums differ from a
 /// bigger product's in the last bits (seen at 3 rows of 64-wide heads, not at 4 or more).
 const MIN_GEMM_ROWS: usize = 8;
@@ -301,6 +317,20 @@ fn row_invariant_matmul(a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
 
 impl ComputeBackend for CpuModel {
     fn forward(&mut self, chunks: &[Chunk<'_>], cache: &mut KvCache) -> candle_core::Result<Vec<Vec<f32>>> {
+        if decode::is_decode(chunks) {
+            return self.forward_decode(chunks, cache);
+        }
+        self.forward_chunks(chunks, cache)
+    }
+}
+
+impl CpuModel {
+    /// A step of any chunks, on candle tensors.
+    fn forward_chunks(
+        &mut self,
+        chunks: &[Chunk<'_>],
+        cache: &mut KvCache,
+    ) -> candle_core::Result<Vec<Vec<f32>>> {
         let cfg = self.cfg.clone();
         let (h, kvh, d) = (cfg.num_heads, cfg.kv_heads, cfg.head_dim);
         let eps = cfg.rms_norm_eps as f32;

@@ -74,9 +74,8 @@ struct Operands<'a> {
     row_bytes: usize,
 }
 
-/// [`Operands`] of `x` (`[m, cols]`) against `q`, a `[rows, cols]` matrix that [`applies`].
-fn operands<'a>(q: &'a QTensor, x: &Tensor) -> candle_core::Result<Operands<'a>> {
-    let (m, k) = x.dims2()?;
+/// [`Operands`] of an `[m, k]` input against `q`, a `[rows, cols]` matrix that [`applies`].
+fn operands(q: &QTensor, m: usize, k: usize) -> candle_core::Result<Operands<'_>> {
     let (rows, cols) = q.shape().dims2()?;
     if k != cols || !applies(q) {
         candle_core::bail!("a {m}×{k} input against a {rows}×{cols} {:?} matrix", q.dtype())
@@ -92,11 +91,29 @@ fn operands<'a>(q: &'a QTensor, x: &Tensor) -> candle_core::Result<Operands<'a>>
 /// `x @ qᵀ` for `x` of `[m, cols]` F32 and `q` a `[rows, cols]` matrix that [`applies`]:
 /// `[m, rows]`.
 pub(crate) fn matmul(q: &QTensor, x: &Tensor) -> candle_core::Result<Tensor> {
-    let Operands { data, m, k, rows, row_bytes } = operands(q, x)?;
+    let ((m, _), (rows, _)) = (x.dims2()?, q.shape().dims2()?);
     let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-    let acts = quantize_rows(&xs, m, k);
-    let vnni = acts.blocks.is_multiple_of(2) && avx512::supported();
     let mut out = vec![0f32; m * rows];
+    matmul_into(q, &xs, m, &mut out)?;
+    Tensor::from_vec(out, (m, rows), &Device::Cpu)
+}
+
+/// [`matmul`] on slices: `xs` holds `m` rows of `cols` values, `out` receives `m` rows of
+/// `rows` values. The decode step's form: no tensor built or copied around the product.
+pub(crate) fn matmul_into(q: &QTensor, xs: &[f32], m: usize, out: &mut [f32]) -> candle_core::Result<()> {
+    if m == 0 {
+        return Ok(());
+    }
+    let Operands { data, m, k, rows, row_bytes } = operands(q, m, xs.len() / m)?;
+    if xs.len() != m * k || out.len() != m * rows {
+        candle_core::bail!(
+            "{} inputs and {} outputs for a {m}×{k} by {k}×{rows} product",
+            xs.len(),
+            out.len()
+        )
+    }
+    let acts = quantize_rows(xs, m, k);
+    let vnni = acts.blocks.is_multiple_of(2) && avx512::supported();
     let dst = SharedOut(out.as_mut_ptr());
     let weight_row = |j: usize| &data[j * row_bytes..(j + 1) * row_bytes];
     let groups = rows.div_ceil(WEIGHT_ROWS);
@@ -150,7 +167,7 @@ pub(crate) fn matmul(q: &QTensor, x: &Tensor) -> candle_core::Result<Tensor> {
             }
         }
     });
-    Tensor::from_vec(out, (m, rows), &Device::Cpu)
+    Ok(())
 }
 
 /// Weight rows widened to F32 and multiplied by one work item of [`matmul_f32`]: 128 rows of
@@ -174,7 +191,8 @@ const F32_ROWS: usize = 128;
 /// `matmul` of the whole matrix does, whose results these are bit for bit where the slices
 /// are whole.
 pub(crate) fn matmul_f32(q: &QTensor, x: &Tensor) -> candle_core::Result<Tensor> {
-    let Operands { data, m, k, rows, row_bytes } = operands(q, x)?;
+    let (m, k) = x.dims2()?;
+    let Operands { data, m, k, rows, row_bytes } = operands(q, m, k)?;
     if m == 0 {
         return Tensor::zeros((0, rows), candle_core::DType::F32, &Device::Cpu);
     }
@@ -276,7 +294,7 @@ unsafe fn tile_on<const W: usize, const A: usize>(
 }
 
 /// The output buffer, written by the pool's threads at disjoint indices.
-struct SharedOut(*mut f32);
+pub(crate) struct SharedOut(pub(crate) *mut f32);
 
 // SAFETY: the threads write disjoint elements (see `matmul`), and the buffer outlives the
 // pool's call.
@@ -294,7 +312,7 @@ impl SharedOut {
 
     /// # Safety
     /// `i` is inside the buffer and no other thread writes it.
-    unsafe fn write(&self, i: usize, v: f32) {
+    pub(crate) unsafe fn write(&self, i: usize, v: f32) {
         // SAFETY: as the caller promises.
         unsafe { *self.0.add(i) = v }
     }
@@ -412,7 +430,7 @@ unsafe fn tile<const W: usize, const A: usize>(_: [&[u8]; W], _: &Q8Rows, _: usi
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn horizontal_sum(v: __m256) -> f32 {
+pub(crate) fn horizontal_sum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));

@@ -93,11 +93,18 @@ fn prompt_rows(x: &Tensor, q: &QTensor) -> candle_core::Result<Tensor> {
     x.matmul(&w.t()?)
 }
 
-/// `x @ qᵀ` block by block: Q4_1 by xinf's kernel where the CPU runs it, other types by
-/// candle's.
+/// `x @ qᵀ` block by block: Q4_1 and Q8_0 by xinf's kernels where the CPU runs them, other
+/// types by candle's.
 fn generated_rows(x: &Tensor, q: &QTensor) -> candle_core::Result<Tensor> {
     if crate::q4_1::applies(q) {
         return crate::q4_1::matmul(q, x);
+    }
+    if crate::q8_0::applies(q) {
+        let ((m, _), (rows, _)) = (x.dims2()?, q.shape().dims2()?);
+        let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+        let mut out = vec![0f32; m * rows];
+        crate::q8_0::matmul_into(q, &xs, m, &mut out)?;
+        return Tensor::from_vec(out, (m, rows), &Device::Cpu);
     }
     x.contiguous()?.apply_op1_no_bwd(q)
 }
@@ -117,6 +124,34 @@ impl Linear {
                 }
             },
         }
+    }
+
+    /// [`forward`](Self::forward) of `m` rows that are all generated tokens, on slices: `xs`
+    /// holds `m` rows of the input, `out` is given `m` rows of the output. The same product,
+    /// bit for bit, as `forward` gives those rows; Q4_1 without a tensor around it.
+    pub(crate) fn forward_generated(
+        &self,
+        xs: &[f32],
+        m: usize,
+        out: &mut Vec<f32>,
+    ) -> candle_core::Result<()> {
+        let rows = match self {
+            Self::Dense(w) => w.dim(0)?,
+            Self::Quantized(q) => q.shape().dims2()?.0,
+        };
+        out.resize(m * rows, 0.0);
+        if let Self::Quantized(q) = self {
+            if crate::q4_1::applies(q) {
+                return crate::q4_1::matmul_into(q, xs, m, out);
+            }
+            if crate::q8_0::applies(q) {
+                return crate::q8_0::matmul_into(q, xs, m, out);
+            }
+        }
+        let x = Tensor::from_slice(xs, (m, xs.len() / m.max(1)), &Device::Cpu)?;
+        let y = self.forward(&x, &RowKinds::Quantized)?;
+        *out = y.flatten_all()?.to_vec1::<f32>()?;
+        Ok(())
     }
 
     /// The dense weight; quantized weights are computed on the CPU only.
