@@ -34,6 +34,7 @@ pub mod memory;
 mod model;
 mod options;
 mod q4_1;
+mod q8_0;
 mod sampler;
 mod stop;
 #[cfg(test)]
