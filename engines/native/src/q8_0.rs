@@ -127,6 +127,7 @@ pub(crate) fn matmul_into(q: &QTensor, xs: &[f32], m: usize, out: &mut [f32]) ->
 /// The CPU has AVX2, FMA and F16C; `first + A` activation rows exist.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop, reason = "the accumulators are indexed by both loops")]
 unsafe fn tile<const W: usize, const A: usize>(
     w: [&[u8]; W],
     acts: &Acts,
@@ -162,9 +163,9 @@ unsafe fn tile<const W: usize, const A: usize>(
             }
         }
     }
-    for i in 0..W {
-        for r in 0..A {
-            sums[i][r] = crate::q4_1::horizontal_sum(acc[i][r]);
+    for (sums, acc) in sums.iter_mut().zip(acc) {
+        for (s, acc) in sums.iter_mut().zip(acc) {
+            *s = crate::q4_1::horizontal_sum(acc);
         }
     }
 }
