@@ -90,18 +90,8 @@ fn operands(q: &QTensor, m: usize, k: usize) -> candle_core::Result<Operands<'_>
     Ok(Operands { data, m, k, rows, row_bytes })
 }
 
-/// `x @ qᵀ` for `x` of `[m, cols]` F32 and `q` a `[rows, cols]` matrix that [`applies`]:
-/// `[m, rows]`.
-pub(crate) fn matmul(q: &QTensor, x: &Tensor) -> candle_core::Result<Tensor> {
-    let ((m, _), (rows, _)) = (x.dims2()?, q.shape().dims2()?);
-    let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-    let mut out = vec![0f32; m * rows];
-    matmul_into(q, &xs, m, &mut out)?;
-    Tensor::from_vec(out, (m, rows), &Device::Cpu)
-}
-
-/// [`matmul`] on slices: `xs` holds `m` rows of `cols` values, `out` receives `m` rows of
-/// `rows` values. The decode step's form: no tensor built or copied around the product.
+/// `xs @ qᵀ` for `q` a `[rows, cols]` matrix that [`applies`]: `xs` holds `m` rows of `cols`
+/// values, `out` receives `m` rows of `rows` values.
 pub(crate) fn matmul_into(q: &QTensor, xs: &[f32], m: usize, out: &mut [f32]) -> candle_core::Result<()> {
     if m == 0 {
         return Ok(());
@@ -284,7 +274,7 @@ unsafe fn tile_on<const W: usize, const A: usize>(
 /// The output buffer, written by the pool's threads at disjoint indices.
 pub(crate) struct SharedOut(pub(crate) *mut f32);
 
-// SAFETY: the threads write disjoint elements (see `matmul`), and the buffer outlives the
+// SAFETY: the threads write disjoint elements (see `matmul_into`), and the buffer outlives the
 // pool's call.
 unsafe impl Sync for SharedOut {}
 
@@ -428,6 +418,15 @@ pub(crate) fn horizontal_sum(v: __m256) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `x @ qᵀ` as a tensor.
+    fn matmul(q: &QTensor, x: &Tensor) -> candle_core::Result<Tensor> {
+        let ((m, _), (rows, _)) = (x.dims2()?, q.shape().dims2()?);
+        let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+        let mut out = vec![0f32; m * rows];
+        matmul_into(q, &xs, m, &mut out)?;
+        Tensor::from_vec(out, (m, rows), &Device::Cpu)
+    }
 
     /// Against the block math in plain F32 on the same quantized activations: the kernel's
     /// only difference is the order of its sums.

@@ -93,20 +93,27 @@ fn prompt_rows(x: &Tensor, q: &QTensor) -> candle_core::Result<Tensor> {
     x.matmul(&w.t()?)
 }
 
-/// `x @ qᵀ` block by block: Q4_1 and Q8_0 by xinf's kernels where the CPU runs them, other
-/// types by candle's.
-fn generated_rows(x: &Tensor, q: &QTensor) -> candle_core::Result<Tensor> {
+/// xinf's block-by-block kernel for `q`'s block type, where this CPU runs one: Q4_1 and Q8_0.
+type Kernel = fn(&QTensor, &[f32], usize, &mut [f32]) -> candle_core::Result<()>;
+
+fn kernel(q: &QTensor) -> Option<Kernel> {
     if crate::q4_1::applies(q) {
-        return crate::q4_1::matmul(q, x);
+        Some(crate::q4_1::matmul_into)
+    } else if crate::q8_0::applies(q) {
+        Some(crate::q8_0::matmul_into)
+    } else {
+        None
     }
-    if crate::q8_0::applies(q) {
-        let ((m, _), (rows, _)) = (x.dims2()?, q.shape().dims2()?);
-        let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-        let mut out = vec![0f32; m * rows];
-        crate::q8_0::matmul_into(q, &xs, m, &mut out)?;
-        return Tensor::from_vec(out, (m, rows), &Device::Cpu);
-    }
-    x.contiguous()?.apply_op1_no_bwd(q)
+}
+
+/// `x @ qᵀ` block by block: by xinf's [`kernel`] where there is one, by candle's otherwise.
+fn generated_rows(x: &Tensor, q: &QTensor) -> candle_core::Result<Tensor> {
+    let Some(kernel) = kernel(q) else { return x.contiguous()?.apply_op1_no_bwd(q) };
+    let ((m, _), (rows, _)) = (x.dims2()?, q.shape().dims2()?);
+    let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+    let mut out = vec![0f32; m * rows];
+    kernel(q, &xs, m, &mut out)?;
+    Tensor::from_vec(out, (m, rows), &Device::Cpu)
 }
 
 impl Linear {
@@ -128,7 +135,7 @@ impl Linear {
 
     /// [`forward`](Self::forward) of `m` rows that are all generated tokens, on slices: `xs`
     /// holds `m` rows of the input, `out` is given `m` rows of the output. The same product,
-    /// bit for bit, as `forward` gives those rows; Q4_1 without a tensor around it.
+    /// bit for bit, as `forward` gives those rows; xinf's kernels without a tensor around them.
     pub(crate) fn forward_generated(
         &self,
         xs: &[f32],
@@ -140,13 +147,10 @@ impl Linear {
             Self::Quantized(q) => q.shape().dims2()?.0,
         };
         out.resize(m * rows, 0.0);
-        if let Self::Quantized(q) = self {
-            if crate::q4_1::applies(q) {
-                return crate::q4_1::matmul_into(q, xs, m, out);
-            }
-            if crate::q8_0::applies(q) {
-                return crate::q8_0::matmul_into(q, xs, m, out);
-            }
+        if let Self::Quantized(q) = self
+            && let Some(kernel) = kernel(q)
+        {
+            return kernel(q, xs, m, out);
         }
         let x = Tensor::from_slice(xs, (m, xs.len() / m.max(1)), &Device::Cpu)?;
         let y = self.forward(&x, &RowKinds::Quantized)?;
