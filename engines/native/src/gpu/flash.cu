@@ -136,15 +136,31 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
         }
         __syncthreads();  // tile kb is in shared memory for every warp
         if (busy) {
-            // S = Q Kᵀ: BC/8 tiles of 16 × 8 keys; b0 (k 2tq.., key g), b1 (k 2tq+8..).
+            // S = Q Kᵀ: BC/8 tiles of 16 × 8 keys; b0 (k 2tq.., key g), b1 (k 2tq+8..), two
+            // k-steps' fragments per `ldmatrix.x4` (lane L gives the address of row L % 8 of
+            // matrix L / 8: columns +0/+8 of k-step kk, then of kk + 1).
+            int mi = lane >> 3, mr = lane & 7;
             float s[BC / 8][4];
 #pragma unroll
             for (int nt = 0; nt < BC / 8; nt++) {
                 s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
 #pragma unroll
-                for (int kk = 0; kk < HD / 16; kk++) {
-                    const u16* kr = &Ks[buf][nt * 8 + g][kk * 16 + 2 * tq];
-                    mma16816(s[nt], qa[kk], *(const unsigned int*)kr, *(const unsigned int*)(kr + 8));
+                for (int kk = 0; kk + 1 < HD / 16; kk += 2) {
+                    unsigned int b[4];
+                    const u16* kr = &Ks[buf][nt * 8 + mr][(kk + (mi >> 1)) * 16 + (mi & 1) * 8];
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                                 : "r"(smem_addr(kr)));
+                    mma16816(s[nt], qa[kk], b[0], b[1]);
+                    mma16816(s[nt], qa[kk + 1], b[2], b[3]);
+                }
+                if ((HD / 16) % 2) {  // the last k-step alone (lanes 0-15's addresses are read)
+                    unsigned int b0, b1;
+                    const u16* kr = &Ks[buf][nt * 8 + mr][(HD / 16 - 1) * 16 + (mi & 1) * 8];
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];"
+                                 : "=r"(b0), "=r"(b1)
+                                 : "r"(smem_addr(kr)));
+                    mma16816(s[nt], qa[HD / 16 - 1], b0, b1);
                 }
             }
             // The causal edge (and keys past the tile's last).
@@ -196,7 +212,6 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
             // O += P · V: the scores' accumulator layout is the A operand's, two n-tiles per
             // k-step; V's B fragments for two 8-column tiles at once, transposed by ldmatrix
             // (lane L gives the address of row L % 8 of matrix L / 8: keys +0/+8, columns +0/+8).
-            int mi = lane >> 3, mr = lane & 7;
 #pragma unroll
             for (int kk = 0; kk < BC / 16; kk++) {
                 unsigned int pa[4] = {pack2(s[2 * kk][0], s[2 * kk][1]), pack2(s[2 * kk][2], s[2 * kk][3]),
@@ -237,5 +252,233 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
         }
     }
 }
+
+
+// Decode attention on tensor cores: one query token against its sequence's keys, the GQ query
+// heads sharing a KV head (GQA) taken as the rows of one m16n8k16 tile, so every K and V row
+// is read once for all of them and scores and outputs come from mma.sync instead of a
+// shuffle per head per key. Grid (queries, KVH, splits) — token blockIdx.x, or the one listed in
+// `toks` with `use_toks` — block 32 · DW. The keys go in tiles of 32 dealt round robin to the
+// splits' warps; a warp loads its tile's K and V straight from the cache into registers (no
+// shared memory, no block-wide barrier in the loop), so each warp keeps 16 loads of 16 bytes in
+// flight per tile and the warps of an SM overlap them.
+//
+// Operands are read in a permuted but consistent order, so every load is a whole row segment:
+// - scores: lane (g, tq) loads key g's elements [tq·HD/4, (tq+1)·HD/4) and step kk uses its words
+//   2kk and 2kk+1 as b0 and b1; Q's A fragments take the same elements, so the dot products are
+//   the same sums over a permuted head dimension;
+// - P·V: lane (g, tq) loads elements [g·HD/8, (g+1)·HD/8) of keys 2tq, 2tq+1, 2tq+8 and 2tq+9 of
+//   each 16, and pairs halves across rows with byte permutes into B fragments; output column g of
+//   n-tile dt is therefore head element g·HD/8 + dt.
+// Each warp's (max, sum, output) meet in shared memory; with several splits the last block of a
+// query merges all partials (merge_splits, natural-log maxima).
+#if GQ <= 16
+#define DW 4                // warps per flash_decode block
+#define DK (HD > 64 ? 16 : 32)  // keys per warp tile: its K and V segments stay in registers
+#define KWORDS (HD / 8)     // words of a lane's K row segment (HD/4 elements)
+#define VWORDS (HD / 16)    // words of a lane's V row segment (HD/8 elements)
+
+// N 32-bit words from p in the widest aligned loads: 16 bytes where N is a multiple of 4 (the
+// segment then starts on a 16-byte boundary), else 8, else 4.
+template <int N>
+__device__ __forceinline__ void load_words(const kt* p, unsigned int* w) {
+    if (N % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < N / 4; i++) {
+            u32x4 v = ((const u32x4*)p)[i];
+            w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+        }
+    } else if (N % 2 == 0) {
+#pragma unroll
+        for (int i = 0; i < N / 2; i++) {
+            u32x2 v = ((const u32x2*)p)[i];
+            w[2 * i] = v.x, w[2 * i + 1] = v.y;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; i++) w[i] = ((const unsigned int*)p)[i];
+    }
+}
+
+// Lane `src`'s 64-bit value.
+__device__ __forceinline__ long long shfl64(long long v, int src) {
+    int lo = __shfl_sync(0xffffffffu, (int)(v & 0xffffffffll), src);
+    int hi = __shfl_sync(0xffffffffu, (int)(v >> 32), src);
+    return ((long long)hi << 32) | (unsigned int)lo;
+}
+
+extern "C" __global__ void __launch_bounds__(32 * DW)
+flash_decode(const float* q, unsigned long long k_plane, unsigned long long v_plane, const int* pos,
+             const int* tab_off, const unsigned int* tables, const int* toks, int use_toks, int bs, long long s_blk,
+             long long s_tok, long long s_head, wt* out, float* part, unsigned int* counters, int H, int KVH,
+             float scale_log2) {
+    __shared__ float so[DW][GQ][HD];
+    __shared__ float sm[DW][GQ], sl[DW][GQ];
+    long long t = use_toks ? toks[blockIdx.x] : blockIdx.x;
+    int kh = blockIdx.y, h0 = kh * GQ;
+    int z = blockIdx.z, splits = gridDim.z;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int g = lane >> 2, tq = lane & 3;
+    int len = pos[t] + 1;
+    const unsigned int* tab = tables + tab_off[t];
+    const kt* K = (const kt*)k_plane + (long long)kh * s_head + tq * (HD / 4);
+    const kt* V = (const kt*)v_plane + (long long)kh * s_head + g * (HD / 8);
+
+    // Q's A fragments (rows g and g + 8 are heads h0 + g and h0 + g + 8; rows past GQ are 0),
+    // in the permuted element order of the K segments.
+    unsigned int qa[HD / 16][4];
+    {
+        const float* q0 = q + ((t * H) + h0 + g) * HD + tq * (HD / 4);
+        const float* q1 = q0 + 8 * HD;
+        bool v0 = g < GQ, v1 = g + 8 < GQ;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            float a[4] = {0.f, 0.f, 0.f, 0.f}, b[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                if (v0) a[e] = q0[4 * kk + e] * scale_log2;
+                if (v1) b[e] = q1[4 * kk + e] * scale_log2;
+            }
+            qa[kk][0] = pack2(a[0], a[1]);
+            qa[kk][1] = pack2(b[0], b[1]);
+            qa[kk][2] = pack2(a[2], a[3]);
+            qa[kk][3] = pack2(b[2], b[3]);
+        }
+    }
+    float o[HD / 8][4];
+#pragma unroll
+    for (int d = 0; d < HD / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
+
+    int tiles = (len + DK - 1) / DK;
+    for (int i = z * DW + warp; i < tiles; i += splits * DW) {
+        // Lane L finds key i·DK + L in the block table (keys past the end read the last key's
+        // row, finite, and are masked); the others get its row offset by shuffle.
+        int j = min(i * DK + lane, len - 1);
+        long long off = (long long)tab[j / bs] * s_blk + (long long)(j % bs) * s_tok;
+        unsigned int kw[DK / 8][KWORDS];
+#pragma unroll
+        for (int nt = 0; nt < DK / 8; nt++) load_words<KWORDS>(K + shfl64(off, nt * 8 + g), kw[nt]);
+        unsigned int vw[DK / 16][4][VWORDS];
+#pragma unroll
+        for (int kk = 0; kk < DK / 16; kk++) {
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                load_words<VWORDS>(V + shfl64(off, kk * 16 + 2 * tq + (r & 1) + (r >> 1) * 8), vw[kk][r]);
+        }
+        float s[DK / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < DK / 8; nt++) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) mma16816(s[nt], qa[kk], kw[nt][2 * kk], kw[nt][2 * kk + 1]);
+        }
+        if ((i + 1) * DK > len) {
+#pragma unroll
+            for (int nt = 0; nt < DK / 8; nt++) {
+                int jj = i * DK + nt * 8 + 2 * tq;
+                if (jj >= len) s[nt][0] = s[nt][2] = NEG_INF;
+                if (jj + 1 >= len) s[nt][1] = s[nt][3] = NEG_INF;
+            }
+        }
+        // Online softmax (base 2), a row's maximum shared by the 4 lanes of its group; the
+        // tile's first key is below len, so the maxima are finite.
+        float x0 = NEG_INF, x1 = NEG_INF;
+#pragma unroll
+        for (int nt = 0; nt < DK / 8; nt++) {
+            x0 = fmaxf(x0, fmaxf(s[nt][0], s[nt][1]));
+            x1 = fmaxf(x1, fmaxf(s[nt][2], s[nt][3]));
+        }
+        for (int sh = 1; sh < 4; sh <<= 1) {
+            x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, sh));
+            x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, sh));
+        }
+        float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
+        float c0 = exp2f(m0 - n0), c1 = exp2f(m1 - n1);
+        float e0 = 0.f, e1 = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < DK / 8; nt++) {
+            s[nt][0] = exp2f(s[nt][0] - n0);
+            s[nt][1] = exp2f(s[nt][1] - n0);
+            s[nt][2] = exp2f(s[nt][2] - n1);
+            s[nt][3] = exp2f(s[nt][3] - n1);
+            e0 += s[nt][0] + s[nt][1];
+            e1 += s[nt][2] + s[nt][3];
+        }
+        l0 = l0 * c0 + e0;
+        l1 = l1 * c1 + e1;
+        m0 = n0;
+        m1 = n1;
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++) {
+            o[d][0] *= c0;
+            o[d][1] *= c0;
+            o[d][2] *= c1;
+            o[d][3] *= c1;
+        }
+        // O += P · V: P's A fragments straight from the scores; V's B fragments pair the same
+        // element of keys 2tq and 2tq+1 (b0) and of 2tq+8 and 2tq+9 (b1).
+#pragma unroll
+        for (int kk = 0; kk < DK / 16; kk++) {
+            unsigned int pa[4] = {pack2(s[2 * kk][0], s[2 * kk][1]), pack2(s[2 * kk][2], s[2 * kk][3]),
+                                  pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                  pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int dt = 0; dt < HD / 8; dt++) {
+                unsigned int sel = (dt & 1) ? 0x7632u : 0x5410u;
+                unsigned int b0 = __byte_perm(vw[kk][0][dt >> 1], vw[kk][1][dt >> 1], sel);
+                unsigned int b1 = __byte_perm(vw[kk][2][dt >> 1], vw[kk][3][dt >> 1], sel);
+                mma16816(o[dt], pa, b0, b1);
+            }
+        }
+    }
+    // This warp's rows into shared memory: sums over the 4 lanes of a row, maxima in natural-log
+    // units (merge_splits' and the merge below's), output column 2tq (+1) of n-tile dt at
+    // element (2tq)·HD/8 + dt (+ HD/8).
+    for (int sh = 1; sh < 4; sh <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, sh);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, sh);
+    }
+    const float LN2 = 0.6931471805599453f;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        int row = g + 8 * half;
+        if (row >= GQ) continue;
+        if (tq == 0) {
+            sm[warp][row] = (half ? m1 : m0) * LN2;
+            sl[warp][row] = half ? l1 : l0;
+        }
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++) {
+            so[warp][row][(2 * tq) * (HD / 8) + dt] = o[dt][2 * half];
+            so[warp][row][(2 * tq + 1) * (HD / 8) + dt] = o[dt][2 * half + 1];
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < GQ * HD; e += blockDim.x) {
+        int r = e / HD, d = e % HD;
+        float M = NEG_INF;
+        for (int w = 0; w < DW; w++) M = fmaxf(M, sm[w][r]);
+        float L = 0.f, acc = 0.f;
+        for (int w = 0; w < DW; w++) {
+            float f = sl[w][r] > 0.f ? expf(sm[w][r] - M) : 0.f;  // a warp with no keys adds nothing
+            L += sl[w][r] * f;
+            acc += so[w][r][d] * f;
+        }
+        long long h = h0 + r;
+        if (splits == 1) {
+            out[(t * H + h) * HD + d] = wst(acc / L);
+            continue;
+        }
+        float* pp = part + (((long long)blockIdx.x * H + h) * splits + z) * (HD + 2);
+        if (d == 0) {
+            pp[0] = M;
+            pp[1] = L;
+        }
+        pp[2 + d] = acc;
+    }
+    if (splits > 1) merge_splits<GQ>(part, counters, out, t, h0, H);
+}
+#endif
 
 #endif

@@ -20,8 +20,8 @@ use super::buffers::{Buf, GpuLayer, GpuWeights, StepBufs};
 use super::error::{GpuError, driver};
 use super::pages::CacheView;
 use super::plan::{
-    ATTENTION_WARPS, StepShape, attention_group, attention_heads, attention_splits, check_matmul, elem_bytes,
-    flash_fits, kernel_source, rope_tables,
+    ATTENTION_WARPS, DECODE_WARPS, StepShape, attention_group, attention_heads, attention_splits,
+    check_matmul, decode_splits, elem_bytes, flash_decode_fits, flash_fits, kernel_source, rope_tables,
 };
 use crate::weights::Weights;
 use cudarc::cublas::CudaBlas;
@@ -52,24 +52,27 @@ struct Kernels {
     attention_one: CudaFunction,
     /// The tensor-core prefill attention, where `plan::flash_fits` says it exists.
     flash: Option<CudaFunction>,
+    /// The tensor-core decode attention (the GQA group's heads as a tile's rows), where
+    /// `plan::flash_decode_fits` says it exists; it then takes every token `flash` does not.
+    flash_decode: Option<CudaFunction>,
     silu_mul: CudaFunction,
     argmax_rows: CudaFunction,
 }
 
 impl Kernels {
-    /// Compiles the kernels for weights in `wdt`, a cache in `kdt`, heads of `head_dim` and
-    /// `attention` blocks of `group` heads, for `ctx`'s GPU.
+    /// Compiles the kernels for weights in `wdt`, a cache in `kdt`, heads of `head_dim`,
+    /// `attention` blocks of `group` heads and `gqa` query heads per KV head, for `ctx`'s GPU.
     fn compile(
         ctx: &Arc<CudaContext>,
-        wdt: KvDtype,
-        kdt: KvDtype,
+        (wdt, kdt): (KvDtype, KvDtype),
         head_dim: usize,
         group: usize,
+        gqa: usize,
     ) -> Result<Self, GpuError> {
         let (major, minor) = ctx.compute_capability().map_err(driver)?;
         let opts =
             cudarc::nvrtc::CompileOptions { arch: Some(nvrtc_arch(major, minor)), ..Default::default() };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(kernel_source(wdt, kdt, head_dim, group), opts)
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(kernel_source(wdt, kdt, head_dim, group, gqa), opts)
             .map_err(|e| GpuError::Compile(e.to_string()))?;
         let module = ctx.load_module(ptx).map_err(driver)?;
         let f = |name: &str| module.load_function(name).map_err(driver);
@@ -80,6 +83,9 @@ impl Kernels {
             attention: f("attention")?,
             attention_one: f("attention_one")?,
             flash: flash_fits(kdt, head_dim, major).then(|| f("flash_prefill")).transpose()?,
+            flash_decode: flash_decode_fits(kdt, head_dim, major, gqa)
+                .then(|| f("flash_decode"))
+                .transpose()?,
             silu_mul: f("silu_mul")?,
             argmax_rows: f("argmax_rows")?,
         })
@@ -128,7 +134,8 @@ impl Forward {
         max_positions: usize,
     ) -> Result<Self, GpuError> {
         let group = attention_group(cfg.num_heads, cfg.kv_heads);
-        let k = Kernels::compile(s.context(), wdt, kdt, cfg.head_dim, group)?;
+        let gqa = cfg.num_heads / cfg.kv_heads.max(1);
+        let k = Kernels::compile(s.context(), (wdt, kdt), cfg.head_dim, group, gqa)?;
         let w = GpuWeights::upload(s, w, wdt, cfg.tie_word_embeddings)?;
         let (cos, sin) = rope_tables(&cfg, max_positions);
         let cos = s.clone_htod(&cos).map_err(driver)?;
@@ -242,7 +249,7 @@ impl Forward {
         let mut b = s.launch_builder(&self.k.silu_mul);
         b.arg(&bufs.gu).arg(&mut bufs.act).arg(&inter_i);
         let grid = LaunchConfig {
-            grid_dim: (t_i, inter.div_ceil(1024) as u32, 1),
+            grid_dim: (t_i, inter.div_ceil(2048) as u32, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -309,7 +316,9 @@ impl Forward {
     /// Enqueues attention of layer `li` for `t` query tokens, each over its own sequence's keys
     /// in `cache` up to its position, into `act`: the prompt chunks listed in the step's tiles
     /// on tensor cores (`flash_prefill`), the other tokens (all of them when there are no
-    /// tiles) one block per token and group of heads sharing a KV head (`attention`).
+    /// tiles) on tensor cores too where `flash_decode` exists (a block per token, KV head and
+    /// split of its keys), else one block per token and group of heads sharing a KV head
+    /// (`attention`).
     /// `tiles`/`singles` are the plan's counts.
     fn attention(
         &self,
@@ -359,6 +368,41 @@ impl Forward {
             return Ok(());
         }
         let use_toks = if flash.is_some() { use_toks } else { 0 };
+        if let Some(decode) = self.k.flash_decode.as_ref().filter(|_| c.aligned) {
+            let kvh = cfg.kv_heads;
+            let splits = decode_splits(blocks, kvh, self.sms, bufs.part_rows);
+            let scale_log2 = scale * std::f32::consts::LOG2_E;
+            let mut b = s.launch_builder(decode);
+            b.arg(&bufs.q)
+                .arg(&kp)
+                .arg(&vp)
+                .arg(&bufs.pos)
+                .arg(&bufs.tab_off)
+                .arg(&bufs.tables)
+                .arg(&bufs.singles)
+                .arg(&use_toks)
+                .arg(&c.block_size)
+                .arg(&c.s_blk)
+                .arg(&c.s_tok)
+                .arg(&c.s_head)
+                .arg(&mut bufs.act)
+                .arg(&mut bufs.part)
+                .arg(&mut bufs.counters)
+                .arg(&h_i)
+                .arg(&kvh_i)
+                .arg(&scale_log2);
+            let grid = LaunchConfig {
+                grid_dim: (blocks as u32, kvh as u32, splits as u32),
+                block_dim: (32 * DECODE_WARPS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: see `record`'s doc and the launch below: the same tokens, cache reads
+            // (`c.aligned`: whole 16-byte words where the kernel loads them) and partials (rows
+            // of `h` heads; the counters of `kv_heads` ≤ `h` blocks per query), the kernel
+            // existing only for the dtypes, head dimensions and GQA groups it is compiled for.
+            unsafe { b.launch(grid) }.map_err(driver)?;
+            return Ok(());
+        }
         let per_block = attention_heads(blocks, h, self.group, self.sms);
         let head_blocks = h / per_block;
         let splits = attention_splits(blocks, head_blocks, self.sms, bufs.part_rows);

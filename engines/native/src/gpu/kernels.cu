@@ -8,9 +8,10 @@
 
 typedef unsigned short u16;
 #define NEG_INF __int_as_float(0xff800000)
-// 16-byte words, for whole-word loads of aligned rows.
+// 16- and 8-byte words, for whole-word loads of aligned rows.
 struct alignas(16) u32x4 { unsigned int x, y, z, w; };
 struct alignas(16) f32x4 { float x, y, z, w; };
+struct alignas(8) u32x2 { unsigned int x, y; };
 
 __device__ __forceinline__ float h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ u16 f2h(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
@@ -69,8 +70,30 @@ extern "C" __global__ void embed(const unsigned int* ids, const wt* emb, float* 
     for (int i = threadIdx.x; i < hid; i += blockDim.x) x[t * hid + i] = wld(e[i]);
 }
 
+// Four consecutive values of the weights' dtype, from and to an 8- (16-bit) or 16-byte
+// (f32) aligned address.
+__device__ __forceinline__ void wld4(const wt* p, float* v) {
+#if WT == 0
+    f32x4 a = *(const f32x4*)p;
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+#else
+    u32x2 a = *(const u32x2*)p;
+    v[0] = wld((u16)(a.x & 0xffffu)), v[1] = wld((u16)(a.x >> 16));
+    v[2] = wld((u16)(a.y & 0xffffu)), v[3] = wld((u16)(a.y >> 16));
+#endif
+}
+__device__ __forceinline__ void wst4(wt* p, const float* v) {
+#if WT == 0
+    *(f32x4*)p = f32x4{v[0], v[1], v[2], v[3]};
+#else
+    *(u32x2*)p = u32x2{(unsigned int)wst(v[0]) | ((unsigned int)wst(v[1]) << 16),
+                       (unsigned int)wst(v[2]) | ((unsigned int)wst(v[3]) << 16)};
+#endif
+}
+
 // x[src] += delta[src]; out[r] = RMSNorm(x[src]) * w, src = rows ? rows[r] : r.
-// grid (rows), block 256.
+// grid (rows), block 256. With `hid` a multiple of 4 (rows on 16-byte boundaries) each thread
+// takes 4 consecutive values per access: a prompt's norms stream its whole residual stream.
 extern "C" __global__ void add_rmsnorm(float* x, const float* delta, const int* rows, int use_rows,
                                        const wt* w, wt* out, int hid, float eps) {
     __shared__ float sh[32];
@@ -78,14 +101,33 @@ extern "C" __global__ void add_rmsnorm(float* x, const float* delta, const int* 
     long long src = use_rows ? rows[r] : r;
     float* xr = x + src * hid;
     const float* dr = delta + src * hid;
+    wt* orow = out + r * hid;
     float ss = 0.f;
+    if ((hid & 3) == 0) {
+        for (int i = threadIdx.x * 4; i < hid; i += blockDim.x * 4) {
+            f32x4 a = *(const f32x4*)(xr + i), d = *(const f32x4*)(dr + i);
+            a.x += d.x, a.y += d.y, a.z += d.z, a.w += d.w;
+            *(f32x4*)(xr + i) = a;
+            ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+        }
+        float inv = 1.0f / sqrtf(block_sum(ss, sh) / hid + eps);
+        for (int i = threadIdx.x * 4; i < hid; i += blockDim.x * 4) {
+            f32x4 a = *(const f32x4*)(xr + i);  // this thread's own write above
+            float wv[4], o[4];
+            wld4(w + i, wv);
+            o[0] = wv[0] * (a.x * inv), o[1] = wv[1] * (a.y * inv), o[2] = wv[2] * (a.z * inv),
+            o[3] = wv[3] * (a.w * inv);
+            wst4(orow + i, o);
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < hid; i += blockDim.x) {
         float v = xr[i] + dr[i];
         xr[i] = v;
         ss += v * v;
     }
     float inv = 1.0f / sqrtf(block_sum(ss, sh) / hid + eps);
-    for (int i = threadIdx.x; i < hid; i += blockDim.x) out[r * hid + i] = wst(wld(w[i]) * (xr[i] * inv));
+    for (int i = threadIdx.x; i < hid; i += blockDim.x) orow[i] = wst(wld(w[i]) * (xr[i] * inv));
 }
 
 // After the QKV projection, for one token: per head of Q, K and V, the bias, per-head RMSNorm
@@ -225,6 +267,57 @@ __device__ __forceinline__ void add_values(float (*acc)[NV], const kt* V, unsign
     for (int jj = 0; jj < cnt; jj++) add_value<G>(acc, V, blk, pr, j0, jj, bs, s_blk, s_tok, head_off, lane);
 }
 
+// The end of a query's split attention, run by every block of it after writing its partial
+// (max in natural-log units, sum, unnormalised output per head: `part`'s rows of HD + 2): the last
+// split of the query to get here merges everyone's partials into `out`. Each block's writes
+// are released before its count, and the last block acquires them all after reading it; it
+// sets the count back to 0 for the next launch. Grid (queries, head blocks, splits); the
+// block's G heads start at h0.
+template <int G>
+__device__ __forceinline__ void merge_splits(const float* part, unsigned int* counters, wt* out, long long t, int h0,
+                                             int H) {
+    __shared__ float pm[G][MAX_SPLITS], pl[G][MAX_SPLITS];
+    __shared__ int last;
+    int splits = gridDim.z;
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned int* c = counters + (long long)blockIdx.x * gridDim.y + blockIdx.y;
+        last = atomicAdd(c, 1u) == (unsigned int)(splits - 1);
+        if (last) *c = 0u;  // every split has counted: ready for the next launch
+    }
+    __syncthreads();
+    if (!last) return;
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    // Every split's max and sum at once into shared memory (one load per thread), then each
+    // (head, element) reads all splits' outputs with its loads in flight together.
+    for (int e = threadIdx.x; e < G * splits; e += blockDim.x) {
+        int g = e / splits, zz = e % splits;
+        const float* pz = part + ((((long long)blockIdx.x * H + h0 + g) * splits) + zz) * (HD + 2);
+        pm[g][zz] = __ldcg(pz);
+        pl[g][zz] = __ldcg(pz + 1);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
+        int g = e / HD, i = e % HD;
+        long long h = h0 + g;
+        const float* pp = part + (((long long)blockIdx.x * H + h) * splits) * (HD + 2) + 2 + i;
+        float v[MAX_SPLITS];
+#pragma unroll
+        for (int zz = 0; zz < MAX_SPLITS; zz++) v[zz] = zz < splits ? __ldcg(pp + zz * (HD + 2)) : 0.f;
+        float M = NEG_INF;
+        for (int zz = 0; zz < splits; zz++) M = fmaxf(M, pm[g][zz]);
+        float L = 0.f, o = 0.f;
+#pragma unroll
+        for (int zz = 0; zz < MAX_SPLITS; zz++) {
+            float f = zz < splits && pl[g][zz] > 0.f ? expf(pm[g][zz] - M) : 0.f;  // no keys, no weight
+            L += (zz < splits ? pl[g][zz] : 0.f) * f;
+            o += v[zz] * f;
+        }
+        out[(t * H + h) * HD + i] = wst(o / L);
+    }
+}
+
 // Paged attention of one query token for G heads that share one KV head (GQA), over its
 // sequence's keys 0..pos (causal), read from the cache through the block table and the
 // layout's strides. Each key and value row is read once for the G heads. Keys go in groups
@@ -248,8 +341,6 @@ __device__ __forceinline__ void attention_heads(const float* q, unsigned long lo
     __shared__ __align__(16) float sq[G][HD];
     __shared__ float sm[WARPS][G], sl[WARPS][G];
     __shared__ float sacc[WARPS][G][HD];
-    __shared__ float pm[G][MAX_SPLITS], pl[G][MAX_SPLITS];
-    __shared__ int last;
     long long t = use_toks ? toks[blockIdx.x] : blockIdx.x;
     int h0 = blockIdx.y * G, kh = h0 / (H / KVH);
     int z = blockIdx.z, splits = gridDim.z;
@@ -335,46 +426,7 @@ __device__ __forceinline__ void attention_heads(const float* q, unsigned long lo
         }
         pp[2 + i] = o;
     }
-    if (splits == 1) return;
-    // The last split of this query to get here merges everyone's partials: each block's writes
-    // are released before its count, and the last block acquires them all after reading it.
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned int* c = counters + (long long)blockIdx.x * gridDim.y + blockIdx.y;
-        last = atomicAdd(c, 1u) == (unsigned int)(splits - 1);
-        if (last) *c = 0u;  // every split has counted: ready for the next launch
-    }
-    __syncthreads();
-    if (!last) return;
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");
-    // Every split's max and sum at once into shared memory (one load per thread), then each
-    // (head, element) reads all splits' outputs with its loads in flight together.
-    for (int e = threadIdx.x; e < G * splits; e += blockDim.x) {
-        int g = e / splits, zz = e % splits;
-        const float* pz = part + ((((long long)blockIdx.x * H + h0 + g) * splits) + zz) * (HD + 2);
-        pm[g][zz] = __ldcg(pz);
-        pl[g][zz] = __ldcg(pz + 1);
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
-        int g = e / HD, i = e % HD;
-        long long h = h0 + g;
-        const float* pp = part + (((long long)blockIdx.x * H + h) * splits) * (HD + 2) + 2 + i;
-        float v[MAX_SPLITS];
-#pragma unroll
-        for (int zz = 0; zz < MAX_SPLITS; zz++) v[zz] = zz < splits ? __ldcg(pp + zz * (HD + 2)) : 0.f;
-        float M = NEG_INF;
-        for (int zz = 0; zz < splits; zz++) M = fmaxf(M, pm[g][zz]);
-        float L = 0.f, o = 0.f;
-#pragma unroll
-        for (int zz = 0; zz < MAX_SPLITS; zz++) {
-            float f = zz < splits && pl[g][zz] > 0.f ? expf(pm[g][zz] - M) : 0.f;  // no keys, no weight
-            L += (zz < splits ? pl[g][zz] : 0.f) * f;
-            o += v[zz] * f;
-        }
-        out[(t * H + h) * HD + i] = wst(o / L);
-    }
+    if (splits > 1) merge_splits<G>(part, counters, out, t, h0, H);
 }
 
 // The kernel for steps with many queries: blocks of the GB heads of a KV head, each K/V row
@@ -399,16 +451,40 @@ extern "C" __global__ void attention_one(const float* q, unsigned long long k_pl
                        out, part, counters, H, KVH, scale);
 }
 
+// SiLU(g) · u of two 16-bit values packed in a word each, packed the same way.
+__device__ __forceinline__ unsigned int silu_mul2(unsigned int g, unsigned int u) {
+    float g0 = wld((u16)(g & 0xffffu)), g1 = wld((u16)(g >> 16));
+    float r0 = g0 / (1.0f + expf(-g0)) * wld((u16)(u & 0xffffu));
+    float r1 = g1 / (1.0f + expf(-g1)) * wld((u16)(u >> 16));
+    return (unsigned int)wst(r0) | ((unsigned int)wst(r1) << 16);
+}
+
 // out[t][i] = SiLU(gu[t][i]) * gu[t][I + i], the gate/up projection in the weights' dtype.
-// grid (T, ceil(I / 1024)), block 256: each thread takes 4 elements 256 apart (coalesced, no
-// division per element).
+// grid (T, ceil(I / 2048)), block 256. With 16-bit weights and I a multiple of 8 (rows on
+// 16-byte boundaries) each thread takes 8 consecutive elements in one 16-byte word of each
+// input: the kernel streams a prompt's whole gate/up output, and 2-byte accesses left it far
+// from the memory's speed. Otherwise 8 elements 256 apart (coalesced, no division per element).
 extern "C" __global__ void silu_mul(const wt* gu, wt* out, int I) {
     long long t = blockIdx.x;
     const wt* g = gu + t * 2 * I;
     const wt* u = g + I;
+#if WT != 0
+    if ((I & 7) == 0) {
+        int i = (blockIdx.y * 256 + threadIdx.x) * 8;
+        if (i < I) {
+            u32x4 a = *(const u32x4*)(g + i), b = *(const u32x4*)(u + i), r;
+            r.x = silu_mul2(a.x, b.x);
+            r.y = silu_mul2(a.y, b.y);
+            r.z = silu_mul2(a.z, b.z);
+            r.w = silu_mul2(a.w, b.w);
+            *(u32x4*)(out + t * I + i) = r;
+        }
+        return;
+    }
+#endif
 #pragma unroll
-    for (int e = 0; e < 4; e++) {
-        int i = blockIdx.y * 1024 + e * 256 + threadIdx.x;
+    for (int e = 0; e < 8; e++) {
+        int i = blockIdx.y * 2048 + e * 256 + threadIdx.x;
         if (i < I) {
             float x = wld(g[i]);
             out[t * I + i] = wst(x / (1.0f + expf(-x)) * wld(u[i]));

@@ -95,12 +95,12 @@ fn type_code(dt: KvDtype) -> u32 {
     }
 }
 
-/// The kernels' source for weights in `wdt`, a cache in `kdt`, heads of `head_dim` and
-/// `group` query heads per `attention` block ([`attention_group`]).
-pub(super) fn kernel_source(wdt: KvDtype, kdt: KvDtype, head_dim: usize, group: usize) -> String {
+/// The kernels' source for weights in `wdt`, a cache in `kdt`, heads of `head_dim`, `group`
+/// query heads per `attention` block ([`attention_group`]) and `gqa` query heads per KV head.
+pub(super) fn kernel_source(wdt: KvDtype, kdt: KvDtype, head_dim: usize, group: usize, gqa: usize) -> String {
     format!(
         "#define WT {}\n#define KT {}\n#define WARPS {ATTENTION_WARPS}\n#define HD {head_dim}\n#define GB {group}\n\
-         #define MAX_SPLITS {MAX_SPLITS}\n{KERNELS}\n{FLASH}",
+         #define GQ {gqa}\n#define MAX_SPLITS {MAX_SPLITS}\n{KERNELS}\n{FLASH}",
         type_code(wdt),
         type_code(kdt)
     )
@@ -112,6 +112,30 @@ pub(super) fn kernel_source(wdt: KvDtype, kdt: KvDtype, head_dim: usize, group: 
 /// of sm_80.
 pub(super) fn flash_fits(kdt: KvDtype, head_dim: usize, major: i32) -> bool {
     kdt != KvDtype::F32 && head_dim.is_multiple_of(16) && head_dim <= 128 && major >= 8
+}
+
+/// Whether `flash_decode` exists: where `flash_prefill` does ([`flash_fits`]) and a KV head's
+/// `gqa` query heads fit the 16 rows of one tensor-core tile.
+pub(super) fn flash_decode_fits(kdt: KvDtype, head_dim: usize, major: i32, gqa: usize) -> bool {
+    flash_fits(kdt, head_dim, major) && (1..=16).contains(&gqa)
+}
+
+/// Warps of one `flash_decode` block (`DW` in `flash.cu`).
+pub(super) const DECODE_WARPS: u32 = 4;
+
+/// `flash_decode` blocks worth launching per SM: each warp keeps a tile's 16-byte loads in
+/// flight, and 16 warps an SM overlap them.
+const DECODE_BLOCKS_PER_SM: usize = 4;
+
+/// How many blocks share each query's keys in `flash_decode`, for `queries` queries of
+/// `kv_heads` blocks each on a GPU of `sms` SMs, when the partial buffer holds `part_rows`
+/// queries: enough to fill the GPU, up to [`MAX_SPLITS`], or 1 (no merge) past the buffer.
+/// Depends on the step's shape alone, so a captured graph stays valid.
+pub(super) fn decode_splits(queries: usize, kv_heads: usize, sms: usize, part_rows: usize) -> usize {
+    if queries == 0 || queries > part_rows {
+        return 1;
+    }
+    (sms * DECODE_BLOCKS_PER_SM).div_ceil(queries * kv_heads).clamp(1, MAX_SPLITS)
 }
 
 /// Whether every K/V row of a cache can be read in whole 16-byte words: each plane's address

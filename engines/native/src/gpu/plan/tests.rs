@@ -60,11 +60,11 @@ fn the_kernels_get_one_type_code_per_dtype() {
     assert_eq!([KvDtype::F32, KvDtype::F16, KvDtype::Bf16].map(type_code), [0, 1, 2]);
     assert_eq!([KvDtype::F32, KvDtype::F16, KvDtype::Bf16].map(elem_bytes), [4, 2, 2]);
     assert!(KERNELS.contains("#if WT == 0") && KERNELS.contains("#if KT == 0"));
-    let src = kernel_source(KvDtype::F16, KvDtype::Bf16, 64, 7);
+    let src = kernel_source(KvDtype::F16, KvDtype::Bf16, 64, 7, 7);
     assert!(
         src.starts_with(&format!(
             "#define WT 1\n#define KT 2\n#define WARPS {ATTENTION_WARPS}\n#define HD 64\n#define GB 7\n\
-             #define MAX_SPLITS {MAX_SPLITS}\n"
+             #define GQ 7\n#define MAX_SPLITS {MAX_SPLITS}\n"
         )),
         "{src}"
     );
@@ -83,6 +83,10 @@ fn flash_prefill_runs_where_its_source_is_compiled() {
     assert!(!flash_fits(KvDtype::F32, 64, 9), "f32 caches have no tensor-core path here");
     assert!(!flash_fits(KvDtype::F16, 72, 9) && !flash_fits(KvDtype::F16, 256, 9));
     assert!(!flash_fits(KvDtype::F16, 64, 7), "mma.sync.m16n8k16 needs sm_80");
+    // `flash_decode` also needs a KV head's query heads within one 16-row tile.
+    assert!(FLASH.contains("#if GQ <= 16"));
+    assert!(flash_decode_fits(KvDtype::F16, 64, 9, 7) && flash_decode_fits(KvDtype::Bf16, 128, 9, 16));
+    assert!(!flash_decode_fits(KvDtype::F16, 64, 9, 17) && !flash_decode_fits(KvDtype::F32, 64, 9, 7));
     assert!(rows_aligned(&[[256, 4096]], [1024, 128, 64], 64, 2));
     assert!(!rows_aligned(&[[256, 4098]], [1024, 128, 64], 64, 2), "a plane off a 16-byte boundary");
     assert!(!rows_aligned(&[[256, 4096]], [1024, 132, 64], 64, 2), "a stride off");
@@ -292,4 +296,15 @@ fn attention_splits_fill_the_gpu_within_the_partials() {
     assert_eq!(attention_splits(65, 14, 132, 64), 1);
     assert_eq!(attention_splits(2048, 14, 132, 4096), 1);
     assert_eq!(attention_splits(0, 14, 132, 64), 1);
+}
+
+#[test]
+fn decode_splits_fill_the_gpu_within_the_partials() {
+    // One query of 2 KV heads on 132 SMs wants 264 splits: as many as allowed. 64 queries →
+    // 528 blocks over 128 → 5 splits; past the partial buffer, none.
+    assert_eq!(decode_splits(1, 2, 132, 64), MAX_SPLITS);
+    assert_eq!(decode_splits(64, 2, 132, 64), 5);
+    assert_eq!(decode_splits(64, 8, 132, 64), 2);
+    assert_eq!(decode_splits(65, 2, 132, 64), 1);
+    assert_eq!(decode_splits(0, 2, 132, 64), 1);
 }
