@@ -133,23 +133,69 @@ extern "C" __global__ void add_rmsnorm(float* x, const float* delta, const int* 
 // After the QKV projection, for one token: per head of Q, K and V, the bias, per-head RMSNorm
 // (Q, K), RoPE (Q, K); Q goes to q_out, K and V into the paged cache at the token's slot, found
 // through the block table and the layout's strides (elements). One warp per head, lanes over
-// the head dimension; a warp's row sits in shared memory for RoPE's pairs.
-// grid (T, ceil((H + 2 KVH) / 8)), block 256.
+// the head dimension; where HD is a multiple of 64 each lane holds both elements of its RoPE
+// pairs, else a warp's row sits in shared memory for them. grid (T, ceil((H + 2 KVH) / 8)),
+// block 256.
 extern "C" __global__ void qkv_post(const float* qkv, const wt* bias, int has_bias, const wt* qn, const wt* kn,
                                     int has_norm, const float* cos_t, const float* sin_t, const int* pos,
                                     const int* tab_off, const unsigned int* tables, unsigned long long k_plane,
                                     unsigned long long v_plane, int bs, long long s_blk, long long s_tok,
                                     long long s_head, float* q_out, int H, int KVH, float eps) {
+#if HD % 64 != 0
     __shared__ float rows[8][HD];
+#endif
     long long t = blockIdx.x;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int width = (H + 2 * KVH) * HD, half = HD / 2;
     int p = pos[t];
     long long slot = (long long)tables[tab_off[t] + p / bs] * s_blk + (long long)(p % bs) * s_tok;
+#if HD % 64 != 0
     float* row = rows[warp];
+#endif
     for (int hh = blockIdx.y * 8 + warp; hh < H + 2 * KVH; hh += 8 * gridDim.y) {
         const float* src = qkv + t * width + (long long)hh * HD;
         int kind = hh < H ? 0 : (hh < H + KVH ? 1 : 2);
+#if HD % 64 == 0
+        // Lane l holds elements l + 32u; RoPE's pair of element i < HD/2 is i + HD/2, element
+        // u + HD/64 of the same lane: the head stays in registers.
+        float v[HD / 32];
+        float ss = 0.f;
+#pragma unroll
+        for (int u = 0; u < HD / 32; u++) {
+            v[u] = src[lane + 32 * u];
+            if (has_bias) v[u] += wld(bias[hh * HD + lane + 32 * u]);
+            ss += v[u] * v[u];
+        }
+        if (kind == 2) {
+            kt* dst = (kt*)v_plane + slot + (long long)(hh - H - KVH) * s_head;
+#pragma unroll
+            for (int u = 0; u < HD / 32; u++) dst[lane + 32 * u] = kst(v[u]);
+            continue;
+        }
+        if (has_norm) {
+            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            float inv = 1.0f / sqrtf(ss / HD + eps);
+            const wt* nw = kind == 0 ? qn : kn;
+#pragma unroll
+            for (int u = 0; u < HD / 32; u++) v[u] = wld(nw[lane + 32 * u]) * (v[u] * inv);
+        }
+#pragma unroll
+        for (int u = 0; u < HD / 64; u++) {
+            int i = lane + 32 * u;
+            float c = cos_t[(long long)p * half + i], s = sin_t[(long long)p * half + i];
+            float a = v[u], b = v[u + HD / 64];
+            float o1 = a * c - b * s, o2 = b * c + a * s;
+            if (kind == 0) {
+                float* q = q_out + (t * H + hh) * HD;
+                q[i] = o1;
+                q[i + half] = o2;
+            } else {
+                kt* dst = (kt*)k_plane + slot + (long long)(hh - H) * s_head;
+                dst[i] = kst(o1);
+                dst[i + half] = kst(o2);
+            }
+        }
+#else
         float ss = 0.f;
         for (int i = lane; i < HD; i += 32) {
             float v = src[i];
@@ -184,6 +230,7 @@ extern "C" __global__ void qkv_post(const float* qkv, const wt* bias, int has_bi
             }
         }
         __syncwarp();  // the row is rewritten for the next head
+#endif
     }
 }
 
