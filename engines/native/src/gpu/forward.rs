@@ -20,8 +20,9 @@ use super::buffers::{Buf, GpuLayer, GpuWeights, StepBufs};
 use super::error::{GpuError, driver};
 use super::pages::CacheView;
 use super::plan::{
-    ATTENTION_WARPS, DECODE_WARPS, StepShape, attention_group, attention_heads, attention_splits,
-    check_matmul, decode_splits, elem_bytes, flash_decode_fits, flash_fits, kernel_source, rope_tables,
+    ATTENTION_WARPS, DECODE_WARPS, GEMV_ROWS, StepShape, attention_group, attention_heads, attention_splits,
+    check_matmul, decode_splits, elem_bytes, flash_decode_fits, flash_fits, gemv_split, kernel_source,
+    rope_tables,
 };
 use crate::weights::Weights;
 use cudarc::cublas::CudaBlas;
@@ -57,6 +58,8 @@ struct Kernels {
     flash_decode: Option<CudaFunction>,
     silu_mul: CudaFunction,
     argmax_rows: CudaFunction,
+    /// Products of at most `GEMV_ROWS` rows with 16-bit weights (absent for f32 weights).
+    gemv: Option<CudaFunction>,
 }
 
 impl Kernels {
@@ -88,6 +91,7 @@ impl Kernels {
                 .transpose()?,
             silu_mul: f("silu_mul")?,
             argmax_rows: f("argmax_rows")?,
+            gemv: (wdt != KvDtype::F32).then(|| f("gemv")).transpose()?,
         })
     }
 }
@@ -501,7 +505,9 @@ impl Forward {
         self.gemm(lane, w, x, (yp, bytes, self.wdt), dims)
     }
 
-    /// The cuBLAS call of both: `y` is a device pointer, its buffer's bytes and its dtype.
+    /// The product of both: `y` is a device pointer, its buffer's bytes and its dtype. Steps of
+    /// at most `GEMV_ROWS` rows with 16-bit weights take `gemv` (it streams the weights once,
+    /// where cuBLAS splits K for so few rows and adds a reduction); others a cuBLAS gemm.
     fn gemm(
         &self,
         lane: Lane<'_>,
@@ -512,6 +518,20 @@ impl Forward {
     ) -> Result<(), GpuError> {
         check_matmul([w.len(), x.len(), y_bytes], [elem_bytes(self.wdt), elem_bytes(ydt)], [out, inp, rows])
             .map_err(GpuError::Shape)?;
+        if let Some(gemv) = self.k.gemv.as_ref().filter(|_| rows <= GEMV_ROWS && inp.is_multiple_of(8)) {
+            let split = gemv_split(inp);
+            let (out_i, inp_i, rows_i, split_i) = (out as i32, inp as i32, rows as i32, split as i32);
+            let narrow = i32::from(ydt != KvDtype::F32);
+            let mut b = lane.stream.launch_builder(gemv);
+            b.arg(w).arg(x).arg(&yp).arg(&out_i).arg(&inp_i).arg(&rows_i).arg(&split_i).arg(&narrow);
+            // SAFETY: the buffers were checked above to hold the matrices (`w` [out][inp] and
+            // `x` [rows][inp] in the weights' 16-bit dtype, the kernel existing only for those;
+            // `yp` the caller's `y_bytes` for [rows][out] of `ydt`, f32 unless `narrow`); rows
+            // of `inp`, a multiple of 8, are whole 16-byte words of 16-byte aligned buffers; the
+            // kernel indexes outputs below `out` and rows below `rows` ≤ GEMV_ROWS.
+            unsafe { b.launch(cfg1(out.div_ceil(8 / split) as u32, 256)) }.map_err(driver)?;
+            return Ok(());
+        }
         let ty = cuda_type(self.wdt);
         let (alpha, beta) = (1.0f32, 0.0f32);
         let (wp, _w) = w.device_ptr(lane.stream);

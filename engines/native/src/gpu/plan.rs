@@ -138,6 +138,22 @@ pub(super) fn decode_splits(queries: usize, kv_heads: usize, sms: usize, part_ro
     (sms * DECODE_BLOCKS_PER_SM).div_ceil(queries * kv_heads).clamp(1, MAX_SPLITS)
 }
 
+/// Most rows of a product `gemv` takes (`GEMV_ROWS` in `kernels.cu`): decode steps of up to
+/// this many sequences multiply the weights there rather than in cuBLAS.
+pub(super) const GEMV_ROWS: usize = 8;
+
+/// Warps of one `gemv` block that share an output row (the rest of its 8 warps take other
+/// rows): enough that each lane loads at most 4 of the row's 16-byte words (`inp` 16-bit values,
+/// a multiple of 8), all in flight at once; a power of two up to 8.
+pub(super) fn gemv_split(inp: usize) -> usize {
+    let words = inp / 8;
+    let mut s = 1;
+    while s < 8 && words > 128 * s {
+        s *= 2;
+    }
+    s
+}
+
 /// Whether every K/V row of a cache can be read in whole 16-byte words: each plane's address
 /// and every stride (elements of `es` bytes) on 16-byte boundaries, and rows of whole words.
 pub(super) fn rows_aligned(planes: &[[u64; 2]], strides: [usize; 3], head_dim: usize, es: usize) -> bool {

@@ -308,3 +308,11 @@ fn decode_splits_fill_the_gpu_within_the_partials() {
     assert_eq!(decode_splits(65, 2, 132, 64), 1);
     assert_eq!(decode_splits(0, 2, 132, 64), 1);
 }
+
+#[test]
+fn gemv_rows_are_split_so_each_lane_loads_four_words() {
+    // 896 values = 112 words: one warp a row; 4,864 = 608 words: 8 warps (76 each);
+    // 4,096 = 512: 4 warps; 14,336 = 1,792: 8 warps, the most (224 each, two rounds of loads).
+    assert_eq!([896, 4864, 4096, 14_336, 8].map(gemv_split), [1, 8, 4, 8, 1]);
+    assert!(KERNELS.contains(&format!("#define GEMV_ROWS {GEMV_ROWS}")));
+}
