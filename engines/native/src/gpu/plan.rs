@@ -19,6 +19,9 @@ use xinf_transfer::LayoutDescriptor;
 /// dimension defined first.
 const KERNELS: &str = include_str!("kernels.cu");
 
+/// The small-batch product kernel (`gemv`), compiled with the others.
+const GEMV: &str = include_str!("gemv.cu");
+
 /// The tensor-core prefill attention kernel (`flash_prefill`), compiled with the others; it is
 /// only defined where [`flash_fits`] holds.
 const FLASH: &str = include_str!("flash.cu");
@@ -100,7 +103,7 @@ fn type_code(dt: KvDtype) -> u32 {
 pub(super) fn kernel_source(wdt: KvDtype, kdt: KvDtype, head_dim: usize, group: usize, gqa: usize) -> String {
     format!(
         "#define WT {}\n#define KT {}\n#define WARPS {ATTENTION_WARPS}\n#define HD {head_dim}\n#define GB {group}\n\
-         #define GQ {gqa}\n#define MAX_SPLITS {MAX_SPLITS}\n{KERNELS}\n{FLASH}",
+         #define GQ {gqa}\n#define MAX_SPLITS {MAX_SPLITS}\n{KERNELS}\n{GEMV}\n{FLASH}",
         type_code(wdt),
         type_code(kdt)
     )
@@ -139,7 +142,7 @@ pub(super) fn decode_splits(queries: usize, kv_heads: usize, sms: usize, part_ro
 }
 
 /// Most rows of a product `gemv` takes (`GEMV_ROWS` in `kernels.cu`): decode steps of up to
-/// this many sequences multiply the weights there rather than in cuBLAS.
+/// this many sequences multiply the weights there (`gemv.cu`) rather than in cuBLAS.
 pub(super) const GEMV_ROWS: usize = 8;
 
 /// Warps of one `gemv` block that share an output row (the rest of its 8 warps take other

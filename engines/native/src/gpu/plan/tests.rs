@@ -68,7 +68,7 @@ fn the_kernels_get_one_type_code_per_dtype() {
         )),
         "{src}"
     );
-    assert!(src.contains(KERNELS) && src.ends_with(FLASH));
+    assert!(src.contains(KERNELS) && src.contains(GEMV) && src.ends_with(FLASH));
 }
 
 #[test]
@@ -314,5 +314,5 @@ fn gemv_rows_are_split_so_each_lane_loads_four_words() {
     // 896 values = 112 words: one warp a row; 4,864 = 608 words: 8 warps (76 each);
     // 4,096 = 512: 4 warps; 14,336 = 1,792: 8 warps, the most (224 each, two rounds of loads).
     assert_eq!([896, 4864, 4096, 14_336, 8].map(gemv_split), [1, 8, 4, 8, 1]);
-    assert!(KERNELS.contains(&format!("#define GEMV_ROWS {GEMV_ROWS}")));
+    assert!(GEMV.contains(&format!("#define GEMV_ROWS {GEMV_ROWS}")));
 }
