@@ -54,6 +54,48 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
                  "r"(valid ? 16 : 0));
 }
 
+// One tile's step of the online softmax (base 2) for a warp's rows g and g + 8 (the m16 tile's
+// row halves): the tile's NT × 8 scores `s` (accumulator layout) become probabilities against the
+// new running maxima, which the 4 lanes of a row share; the running sums (this lane's part; the
+// caller sums them over the row's lanes at the end) and the outputs `o` are rescaled.
+template <int NT>
+__device__ __forceinline__ void online_softmax(float (*s)[4], float (*o)[4], float& m0, float& m1, float& l0,
+                                               float& l1) {
+    float x0 = NEG_INF, x1 = NEG_INF;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        x0 = fmaxf(x0, fmaxf(s[nt][0], s[nt][1]));
+        x1 = fmaxf(x1, fmaxf(s[nt][2], s[nt][3]));
+    }
+    for (int sh = 1; sh < 4; sh <<= 1) {
+        x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, sh));
+        x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, sh));
+    }
+    float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
+    float c0 = exp2f(m0 - n0), c1 = exp2f(m1 - n1);
+    float e0 = 0.f, e1 = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        s[nt][0] = exp2f(s[nt][0] - n0);
+        s[nt][1] = exp2f(s[nt][1] - n0);
+        s[nt][2] = exp2f(s[nt][2] - n1);
+        s[nt][3] = exp2f(s[nt][3] - n1);
+        e0 += s[nt][0] + s[nt][1];
+        e1 += s[nt][2] + s[nt][3];
+    }
+    l0 = l0 * c0 + e0;
+    l1 = l1 * c1 + e1;
+    m0 = n0;
+    m1 = n1;
+#pragma unroll
+    for (int d = 0; d < HD / 8; d++) {
+        o[d][0] *= c0;
+        o[d][1] *= c0;
+        o[d][2] *= c1;
+        o[d][3] *= c1;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(128, HD <= 64 ? 4 : 2)
 flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_plane, const int* pos,
               const int* tab_off, const unsigned int* tables, const int* tiles, int bs, long long s_blk,
@@ -174,41 +216,8 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
                     if (j + 1 > lim1) s[nt][3] = NEG_INF;
                 }
             }
-            // Online softmax; a row's maximum is shared by the 4 lanes of its group. Key 0 is in
-            // every row's range, so after the first tile the maxima are finite.
-            float x0 = NEG_INF, x1 = NEG_INF;
-#pragma unroll
-            for (int nt = 0; nt < BC / 8; nt++) {
-                x0 = fmaxf(x0, fmaxf(s[nt][0], s[nt][1]));
-                x1 = fmaxf(x1, fmaxf(s[nt][2], s[nt][3]));
-            }
-            for (int sh = 1; sh < 4; sh <<= 1) {
-                x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, sh));
-                x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, sh));
-            }
-            float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
-            float c0 = exp2f(m0 - n0), c1 = exp2f(m1 - n1);
-            float e0 = 0.f, e1 = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < BC / 8; nt++) {
-                s[nt][0] = exp2f(s[nt][0] - n0);
-                s[nt][1] = exp2f(s[nt][1] - n0);
-                s[nt][2] = exp2f(s[nt][2] - n1);
-                s[nt][3] = exp2f(s[nt][3] - n1);
-                e0 += s[nt][0] + s[nt][1];
-                e1 += s[nt][2] + s[nt][3];
-            }
-            l0 = l0 * c0 + e0;  // this lane's part of the row sum; summed over the group at the end
-            l1 = l1 * c1 + e1;
-            m0 = n0;
-            m1 = n1;
-#pragma unroll
-            for (int d = 0; d < HD / 8; d++) {
-                o[d][0] *= c0;
-                o[d][1] *= c0;
-                o[d][2] *= c1;
-                o[d][3] *= c1;
-            }
+            // Key 0 is in every row's range, so after the first tile the maxima are finite.
+            online_softmax<BC / 8>(s, o, m0, m1, l0, l1);
             // O += P · V: the scores' accumulator layout is the A operand's, two n-tiles per
             // k-step; V's B fragments for two 8-column tiles at once, transposed by ldmatrix
             // (lane L gives the address of row L % 8 of matrix L / 8: keys +0/+8, columns +0/+8).
@@ -271,7 +280,9 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
 //   each 16, and pairs halves across rows with byte permutes into B fragments; output column g of
 //   n-tile dt is therefore head element g·HD/8 + dt.
 // Each warp's (max, sum, output) meet in shared memory; with several splits the last block of a
-// query merges all partials (merge_splits, natural-log maxima).
+// query merges all partials (merge_splits, natural-log maxima). Its arguments are `attention`'s
+// (`vec` unused: the host runs it on caches whose rows are whole aligned words), but for the
+// scale, log2(e) / sqrt(HD) as in flash_prefill.
 #if GQ <= 16
 #define DW 4                // warps per flash_decode block
 #define DK (HD > 64 ? 16 : 32)  // keys per warp tile: its K and V segments stay in registers
@@ -309,9 +320,9 @@ __device__ __forceinline__ long long shfl64(long long v, int src) {
 
 extern "C" __global__ void __launch_bounds__(32 * DW)
 flash_decode(const float* q, unsigned long long k_plane, unsigned long long v_plane, const int* pos,
-             const int* tab_off, const unsigned int* tables, const int* toks, int use_toks, int bs, long long s_blk,
-             long long s_tok, long long s_head, wt* out, float* part, unsigned int* counters, int H, int KVH,
-             float scale_log2) {
+             const int* tab_off, const unsigned int* tables, const int* toks, int use_toks, int vec, int bs,
+             long long s_blk, long long s_tok, long long s_head, wt* out, float* part, unsigned int* counters, int H,
+             int KVH, float scale_log2) {
     __shared__ float so[DW][GQ][HD];
     __shared__ float sm[DW][GQ], sl[DW][GQ];
     long long t = use_toks ? toks[blockIdx.x] : blockIdx.x;
@@ -381,41 +392,8 @@ flash_decode(const float* q, unsigned long long k_plane, unsigned long long v_pl
                 if (jj + 1 >= len) s[nt][1] = s[nt][3] = NEG_INF;
             }
         }
-        // Online softmax (base 2), a row's maximum shared by the 4 lanes of its group; the
-        // tile's first key is below len, so the maxima are finite.
-        float x0 = NEG_INF, x1 = NEG_INF;
-#pragma unroll
-        for (int nt = 0; nt < DK / 8; nt++) {
-            x0 = fmaxf(x0, fmaxf(s[nt][0], s[nt][1]));
-            x1 = fmaxf(x1, fmaxf(s[nt][2], s[nt][3]));
-        }
-        for (int sh = 1; sh < 4; sh <<= 1) {
-            x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, sh));
-            x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, sh));
-        }
-        float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
-        float c0 = exp2f(m0 - n0), c1 = exp2f(m1 - n1);
-        float e0 = 0.f, e1 = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < DK / 8; nt++) {
-            s[nt][0] = exp2f(s[nt][0] - n0);
-            s[nt][1] = exp2f(s[nt][1] - n0);
-            s[nt][2] = exp2f(s[nt][2] - n1);
-            s[nt][3] = exp2f(s[nt][3] - n1);
-            e0 += s[nt][0] + s[nt][1];
-            e1 += s[nt][2] + s[nt][3];
-        }
-        l0 = l0 * c0 + e0;
-        l1 = l1 * c1 + e1;
-        m0 = n0;
-        m1 = n1;
-#pragma unroll
-        for (int d = 0; d < HD / 8; d++) {
-            o[d][0] *= c0;
-            o[d][1] *= c0;
-            o[d][2] *= c1;
-            o[d][3] *= c1;
-        }
+        // The tile's first key is below len, so the maxima are finite.
+        online_softmax<DK / 8>(s, o, m0, m1, l0, l1);
         // O += P · V: P's A fragments straight from the scores; V's B fragments pair the same
         // element of keys 2tq and 2tq+1 (b0) and of 2tq+8 and 2tq+9 (b1).
 #pragma unroll
@@ -455,29 +433,7 @@ flash_decode(const float* q, unsigned long long k_plane, unsigned long long v_pl
         }
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < GQ * HD; e += blockDim.x) {
-        int r = e / HD, d = e % HD;
-        float M = NEG_INF;
-        for (int w = 0; w < DW; w++) M = fmaxf(M, sm[w][r]);
-        float L = 0.f, acc = 0.f;
-        for (int w = 0; w < DW; w++) {
-            float f = sl[w][r] > 0.f ? expf(sm[w][r] - M) : 0.f;  // a warp with no keys adds nothing
-            L += sl[w][r] * f;
-            acc += so[w][r][d] * f;
-        }
-        long long h = h0 + r;
-        if (splits == 1) {
-            out[(t * H + h) * HD + d] = wst(acc / L);
-            continue;
-        }
-        float* pp = part + (((long long)blockIdx.x * H + h) * splits + z) * (HD + 2);
-        if (d == 0) {
-            pp[0] = M;
-            pp[1] = L;
-        }
-        pp[2 + d] = acc;
-    }
-    if (splits > 1) merge_splits<GQ>(part, counters, out, t, h0, H);
+    merge_warps<GQ, DW>(sm, sl, so, part, counters, out, t, h0, H);
 }
 #endif
 

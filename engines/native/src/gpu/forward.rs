@@ -372,45 +372,23 @@ impl Forward {
             return Ok(());
         }
         let use_toks = if flash.is_some() { use_toks } else { 0 };
-        if let Some(decode) = self.k.flash_decode.as_ref().filter(|_| c.aligned) {
-            let kvh = cfg.kv_heads;
-            let splits = decode_splits(blocks, kvh, self.sms, bufs.part_rows);
-            let scale_log2 = scale * std::f32::consts::LOG2_E;
-            let mut b = s.launch_builder(decode);
-            b.arg(&bufs.q)
-                .arg(&kp)
-                .arg(&vp)
-                .arg(&bufs.pos)
-                .arg(&bufs.tab_off)
-                .arg(&bufs.tables)
-                .arg(&bufs.singles)
-                .arg(&use_toks)
-                .arg(&c.block_size)
-                .arg(&c.s_blk)
-                .arg(&c.s_tok)
-                .arg(&c.s_head)
-                .arg(&mut bufs.act)
-                .arg(&mut bufs.part)
-                .arg(&mut bufs.counters)
-                .arg(&h_i)
-                .arg(&kvh_i)
-                .arg(&scale_log2);
-            let grid = LaunchConfig {
-                grid_dim: (blocks as u32, kvh as u32, splits as u32),
-                block_dim: (32 * DECODE_WARPS, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: see `record`'s doc and the launch below: the same tokens, cache reads
-            // (`c.aligned`: whole 16-byte words where the kernel loads them) and partials (rows
-            // of `h` heads; the counters of `kv_heads` ≤ `h` blocks per query), the kernel
-            // existing only for the dtypes, head dimensions and GQA groups it is compiled for.
-            unsafe { b.launch(grid) }.map_err(driver)?;
-            return Ok(());
-        }
-        let per_block = attention_heads(blocks, h, self.group, self.sms);
-        let head_blocks = h / per_block;
-        let splits = attention_splits(blocks, head_blocks, self.sms, bufs.part_rows);
-        let kernel = if per_block == 1 { &self.k.attention_one } else { &self.k.attention };
+        // `flash_decode` where it exists (its arguments are `attention`'s, but for a base-2
+        // scale), else `attention` with blocks of one head or of a GQA group's heads.
+        let (kernel, heads_splits, threads, scale) = match self.k.flash_decode.as_ref().filter(|_| c.aligned)
+        {
+            Some(decode) => {
+                let kvh = cfg.kv_heads;
+                let splits = decode_splits(blocks, kvh, self.sms, bufs.part_rows);
+                (decode, (kvh, splits), 32 * DECODE_WARPS, scale * std::f32::consts::LOG2_E)
+            }
+            None => {
+                let per_block = attention_heads(blocks, h, self.group, self.sms);
+                let head_blocks = h / per_block;
+                let splits = attention_splits(blocks, head_blocks, self.sms, bufs.part_rows);
+                let kernel = if per_block == 1 { &self.k.attention_one } else { &self.k.attention };
+                (kernel, (head_blocks, splits), 32 * ATTENTION_WARPS, scale)
+            }
+        };
         let mut b = s.launch_builder(kernel);
         b.arg(&bufs.q)
             .arg(&kp)
@@ -432,16 +410,18 @@ impl Forward {
             .arg(&kvh_i)
             .arg(&scale);
         let grid = LaunchConfig {
-            grid_dim: (blocks as u32, head_blocks as u32, splits as u32),
-            block_dim: (32 * ATTENTION_WARPS, 1, 1),
+            grid_dim: (blocks as u32, heads_splits.0 as u32, heads_splits.1 as u32),
+            block_dim: (threads, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: see `record`'s doc; `singles` lists tokens below `t` and is read only with
-        // `use_toks`, `vec` only when `c.aligned` holds, the kernel's heads per block (1, or the
-        // `group` compiled in) divide the heads of a KV head (`attention_group`), and with more
-        // than one split `attention_splits` checked that `part` holds the `blocks` rows of
-        // partials written and `counters` (as many rows of `h` entries, zeroed at allocation
-        // and set back to zero by the kernel) their counts.
+        // `use_toks`, `vec` only when `c.aligned` holds (`flash_decode` runs only then and loads
+        // whole 16-byte words), the kernel's heads per block (1, the `group` compiled in, or a KV
+        // head's `gqa` for `flash_decode`, which exists only for the dtypes, head dimensions and
+        // groups it is compiled for) divide the heads of a KV head (`attention_group`), and with
+        // more than one split `attention_splits`/`decode_splits` checked that `part` holds the
+        // `blocks` rows of partials written and `counters` (as many rows of `h` entries, zeroed
+        // at allocation and set back to zero by the kernel) their counts.
         unsafe { b.launch(grid) }.map_err(driver)?;
         Ok(())
     }

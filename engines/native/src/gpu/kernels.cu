@@ -365,6 +365,40 @@ __device__ __forceinline__ void merge_splits(const float* part, unsigned int* co
     }
 }
 
+// The end of a query's attention in a block of NW warps, each of which left its (max in
+// natural-log units, sum, unnormalised output) per head in shared memory: merged one (head,
+// element) per thread into `out`, or with several splits (blockIdx.z of gridDim.z) into this
+// split's partial and then by merge_splits.
+template <int G, int NW>
+__device__ __forceinline__ void merge_warps(const float (*sm)[G], const float (*sl)[G], const float (*sacc)[G][HD],
+                                            float* part, unsigned int* counters, wt* out, long long t, int h0,
+                                            int H) {
+    int z = blockIdx.z, splits = gridDim.z;
+    for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
+        int g = e / HD, i = e % HD;
+        float M = NEG_INF;
+        for (int w = 0; w < NW; w++) M = fmaxf(M, sm[w][g]);
+        float L = 0.f, o = 0.f;
+        for (int w = 0; w < NW; w++) {
+            float f = sl[w][g] > 0.f ? expf(sm[w][g] - M) : 0.f;  // a warp with no keys adds nothing
+            L += sl[w][g] * f;
+            o += sacc[w][g][i] * f;
+        }
+        long long h = h0 + g;
+        if (splits == 1) {
+            out[(t * H + h) * HD + i] = wst(o / L);
+            continue;
+        }
+        float* pp = part + (((long long)blockIdx.x * H + h) * splits + z) * (HD + 2);
+        if (i == 0) {
+            pp[0] = M;
+            pp[1] = L;
+        }
+        pp[2 + i] = o;
+    }
+    if (splits > 1) merge_splits<G>(part, counters, out, t, h0, H);
+}
+
 // Paged attention of one query token for G heads that share one KV head (GQA), over its
 // sequence's keys 0..pos (causal), read from the cache through the block table and the
 // layout's strides. Each key and value row is read once for the G heads. Keys go in groups
@@ -450,30 +484,7 @@ __device__ __forceinline__ void attention_heads(const float* q, unsigned long lo
         }
     }
     __syncthreads();
-    // The warps' results merged, one (head, element) per thread.
-    for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
-        int g = e / HD, i = e % HD;
-        float M = NEG_INF;
-        for (int w = 0; w < WARPS; w++) M = fmaxf(M, sm[w][g]);
-        float L = 0.f, o = 0.f;
-        for (int w = 0; w < WARPS; w++) {
-            float f = sl[w][g] > 0.f ? expf(sm[w][g] - M) : 0.f;  // a warp with no keys adds nothing
-            L += sl[w][g] * f;
-            o += sacc[w][g][i] * f;
-        }
-        long long h = h0 + g;
-        if (splits == 1) {
-            out[(t * H + h) * HD + i] = wst(o / L);
-            continue;
-        }
-        float* pp = part + (((long long)blockIdx.x * H + h) * splits + z) * (HD + 2);
-        if (i == 0) {
-            pp[0] = M;
-            pp[1] = L;
-        }
-        pp[2 + i] = o;
-    }
-    if (splits > 1) merge_splits<G>(part, counters, out, t, h0, H);
+    merge_warps<G, WARPS>(sm, sl, sacc, part, counters, out, t, h0, H);
 }
 
 // The kernel for steps with many queries: blocks of the GB heads of a KV head, each K/V row
