@@ -51,10 +51,16 @@ const HEAD_BLOCKS_PER_SM: usize = 4;
 /// blocks to fill the GPU, up to [`MAX_SPLITS`], or 1 (no merge) when a step has more queries
 /// than the buffer. Depends on the step's shape alone, so a captured graph stays valid.
 pub(super) fn attention_splits(queries: usize, heads: usize, sms: usize, part_rows: usize) -> usize {
+    fill_splits(queries, heads, sms * BLOCKS_PER_SM, part_rows)
+}
+
+/// Splits of each query's keys so that `queries × blocks` blocks reach `wanted`, up to
+/// [`MAX_SPLITS`]; 1 (no merge) for no queries or more than the partial buffer's `part_rows`.
+fn fill_splits(queries: usize, blocks: usize, wanted: usize, part_rows: usize) -> usize {
     if queries == 0 || queries > part_rows {
         return 1;
     }
-    (sms * BLOCKS_PER_SM).div_ceil(queries * heads).clamp(1, MAX_SPLITS)
+    wanted.div_ceil(queries * blocks).clamp(1, MAX_SPLITS)
 }
 
 /// Query heads per `attention` block for a step of `queries` queries of `heads` heads, when the
@@ -135,13 +141,10 @@ const DECODE_BLOCKS_PER_SM: usize = 4;
 /// queries: enough to fill the GPU, up to [`MAX_SPLITS`], or 1 (no merge) past the buffer.
 /// Depends on the step's shape alone, so a captured graph stays valid.
 pub(super) fn decode_splits(queries: usize, kv_heads: usize, sms: usize, part_rows: usize) -> usize {
-    if queries == 0 || queries > part_rows {
-        return 1;
-    }
-    (sms * DECODE_BLOCKS_PER_SM).div_ceil(queries * kv_heads).clamp(1, MAX_SPLITS)
+    fill_splits(queries, kv_heads, sms * DECODE_BLOCKS_PER_SM, part_rows)
 }
 
-/// Most rows of a product `gemv` takes (`GEMV_ROWS` in `kernels.cu`): decode steps of up to
+/// Most rows of a product `gemv` takes (`GEMV_ROWS` in `gemv.cu`): decode steps of up to
 /// this many sequences multiply the weights there (`gemv.cu`) rather than in cuBLAS.
 pub(super) const GEMV_ROWS: usize = 8;
 
