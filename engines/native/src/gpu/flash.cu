@@ -11,7 +11,8 @@
 // edge, advances its online softmax (base-2: Q is pre-scaled by log2(e) / sqrt(HD)), and
 // accumulates P · V with the scores re-used as the A operand straight from the registers and
 // V's fragments read transposed by `ldmatrix.trans`. Rows past the tile's end compute over
-// the tile's keys and are not written. Blocks run the longest tiles (the last of a chunk, which attend to the most keys) first.
+// the tile's keys and are not written. Blocks run the longest tiles (the last of a chunk,
+// which attend to the most keys) first.
 //
 // Scores and output accumulate in f32; Q and the probabilities enter the tensor cores in the
 // cache's type, as in FlashAttention itself. Grid (tiles, H), block 128.
