@@ -249,12 +249,12 @@ fn decode_step_time_by_batch() {
 }
 
 /// A profiling target, not a check: with `XINF_PROFILE` set, the model of `XINF_BENCH_SHAPE`
-/// runs one workload with CUDA graphs off, so a profiler sees every kernel: `prefill`, one
-/// 2,833-token prompt pass; `decodeN`, N requests of 1,000-token prompts decoding 32 tokens
+/// runs one workload with CUDA graphs off, so a profiler sees every kernel: `prefillN`, one
+/// prompt pass of N tokens (2,833 without N); `decodeN`, N requests of 1,000-token prompts decoding 32 tokens
 /// each, the profiler collecting only some of their decode-only steps (15 of them, give or
 /// take the steps in flight). Under Nsight Compute, e.g. `XINF_TEST_GPU=1 XINF_PROFILE=decode16
 /// ncu --profile-from-start off --metrics gpu__time_duration.sum --print-summary per-kernel
-/// ./gpu-<hash> profile_target` (without `--profile-from-start off` for `prefill`).
+/// ./gpu-<hash> profile_target` (without `--profile-from-start off` for `prefillN`).
 #[test]
 fn profile_target() {
     let Ok(what) = std::env::var("XINF_PROFILE") else {
@@ -270,8 +270,9 @@ fn profile_target() {
     let cfg = serde_json::json!({"device": "cuda", "kv_cache_tokens": 131_072, "cuda_graphs": false});
     let engine =
         NativeEngine::load(&model, EngineOptions::from_engine_config(&cfg).expect("options")).expect("load");
-    if what == "prefill" {
-        rt().block_on(engine.prompt_logits(prompt(2833, 9, shape.vocab))).expect("prompt logits");
+    if let Some(len) = what.strip_prefix("prefill") {
+        let len = if len.is_empty() { 2833 } else { len.parse().expect("XINF_PROFILE=prefillN") };
+        rt().block_on(engine.prompt_logits(prompt(len, 9, shape.vocab))).expect("prompt logits");
     } else {
         let n = what.trim_start_matches("decode").parse().expect("XINF_PROFILE=decodeN");
         let ms = decode_gap_ms(&engine, n, 1000, 32, shape.vocab, true);

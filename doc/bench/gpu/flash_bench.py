@@ -1,0 +1,211 @@
+"""Check and time versions of the native engine's prefill attention kernel (`flash_prefill`).
+
+Each version is a copy of `engines/native/src/gpu/flash.cu` (the repository's is `base`). The
+kernel is compiled with NVRTC exactly as the engine assembles it (the defines, `kernels.cu`,
+`gemv.cu`, then the version's `flash.cu`), run on a paged KV cache of random values laid out as
+the native engine's default (`paged-kv-first`, NHD, 16-token blocks, blocks in shuffled order),
+checked against PyTorch's attention in float32, and timed with CUDA events (median of many
+launches). Versions named `*w8*` have 8 warps and tiles of 128 tokens; versions named `pair*` take two tiles per block, the one with the most keys and the
+one with the fewest, so every block does about the same work; their tiles are listed in order
+of work, longest first.
+
+    python3 flash_bench.py [--ncu] [--case NAME] base=engines/native/src/gpu/flash.cu other=/path/flash.cu
+
+Needs a CUDA GPU, PyTorch and the CUDA toolkit's NVRTC (`/usr/local/cuda`). With `--ncu` each
+version runs once per case, for Nsight Compute; `--case` keeps the cases whose name starts so.
+"""
+
+import ctypes
+import glob
+import math
+import os
+import statistics
+import sys
+
+import torch
+
+GPU_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../engines/native/src/gpu")
+# (name, heads, kv heads, head dim, prompt lengths in one step)
+CASES = [
+    ("q05 2833", 14, 2, 64, [2833]),
+    ("q05 mix", 14, 2, 64, [40, 173, 733, 2833]),
+    ("q05 16x733", 14, 2, 64, [733] * 16),
+    ("l8b 2833", 32, 8, 128, [2833]),
+]
+BLOCK = 16
+
+
+def nvrtc_lib():
+    for pat in ("/usr/local/cuda/lib64/libnvrtc.so*", "/usr/local/cuda/targets/*/lib/libnvrtc.so*"):
+        for path in sorted(glob.glob(pat)):
+            if "builtins" not in path:
+                return ctypes.CDLL(path)
+    raise SystemExit("no libnvrtc under /usr/local/cuda")
+
+
+NVRTC = nvrtc_lib()
+CUDA = ctypes.CDLL("libcuda.so.1")
+
+
+def check(r, what):
+    if r != 0:
+        raise SystemExit(f"{what} failed: {r}")
+
+
+def compile_cubin(src, arch):
+    prog = ctypes.c_void_p()
+    check(NVRTC.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"k.cu", 0, None, None), "nvrtcCreateProgram")
+    opts = [f"--gpu-architecture=sm_{arch}".encode()]
+    r = NVRTC.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    n = ctypes.c_size_t()
+    NVRTC.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
+    log = ctypes.create_string_buffer(n.value)
+    NVRTC.nvrtcGetProgramLog(prog, log)
+    if r != 0:
+        raise SystemExit(f"compile failed:\n{log.value.decode()[:4000]}")
+    NVRTC.nvrtcGetCUBINSize(prog, ctypes.byref(n))
+    cubin = ctypes.create_string_buffer(n.value)
+    check(NVRTC.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+    return cubin
+
+
+def load_kernel(flash_path, hd, h, kvh, arch):
+    base = open(f"{GPU_SRC}/kernels.cu").read() + "\n" + open(f"{GPU_SRC}/gemv.cu").read()
+    gq = h // kvh
+    defines = f"#define WT 1\n#define KT 1\n#define WARPS 4\n#define HD {hd}\n#define GB {gq}\n#define GQ {gq}\n#define MAX_SPLITS 16\n"
+    cubin = compile_cubin(defines + base + "\n" + open(flash_path).read(), arch)
+    module, func = ctypes.c_void_p(), ctypes.c_void_p()
+    check(CUDA.cuModuleLoadData(ctypes.byref(module), cubin), "cuModuleLoadData")
+    check(CUDA.cuModuleGetFunction(ctypes.byref(func), module, b"flash_prefill"), "cuModuleGetFunction")
+    regs = ctypes.c_int()
+    CUDA.cuFuncGetAttribute(ctypes.byref(regs), 4, func)  # CU_FUNC_ATTRIBUTE_NUM_REGS
+    local = ctypes.c_int()
+    CUDA.cuFuncGetAttribute(ctypes.byref(local), 3, func)  # LOCAL_SIZE_BYTES
+    return func, regs.value, local.value
+
+
+class Case:
+    """One step's prompts: a paged cache, queries, the plan's arrays and the reference output."""
+
+    def __init__(self, h, kvh, hd, lens, gen):
+        dev = "cuda"
+        self.h, self.kvh, self.hd, self.lens = h, kvh, hd, lens
+        nblocks = sum(math.ceil(n / BLOCK) for n in lens) + 3
+        order = torch.randperm(nblocks, generator=gen).tolist()
+        self.k = torch.randn(nblocks, BLOCK, kvh, hd, generator=gen).half().to(dev)
+        self.v = torch.randn(nblocks, BLOCK, kvh, hd, generator=gen).half().to(dev)
+        t = sum(lens)
+        self.q = torch.randn(t, h, hd, generator=gen).to(dev)
+        pos, tab_off, tables, refs = [], [], [], []
+        self.chunks = []
+        first = 0
+        for n in lens:
+            nb = math.ceil(n / BLOCK)
+            table = [order.pop() for _ in range(nb)]
+            off = len(tables)
+            tables += table
+            pos += list(range(n))
+            tab_off += [off] * n
+            self.chunks.append((first, n))
+            idx = torch.tensor(table, device=dev)
+            kk = self.k[idx].reshape(nb * BLOCK, kvh, hd)[:n].float()
+            vv = self.v[idx].reshape(nb * BLOCK, kvh, hd)[:n].float()
+            qq = self.q[first : first + n].half().float()
+            rep = h // kvh
+            kk = kk.repeat_interleave(rep, dim=1).transpose(0, 1)
+            vv = vv.repeat_interleave(rep, dim=1).transpose(0, 1)
+            o = torch.nn.functional.scaled_dot_product_attention(qq.transpose(0, 1), kk, vv, is_causal=True)
+            refs.append(o.transpose(0, 1))
+            first += n
+        self.t = t
+        self.ref = torch.cat(refs)
+        self.pos = torch.tensor(pos, dtype=torch.int32, device=dev)
+        self.tab_off = torch.tensor(tab_off, dtype=torch.int32, device=dev)
+        self.tables = torch.tensor(tables, dtype=torch.int32, device=dev)
+        self.out = torch.empty(t, h, hd, dtype=torch.half, device=dev)
+        self.flops = sum(4 * hd * h * n * (n + 1) / 2 for n in lens)
+
+    def tiles(self, paired, tile):
+        tiles = [(first + a, min(tile, n - a)) for first, n in self.chunks for a in range(0, n, tile)]
+        if paired:
+            pos = self.pos.tolist()
+            tiles = sorted(tiles, key=lambda tn: -(pos[tn[0]] + tn[1]))
+        flat = [x for tn in tiles for x in tn]
+        return torch.tensor(flat, dtype=torch.int32, device="cuda"), len(tiles)
+
+    def launch(self, func, paired, threads, tiles, ntiles, stream):
+        scale_log2 = 1.0 / math.sqrt(self.hd) * math.log2(math.e)
+        vals = [
+            ctypes.c_uint64(self.q.data_ptr()),
+            ctypes.c_uint64(self.k.data_ptr()),
+            ctypes.c_uint64(self.v.data_ptr()),
+            ctypes.c_uint64(self.pos.data_ptr()),
+            ctypes.c_uint64(self.tab_off.data_ptr()),
+            ctypes.c_uint64(self.tables.data_ptr()),
+            ctypes.c_uint64(tiles.data_ptr()),
+            ctypes.c_int32(BLOCK),
+            ctypes.c_int64(BLOCK * self.kvh * self.hd),
+            ctypes.c_int64(self.kvh * self.hd),
+            ctypes.c_int64(self.hd),
+            ctypes.c_uint64(self.out.data_ptr()),
+            ctypes.c_int32(self.h),
+            ctypes.c_int32(self.kvh),
+            ctypes.c_float(scale_log2),
+            ctypes.c_int32(ntiles),  # read only by versions that take it
+        ]
+        params = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
+        grid = (ntiles + 1) // 2 if paired else ntiles
+        check(CUDA.cuLaunchKernel(func, grid, self.h, 1, threads, 1, 1, 0, ctypes.c_void_p(stream), params, None), "launch")
+
+
+def main():
+    args = sys.argv[1:]
+    ncu = "--ncu" in args
+    versions = [a.split("=", 1) for a in args if "=" in a]
+    only = args[args.index("--case") + 1] if "--case" in args else ""
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"{major}{minor}"
+    stream = torch.cuda.current_stream().cuda_stream
+    gen = torch.Generator().manual_seed(1)
+    cases = [(name, Case(h, kvh, hd, lens, gen)) for name, h, kvh, hd, lens in CASES if name.startswith(only)]
+    kernels = {}
+    rows = []
+    for vname, path in versions:
+        paired = vname.startswith("pair")
+        warps = 8 if "w8" in vname else 4
+        threads, tile = 32 * warps, 16 * warps
+        for cname, c in cases:
+            key = (path, c.hd, c.h, c.kvh)
+            if key not in kernels:
+                kernels[key] = load_kernel(path, c.hd, c.h, c.kvh, arch)
+            func, regs, local = kernels[key]
+            tiles, ntiles = c.tiles(paired, tile)
+            c.out.fill_(float("nan"))
+            c.launch(func, paired, threads, tiles, ntiles, stream)
+            torch.cuda.synchronize()
+            err = ((c.out.float() - c.ref).norm() / c.ref.norm()).item()
+            if ncu:
+                rows.append((vname, cname, regs, local, err, 0.0, 0.0))
+                continue
+            for _ in range(10):
+                c.launch(func, paired, threads, tiles, ntiles, stream)
+            times = []
+            for _ in range(60):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                c.launch(func, paired, threads, tiles, ntiles, stream)
+                b.record()
+                b.synchronize()
+                times.append(a.elapsed_time(b) * 1000)
+            med = statistics.median(times)
+            rows.append((vname, cname, regs, local, err, med, c.flops / med / 1e6))
+    print(f"{'version':<12} {'case':<12} {'regs':>4} {'local':>5} {'rel err':>9} {'µs':>8} {'TFLOP/s':>8}")
+    for v, cn, regs, local, err, med, tf in rows:
+        flag = "" if err < 1e-2 else "  WRONG"
+        print(f"{v:<12} {cn:<12} {regs:>4} {local:>5} {err:>9.2e} {med:>8.1f} {tf:>8.1f}{flag}")
+
+
+if __name__ == "__main__":
+    main()
