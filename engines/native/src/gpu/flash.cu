@@ -2,8 +2,8 @@
 // caches in f16 or bf16 and head dimensions HD (defined by the host) that are a multiple of 16
 // and at most 128, on sm_80 and later. The host only loads `flash_prefill` when those hold.
 //
-// A block takes one tile of up to 64 consecutive query tokens of one sequence (a prompt chunk)
-// and one head; each of its 4 warps owns 16 query rows, kept in registers as mma fragments. The
+// A block takes one tile of up to 128 consecutive query tokens of one sequence (a prompt chunk)
+// and one head; each of its 8 warps owns 16 query rows, kept in registers as mma fragments. The
 // block walks the sequence's keys BC at a time: tiles of K and V are copied from the cache
 // through the block table into shared memory with `cp.async`, double-buffered so the next
 // tile's copy overlaps this tile's math; each warp computes its 16 × BC scores with
@@ -15,15 +15,23 @@
 // which attend to the most keys) first.
 //
 // Scores and output accumulate in f32; Q and the probabilities enter the tensor cores in the
-// cache's type, as in FlashAttention itself. Grid (tiles, H), block 128.
+// cache's type, as in FlashAttention itself. Grid (tiles, H), block FT (256).
+//
+// What bounds it is the instructions a warp issues per tile besides the mma.sync ones, more
+// than shared memory or L2: so the K/V tiles in shared memory serve 8 warps (not 4), the
+// cache's block of a key is found by shifts where the block size is a power of two (every
+// layout xinf has; a division otherwise), shared-memory addresses are a per-lane base plus
+// constants, probabilities are packed two per conversion, and 2^x is one ex2.approx.ftz.
 
 #if KT != 0 && HD % 16 == 0 && HD <= 128 && __CUDA_ARCH__ >= 800
 
-#define BR 64                    // query rows per block (4 warps × 16)
+#define FW 8                     // warps per block (FLASH_TILE / 16 on the host)
+#define FT (32 * FW)             // threads per block
 #define BC (HD > 64 ? 32 : 64)   // keys per tile: two K and two V tiles stay under 48 KB
 #define KPAD (HD + 8)            // row pitch of the K and V tiles: rows 16 bytes apart in the banks
+#define TILE_BYTES (BC * KPAD * 2)  // one K (or V) tile in shared memory
 #define CHUNKS (BC * (HD / 8))   // 16-byte pieces of one K (or V) tile
-#define PER_T ((CHUNKS + 127) / 128)  // of them per thread
+#define PER_T ((CHUNKS + FT - 1) / FT)  // of them per thread
 
 #if KT == 1
 #define MMA16816 "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
@@ -38,9 +46,25 @@ __device__ __forceinline__ void mma16816(float* c, const unsigned int* a, unsign
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Two values in the cache's type, `lo` in the low half (the lower column of a fragment).
+// Two values in the cache's type, `lo` in the low half (the lower column of a fragment), in one
+// conversion (round to nearest even, as `kst`).
 __device__ __forceinline__ unsigned int pack2(float lo, float hi) {
-    return (unsigned int)kst(lo) | ((unsigned int)kst(hi) << 16);
+    unsigned int r;
+#if KT == 1
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
+
+// 2^x in one special-function instruction; results below f32's normal range become 0 (exp2f
+// also scales subnormals, several instructions more per score). Such probabilities round to 0
+// in the 16-bit P operand anyway, and add nothing to a row's sum, which is at least 1.
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
 }
 
 __device__ __forceinline__ unsigned int smem_addr(const void* p) {
@@ -49,10 +73,10 @@ __device__ __forceinline__ unsigned int smem_addr(const void* p) {
     return a;
 }
 
-// 16 bytes global → shared without passing through registers; zeros when `!valid`.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(valid ? 16 : 0));
+// 16 bytes global → shared (address `dst`) without passing through registers; zeros when
+// `!valid`.
+__device__ __forceinline__ void cp_async16(unsigned int dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
 
 // One tile's step of the online softmax (base 2) for a warp's rows g and g + 8 (the m16 tile's
@@ -73,14 +97,14 @@ __device__ __forceinline__ void online_softmax(float (*s)[4], float (*o)[4], flo
         x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, sh));
     }
     float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
-    float c0 = exp2f(m0 - n0), c1 = exp2f(m1 - n1);
+    float c0 = ex2(m0 - n0), c1 = ex2(m1 - n1);
     float e0 = 0.f, e1 = 0.f;
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
-        s[nt][0] = exp2f(s[nt][0] - n0);
-        s[nt][1] = exp2f(s[nt][1] - n0);
-        s[nt][2] = exp2f(s[nt][2] - n1);
-        s[nt][3] = exp2f(s[nt][3] - n1);
+        s[nt][0] = ex2(s[nt][0] - n0);
+        s[nt][1] = ex2(s[nt][1] - n0);
+        s[nt][2] = ex2(s[nt][2] - n1);
+        s[nt][3] = ex2(s[nt][3] - n1);
         e0 += s[nt][0] + s[nt][1];
         e1 += s[nt][2] + s[nt][3];
     }
@@ -97,7 +121,7 @@ __device__ __forceinline__ void online_softmax(float (*s)[4], float (*o)[4], flo
     }
 }
 
-extern "C" __global__ void __launch_bounds__(128, HD <= 64 ? 4 : 2)
+extern "C" __global__ void __launch_bounds__(FT, HD <= 64 ? 2 : 1)
 flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_plane, const int* pos,
               const int* tab_off, const unsigned int* tables, const int* tiles, int bs, long long s_blk,
               long long s_tok, long long s_head, wt* out, int H, int KVH, float scale_log2) {
@@ -119,32 +143,47 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
     int lim0 = p0 + min(r0, n - 1), lim1 = p0 + min(r1, n - 1);
     bool busy = warp * 16 < n;  // whether this warp has a row to write
 
-    // The cache blocks of this thread's keys in the next tile to copy, read one tile ahead so
-    // the table's load latency overlaps a tile's math instead of delaying the copy.
+    const unsigned int ks = smem_addr(&Ks[0][0][0]), vs = smem_addr(&Vs[0][0][0]);
+    // A power-of-two block size's log2, else -1 (the same for the whole block: a uniform branch).
+    const int shift = (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1;
+
+    // The cache blocks of this thread's keys in the next tile to copy, and the keys' slots in
+    // them, read one tile ahead so the table's load latency overlaps a tile's math instead of
+    // delaying the copy.
     unsigned int nb[PER_T];
+    int slot[PER_T];
     auto fetch_blocks = [&](int kb) {
 #pragma unroll
         for (int i = 0; i < PER_T; i++) {
-            int idx = threadIdx.x + 128 * i, j = kb * BC + idx / (HD / 8);
-            nb[i] = idx < CHUNKS && j <= last ? tab[j / bs] : 0u;
+            int idx = threadIdx.x + FT * i, j = kb * BC + idx / (HD / 8);
+            int blk = shift >= 0 ? j >> shift : j / bs;
+            slot[i] = j - blk * bs;
+            nb[i] = idx < CHUNKS && j <= last ? tab[blk] : 0u;
         }
     };
     // Starts copying key tile `kb` (blocks in `nb`) into buffer `buf`, keys past `last` as zeros.
     auto load = [&](int kb, int buf) {
 #pragma unroll
         for (int i = 0; i < PER_T; i++) {
-            int idx = threadIdx.x + 128 * i;
-            if (idx >= CHUNKS) break;
+            int idx = threadIdx.x + FT * i;
+            if (CHUNKS % FT != 0 && idx >= CHUNKS) break;
             int key = idx / (HD / 8), c8 = (idx % (HD / 8)) * 8;
-            int j = kb * BC + key;
-            bool valid = j <= last;
-            long long base = valid ? (long long)nb[i] * s_blk + (long long)(j % bs) * s_tok + (long long)kh * s_head + c8
+            bool valid = kb * BC + key <= last;
+            long long base = valid ? (long long)nb[i] * s_blk + (long long)slot[i] * s_tok + (long long)kh * s_head + c8
                                    : 0;
-            cp_async16(&Ks[buf][key][c8], K + base, valid);
-            cp_async16(&Vs[buf][key][c8], V + base, valid);
+            unsigned int at = buf * TILE_BYTES + (key * KPAD + c8) * 2;
+            cp_async16(ks + at, K + base, valid);
+            cp_async16(vs + at, V + base, valid);
         }
         asm volatile("cp.async.commit_group;");
     };
+    // Each lane's ldmatrix addresses, less the tile's buffer and the fragment's constant offsets:
+    // K by `.x4` (row L % 8 of matrix L / 8: columns +0/+8 of k-step kk, then of kk + 1), K's
+    // last odd k-step by `.x2` (lanes 0-15), V by `.x4.trans` (keys +0/+8, columns +0/+8).
+    const int mi = lane >> 3, mr = lane & 7;
+    const unsigned int k_lane = ks + (mr * KPAD + (mi >> 1) * 16 + (mi & 1) * 8) * 2;
+    const unsigned int k_lane2 = ks + (mr * KPAD + (mi & 1) * 8) * 2;
+    const unsigned int v_lane = vs + (((mi & 1) * 8 + mr) * KPAD + (mi >> 1) * 8) * 2;
 
     // Q fragments: a0 (row g, k 2tq..), a1 (row g+8), a2 (row g, k 2tq+8..), a3 (row g+8, k+8).
     unsigned int qa[HD / 16][4];
@@ -180,9 +219,8 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
         __syncthreads();  // tile kb is in shared memory for every warp
         if (busy) {
             // S = Q Kᵀ: BC/8 tiles of 16 × 8 keys; b0 (k 2tq.., key g), b1 (k 2tq+8..), two
-            // k-steps' fragments per `ldmatrix.x4` (lane L gives the address of row L % 8 of
-            // matrix L / 8: columns +0/+8 of k-step kk, then of kk + 1).
-            int mi = lane >> 3, mr = lane & 7;
+            // k-steps' fragments per `ldmatrix.x4`.
+            const unsigned int kt_at = buf * TILE_BYTES;
             float s[BC / 8][4];
 #pragma unroll
             for (int nt = 0; nt < BC / 8; nt++) {
@@ -190,19 +228,19 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
 #pragma unroll
                 for (int kk = 0; kk + 1 < HD / 16; kk += 2) {
                     unsigned int b[4];
-                    const u16* kr = &Ks[buf][nt * 8 + mr][(kk + (mi >> 1)) * 16 + (mi & 1) * 8];
+                    unsigned int kr = k_lane + kt_at + (nt * 8 * KPAD + kk * 16) * 2;
                     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                                  : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-                                 : "r"(smem_addr(kr)));
+                                 : "r"(kr));
                     mma16816(s[nt], qa[kk], b[0], b[1]);
                     mma16816(s[nt], qa[kk + 1], b[2], b[3]);
                 }
                 if ((HD / 16) % 2) {  // the last k-step alone (lanes 0-15's addresses are read)
                     unsigned int b0, b1;
-                    const u16* kr = &Ks[buf][nt * 8 + mr][(HD / 16 - 1) * 16 + (mi & 1) * 8];
+                    unsigned int kr = k_lane2 + kt_at + (nt * 8 * KPAD + (HD / 16 - 1) * 16) * 2;
                     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];"
                                  : "=r"(b0), "=r"(b1)
-                                 : "r"(smem_addr(kr)));
+                                 : "r"(kr));
                     mma16816(s[nt], qa[HD / 16 - 1], b0, b1);
                 }
             }
@@ -220,8 +258,7 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
             // Key 0 is in every row's range, so after the first tile the maxima are finite.
             online_softmax<BC / 8>(s, o, m0, m1, l0, l1);
             // O += P · V: the scores' accumulator layout is the A operand's, two n-tiles per
-            // k-step; V's B fragments for two 8-column tiles at once, transposed by ldmatrix
-            // (lane L gives the address of row L % 8 of matrix L / 8: keys +0/+8, columns +0/+8).
+            // k-step; V's B fragments for two 8-column tiles at once, transposed by ldmatrix.
 #pragma unroll
             for (int kk = 0; kk < BC / 16; kk++) {
                 unsigned int pa[4] = {pack2(s[2 * kk][0], s[2 * kk][1]), pack2(s[2 * kk][2], s[2 * kk][3]),
@@ -230,10 +267,10 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
 #pragma unroll
                 for (int dp = 0; dp < HD / 16; dp++) {
                     unsigned int b[4];
-                    const u16* vr = &Vs[buf][kk * 16 + (mi & 1) * 8 + mr][dp * 16 + (mi >> 1) * 8];
+                    unsigned int vr = v_lane + kt_at + (kk * 16 * KPAD + dp * 16) * 2;
                     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                                  : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-                                 : "r"(smem_addr(vr)));
+                                 : "r"(vr));
                     mma16816(o[2 * dp], pa, b[0], b[1]);
                     mma16816(o[2 * dp + 1], pa, b[2], b[3]);
                 }

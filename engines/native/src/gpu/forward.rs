@@ -20,9 +20,9 @@ use super::buffers::{Buf, GpuLayer, GpuWeights, StepBufs};
 use super::error::{GpuError, driver};
 use super::pages::CacheView;
 use super::plan::{
-    ATTENTION_WARPS, DECODE_WARPS, GEMV_ROWS, StepShape, attention_group, attention_heads, attention_splits,
-    check_matmul, decode_splits, elem_bytes, flash_decode_fits, flash_fits, gemv_split, kernel_source,
-    rope_tables,
+    ATTENTION_WARPS, DECODE_WARPS, FLASH_THREADS, GEMV_ROWS, StepShape, attention_group, attention_heads,
+    attention_splits, check_matmul, decode_splits, elem_bytes, flash_decode_fits, flash_fits, gemv_split,
+    kernel_source, rope_tables,
 };
 use crate::weights::Weights;
 use cudarc::cublas::CudaBlas;
@@ -358,7 +358,7 @@ impl Forward {
                 .arg(&scale_log2);
             let grid = LaunchConfig {
                 grid_dim: (tiles as u32, h as u32, 1),
-                block_dim: (128, 1, 1),
+                block_dim: (FLASH_THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
             // SAFETY: see `record`'s doc; besides, the plan's tiles are `(first, count)` pairs of

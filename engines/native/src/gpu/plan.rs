@@ -26,8 +26,12 @@ const GEMV: &str = include_str!("gemv.cu");
 /// only defined where [`flash_fits`] holds.
 const FLASH: &str = include_str!("flash.cu");
 
-/// Query tokens of one `flash_prefill` block (4 warps × 16 rows).
-const FLASH_TILE: usize = 64;
+/// Query tokens of one `flash_prefill` block (8 warps × 16 rows: the K and V tiles it copies
+/// serve that many rows).
+const FLASH_TILE: usize = 128;
+
+/// Threads of one `flash_prefill` block (`FT` in `flash.cu`).
+pub(super) const FLASH_THREADS: u32 = 2 * FLASH_TILE as u32;
 
 /// Warps of one `attention` block (one query token, the heads of one [`attention_group`], one
 /// split of its keys). Each warp
@@ -277,7 +281,7 @@ pub(super) struct StepPlan {
     /// For each of `rows`, whether its chunk asked for the argmax alone.
     pub(super) row_argmax: Vec<bool>,
     /// `flash_prefill`'s tiles, `(first token, tokens)` pairs flattened: the chunks of two
-    /// tokens or more, 64 tokens a tile. Empty when the step has none or flash is off; then
+    /// tokens or more, `FLASH_TILE` tokens a tile. Empty when the step has none or flash is off; then
     /// `attention` runs over every token.
     pub(super) tiles: Vec<i32>,
     /// With tiles, the tokens `attention` runs over: those of one-token chunks.
