@@ -318,7 +318,11 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
 //   each 16, and pairs halves across rows with byte permutes into B fragments; output column g of
 //   n-tile dt is therefore head element g·HD/8 + dt.
 // Each warp's (max, sum, output) meet in shared memory; with several splits the last block of a
-// query merges all partials (merge_splits, natural-log maxima). Its arguments are `attention`'s
+// query merges all partials (merge_splits, natural-log maxima). A query takes only the splits
+// its keys fill, one tile per warp, up to the grid's: the grid is sized from the step's shape
+// (a graph replays it whatever the lengths), but a short sequence in a grid of 16 splits would
+// otherwise leave most blocks empty and still pay a merge across all 16; with one split there
+// is none. The blocks past a query's splits return at once. Its arguments are `attention`'s
 // (`vec` unused: the host runs it on caches whose rows are whole aligned words), but for the
 // scale, log2(e) / sqrt(HD) as in flash_prefill.
 #if GQ <= 16
@@ -365,11 +369,15 @@ flash_decode(const float* q, unsigned long long k_plane, unsigned long long v_pl
     __shared__ float sm[DW][GQ], sl[DW][GQ];
     long long t = use_toks ? toks[blockIdx.x] : blockIdx.x;
     int kh = blockIdx.y, h0 = kh * GQ;
-    int z = blockIdx.z, splits = gridDim.z;
+    int len = pos[t] + 1;
+    int tiles = (len + DK - 1) / DK;
+    int z = blockIdx.z, splits = min((int)gridDim.z, (tiles + DW - 1) / DW);
+    if (z >= splits) return;  // the same for the whole block: no barrier is left waiting
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, tq = lane & 3;
-    int len = pos[t] + 1;
     const unsigned int* tab = tables + tab_off[t];
+    // A power-of-two block size's log2 (every layout xinf has), else -1: keys placed by shifts.
+    const int shift = (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1;
     const kt* K = (const kt*)k_plane + (long long)kh * s_head + tq * (HD / 4);
     const kt* V = (const kt*)v_plane + (long long)kh * s_head + g * (HD / 8);
 
@@ -399,12 +407,12 @@ flash_decode(const float* q, unsigned long long k_plane, unsigned long long v_pl
     for (int d = 0; d < HD / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
 
-    int tiles = (len + DK - 1) / DK;
     for (int i = z * DW + warp; i < tiles; i += splits * DW) {
         // Lane L finds key i·DK + L in the block table (keys past the end read the last key's
         // row, finite, and are masked); the others get its row offset by shuffle.
         int j = min(i * DK + lane, len - 1);
-        long long off = (long long)tab[j / bs] * s_blk + (long long)(j % bs) * s_tok;
+        int blk = shift >= 0 ? j >> shift : j / bs;
+        long long off = (long long)tab[blk] * s_blk + (long long)(j - blk * bs) * s_tok;
         unsigned int kw[DK / 8][KWORDS];
 #pragma unroll
         for (int nt = 0; nt < DK / 8; nt++) load_words<KWORDS>(K + shfl64(off, nt * 8 + g), kw[nt]);
@@ -471,7 +479,7 @@ flash_decode(const float* q, unsigned long long k_plane, unsigned long long v_pl
         }
     }
     __syncthreads();
-    merge_warps<GQ, DW>(sm, sl, so, part, counters, out, t, h0, H);
+    merge_warps<GQ, DW>(sm, sl, so, part, counters, out, t, h0, H, splits);
 }
 #endif
 

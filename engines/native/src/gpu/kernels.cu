@@ -319,13 +319,12 @@ __device__ __forceinline__ void add_values(float (*acc)[NV], const kt* V, unsign
 // split of the query to get here merges everyone's partials into `out`. Each block's writes
 // are released before its count, and the last block acquires them all after reading it; it
 // sets the count back to 0 for the next launch. Grid (queries, head blocks, splits); the
-// block's G heads start at h0.
+// query's `splits` (≤ gridDim.z) blocks take part; the block's G heads start at h0.
 template <int G>
 __device__ __forceinline__ void merge_splits(const float* part, unsigned int* counters, wt* out, long long t, int h0,
-                                             int H) {
+                                             int H, int splits) {
     __shared__ float pm[G][MAX_SPLITS], pl[G][MAX_SPLITS];
     __shared__ int last;
-    int splits = gridDim.z;
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -367,13 +366,13 @@ __device__ __forceinline__ void merge_splits(const float* part, unsigned int* co
 
 // The end of a query's attention in a block of NW warps, each of which left its (max in
 // natural-log units, sum, unnormalised output) per head in shared memory: merged one (head,
-// element) per thread into `out`, or with several splits (blockIdx.z of gridDim.z) into this
-// split's partial and then by merge_splits.
+// element) per thread into `out`, or with several splits (this is split blockIdx.z of
+// `splits`) into this split's partial and then by merge_splits.
 template <int G, int NW>
 __device__ __forceinline__ void merge_warps(const float (*sm)[G], const float (*sl)[G], const float (*sacc)[G][HD],
                                             float* part, unsigned int* counters, wt* out, long long t, int h0,
-                                            int H) {
-    int z = blockIdx.z, splits = gridDim.z;
+                                            int H, int splits) {
+    int z = blockIdx.z;
     for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
         int g = e / HD, i = e % HD;
         float M = NEG_INF;
@@ -396,7 +395,7 @@ __device__ __forceinline__ void merge_warps(const float (*sm)[G], const float (*
         }
         pp[2 + i] = o;
     }
-    if (splits > 1) merge_splits<G>(part, counters, out, t, h0, H);
+    if (splits > 1) merge_splits<G>(part, counters, out, t, h0, H, splits);
 }
 
 // Paged attention of one query token for G heads that share one KV head (GQA), over its
@@ -484,7 +483,7 @@ __device__ __forceinline__ void attention_heads(const float* q, unsigned long lo
         }
     }
     __syncthreads();
-    merge_warps<G, WARPS>(sm, sl, sacc, part, counters, out, t, h0, H);
+    merge_warps<G, WARPS>(sm, sl, sacc, part, counters, out, t, h0, H, gridDim.z);
 }
 
 // The kernel for steps with many queries: blocks of the GB heads of a KV head, each K/V row
