@@ -58,9 +58,9 @@ __device__ __forceinline__ unsigned int pack2(float lo, float hi) {
     return r;
 }
 
-// 2^x in one special-function instruction; results below f32's normal range become 0 (exp2f
-// also scales subnormals, several instructions more per score). Such probabilities round to 0
-// in the 16-bit P operand anyway, and add nothing to a row's sum, which is at least 1.
+// 2^x in one special-function instruction; results below f32's normal range (2^-126) become 0
+// (exp2f also scales subnormals, several instructions more per score). Every row's largest
+// term is 2^0 = 1, so what is dropped is under 2^-126 of it: nothing a 16-bit output shows.
 __device__ __forceinline__ float ex2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
