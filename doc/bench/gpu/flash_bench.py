@@ -5,7 +5,8 @@ kernel is compiled with NVRTC exactly as the engine assembles it (the defines, `
 `gemv.cu`, then the version's `flash.cu`), run on a paged KV cache of random values laid out as
 the native engine's default (`paged-kv-first`, NHD, 16-token blocks, blocks in shuffled order),
 checked against PyTorch's attention in float32, and timed with CUDA events (median of many
-launches). Versions named `*w8*` have 8 warps and tiles of 128 tokens; versions named `pair*` take two tiles per block, the one with the most keys and the
+launches). A version's block has the warps its `#define FW` says (4 where it has none), each
+warp 16 query rows of a tile; versions named `pair*` take two tiles per block, the one with the most keys and the
 one with the fewest, so every block does about the same work; their tiles are listed in order
 of work, longest first.
 
@@ -19,6 +20,7 @@ import ctypes
 import glob
 import math
 import os
+import re
 import statistics
 import sys
 
@@ -174,7 +176,8 @@ def main():
     rows = []
     for vname, path in versions:
         paired = vname.startswith("pair")
-        warps = 8 if "w8" in vname else 4
+        fw = re.search(r"^#define FW (\d+)", open(path).read(), re.M)
+        warps = int(fw.group(1)) if fw else 4
         threads, tile = 32 * warps, 16 * warps
         for cname, c in cases:
             key = (path, c.hd, c.h, c.kvh)
