@@ -79,6 +79,16 @@ __device__ __forceinline__ void cp_async16(unsigned int dst, const void* src, bo
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
 
+// The log2 of a cache block size that is a power of two (every layout xinf has), else -1; the
+// same for a whole launch, so `key_block`'s branch is uniform.
+__device__ __forceinline__ int block_shift(int bs) { return (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1; }
+
+// Which of its sequence's cache blocks holds key j: a shift where `shift` (block_shift) allows,
+// a division otherwise.
+__device__ __forceinline__ int key_block(int j, int bs, int shift) {
+    return shift >= 0 ? j >> shift : j / bs;
+}
+
 // One tile's step of the online softmax (base 2) for a warp's rows g and g + 8 (the m16 tile's
 // row halves): the tile's NT × 8 scores `s` (accumulator layout) become probabilities against the
 // new running maxima, which the 4 lanes of a row share; the running sums (this lane's part; the
@@ -144,8 +154,7 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
     bool busy = warp * 16 < n;  // whether this warp has a row to write
 
     const unsigned int ks = smem_addr(&Ks[0][0][0]), vs = smem_addr(&Vs[0][0][0]);
-    // A power-of-two block size's log2, else -1 (the same for the whole block: a uniform branch).
-    const int shift = (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1;
+    const int shift = block_shift(bs);
 
     // The cache blocks of this thread's keys in the next tile to copy, and the keys' slots in
     // them, read one tile ahead so the table's load latency overlaps a tile's math instead of
@@ -156,7 +165,7 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
 #pragma unroll
         for (int i = 0; i < PER_T; i++) {
             int idx = threadIdx.x + FT * i, j = kb * BC + idx / (HD / 8);
-            int blk = shift >= 0 ? j >> shift : j / bs;
+            int blk = key_block(j, bs, shift);
             slot[i] = j - blk * bs;
             nb[i] = idx < CHUNKS && j <= last ? tab[blk] : 0u;
         }
@@ -169,7 +178,7 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
             if (CHUNKS % FT != 0 && idx >= CHUNKS) break;
             int key = idx / (HD / 8), c8 = (idx % (HD / 8)) * 8;
             bool valid = kb * BC + key <= last;
-            long long base = valid ? (long long)nb[i] * s_blk + (long long)slot[i] * s_tok + (long long)kh * s_head + c8
+            long long base = valid ? (long long)nb[i] * s_blk + (long long)slot[i] * s_tok + kh * s_head + c8
                                    : 0;
             unsigned int at = buf * TILE_BYTES + (key * KPAD + c8) * 2;
             cp_async16(ks + at, K + base, valid);
@@ -363,8 +372,8 @@ __device__ __forceinline__ long long shfl64(long long v, int src) {
 extern "C" __global__ void __launch_bounds__(32 * DW)
 flash_decode(const float* q, unsigned long long k_plane, unsigned long long v_plane, const int* pos,
              const int* tab_off, const unsigned int* tables, const int* toks, int use_toks, int vec, int bs,
-             long long s_blk, long long s_tok, long long s_head, wt* out, float* part, unsigned int* counters, int H,
-             int KVH, float scale_log2) {
+             long long s_blk, long long s_tok, long long s_head, wt* out, float* part, unsigned int* counters,
+             int H, int KVH, float scale_log2) {
     __shared__ float so[DW][GQ][HD];
     __shared__ float sm[DW][GQ], sl[DW][GQ];
     long long t = use_toks ? toks[blockIdx.x] : blockIdx.x;
@@ -376,8 +385,7 @@ flash_decode(const float* q, unsigned long long k_plane, unsigned long long v_pl
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, tq = lane & 3;
     const unsigned int* tab = tables + tab_off[t];
-    // A power-of-two block size's log2 (every layout xinf has), else -1: keys placed by shifts.
-    const int shift = (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1;
+    const int shift = block_shift(bs);
     const kt* K = (const kt*)k_plane + (long long)kh * s_head + tq * (HD / 4);
     const kt* V = (const kt*)v_plane + (long long)kh * s_head + g * (HD / 8);
 
@@ -411,7 +419,7 @@ flash_decode(const float* q, unsigned long long k_plane, unsigned long long v_pl
         // Lane L finds key i·DK + L in the block table (keys past the end read the last key's
         // row, finite, and are masked); the others get its row offset by shuffle.
         int j = min(i * DK + lane, len - 1);
-        int blk = shift >= 0 ? j >> shift : j / bs;
+        int blk = key_block(j, bs, shift);
         long long off = (long long)tab[blk] * s_blk + (long long)(j - blk * bs) * s_tok;
         unsigned int kw[DK / 8][KWORDS];
 #pragma unroll

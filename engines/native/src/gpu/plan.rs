@@ -143,7 +143,8 @@ const DECODE_BLOCKS_PER_SM: usize = 4;
 /// How many blocks share each query's keys in `flash_decode`, for `queries` queries of
 /// `kv_heads` blocks each on a GPU of `sms` SMs, when the partial buffer holds `part_rows`
 /// queries: enough to fill the GPU, up to [`MAX_SPLITS`], or 1 (no merge) past the buffer.
-/// Depends on the step's shape alone, so a captured graph stays valid.
+/// Depends on the step's shape alone, so a captured graph stays valid; it is the grid's, and a
+/// query whose keys fill fewer (one 32-key tile per warp) uses fewer, its other blocks idle.
 pub(super) fn decode_splits(queries: usize, kv_heads: usize, sms: usize, part_rows: usize) -> usize {
     fill_splits(queries, kv_heads, sms * DECODE_BLOCKS_PER_SM, part_rows)
 }
@@ -281,8 +282,8 @@ pub(super) struct StepPlan {
     /// For each of `rows`, whether its chunk asked for the argmax alone.
     pub(super) row_argmax: Vec<bool>,
     /// `flash_prefill`'s tiles, `(first token, tokens)` pairs flattened: the chunks of two
-    /// tokens or more, `FLASH_TILE` tokens a tile. Empty when the step has none or flash is off; then
-    /// `attention` runs over every token.
+    /// tokens or more, `FLASH_TILE` tokens a tile. Empty when the step has none or flash is
+    /// off; then `attention` runs over every token.
     pub(super) tiles: Vec<i32>,
     /// With tiles, the tokens `attention` runs over: those of one-token chunks.
     pub(super) singles: Vec<i32>,
