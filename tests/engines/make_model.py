@@ -4,8 +4,11 @@ for the engine tests and benchmarks where no model hub can be reached.
 
 Needs only torch, transformers and tokenizers. The defaults are a tiny 4-layer model;
 `--qwen05` gives Qwen2.5-0.5B-Instruct's published shape (24 layers, hidden 896, 14 heads,
-2 KV heads, intermediate 4864, tied embeddings) with the tokenizer's vocabulary.
+2 KV heads, intermediate 4864, tied embeddings) with the tokenizer's vocabulary (`--vocab 151936`
+for the published one); `--llama8b` gives Llama-3.1-8B's (32 layers, hidden 4096, 32 heads,
+8 KV heads, intermediate 14336, vocabulary 128256, RoPE base 500000).
 usage: python3 make_model.py OUT_DIR [--arch qwen2|llama] [--layers 4] [--hidden 512] [--qwen05]
+       [--llama8b] [--device cuda]
 """
 import argparse
 import json
@@ -24,11 +27,19 @@ ap.add_argument("--kv-heads", type=int, default=2)
 ap.add_argument("--vocab", type=int, default=4096)
 ap.add_argument("--intermediate", type=int, default=0, help="default: 3 × hidden")
 ap.add_argument("--qwen05", action="store_true", help="Qwen2.5-0.5B-Instruct's shape")
+ap.add_argument("--llama8b", action="store_true", help="Llama-3.1-8B's shape")
 ap.add_argument("--seed", type=int, default=0)
+# An 8B model's random initialisation takes minutes on a CPU and seconds on a GPU. The weights
+# differ between the two (each has its own generator), so a folder's tests must use one.
+ap.add_argument("--device", default="cpu", help="where the weights are drawn (cpu or cuda)")
 a = ap.parse_args()
+rope_theta = 10000.0
 if a.qwen05:
     a.arch, a.layers, a.hidden, a.heads, a.kv_heads, a.intermediate = "qwen2", 24, 896, 14, 2, 4864
     a.vocab = max(a.vocab, 32768)
+if a.llama8b:
+    a.arch, a.layers, a.hidden, a.heads, a.kv_heads, a.intermediate = "llama", 32, 4096, 32, 8, 14336
+    a.vocab, rope_theta = 128256, 500000.0
 os.makedirs(a.out, exist_ok=True)
 
 # Byte-level BPE trained on a synthetic corpus: every byte is representable.
@@ -73,9 +84,10 @@ cfg = Cfg(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermed
           num_hidden_layers=a.layers, num_attention_heads=a.heads,
           num_key_value_heads=a.kv_heads, max_position_embeddings=4096,
           eos_token_id=tok.token_to_id(eos), bos_token_id=tok.token_to_id(eos),
-          tie_word_embeddings=a.qwen05, torch_dtype="float16")
+          tie_word_embeddings=a.qwen05, rope_theta=rope_theta, torch_dtype="float16")
 torch.manual_seed(a.seed)
-model = AutoModelForCausalLM.from_config(cfg).to(torch.float16)
+with torch.device(a.device):
+    model = AutoModelForCausalLM.from_config(cfg).to(torch.float16)
 model.save_pretrained(a.out, safe_serialization=True)
 json.dump({"eos_token_id": cfg.eos_token_id, "bos_token_id": cfg.bos_token_id},
           open(os.path.join(a.out, "generation_config.json"), "w"))

@@ -10,7 +10,11 @@
 # (VLLM_PYTHONPATH, SGLANG_PYTHONPATH; ../../engines.md says how). Two steps, each a few
 # minutes: `pd-engines.sh launch` (xinf local in the background, the model, the six models) then
 # `pd-engines.sh bench`; `pd-engines.sh stop` ends xinf. MODELS picks models (`no` is an ordinary
-# native replica), CONC the concurrency levels (default 1,16), REQ the requests per level. Per-leg timings:
+# native replica), CONC the concurrency levels (default 1,16), REQ the requests per level, MEM each
+# replica's share of the GPU's memory (default 0.08), MODEL_ARGS the model's shape
+# (`make_model.py`'s flags; default `--qwen05`, e.g. `--qwen05 --vocab 151936` or
+# `--llama8b --device cuda`, with MODEL_NAME=llama-3.2-instruct); a folder already in WORK/model is
+# used as it is. Per-leg timings:
 # XINF_LOG=info,xinf_engine_external=debug (xinf's log) and XINF_KV_LOG=info (the connectors'
 # load and publish times, in the engine servers' logs under ~/.xinf/logs).
 set -u
@@ -22,26 +26,28 @@ P=18191
 E=http://127.0.0.1:$P
 M=$W/model
 MODELS=${MODELS:-vo so vs sv nv vn}
+MEM=${MEM:-0.08}
+NAME=${MODEL_NAME:-qwen2.5-instruct}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 mkdir -p "$W" "$OUT"
 
 vllm() {  # engine_config of a vLLM replica
-    echo "{\"env\":{\"PYTHONPATH\":\"${VLLM_PYTHONPATH:-}\",\"XINF_KV_LOG\":\"${XINF_KV_LOG:-}\",\"VLLM_USE_FLASHINFER_SAMPLER\":\"0\"},\"gpu_memory_utilization\":0.08,\"enable_prefix_caching\":false,\"context_length\":4096}"
+    echo "{\"env\":{\"PYTHONPATH\":\"${VLLM_PYTHONPATH:-}\",\"XINF_KV_LOG\":\"${XINF_KV_LOG:-}\",\"VLLM_USE_FLASHINFER_SAMPLER\":\"0\"},\"gpu_memory_utilization\":$MEM,\"enable_prefix_caching\":false,\"context_length\":4096}"
 }
 sglang() {
-    echo "{\"env\":{\"PYTHONPATH\":\"${SGLANG_PYTHONPATH:-}\",\"XINF_KV_LOG\":\"${XINF_KV_LOG:-}\"},\"gpu_memory_utilization\":0.08,\"attention_backend\":\"triton\",\"sampling_backend\":\"pytorch\",\"disable_radix_cache\":true,\"context_length\":4096}"
+    echo "{\"env\":{\"PYTHONPATH\":\"${SGLANG_PYTHONPATH:-}\",\"XINF_KV_LOG\":\"${XINF_KV_LOG:-}\"},\"gpu_memory_utilization\":$MEM,\"attention_backend\":\"triton\",\"sampling_backend\":\"pytorch\",\"disable_radix_cache\":true,\"context_length\":4096}"
 }
 native() {  # NATIVE_CONFIG replaces it
-    echo "${NATIVE_CONFIG:-{\"gpu_memory_utilization\":0.08,\"context_length\":4096\}}"
+    echo "${NATIVE_CONFIG:-{\"gpu_memory_utilization\":$MEM,\"context_length\":4096\}}"
 }
 engine() { case $1 in v) echo vllm ;; s) echo sglang ;; n) echo native ;; esac; }
 
 launch_one() {  # uid: vo/so/no ordinary, else prefill engine + decode engine
     local uid=$1 p=${1:0:1} d=${1:1:1} body
     if [ "$d" = o ]; then
-        body="{\"model_uid\":\"$uid\",\"model_name\":\"qwen2.5-instruct\",\"model_path\":\"$M\",\"model_engine\":\"$(engine $p)\",\"gpu_idx\":[0],\"engine_config\":$($(engine $p))}"
+        body="{\"model_uid\":\"$uid\",\"model_name\":\"$NAME\",\"model_path\":\"$M\",\"model_engine\":\"$(engine $p)\",\"gpu_idx\":[0],\"engine_config\":$($(engine $p))}"
     else
-        body="{\"model_uid\":\"$uid\",\"model_name\":\"qwen2.5-instruct\",\"model_path\":\"$M\",\"model_engine\":\"$(engine $p)\",\"replica_config\":[
+        body="{\"model_uid\":\"$uid\",\"model_name\":\"$NAME\",\"model_path\":\"$M\",\"model_engine\":\"$(engine $p)\",\"replica_config\":[
           {\"role\":\"prefill\",\"model_engine\":\"$(engine $p)\",\"devices\":[{\"worker_ip\":\"127.0.0.1\",\"gpu_idx\":[0]}],\"engine_config\":$($(engine $p))},
           {\"role\":\"decode\",\"model_engine\":\"$(engine $d)\",\"devices\":[{\"worker_ip\":\"127.0.0.1\",\"gpu_idx\":[0]}],\"engine_config\":$($(engine $d))}]}"
     fi
@@ -52,7 +58,7 @@ launch_one() {  # uid: vo/so/no ordinary, else prefill engine + decode engine
 
 case ${1:-} in
 launch)
-    [ -f "$M/config.json" ] || python3 "$R/tests/engines/make_model.py" "$M" --qwen05 | tail -1
+    [ -f "$M/config.json" ] || python3 "$R/tests/engines/make_model.py" "$M" ${MODEL_ARGS:---qwen05} | tail -1
     XINF_GPUS=0 XINF_LOG=${XINF_LOG:-warn} setsid "$X" local --port $P > "$W/xinf.log" 2>&1 < /dev/null &
     echo $! > "$W/xinf.pid"
     for _ in $(seq 60); do curl -sf "$E/v1/models" > /dev/null && break; sleep 1; done
