@@ -4,6 +4,9 @@
 # 40/173/733/2833 tokens, 32 output tokens, C1/C16/C64, prefix caching off in the peers), then
 # one table with the native engine's ratios to the better peer in each column.
 #
+# Other shapes with pd-engines.sh's MODEL_ARGS, MEM and MODEL_NAME (the real vocabulary:
+# MODEL_ARGS="--qwen05 --vocab 151936"; the Llama-3.1-8B shape: MODEL_ARGS="--llama8b --device
+# cuda" MEM=0.2 MODEL_NAME=llama-3.2-instruct), each in its own WORK.
 # Needs what `pd-engines.sh` needs (a `--features cuda` xinf in XINF_BIN, vLLM 0.26 and SGLang
 # 0.5.15 in VLLM_PYTHONPATH / SGLANG_PYTHONPATH). `native-vs-peers.sh launch`, then `bench`,
 # then `stop`.
