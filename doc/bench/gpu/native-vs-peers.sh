@@ -9,15 +9,15 @@
 # cuda" MEM=0.2 MODEL_NAME=llama-3.2-instruct), each in its own WORK.
 # Needs what `pd-engines.sh` needs (a `--features cuda` xinf in XINF_BIN, vLLM 0.26 and SGLang
 # 0.5.15 in VLLM_PYTHONPATH / SGLANG_PYTHONPATH). `native-vs-peers.sh launch`, then `bench`,
-# then `stop`.
+# then `stop`; or `native-vs-peers.sh alone`, each server alone on the GPU in turn.
 set -u
 D=$(cd "$(dirname "$0")" && pwd)
 W=${WORK:-/tmp/pd-engines}
 export MODELS=${MODELS:-no vo so} OUT=${OUT:-$W}
 case ${1:-} in
 launch | stop) exec bash "$D/pd-engines.sh" "$1" ;;
-bench)
-    CONC=${CONC:-1,16,64} REQ=${REQ:-64} bash "$D/pd-engines.sh" bench | grep -v "^|"
+bench | alone)
+    CONC=${CONC:-1,16,64} REQ=${REQ:-64} bash "$D/pd-engines.sh" "$1" | grep -v "^|"
     python3 - "$OUT/bench.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))["results"]
@@ -43,7 +43,7 @@ print("| native / better peer | " + " | ".join(ratios) + " |")
 PY
     ;;
 *)
-    echo "usage: native-vs-peers.sh launch | bench | stop" >&2
+    echo "usage: native-vs-peers.sh launch | bench | stop | alone" >&2
     exit 2
     ;;
 esac

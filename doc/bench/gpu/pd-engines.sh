@@ -9,8 +9,10 @@
 # Needs a `--features cuda` xinf (XINF_BIN), vLLM 0.26 and SGLang 0.5.15 with xinf_kv
 # (VLLM_PYTHONPATH, SGLANG_PYTHONPATH; ../../engines.md says how). Two steps, each a few
 # minutes: `pd-engines.sh launch` (xinf local in the background, the model, the six models) then
-# `pd-engines.sh bench`; `pd-engines.sh stop` ends xinf. MODELS picks models (`no` is an ordinary
-# native replica), CONC the concurrency levels (default 1,16), REQ the requests per level, MEM each
+# `pd-engines.sh bench`; `pd-engines.sh stop` ends xinf. `pd-engines.sh alone` measures each
+# model alone on the GPU instead (its own xinf, launched, benched, stopped; one table at the
+# end), so that idle engine servers beside it do not take host time from the one measured.
+# MODELS picks models (`no` is an ordinary native replica), CONC the concurrency levels (default 1,16), REQ the requests per level, MEM each
 # replica's share of the GPU's memory (default 0.08), MODEL_ARGS the model's shape
 # (`make_model.py`'s flags; default `--qwen05`, e.g. `--qwen05 --vocab 151936` or
 # `--llama8b --device cuda`, with MODEL_NAME=llama-3.2-instruct); a folder already in WORK/model is
@@ -56,20 +58,33 @@ launch_one() {  # uid: vo/so/no ordinary, else prefill engine + decode engine
     echo " ($uid: $((SECONDS - t0)) s)"
 }
 
-case ${1:-} in
-launch)
+start_xinf() {  # the model folder, then xinf local in the background
     [ -f "$M/config.json" ] || python3 "$R/tests/engines/make_model.py" "$M" ${MODEL_ARGS:---qwen05} | tail -1
     XINF_GPUS=0 XINF_LOG=${XINF_LOG:-warn} setsid "$X" local --port $P > "$W/xinf.log" 2>&1 < /dev/null &
     echo $! > "$W/xinf.pid"
     for _ in $(seq 60); do curl -sf "$E/v1/models" > /dev/null && break; sleep 1; done
-    for uid in $MODELS; do launch_one "$uid"; done
-    nvidia-smi --query-gpu=memory.used --format=csv,noheader
-    ;;
-bench)
-    args=()
-    for uid in $MODELS; do args+=(-u "$uid"); done
+}
+
+bench_models() {  # bench_models JSON UID...: one `xinf bench` run over the models
+    local json=$1 args=()
+    shift
+    for uid in "$@"; do args+=(-u "$uid"); done
     "$X" bench -e "$E" "${args[@]}" --concurrency "${CONC:-1,16}" --requests "${REQ:-128}" --prompt-tokens "${PROMPTS:-40,173,733,2833}" \
-        --output-tokens 32 --warmup 4 --json "$OUT/bench.json" 2>&1 | grep -v "^\s*$" | tail -20
+        --output-tokens 32 --warmup 4 --json "$json" 2>&1 | grep -v "^\s*$" | tail -20
+}
+
+stop_xinf() {  # ends xinf (it stops its engine servers) and waits for the GPU's memory
+    kill "$(cat "$W/xinf.pid")" 2>/dev/null
+    for _ in $(seq 120); do
+        command -v nvidia-smi > /dev/null || break
+        [ "$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)" -lt 2000 ] && break
+        sleep 1
+    done
+    cp -r /root/.xinf/logs "$OUT/" 2>/dev/null
+    true
+}
+
+table() {  # the reference's table from $OUT/bench.json
     python3 - "$OUT/bench.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))["results"]
@@ -95,14 +110,39 @@ for m, a, b, c in rows:
     rc = f"{c / b16:.2f}×" if c and b16 else "–"
     print(f"| {m} | {a} | {b} | {c} | {ra} | {rc} |")
 PY
+}
+
+case ${1:-} in
+launch)
+    start_xinf
+    for uid in $MODELS; do launch_one "$uid"; done
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader
+    ;;
+bench)
+    bench_models "$OUT/bench.json" $MODELS
+    table
+    ;;
+alone)  # each model alone on the GPU: its own xinf, launched, benched and stopped in turn
+    for uid in $MODELS; do
+        start_xinf
+        launch_one "$uid"
+        bench_models "$OUT/alone-$uid.json" "$uid"
+        stop_xinf
+    done
+    python3 - "$OUT" $MODELS <<'PY'
+import json, os, sys
+out, models = sys.argv[1], sys.argv[2:]
+runs = [f"{out}/alone-{m}.json" for m in models if os.path.exists(f"{out}/alone-{m}.json")]
+results = [x for f in runs for x in json.load(open(f))["results"]]
+json.dump({"results": results}, open(f"{out}/bench.json", "w"), indent=1)
+PY
+    table
     ;;
 stop)
-    kill "$(cat "$W/xinf.pid")" 2>/dev/null
-    cp -r /root/.xinf/logs "$OUT/" 2>/dev/null
-    true
+    stop_xinf
     ;;
 *)
-    echo "usage: pd-engines.sh launch | bench | stop" >&2
+    echo "usage: pd-engines.sh launch | bench | stop | alone" >&2
     exit 2
     ;;
 esac
