@@ -12,13 +12,13 @@
 # `pd-engines.sh bench`; `pd-engines.sh stop` ends xinf. `pd-engines.sh alone` measures each
 # model alone on the GPU instead (its own xinf, launched, benched, stopped; one table at the
 # end), so that idle engine servers beside it do not take host time from the one measured.
-# MODELS picks models (`no` is an ordinary native replica), CONC the concurrency levels (default 1,16), REQ the requests per level, MEM each
-# replica's share of the GPU's memory (default 0.08), MODEL_ARGS the model's shape
-# (`make_model.py`'s flags; default `--qwen05`, e.g. `--qwen05 --vocab 151936` or
-# `--llama8b --device cuda`, with MODEL_NAME=llama-3.2-instruct); a folder already in WORK/model is
-# used as it is. Per-leg timings:
-# XINF_LOG=info,xinf_engine_external=debug (xinf's log) and XINF_KV_LOG=info (the connectors'
-# load and publish times, in the engine servers' logs under ~/.xinf/logs).
+# MODELS picks models (`no` is an ordinary native replica), CONC the concurrency levels
+# (default 1,16), REQ the requests per level, MEM each replica's share of the GPU's memory
+# (default 0.08), MODEL_ARGS the model's shape (`make_model.py`'s flags; default `--qwen05`,
+# e.g. `--qwen05 --vocab 151936` or `--llama8b --device cuda`, with
+# MODEL_NAME=llama-3.2-instruct); a folder already in WORK/model is used as it is. Per-leg
+# timings: XINF_LOG=info,xinf_engine_external=debug (xinf's log) and XINF_KV_LOG=info (the
+# connectors' load and publish times, in the engine servers' logs under ~/.xinf/logs).
 set -u
 R=$(cd "$(dirname "$0")/../../.." && pwd)
 X=${XINF_BIN:-$R/target/release/xinf}
