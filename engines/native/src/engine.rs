@@ -17,7 +17,7 @@
 
 mod handle;
 mod load;
-pub(crate) use load::read_config;
+pub(crate) use load::cpu_weights;
 mod scheduler;
 mod seq;
 mod shared;

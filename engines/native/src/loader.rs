@@ -49,8 +49,8 @@ impl EngineLoader for NativeLoader {
             return Ok(None);
         }
         let resolved = xinf_models::resolve(&request(model)).map_err(EngineError::from)?;
-        let cfg = crate::engine::read_config(&resolved)?;
-        Ok(Some(crate::memory::host_bytes(&cfg, &options)))
+        let (cfg, weights) = crate::engine::cpu_weights(&resolved, &options)?;
+        Ok(Some(crate::memory::host_bytes(weights, &cfg, &options)))
     }
 
     fn load(&self, model: &ModelSource, config: &EngineConfig) -> Result<Arc<dyn Engine>, EngineError> {

@@ -144,13 +144,27 @@ pub(crate) fn param_count(cfg: &ModelConfig) -> u64 {
     (cfg.num_layers * per_layer + embeddings) as u64
 }
 
-/// The host memory a replica computing on the CPU takes: its weights in f32 (whatever the file
-/// stores) and its KV cache as `options` size it.
-pub(crate) fn host_bytes(cfg: &ModelConfig, options: &EngineOptions) -> u64 {
+/// The host memory a replica computing on the CPU takes: its weights' `weight_bytes` as it
+/// holds them (see [`cpu_weight_bytes`]) and its KV cache as `options` size it.
+pub(crate) fn host_bytes(weight_bytes: u64, cfg: &ModelConfig, options: &EngineOptions) -> u64 {
     let dtype = options.kv_dtype.unwrap_or(KvDtype::F32);
     let per_token = kv_bytes_per_token(cfg.num_layers, cfg.kv_heads, cfg.head_dim, dtype);
     let cache = cache_bytes(options.kv_cache_tokens, options.kv_layout.block_size, per_token);
-    (param_count(cfg) * 4).saturating_add(cache)
+    weight_bytes.saturating_add(cache)
+}
+
+/// The bytes a CPU replica's weights take: a GGUF file's projections in their quantized blocks
+/// when `quantized_matmul` keeps them so (`gguf` is the file's index), every weight in F32
+/// otherwise (safetensors, or a GGUF file widened), whatever the file stores.
+pub(crate) fn cpu_weight_bytes(
+    cfg: &ModelConfig,
+    gguf: Option<&candle_core::quantized::gguf_file::Content>,
+    options: &EngineOptions,
+) -> u64 {
+    match gguf {
+        Some(content) if options.quantized_matmul => crate::weights::gguf_held_bytes(content, cfg),
+        _ => param_count(cfg) * 4,
+    }
 }
 
 /// The options with `kv_cache_tokens` sized from `gpu_memory_utilization`, when it is given:

@@ -60,8 +60,12 @@ pub(crate) fn supported() -> bool {
 /// Whether `q` is multiplied here: a 2-D Q4_1 matrix of whole blocks, on a CPU that runs the
 /// kernel.
 pub(crate) fn applies(q: &QTensor) -> bool {
-    let dims = q.shape().dims();
-    q.dtype() == GgmlDType::Q4_1 && dims.len() == 2 && dims[1].is_multiple_of(QK) && supported()
+    applies_to(q.dtype(), q.shape().dims())
+}
+
+/// [`applies`] for a tensor of `dtype` and `dims` not yet read (a GGUF file's index).
+pub(crate) fn applies_to(dtype: GgmlDType, dims: &[usize]) -> bool {
+    dtype == GgmlDType::Q4_1 && dims.len() == 2 && dims[1].is_multiple_of(QK) && supported()
 }
 
 /// `x @ qᵀ`'s shapes, checked, and `q`'s blocks.

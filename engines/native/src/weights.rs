@@ -14,6 +14,9 @@ use std::sync::Arc;
 use xinf_models::ModelError;
 use xinf_models::{Architecture, ModelConfig};
 
+mod footprint;
+pub(crate) use footprint::gguf_held_bytes;
+
 /// A projection's weight, `[out, in]`.
 pub(crate) enum Linear {
     /// In the compute dtype.
@@ -467,13 +470,30 @@ fn unpermute_rows(q: &QTensor, heads: usize) -> candle_core::Result<QTensor> {
 /// times slower than Q8_0's), so they are re-blocked as Q8_0, which
 /// holds their values to within 1/254 of each block's range and reads 8.5 bits a weight.
 fn vectorized(q: &QTensor) -> candle_core::Result<Option<QTensor>> {
-    match q.dtype() {
-        GgmlDType::Q4_1 if crate::q4_1::applies(q) => Ok(None),
-        GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1 => {
-            QTensor::quantize(&q.dequantize(&Device::Cpu)?, GgmlDType::Q8_0).map(Some)
-        }
-        _ => Ok(None),
+    match reblocked_type(q.dtype(), q.shape().dims()) {
+        Some(to) => QTensor::quantize(&q.dequantize(&Device::Cpu)?, to).map(Some),
+        None => Ok(None),
     }
+}
+
+/// The block type [`vectorized`] re-blocks a tensor of `dtype` and `dims` to (`None`: it stays).
+fn reblocked_type(dtype: GgmlDType, dims: &[usize]) -> Option<GgmlDType> {
+    match dtype {
+        GgmlDType::Q4_1 if crate::q4_1::applies_to(dtype, dims) => None,
+        GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1 => Some(GgmlDType::Q8_0),
+        _ => None,
+    }
+}
+
+/// The block type a GGUF tensor is held in when [`load_gguf`] keeps the projections quantized,
+/// or `None` where it is widened to F32 (16- and 32-bit floats, vectors). The embedding keeps
+/// its own type (a tied head re-blocks a copy of it); other matrices are [`vectorized`].
+fn held_type(name: &str, dtype: GgmlDType, dims: &[usize]) -> Option<GgmlDType> {
+    let float = matches!(dtype, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16);
+    if float || dims.len() != 2 {
+        return None;
+    }
+    if name == GGUF_NAMES.embed { Some(dtype) } else { Some(reblocked_type(dtype, dims).unwrap_or(dtype)) }
 }
 
 /// Loads GGUF weights: dequantized, or with the projections kept in their quantized blocks
@@ -496,8 +516,7 @@ pub(crate) fn load_gguf(
             n if llama && n.ends_with("attn_k.weight") => Some(cfg.kv_heads),
             _ => None,
         };
-        let float = matches!(q.dtype(), GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16);
-        if keep_quantized && !float && q.shape().dims().len() == 2 {
+        if keep_quantized && held_type(name, q.dtype(), q.shape().dims()).is_some() {
             // The embedding is looked up dense; a tied head re-blocks its own copy.
             let reblocked = if name == GGUF_NAMES.embed {
                 None
@@ -522,67 +541,4 @@ pub(crate) fn load_gguf(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn candle_errors_reach_clients_without_a_backtrace() {
-        let inner = candle_core::Error::Msg("unknown magic 0x4c4c".into());
-        let e = candle_core::Error::WithBacktrace {
-            inner: Box::new(inner),
-            backtrace: Box::new(std::backtrace::Backtrace::force_capture()),
-        }
-        .with_path("/m/model.gguf");
-        assert!(e.to_string().lines().count() > 1, "candle prints the backtrace itself");
-        assert_eq!(candle_reason(&e), "/m/model.gguf: unknown magic 0x4c4c");
-    }
-
-    fn q8(rows: usize, cols: usize, seed: f32) -> QTensor {
-        let values: Vec<f32> = (0..rows * cols).map(|i| ((i as f32 + seed) * 0.37).sin()).collect();
-        let t = Tensor::from_vec(values, (rows, cols), &Device::Cpu).expect("tensor");
-        QTensor::quantize(&t, GgmlDType::Q8_0).expect("quantize")
-    }
-
-    fn dense(q: &QTensor) -> Vec<Vec<f32>> {
-        q.dequantize(&Device::Cpu).expect("dequantize").to_vec2().expect("rows")
-    }
-
-    #[test]
-    fn quantized_rows_unpermute_as_the_dense_weight_does() {
-        let q = q8(16, 64, 0.0);
-        let expected = unpermute(&q.dequantize(&Device::Cpu).expect("dequantize"), 4).expect("unpermute");
-        let got = unpermute_rows(&q, 4).expect("unpermute rows");
-        assert_eq!(dense(&got), expected.to_vec2::<f32>().expect("rows"));
-        assert!(unpermute_rows(&q, 3).is_err(), "16 rows are not 3 heads of pairs");
-    }
-
-    #[test]
-    fn quantized_parts_fuse_by_rows_and_mixed_parts_fall_back_to_dense() {
-        let (a, b) = (q8(8, 64, 1.0), q8(4, 64, 2.0));
-        let expected: Vec<Vec<f32>> = dense(&a).into_iter().chain(dense(&b)).collect();
-        let quantized = HashMap::from([("a".to_owned(), a), ("b".to_owned(), b)]);
-        let path = Path::new("m.gguf");
-        let mut src = Source { tensors: HashMap::new(), quantized, file: path, dtype: DType::F32 };
-        let parts = [("a".to_owned(), [8, 64]), ("b".to_owned(), [4, 64])];
-        let Linear::Quantized(fused) = src.linear(&parts).expect("fused") else { panic!("not quantized") };
-        assert_eq!(dense(&fused), expected);
-
-        let dense_b = Tensor::zeros((4, 64), DType::F32, &Device::Cpu).expect("zeros");
-        let mut src = Source {
-            tensors: HashMap::from([("b".to_owned(), dense_b)]),
-            quantized: HashMap::from([("a".to_owned(), q8(8, 64, 1.0))]),
-            file: path,
-            dtype: DType::F32,
-        };
-        let Linear::Dense(w) = src.linear(&parts).expect("mixed") else { panic!("not dense") };
-        assert_eq!(w.dims(), [12, 64]);
-        let wrong = [("a".to_owned(), [8, 32])];
-        let mut src = Source {
-            tensors: HashMap::new(),
-            quantized: HashMap::from([("a".to_owned(), q8(8, 64, 1.0))]),
-            file: path,
-            dtype: DType::F32,
-        };
-        assert!(src.linear(&wrong).is_err(), "a part of another shape is refused");
-    }
-}
+mod tests;

@@ -96,7 +96,7 @@ pub(super) fn load(model: &ResolvedModel, options: EngineOptions) -> Result<Load
 }
 
 /// The model's config alone (a GGUF file's metadata, or `config.json`), without its weights.
-pub(crate) fn read_config(model: &ResolvedModel) -> Result<ModelConfig, EngineError> {
+fn read_config(model: &ResolvedModel) -> Result<ModelConfig, EngineError> {
     match model.format {
         WeightsFormat::Gguf => ModelConfig::from_gguf(&gguf_content(&model.path)?).map_err(model_err),
         WeightsFormat::Safetensors => {
@@ -104,6 +104,27 @@ pub(crate) fn read_config(model: &ResolvedModel) -> Result<ModelConfig, EngineEr
             let text =
                 std::fs::read_to_string(&cfg_path).map_err(|e| model_err(ModelError::io(&cfg_path, e)))?;
             ModelConfig::from_hf_json(&text, &cfg_path.display().to_string()).map_err(model_err)
+        }
+    }
+}
+
+/// The model's config and the bytes its weights take in a CPU replica
+/// ([`crate::memory::cpu_weight_bytes`]), from its metadata and tensor index alone.
+pub(crate) fn cpu_weights(
+    model: &ResolvedModel,
+    options: &EngineOptions,
+) -> Result<(ModelConfig, u64), EngineError> {
+    match model.format {
+        WeightsFormat::Gguf => {
+            let content = gguf_content(&model.path)?;
+            let cfg = ModelConfig::from_gguf(&content).map_err(model_err)?;
+            let bytes = crate::memory::cpu_weight_bytes(&cfg, Some(&content), options);
+            Ok((cfg, bytes))
+        }
+        WeightsFormat::Safetensors => {
+            let cfg = read_config(model)?;
+            let bytes = crate::memory::cpu_weight_bytes(&cfg, None, options);
+            Ok((cfg, bytes))
         }
     }
 }

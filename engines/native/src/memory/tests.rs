@@ -115,7 +115,7 @@ fn a_cpu_replica_holds_its_weights_in_f32_and_its_kv_cache() {
     // 8,192 tokens in blocks of the layout's size, plus the spare block, at 46,080 bytes each.
     let block = options.kv_layout.block_size as u64;
     let cache = (8192u64.div_ceil(block) + 1) * block * 46_080;
-    assert_eq!(host_bytes(&cfg, &options), 134_479_872 * 4 + cache);
+    assert_eq!(host_bytes(cpu_weight_bytes(&cfg, None, &options), &cfg, &options), 134_479_872 * 4 + cache);
     // Untied embeddings count the LM head too.
     let untied = ModelConfig { tie_word_embeddings: false, ..cfg };
     assert_eq!(param_count(&untied), 134_479_872 + 49_152 * 576);
