@@ -1,8 +1,9 @@
 //! The Web UI in headless Chromium (Debian's `chromium` and `chromium-driver`, driven by
 //! Selenium from PyPI): `tests/web_ui/ui_e2e.py` lists the running models, launches a P/D model
 //! through the form (a refused option shown at the replica's field first), chats with it and
-//! sees the streamed answer, sees the handoff counters move, and terminates it. Screenshots go
-//! to `$XINF_UI_SCREENSHOTS` (default: the test scratch directory).
+//! sees the streamed answer, sees the handoff counters move, and terminates it; then the page
+//! in a browser that asks for Japanese is in Japanese. Screenshots go to `$XINF_UI_SCREENSHOTS`
+//! (default: the test scratch directory).
 
 use crate::util::{self, procs};
 use std::process::Command;
@@ -41,6 +42,7 @@ fn the_web_ui_launches_chats_and_terminates_in_chromium() {
         "chat answered",
         "handoff counters",
         "terminate",
+        "the page in Japanese",
     ] {
         assert!(stdout.contains(&format!("ok {step}")), "no `ok {step}`:\n{stdout}\n{stderr}");
     }

@@ -1,6 +1,7 @@
 """xinf's Web UI in headless Chromium (Selenium): the running models, a P/D launch through the
 form (a refused option shown at the replica's field first), a streamed chat answer, the
-handoff counters moving, terminate. Prints `ok <step>` per step; screenshots into OUT_DIR.
+handoff counters moving, terminate; then the page in a Japanese browser. Prints `ok <step>`
+per step; screenshots into OUT_DIR.
 
 Usage: ui_e2e.py URL OUT_DIR PRELOADED_UID
 """
@@ -16,11 +17,13 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 URL, OUT, PRELOADED = sys.argv[1:4]
 
 
-def browser():
+def browser(lang="en-US"):
     opts = webdriver.ChromeOptions()
     opts.binary_location = "/usr/bin/chromium"
     for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
         opts.add_argument(a)
+    # The languages the browser asks pages in (its `Accept-Language`).
+    opts.add_experimental_option("prefs", {"intl.accept_languages": lang})
     return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
 
 
@@ -113,6 +116,30 @@ def main():
         row(d, "webpd").find_element(By.CSS_SELECTOR, "button.terminate").click()
         wait(d, "the terminated model to go", lambda: row(d, "webpd") is None, 60)
         print("ok terminate")
+    finally:
+        d.quit()
+    japanese()
+
+
+def japanese():
+    """The page in a browser that asks for Japanese: its own texts, the rows it builds and the
+    placeholders in Japanese, the model's data as it is."""
+    d = browser("ja,en-US")
+    try:
+        d.get(URL + "/")
+        nav = lambda: [b.text for b in d.find_elements(By.CSS_SELECTOR, "nav button")]  # noqa: E731
+        wait(d, "the texts in Japanese", lambda: nav() == ["モデル", "起動", "チャット"])
+        assert d.find_element(By.TAG_NAME, "html").get_attribute("lang") == "ja"
+        wait(d, "the preloaded model", lambda: row(d, PRELOADED))
+        wait(d, "its replica table in Japanese", lambda: "レプリカ" in row(d, PRELOADED).text)
+        assert row(d, PRELOADED).find_element(By.CSS_SELECTOR, "button.terminate").text == "終了"
+        tab(d, "launch")
+        role = d.find_element(By.CSS_SELECTOR, '#replica-table select[name="role"] option[value=""]')
+        assert role.text == "（通常）", role.text
+        gpus = d.find_element(By.CSS_SELECTOR, '#replica-table input[name="gpu_idx"]')
+        assert gpus.get_attribute("placeholder") == "例：0 または 0,1", gpus.get_attribute("placeholder")
+        d.save_screenshot(f"{OUT}/launch-ja.png")
+        print("ok the page in Japanese")
     finally:
         d.quit()
 

@@ -5,6 +5,33 @@
 const $ = (sel) => document.querySelector(sel);
 let apiKey = localStorage.getItem("xinf-api-key") || "";
 
+// ---- Texts ----
+// The page's texts in the reader's language (`/ui/strings.json`, asked in the browser's
+// `Accept-Language`); until they arrive, and for any missing, the English written here.
+let texts = {};
+function t(key, english, values) {
+  let s = texts[key] || english;
+  for (const [k, v] of Object.entries(values || {})) s = s.split("{" + k + "}").join(String(v));
+  return s;
+}
+// Elements name their text by `data-i18n` (text) and `data-i18n-placeholder`.
+function translate(root) {
+  root.querySelectorAll("[data-i18n]").forEach((e) => { e.textContent = t(e.dataset.i18n, e.textContent); });
+  root.querySelectorAll("[data-i18n-placeholder]").forEach((e) => {
+    e.placeholder = t(e.dataset.i18nPlaceholder, e.placeholder);
+  });
+}
+async function loadTexts() {
+  try {
+    const res = await fetch("/ui/strings.json");
+    if (!res.ok) return;
+    const j = await res.json();
+    texts = j.strings || {};
+    document.documentElement.lang = j.lang || "en";
+    translate(document);
+  } catch (_) { /* English stays */ }
+}
+
 // A REST call; on 401 asks for the API key once and retries. Errors carry the server's
 // message and the field it names (`param`).
 async function api(method, path, body, retried) {
@@ -12,7 +39,7 @@ async function api(method, path, body, retried) {
   if (apiKey) headers.Authorization = "Bearer " + apiKey;
   const res = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
   if (res.status === 401 && !retried) {
-    apiKey = window.prompt("API key") || "";
+    apiKey = window.prompt(t("ui-api-key", "API key")) || "";
     localStorage.setItem("xinf-api-key", apiKey);
     return api(method, path, body, true);
   }
@@ -59,7 +86,9 @@ function replicaTable(details) {
       el("td", {}, (r.gpus || []).join(",") || "cpu"), el("td", {}, r.engine), el("td", {}, r.kv_layout || ""),
       el("td", { class: "status-" + r.status }, r.status)));
   return el("table", { class: "replicas" },
-    el("thead", {}, el("tr", {}, ...["Replica", "Role", "Worker", "GPUs", "Engine", "KV layout", "Status"].map((h) => el("th", {}, h)))),
+    el("thead", {}, el("tr", {}, ...[["ui-col-replica", "Replica"], ["ui-col-role", "Role"], ["ui-col-worker", "Worker"],
+      ["ui-col-gpus", "GPUs"], ["ui-col-engine", "Engine"], ["ui-col-kv-layout", "KV layout"], ["ui-col-status", "Status"]]
+      .map(([k, h]) => el("th", {}, t(k, h))))),
     el("tbody", {}, ...rows));
 }
 
@@ -76,14 +105,15 @@ async function refreshModels() {
       const moves = (h.in_process_transfers || 0) + (h.tcp_transfers || 0) + (h.nixl_transfers || 0) +
         (h.gpu_in_process_transfers || 0) + (h.cuda_ipc_transfers || 0) + (h.nixl_vram_transfers || 0);
       handoff = el("span", { class: "handoff", "data-pages": h.pages_transferred || 0 },
-        `${h.pages_transferred || 0} pages, ${bytes(h.bytes_transferred || 0)}, ${moves} handoffs`);
+        t("ui-handoff-counts", "{pages} pages, {bytes}, {moves} handoffs",
+          { pages: h.pages_transferred || 0, bytes: bytes(h.bytes_transferred || 0), moves }));
     } catch (_) { /* a model that is not ready has no stats yet */ }
     const weights = [x.model_format, x.model_size_in_billions && x.model_size_in_billions + "B", x.quantization].filter(Boolean).join(" / ");
     rows.push(el("tr", { "data-uid": m.id },
       el("td", {}, el("b", {}, m.id)), el("td", {}, x.model_name || m.model_name || ""), el("td", {}, weights),
       el("td", {}, x.engine || ""), el("td", { class: "status-" + (x.status || "") }, x.status || ""),
       el("td", {}, replicaTable(x.replica_details)), el("td", {}, handoff),
-      el("td", {}, el("button", { class: "terminate", onclick: () => terminate(m.id) }, "Terminate"))));
+      el("td", {}, el("button", { class: "terminate", onclick: () => terminate(m.id) }, t("ui-terminate", "Terminate")))));
   }
   body.replaceChildren(...rows);
   $("#models-empty").style.display = models.length ? "none" : "block";
@@ -136,10 +166,12 @@ function replicaRows() {
     const i = body.children.length;
     body.append(el("tr", { "data-index": i },
       el("td", {}, i),
-      el("td", {}, el("select", { name: "role" }, ...["", "prefill", "decode"].map((r) => el("option", { value: r }, r || "(ordinary)")))),
-      el("td", {}, el("input", { name: "worker_ip", placeholder: "any" })),
-      el("td", {}, el("input", { name: "gpu_idx", placeholder: "e.g. 0 or 0,1" })),
-      el("td", {}, el("select", { name: "model_engine" }, ...["", "native", "vllm", "sglang"].map((e) => el("option", { value: e }, e || "(the model's)")))),
+      el("td", {}, el("select", { name: "role" }, ...["", "prefill", "decode"].map((r) => r ? el("option", { value: r }, r)
+        : el("option", { value: r, "data-i18n": "ui-role-ordinary" }, t("ui-role-ordinary", "(ordinary)"))))),
+      el("td", {}, el("input", { name: "worker_ip", placeholder: t("ui-placeholder-worker", "any"), "data-i18n-placeholder": "ui-placeholder-worker" })),
+      el("td", {}, el("input", { name: "gpu_idx", placeholder: t("ui-placeholder-gpus", "e.g. 0 or 0,1"), "data-i18n-placeholder": "ui-placeholder-gpus" })),
+      el("td", {}, el("select", { name: "model_engine" }, ...["", "native", "vllm", "sglang"].map((e) => e ? el("option", { value: e }, e)
+        : el("option", { value: e, "data-i18n": "ui-engine-default" }, t("ui-engine-default", "(the model's)"))))),
       el("td", {}, el("textarea", { name: "engine_config", rows: 1, placeholder: "{}" }))));
   }
   while (body.children.length > n) body.lastChild.remove();
@@ -195,7 +227,7 @@ async function launch(ev) {
     }
     if (get("engine_config")) {
       try { c.engine_config = JSON.parse(get("engine_config")); } catch (e) {
-        markField(`replica_config[${row.dataset.index}].engine_config`, "not JSON: " + e.message);
+        markField(`replica_config[${row.dataset.index}].engine_config`, t("ui-not-json", "not JSON: {reason}", { reason: e.message }));
         return;
       }
     }
@@ -203,11 +235,11 @@ async function launch(ev) {
     configs.push(c);
   }
   if (anySet) body.replica_config = configs;
-  $("#launch-status").textContent = "Launching…";
+  $("#launch-status").textContent = t("ui-launching", "Launching…");
   $("#launch-button").disabled = true;
   try {
     await api("POST", "/v1/models", body);
-    $("#launch-status").textContent = `Launched ${body.model_uid || body.model_name}.`;
+    $("#launch-status").textContent = t("ui-launched", "Launched {model}.", { model: body.model_uid || body.model_name });
     refreshModels();
   } catch (e) {
     $("#launch-status").textContent = "";
@@ -313,6 +345,7 @@ $("#chat-clear").addEventListener("click", () => { conversation = []; $("#chat-l
 
 // ---- Start ----
 replicaRows();
+loadTexts();
 loadRegistrations();
 refreshModels();
 setInterval(refreshModels, 2000);
