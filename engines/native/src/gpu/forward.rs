@@ -21,8 +21,8 @@ use super::error::{GpuError, driver};
 use super::pages::CacheView;
 use super::plan::{
     ATTENTION_WARPS, DECODE_WARPS, FLASH_THREADS, GEMV_ROWS, StepShape, attention_group, attention_heads,
-    attention_splits, check_matmul, decode_splits, elem_bytes, flash_decode_fits, flash_fits, gemv_split,
-    kernel_source, rope_tables,
+    attention_splits, check_matmul, decode_splits, elem_bytes, flash_decode_fits, flash_fits, gemv_kernel,
+    gemv_split, kernel_source, rope_tables,
 };
 use crate::weights::Weights;
 use cudarc::cublas::CudaBlas;
@@ -58,8 +58,9 @@ struct Kernels {
     flash_decode: Option<CudaFunction>,
     silu_mul: CudaFunction,
     argmax_rows: CudaFunction,
-    /// Products of at most `GEMV_ROWS` rows with 16-bit weights (absent for f32 weights).
-    gemv: Option<CudaFunction>,
+    /// Products of at most `GEMV_ROWS` rows with 16-bit weights (absent for f32 weights): one
+    /// kernel per row capacity, `plan::gemv_kernel` picks.
+    gemv: Option<[CudaFunction; 4]>,
 }
 
 impl Kernels {
@@ -91,7 +92,9 @@ impl Kernels {
                 .transpose()?,
             silu_mul: f("silu_mul")?,
             argmax_rows: f("argmax_rows")?,
-            gemv: (wdt != KvDtype::F32).then(|| f("gemv")).transpose()?,
+            gemv: (wdt != KvDtype::F32)
+                .then(|| Ok::<_, GpuError>([f("gemv1")?, f("gemv2")?, f("gemv4")?, f("gemv8")?]))
+                .transpose()?,
         })
     }
 }
@@ -499,6 +502,7 @@ impl Forward {
         check_matmul([w.len(), x.len(), y_bytes], [elem_bytes(self.wdt), elem_bytes(ydt)], [out, inp, rows])
             .map_err(GpuError::Shape)?;
         if let Some(gemv) = self.k.gemv.as_ref().filter(|_| rows <= GEMV_ROWS && inp.is_multiple_of(8)) {
+            let gemv = &gemv[gemv_kernel(rows)];
             let split = gemv_split(inp);
             let (out_i, inp_i, rows_i, split_i) = (out as i32, inp as i32, rows as i32, split as i32);
             let narrow = i32::from(ydt != KvDtype::F32);

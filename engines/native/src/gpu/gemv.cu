@@ -20,19 +20,23 @@ __device__ __forceinline__ void unpack8(u32x4 v, float* f) {
 // by the n activation rows' words (read through L1, shared by every row of the block), and the
 // sums meet by shuffles, then through shared memory across the S warps. Every output is summed
 // in the same order whatever n is, so a sequence's result does not depend on its batch.
+// One kernel per row capacity NR (`gemv1`, `gemv2`, `gemv4`, `gemv8`; the host takes the
+// smallest that holds n): a lane keeps NR sums, so a batch of one needs 37 registers where
+// eight need 64, and more blocks stay resident to keep the weights' loads in flight.
 // grid (ceil(out / (8 / S))).
 #define GEMV_ROWS 8
 #if WT != 0
-extern "C" __global__ void __launch_bounds__(256)
-gemv(const wt* w, const wt* x, unsigned long long y, int out, int K, int n, int S, int narrow) {
-    __shared__ float red[8][GEMV_ROWS];
+template <int NR>
+__device__ __forceinline__ void gemv_rows(const wt* w, const wt* x, unsigned long long y, int out, int K, int n,
+                                          int S, int narrow) {
+    __shared__ float red[8][NR];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int o = blockIdx.x * (8 / S) + warp / S, slice = warp % S;
     int words = K / 8, per = (words + S - 1) / S;
     int c0 = slice * per, c1 = min(words, c0 + per);
-    float acc[GEMV_ROWS];
+    float acc[NR];
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++) acc[r] = 0.f;
+    for (int r = 0; r < NR; r++) acc[r] = 0.f;
     if (o < out) {
         const u32x4* wr = (const u32x4*)(w + (long long)o * K);
         for (int c = c0 + lane; c < c1; c += 128) {
@@ -46,7 +50,7 @@ gemv(const wt* w, const wt* x, unsigned long long y, int out, int K, int n, int 
                 float wf[8];
                 unpack8(wv[u], wf);
 #pragma unroll
-                for (int r = 0; r < GEMV_ROWS; r++) {
+                for (int r = 0; r < NR; r++) {
                     if (r >= n) break;
                     float xf[8];
                     unpack8(((const u32x4*)(x + (long long)r * K))[c + 32 * u], xf);
@@ -59,16 +63,16 @@ gemv(const wt* w, const wt* x, unsigned long long y, int out, int K, int n, int 
         }
     }
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++)
+    for (int r = 0; r < NR; r++)
         for (int sh = 16; sh > 0; sh >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], sh);
     if (S > 1) {
         if (lane == 0)
 #pragma unroll
-            for (int r = 0; r < GEMV_ROWS; r++) red[warp][r] = acc[r];
+            for (int r = 0; r < NR; r++) red[warp][r] = acc[r];
         __syncthreads();
         if (slice != 0) return;
 #pragma unroll
-        for (int r = 0; r < GEMV_ROWS; r++) {
+        for (int r = 0; r < NR; r++) {
             float s = 0.f;
             for (int k = 0; k < S; k++) s += red[warp + k][r];
             acc[r] = s;
@@ -78,11 +82,21 @@ gemv(const wt* w, const wt* x, unsigned long long y, int out, int K, int n, int 
     // Lane r writes row r's output (acc is the same in every lane after the shuffles).
     float v = acc[0];
 #pragma unroll
-    for (int r = 1; r < GEMV_ROWS; r++)
+    for (int r = 1; r < NR; r++)
         if (lane == r) v = acc[r];
     if (narrow)
         ((wt*)y)[(long long)lane * out + o] = wst(v);
     else
         ((float*)y)[(long long)lane * out + o] = v;
 }
+
+#define GEMV_KERNEL(NAME, NR)                                                                  \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const wt* w, const wt* x, unsigned long long y, \
+                                                           int out, int K, int n, int S, int narrow) {   \
+        gemv_rows<NR>(w, x, y, out, K, n, S, narrow);                                             \
+    }
+GEMV_KERNEL(gemv1, 1)
+GEMV_KERNEL(gemv2, 2)
+GEMV_KERNEL(gemv4, 4)
+GEMV_KERNEL(gemv8, 8)
 #endif

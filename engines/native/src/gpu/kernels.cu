@@ -557,11 +557,37 @@ extern "C" __global__ void argmax_rows(const float* logits, int vocab, unsigned 
     const float* row = logits + (long long)blockIdx.x * vocab;
     float bv = NEG_INF;
     unsigned int bi = 0xffffffffu;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        float x = row[i];
-        if (x > bv) {  // false for NaN; the first of equals within this thread's stride
-            bv = x;
-            bi = i;
+    if ((vocab & 3) == 0) {
+        // Rows of whole 16-byte words: each thread keeps four of them in flight, where one load
+        // at a time left a 150k-word row latency-bound (50 µs). A thread still visits its
+        // values in increasing index order, so equals keep the first.
+        const f32x4* r4 = (const f32x4*)row;
+        int words = vocab >> 2, nt = blockDim.x;
+        for (int i = threadIdx.x; i < words; i += 4 * nt) {
+            f32x4 v[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (i + u * nt < words) v[u] = r4[i + u * nt];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                if (i + u * nt >= words) break;
+                unsigned int b = 4u * (unsigned int)(i + u * nt);
+                float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    if (e[j] > bv) {  // false for NaN
+                        bv = e[j];
+                        bi = b + j;
+                    }
+            }
+        }
+    } else {
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            float x = row[i];
+            if (x > bv) {  // false for NaN; the first of equals within this thread's stride
+                bv = x;
+                bi = i;
+            }
         }
     }
     for (int o = 16; o > 0; o >>= 1) {

@@ -153,6 +153,19 @@ pub(super) fn decode_splits(queries: usize, kv_heads: usize, sms: usize, part_ro
 /// this many sequences multiply the weights there (`gemv.cu`) rather than in cuBLAS.
 pub(super) const GEMV_ROWS: usize = 8;
 
+/// Which `gemv` kernel takes a product of `rows` (1 to `GEMV_ROWS`): the index into
+/// `gemv1`, `gemv2`, `gemv4`, `gemv8`, the smallest whose row capacity holds them. A kernel
+/// keeps a sum per row of its capacity, so fewer rows need fewer registers; every kernel sums
+/// a row in the same order, so the choice never changes a result.
+pub(super) fn gemv_kernel(rows: usize) -> usize {
+    match rows {
+        0..=1 => 0,
+        2 => 1,
+        3..=4 => 2,
+        _ => 3,
+    }
+}
+
 /// Warps of one `gemv` block that share an output row (the rest of its 8 warps take other
 /// rows): enough that each lane loads at most 4 of the row's 16-byte words (`inp` 16-bit values,
 /// a multiple of 8), all in flight at once; a power of two up to 8.

@@ -316,3 +316,16 @@ fn gemv_rows_are_split_so_each_lane_loads_four_words() {
     assert_eq!([896, 4864, 4096, 14_336, 8].map(gemv_split), [1, 8, 4, 8, 1]);
     assert!(GEMV.contains(&format!("#define GEMV_ROWS {GEMV_ROWS}")));
 }
+
+#[test]
+fn gemv_kernels_hold_their_rows() {
+    // The smallest of gemv1/2/4/8 that holds the rows; each exists in gemv.cu.
+    let caps = [1, 2, 4, 8];
+    for rows in 1..=GEMV_ROWS {
+        let k = gemv_kernel(rows);
+        assert!(caps[k] >= rows && (k == 0 || caps[k - 1] < rows), "{rows} rows took gemv{}", caps[k]);
+    }
+    for cap in caps {
+        assert!(GEMV.contains(&format!("GEMV_KERNEL(gemv{cap}, {cap})")));
+    }
+}
