@@ -501,6 +501,8 @@ fn cuda_graphs_decode_exactly_as_eager_launches() {
             assert_eq!(eager.graph_steps(), 0, "{label}: graphs replayed with cuda_graphs off");
             assert!(before > 0, "{label}: no decode step was replayed from a graph");
             assert!(replayed > before, "{label}: no step replayed in the second round");
+            eprintln!("{label}: programmatic edges in the captured graphs: {}", graphed.graph_links());
+            assert_eq!(eager.graph_links(), 0, "{label}: graph edges with cuda_graphs off");
         }
     }
 }

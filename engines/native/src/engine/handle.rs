@@ -40,6 +40,7 @@ pub struct NativeEngine {
     device: Device,
     /// Steps the GPU backend computed by replaying a CUDA graph.
     graph_steps: Arc<AtomicU64>,
+    graph_links: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for NativeEngine {
@@ -75,6 +76,7 @@ impl NativeEngine {
             eos: parts.eos,
             device: parts.device,
             graph_steps: parts.graph_steps,
+            graph_links: parts.graph_links,
         })
     }
 
@@ -98,6 +100,13 @@ impl NativeEngine {
     /// really used, since the tokens are the same either way.
     pub fn graph_steps(&self) -> u64 {
         self.graph_steps.load(Ordering::Relaxed)
+    }
+
+    /// Programmatic edges put between kernels of the captured graphs so far (Hopper and later
+    /// with `cuda_graphs` on; 0 elsewhere): each lets a kernel be launched before the one it
+    /// follows has finished. Tells tests and benchmarks they were really used.
+    pub fn graph_links(&self) -> u64 {
+        self.graph_links.load(Ordering::Relaxed)
     }
 
     /// The logits after the last of `ids`, computed alone (outside any batch) into temporary

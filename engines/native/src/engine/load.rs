@@ -34,6 +34,8 @@ pub(super) struct Loaded {
     pub(super) eos: Vec<u32>,
     /// Steps the GPU backend computed by replaying a CUDA graph.
     pub(super) graph_steps: Arc<AtomicU64>,
+    /// Programmatic edges between kernels in the GPU backend's captured graphs.
+    pub(super) graph_links: Arc<AtomicU64>,
 }
 
 /// What a model's files hold.
@@ -89,10 +91,23 @@ pub(super) fn load(model: &ResolvedModel, options: EngineOptions) -> Result<Load
     let max_seq_len = context_length.min((num_blocks - 1) * block_size);
     let contract = cfg.contract(&tokenizer, dtype, context_length, digest);
     let eos = eos_ids(&cfg, &tokenizer);
-    let graph_steps = Arc::new(AtomicU64::new(0));
+    let (graph_steps, graph_links) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let shape = CacheShape { layout: layout.clone(), dtype, context_length };
-    let (backend, cache, device) = backend(cfg, weights, weights_dtype, shape, &options, &graph_steps)?;
-    Ok(Loaded { backend, cache, device, tokenizer, contract, layout, options, max_seq_len, eos, graph_steps })
+    let (backend, cache, device) =
+        backend(cfg, weights, weights_dtype, shape, &options, [&graph_steps, &graph_links])?;
+    Ok(Loaded {
+        backend,
+        cache,
+        device,
+        tokenizer,
+        contract,
+        layout,
+        options,
+        max_seq_len,
+        eos,
+        graph_steps,
+        graph_links,
+    })
 }
 
 /// The model's config alone (a GGUF file's metadata, or `config.json`), without its weights.
@@ -203,7 +218,7 @@ fn backend(
     weights_dtype: KvDtype,
     shape: CacheShape,
     options: &EngineOptions,
-    graph_steps: &Arc<AtomicU64>,
+    [graph_steps, graph_links]: [&Arc<AtomicU64>; 2],
 ) -> Result<(Box<dyn ComputeBackend>, KvCache, Device), EngineError> {
     let CacheShape { layout, dtype, context_length } = shape;
     match options.device {
@@ -221,6 +236,7 @@ fn backend(
                 max_seqs: options.max_num_seqs,
                 cuda_graphs: options.cuda_graphs,
                 graph_steps: graph_steps.clone(),
+                graph_links: graph_links.clone(),
             };
             let backend = crate::gpu::GpuModel::new(
                 ordinal,

@@ -135,6 +135,7 @@ extern "C" __global__ void __launch_bounds__(FT, HD <= 64 ? 2 : 1)
 flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_plane, const int* pos,
               const int* tab_off, const unsigned int* tables, const int* tiles, int bs, long long s_blk,
               long long s_tok, long long s_head, wt* out, int H, int KVH, float scale_log2) {
+    GRID_DEP_WAIT();
     alignas(16) __shared__ u16 Ks[2][BC][KPAD];
     alignas(16) __shared__ u16 Vs[2][BC][KPAD];
     int tile = gridDim.x - 1 - blockIdx.x;  // the longest tiles first
@@ -374,6 +375,7 @@ flash_decode(const float* q, unsigned long long k_plane, unsigned long long v_pl
              const int* tab_off, const unsigned int* tables, const int* toks, int use_toks, int vec, int bs,
              long long s_blk, long long s_tok, long long s_head, wt* out, float* part, unsigned int* counters,
              int H, int KVH, float scale_log2) {
+    GRID_DEP_WAIT();
     __shared__ float so[DW][GQ][HD];
     __shared__ float sm[DW][GQ], sl[DW][GQ];
     long long t = use_toks ? toks[blockIdx.x] : blockIdx.x;

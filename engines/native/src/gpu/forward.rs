@@ -99,6 +99,18 @@ impl Kernels {
     }
 }
 
+impl Kernels {
+    /// Every kernel, by the address of its `CUfunction` (how a captured graph names it).
+    fn ids(&self) -> Vec<usize> {
+        let mut all =
+            vec![&self.embed, &self.add_rmsnorm, &self.qkv_post, &self.attention, &self.attention_one];
+        all.extend([&self.silu_mul, &self.argmax_rows]);
+        all.extend(self.flash.iter().chain(&self.flash_decode));
+        all.extend(self.gemv.iter().flatten());
+        all.into_iter().map(|f| f.cu_function() as usize).collect()
+    }
+}
+
 fn cuda_type(dt: KvDtype) -> cudaDataType_t {
     match dt {
         KvDtype::F32 => cudaDataType_t::CUDA_R_32F,
@@ -158,6 +170,12 @@ impl Forward {
 
     pub(super) fn cfg(&self) -> &ModelConfig {
         &self.cfg
+    }
+
+    /// The forward pass's kernels, by the address of their `CUfunction`s (`Graphs` tells them
+    /// from cuBLAS's by it).
+    pub(super) fn kernel_ids(&self) -> Vec<usize> {
+        self.k.ids()
     }
 
     /// Whether prompt chunks over `cache` run the tensor-core prefill attention: the kernel

@@ -93,6 +93,7 @@ __device__ __forceinline__ void gemv_rows(const wt* w, const wt* x, unsigned lon
 #define GEMV_KERNEL(NAME, NR)                                                                  \
     extern "C" __global__ void __launch_bounds__(256) NAME(const wt* w, const wt* x, unsigned long long y, \
                                                            int out, int K, int n, int S, int narrow) {   \
+        GRID_DEP_WAIT();                                                                          \
         gemv_rows<NR>(w, x, y, out, K, n, S, narrow);                                             \
     }
 GEMV_KERNEL(gemv1, 1)

@@ -6,18 +6,20 @@
 //! Graphs run on a stream of their own (the default stream cannot be captured) with a cuBLAS
 //! handle of their own, set up like the main one. A failed capture turns graphs off for good
 //! rather than failing the step, which then runs eagerly: the same kernels and gemms with the
-//! same arguments, so the results are bit for bit the same.
+//! same arguments, so the results are bit for bit the same. On Hopper and later, consecutive
+//! kernels of a graph are joined by programmatic edges (`captured`), which take the launch
+//! gap between them away without changing what they compute.
 
-// A CUDA graph is not `Send` in cudarc; the SAFETY comment on the impl says why ours may be.
-#![allow(unsafe_code)]
+mod captured;
 
 use super::buffers::{Buf, give_workspace};
 use super::error::{GpuError, driver};
 use super::forward::Lane;
 use super::plan::StepLimits;
+use captured::Captured;
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaContext, CudaEvent, CudaGraph, CudaStream};
+use cudarc::driver::sys::CUstreamCaptureMode;
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -49,15 +51,6 @@ impl GraphLane {
     }
 }
 
-/// A captured decode step, replayed on the graph lane's stream.
-struct Graph(CudaGraph);
-
-// SAFETY: a CUDA graph may be used from any thread as long as calls on it are serialized (it
-// is not internally synchronized). This one is owned by `Graphs`, inside `GpuModel`, which is
-// used through `&mut self` by the one engine thread at a time that owns it, so every call is
-// serialized.
-unsafe impl Send for Graph {}
-
 /// Where decode steps of one batch size stand.
 enum Slot {
     /// Not seen yet: the first such step runs eagerly, which warms cuBLAS up (its algorithm
@@ -66,7 +59,7 @@ enum Slot {
     /// Seen once: the next such step is captured.
     Warm,
     /// Captured: replayed from now on.
-    Ready(Graph),
+    Ready(Captured),
 }
 
 /// The graphs of one model, indexed by batch size, and the lane they run on.
@@ -79,13 +72,33 @@ pub(super) struct Graphs {
     on: bool,
     /// Steps computed by replaying a graph.
     steps: Arc<AtomicU64>,
+    /// Programmatic edges put into captured graphs.
+    links: Arc<AtomicU64>,
+    /// Our kernels (addresses of their `CUfunction`s), told apart from cuBLAS's in a graph.
+    ours: Vec<usize>,
+    /// Whether this GPU and driver take programmatic edges (`captured::available`).
+    linked: bool,
 }
 
 impl Graphs {
-    pub(super) fn new(ctx: &Arc<CudaContext>, limits: &StepLimits) -> Result<Self, GpuError> {
+    /// Graphs for `ctx`'s GPU within `limits`, whose kernels are `ours` (the addresses of their
+    /// `CUfunction`s).
+    pub(super) fn new(
+        ctx: &Arc<CudaContext>,
+        limits: &StepLimits,
+        ours: Vec<usize>,
+    ) -> Result<Self, GpuError> {
         let slots = (0..limits.graph_slots()).map(|_| Slot::Cold).collect();
         let lane = if limits.cuda_graphs { Some(GraphLane::new(ctx)?) } else { None };
-        Ok(Self { slots, lane, on: limits.cuda_graphs, steps: limits.graph_steps.clone() })
+        Ok(Self {
+            slots,
+            lane,
+            on: limits.cuda_graphs,
+            steps: limits.graph_steps.clone(),
+            links: limits.graph_links.clone(),
+            ours,
+            linked: captured::available(ctx),
+        })
     }
 
     /// Whether a step of `t` tokens and `n_rows` rows of logits runs on the graph lane: a
@@ -145,13 +158,13 @@ impl Graphs {
             Slot::Ready(_) => {}
         }
         let Slot::Ready(g) = &self.slots[t] else { return Ok(false) };
-        g.0.launch().map_err(driver)?;
+        g.launch()?;
         self.steps.fetch_add(1, Ordering::Relaxed);
         Ok(true)
     }
 
     /// Captures what `record` enqueues on the graph lane (nothing runs).
-    fn capture(&self, record: impl FnOnce(Lane<'_>) -> Result<(), GpuError>) -> Result<Graph, GpuError> {
+    fn capture(&self, record: impl FnOnce(Lane<'_>) -> Result<(), GpuError>) -> Result<Captured, GpuError> {
         let g = self.lane.as_ref().ok_or_else(|| GpuError::Driver("no stream to capture on".into()))?;
         // Thread-local: only this thread's calls that are illegal during a capture break it, not
         // those of other threads using the GPU (GPU-to-GPU handoffs).
@@ -159,10 +172,11 @@ impl Graphs {
         g.stream.begin_capture(mode).map_err(driver)?;
         let recorded = record(g.lane());
         // Always end the capture, so the stream leaves capture mode whatever happened.
-        let ended = g.stream.end_capture(CUgraphInstantiate_flags(0));
+        let ended = Captured::end(&g.stream, &self.ours, self.linked);
         recorded?;
-        let graph = ended.map_err(driver)?.ok_or_else(|| GpuError::Driver("an empty graph".into()))?;
-        graph.upload().map_err(driver)?;
-        Ok(Graph(graph))
+        let (graph, edges) = ended?;
+        tracing::debug!(edges, "decode step captured; programmatic edges between its kernels");
+        self.links.fetch_add(edges as u64, Ordering::Relaxed);
+        Ok(graph)
     }
 }

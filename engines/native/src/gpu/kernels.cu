@@ -8,6 +8,15 @@
 
 typedef unsigned short u16;
 #define NEG_INF __int_as_float(0xff800000)
+// Every kernel starts here. In a decode graph on Hopper or later, a kernel may be launched
+// while the one before it is still running (programmatic edges, graphs.rs); this waits until
+// that kernel has finished and its writes are visible. Launched the ordinary way it returns at
+// once; before sm_90 it is nothing.
+#if __CUDA_ARCH__ >= 900
+#define GRID_DEP_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#else
+#define GRID_DEP_WAIT()
+#endif
 // 16- and 8-byte words, for whole-word loads of aligned rows.
 struct alignas(16) u32x4 { unsigned int x, y, z, w; };
 struct alignas(16) f32x4 { float x, y, z, w; };
@@ -65,6 +74,7 @@ __device__ float block_sum(float v, float* sh) {
 
 // x[t] = embed[ids[t]]. grid (T), block 256.
 extern "C" __global__ void embed(const unsigned int* ids, const wt* emb, float* x, int hid) {
+    GRID_DEP_WAIT();
     long long t = blockIdx.x;
     const wt* e = emb + (long long)ids[t] * hid;
     for (int i = threadIdx.x; i < hid; i += blockDim.x) x[t * hid + i] = wld(e[i]);
@@ -96,6 +106,7 @@ __device__ __forceinline__ void wst4(wt* p, const float* v) {
 // takes 4 consecutive values per access: a prompt's norms stream its whole residual stream.
 extern "C" __global__ void add_rmsnorm(float* x, const float* delta, const int* rows, int use_rows,
                                        const wt* w, wt* out, int hid, float eps) {
+    GRID_DEP_WAIT();
     __shared__ float sh[32];
     long long r = blockIdx.x;
     long long src = use_rows ? rows[r] : r;
@@ -141,6 +152,7 @@ extern "C" __global__ void qkv_post(const float* qkv, const wt* bias, int has_bi
                                     const int* tab_off, const unsigned int* tables, unsigned long long k_plane,
                                     unsigned long long v_plane, int bs, long long s_blk, long long s_tok,
                                     long long s_head, float* q_out, int H, int KVH, float eps) {
+    GRID_DEP_WAIT();
 #if HD % 64 != 0
     __shared__ float rows[8][HD];
 #endif
@@ -493,6 +505,7 @@ extern "C" __global__ void attention(const float* q, unsigned long long k_plane,
                                      const int* toks, int use_toks, int vec, int bs, long long s_blk,
                                      long long s_tok, long long s_head, wt* out, float* part,
                                      unsigned int* counters, int H, int KVH, float scale) {
+    GRID_DEP_WAIT();
     attention_heads<GB>(q, k_plane, v_plane, pos, tab_off, tables, toks, use_toks, vec, bs, s_blk, s_tok, s_head,
                         out, part, counters, H, KVH, scale);
 }
@@ -504,6 +517,7 @@ extern "C" __global__ void attention_one(const float* q, unsigned long long k_pl
                                          const int* toks, int use_toks, int vec, int bs, long long s_blk,
                                          long long s_tok, long long s_head, wt* out, float* part,
                                          unsigned int* counters, int H, int KVH, float scale) {
+    GRID_DEP_WAIT();
     attention_heads<1>(q, k_plane, v_plane, pos, tab_off, tables, toks, use_toks, vec, bs, s_blk, s_tok, s_head,
                        out, part, counters, H, KVH, scale);
 }
@@ -522,6 +536,7 @@ __device__ __forceinline__ unsigned int silu_mul2(unsigned int g, unsigned int u
 // input: the kernel streams a prompt's whole gate/up output, and 2-byte accesses left it far
 // from the memory's speed. Otherwise 8 elements 256 apart (coalesced, no division per element).
 extern "C" __global__ void silu_mul(const wt* gu, wt* out, int I) {
+    GRID_DEP_WAIT();
     long long t = blockIdx.x;
     const wt* g = gu + t * 2 * I;
     const wt* u = g + I;
@@ -552,6 +567,7 @@ extern "C" __global__ void silu_mul(const wt* gu, wt* out, int I) {
 // out[r] = the index of the largest of logits[r][0..vocab): the first of equals, NaN never
 // chosen, 0 when nothing beats -inf — the CPU sampler's greedy choice. grid (rows), block 1024.
 extern "C" __global__ void argmax_rows(const float* logits, int vocab, unsigned int* out) {
+    GRID_DEP_WAIT();
     __shared__ float sv[32];
     __shared__ unsigned int si[32];
     const float* row = logits + (long long)blockIdx.x * vocab;

@@ -96,7 +96,7 @@ impl GpuModel {
         let fwd = Forward::new(&stream, cfg, w, wdt, kdt, max_positions)?;
         let kv = KvMemory::new(pages, desc.clone(), kdt, &planes)?;
         let bufs = StepBufs::new(&stream, fwd.cfg(), elem_bytes(wdt), limits.capacity(desc.num_blocks))?;
-        let graphs = Graphs::new(&ctx, &limits)?;
+        let graphs = Graphs::new(&ctx, &limits, fwd.kernel_ids())?;
         stream.synchronize().map_err(driver)?;
         Ok(Self {
             graphs,

@@ -432,6 +432,8 @@ pub(crate) struct StepLimits {
     /// Counts the steps computed by replaying a graph; the engine reads it for tests and
     /// benchmarks.
     pub(crate) graph_steps: Arc<AtomicU64>,
+    /// Counts the programmatic edges put between kernels of captured graphs (`graphs.rs`).
+    pub(crate) graph_links: Arc<AtomicU64>,
 }
 
 impl StepLimits {

@@ -215,7 +215,7 @@ fn matmuls_over_short_buffers_are_refused() {
 }
 
 fn limits(max_tokens: usize, max_seqs: usize, cuda_graphs: bool) -> StepLimits {
-    StepLimits { max_tokens, max_seqs, cuda_graphs, graph_steps: Arc::default() }
+    StepLimits { max_tokens, max_seqs, cuda_graphs, graph_steps: Arc::default(), graph_links: Arc::default() }
 }
 
 #[test]
