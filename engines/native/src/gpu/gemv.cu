@@ -37,13 +37,25 @@ __device__ __forceinline__ void gemv_rows(const wt* w, const wt* x, unsigned lon
     float acc[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = 0.f;
-    if (o < out) {
-        const u32x4* wr = (const u32x4*)(w + (long long)o * K);
-        for (int c = c0 + lane; c < c1; c += 128) {
-            u32x4 wv[4];
+    const bool live = o < out;
+    const u32x4* wr = (const u32x4*)(w + (long long)(live ? o : 0) * K);
+    int c = c0 + lane;
+    u32x4 wv[4];
+    // The weights do not change within a step, so a lane's first words are asked for before
+    // waiting on the kernel before this one: in a decode graph they stream in while it ends.
+    if (live) {
 #pragma unroll
-            for (int u = 0; u < 4; u++)
-                if (c + 32 * u < c1) wv[u] = wr[c + 32 * u];
+        for (int u = 0; u < 4; u++)
+            if (c + 32 * u < c1) wv[u] = wr[c + 32 * u];
+    }
+    GRID_DEP_WAIT();
+    if (live) {
+        for (; c < c1; c += 128) {
+            if (c != c0 + lane) {
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    if (c + 32 * u < c1) wv[u] = wr[c + 32 * u];
+            }
 #pragma unroll
             for (int u = 0; u < 4; u++) {
                 if (c + 32 * u >= c1) break;
@@ -93,8 +105,7 @@ __device__ __forceinline__ void gemv_rows(const wt* w, const wt* x, unsigned lon
 #define GEMV_KERNEL(NAME, NR)                                                                  \
     extern "C" __global__ void __launch_bounds__(256) NAME(const wt* w, const wt* x, unsigned long long y, \
                                                            int out, int K, int n, int S, int narrow) {   \
-        GRID_DEP_WAIT();                                                                          \
-        gemv_rows<NR>(w, x, y, out, K, n, S, narrow);                                             \
+        gemv_rows<NR>(w, x, y, out, K, n, S, narrow); /* waits (GRID_DEP_WAIT) after its first loads */ \
     }
 GEMV_KERNEL(gemv1, 1)
 GEMV_KERNEL(gemv2, 2)

@@ -8,12 +8,15 @@
 
 typedef unsigned short u16;
 #define NEG_INF __int_as_float(0xff800000)
-// Every kernel starts here. In a decode graph on Hopper or later, a kernel may be launched
-// while the one before it is still running (programmatic edges, graphs.rs); this waits until
-// that kernel has finished and its writes are visible. Launched the ordinary way it returns at
-// once; before sm_90 it is nothing.
+// Every kernel passes here before it touches memory an earlier kernel writes or reads: most
+// as they start, `gemv` once its first weights are asked for. In a decode graph on Hopper or
+// later a kernel may be launched while the one before it is still running (programmatic edges,
+// graphs/captured.rs); this waits until that kernel has finished and its writes are visible,
+// then lets the kernel after this one be placed (which matters where the driver gives the
+// programmatic port rather than the launch order one). Launched the ordinary way both return
+// at once; before sm_90 it is nothing.
 #if __CUDA_ARCH__ >= 900
-#define GRID_DEP_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define GRID_DEP_WAIT() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
 #else
 #define GRID_DEP_WAIT()
 #endif

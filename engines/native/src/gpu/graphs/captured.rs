@@ -20,8 +20,9 @@
 use super::super::error::{GpuError, driver};
 use cudarc::driver::result;
 use cudarc::driver::sys::{
-    self, CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER, CUDA_KERNEL_NODE_PARAMS, CUgraph, CUgraphDependencyType,
-    CUgraphEdgeData, CUgraphExec, CUgraphInstantiate_flags, CUgraphNode, CUgraphNodeType,
+    self, CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER, CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC,
+    CUDA_KERNEL_NODE_PARAMS, CUgraph, CUgraphDependencyType, CUgraphEdgeData, CUgraphExec,
+    CUgraphInstantiate_flags, CUgraphNode, CUgraphNodeType,
 };
 use cudarc::driver::{CudaContext, CudaStream, DriverError};
 use std::ptr::null_mut;
@@ -58,8 +59,17 @@ impl Captured {
         let mut captured = Self { graph, exec: null_mut(), stream: stream.clone() };
         let mut edges = 0;
         if linked {
+            // The launch order port places the next kernel as soon as this one's blocks have all
+            // started; a driver that refuses it may still take the programmatic port, which
+            // fires once every block has passed `griddepcontrol.launch_dependents`.
             // SAFETY: `captured.graph` is a valid graph this function owns.
-            match unsafe { linked_clone(captured.graph, ours) } {
+            let clone = unsafe { linked_clone(captured.graph, ours, CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER) }
+                .or_else(|e| {
+                    tracing::debug!("launch order edges refused ({e}); trying programmatic ones");
+                    // SAFETY: as above.
+                    unsafe { linked_clone(captured.graph, ours, CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC) }
+                });
+            match clone {
                 Ok((clone, n)) => {
                     // SAFETY: the graph is ours and no instance of it exists yet.
                     let _ = unsafe { result::graph::destroy(captured.graph) };
@@ -111,17 +121,17 @@ pub(super) fn available(ctx: &CudaContext) -> bool {
     major >= 9 && driver_ok && version >= 12_030
 }
 
-/// A clone of `graph` whose edges between two kernels of `ours` are programmatic, and how many
-/// there are; the clone is destroyed if any call fails.
+/// A clone of `graph` whose edges between two kernels of `ours` are programmatic, leaving from
+/// `port`, and how many there are; the clone is destroyed if any call fails.
 ///
 /// # Safety
 /// `graph` must be a valid graph.
-unsafe fn linked_clone(graph: CUgraph, ours: &[usize]) -> Result<(CUgraph, usize), DriverError> {
+unsafe fn linked_clone(graph: CUgraph, ours: &[usize], port: u32) -> Result<(CUgraph, usize), DriverError> {
     let mut clone = null_mut();
     // SAFETY: `graph` is valid (caller); `clone` receives a new graph we own.
     unsafe { sys::cuGraphClone(&mut clone, graph) }.result()?;
     // SAFETY: `clone` is valid and ours.
-    match unsafe { link(clone, ours) } {
+    match unsafe { link(clone, ours, port) } {
         Ok(n) => Ok((clone, n)),
         Err(e) => {
             // SAFETY: as above; destroyed once.
@@ -131,11 +141,11 @@ unsafe fn linked_clone(graph: CUgraph, ours: &[usize]) -> Result<(CUgraph, usize
     }
 }
 
-/// Makes every edge between two kernels of `ours` in `graph` programmatic (launch order port).
+/// Makes every edge between two kernels of `ours` in `graph` programmatic, leaving from `port`.
 ///
 /// # Safety
 /// `graph` must be a valid graph that is not in use.
-unsafe fn link(graph: CUgraph, ours: &[usize]) -> Result<usize, DriverError> {
+unsafe fn link(graph: CUgraph, ours: &[usize], port: u32) -> Result<usize, DriverError> {
     let mut n = 0usize;
     // SAFETY: null arrays ask for the edge count only.
     unsafe { sys::cuGraphGetEdges_v2(graph, null_mut(), null_mut(), null_mut(), &mut n) }.result()?;
@@ -144,10 +154,8 @@ unsafe fn link(graph: CUgraph, ours: &[usize]) -> Result<usize, DriverError> {
     // SAFETY: three arrays of `n` entries, `n` passed in and updated.
     unsafe { sys::cuGraphGetEdges_v2(graph, from.as_mut_ptr(), to.as_mut_ptr(), data.as_mut_ptr(), &mut n) }
         .result()?;
-    let programmatic = edge(
-        CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER as u8,
-        CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC,
-    );
+    let port = u8::try_from(port).map_err(|_| DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE))?;
+    let programmatic = edge(port, CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC);
     let mut linked = 0;
     for i in 0..n.min(from.len()) {
         let plain = data[i].type_ == CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_DEFAULT as u8;
