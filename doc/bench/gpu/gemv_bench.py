@@ -11,7 +11,8 @@ three Python expressions over `out`, `K`, `n` (rows), `sms` (the GPU's multiproc
 (the version's `#define GEMV_W`, 4 without one) and `splitw(K, W)` (the warps sharing a row so
 that a lane loads at most W words; `split` is `splitw(K, 4)`, the repository's rule); and one
 that names its kernel by the row count, in a line `// kernel: NAME`, a Python expression over
-`n` (`gemv` without one). Every product of a decode step of three shapes (Qwen2.5-0.5B, its
+`n` (without one: `gemv1`/`gemv2`/`gemv4`/`gemv8`, the smallest that holds n, where the
+version defines them as the repository's does, else `gemv`). Every product of a decode step of three shapes (Qwen2.5-0.5B, its
 151,936-word head, Llama-3.1-8B) at 1, 4 and 8 rows is checked against PyTorch in float32 and
 timed with CUDA events: the median of 50 launches, the weights rotated through copies that
 together exceed the L2 cache, as a decode step meets each layer's weights. cuBLAS
@@ -64,6 +65,14 @@ def splitw(k, w):
     return s
 
 
+def default_kernel(text):
+    """The kernel of a version without a `// kernel:` line: the repository's rule where it has
+    one kernel per row capacity (`gemv1` … `gemv8`, the smallest that holds n), else `gemv`."""
+    if re.search(r"GEMV_KERNEL\(gemv1,", text):
+        return '"gemv%d" % (1 if n <= 1 else 2 if n <= 2 else 4 if n <= 4 else 8)'
+    return '"gemv"'
+
+
 def load_kernel(path, arch):
     text = open(path).read()
     base = open(f"{GPU_SRC}/kernels.cu").read()
@@ -75,7 +84,7 @@ def load_kernel(path, arch):
     kernel = re.search(r"^// kernel: (.*)$", text, re.M)
     w = re.search(r"^#define GEMV_W (\d+)", text, re.M)
     return Version(module, launch.group(1) if launch else DEFAULT_LAUNCH,
-                   kernel.group(1) if kernel else '"gemv"', int(w.group(1)) if w else 4)
+                   kernel.group(1) if kernel else default_kernel(text), int(w.group(1)) if w else 4)
 
 
 class Version:

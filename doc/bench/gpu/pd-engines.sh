@@ -128,6 +128,7 @@ alone)  # each model alone on the GPU: its own xinf, launched, benched and stopp
         launch_one "$uid"
         bench_models "$OUT/alone-$uid.json" "$uid"
         stop_xinf
+        cp "$W/xinf.log" "$OUT/xinf-$uid.log"
     done
     python3 - "$OUT" $MODELS <<'PY'
 import json, os, sys

@@ -1,0 +1,89 @@
+// The former kernel: one `gemv` for up to 8 rows, every lane keeping 8 sums.
+// Products of a few rows (decode steps of up to GEMV_ROWS sequences) against 16-bit weights,
+// compiled after kernels.cu (its types and conversions).
+
+// Eight 16-bit values of a 16-byte word, as f32.
+__device__ __forceinline__ void unpack8(u32x4 v, float* f) {
+    unsigned int w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = wld((u16)(w[i] & 0xffffu));
+        f[2 * i + 1] = wld((u16)(w[i] >> 16));
+    }
+}
+
+// y[r][o] = Σ_i x[r][i] · w[o][i] for the n ≤ GEMV_ROWS rows of a decode step of a few
+// sequences (w [out][K], x [n][K] in the weights' 16-bit dtype, K a multiple of 8 so rows are
+// whole 16-byte words; y f32, or the weights' dtype with `narrow`). Such a product only streams
+// the weights, where cuBLAS's split-K gemms spend a reduction kernel and several microseconds a
+// call. Block of 8 warps, 8 / S output rows a block, S warps a row, each taking a slice of its
+// 16-byte words; a lane loads 4 words of the weight row at once (all in flight), multiplies each
+// by the n activation rows' words (read through L1, shared by every row of the block), and the
+// sums meet by shuffles, then through shared memory across the S warps. Every output is summed
+// in the same order whatever n is, so a sequence's result does not depend on its batch.
+// grid (ceil(out / (8 / S))).
+#define GEMV_ROWS 8
+#if WT != 0
+extern "C" __global__ void __launch_bounds__(256)
+gemv(const wt* w, const wt* x, unsigned long long y, int out, int K, int n, int S, int narrow) {
+    __shared__ float red[8][GEMV_ROWS];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int o = blockIdx.x * (8 / S) + warp / S, slice = warp % S;
+    int words = K / 8, per = (words + S - 1) / S;
+    int c0 = slice * per, c1 = min(words, c0 + per);
+    float acc[GEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) acc[r] = 0.f;
+    if (o < out) {
+        const u32x4* wr = (const u32x4*)(w + (long long)o * K);
+        for (int c = c0 + lane; c < c1; c += 128) {
+            u32x4 wv[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (c + 32 * u < c1) wv[u] = wr[c + 32 * u];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                if (c + 32 * u >= c1) break;
+                float wf[8];
+                unpack8(wv[u], wf);
+#pragma unroll
+                for (int r = 0; r < GEMV_ROWS; r++) {
+                    if (r >= n) break;
+                    float xf[8];
+                    unpack8(((const u32x4*)(x + (long long)r * K))[c + 32 * u], xf);
+                    float s = 0.f;
+#pragma unroll
+                    for (int j = 0; j < 8; j++) s += wf[j] * xf[j];
+                    acc[r] += s;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++)
+        for (int sh = 16; sh > 0; sh >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], sh);
+    if (S > 1) {
+        if (lane == 0)
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r++) red[warp][r] = acc[r];
+        __syncthreads();
+        if (slice != 0) return;
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++) {
+            float s = 0.f;
+            for (int k = 0; k < S; k++) s += red[warp + k][r];
+            acc[r] = s;
+        }
+    }
+    if (o >= out || lane >= n) return;
+    // Lane r writes row r's output (acc is the same in every lane after the shuffles).
+    float v = acc[0];
+#pragma unroll
+    for (int r = 1; r < GEMV_ROWS; r++)
+        if (lane == r) v = acc[r];
+    if (narrow)
+        ((wt*)y)[(long long)lane * out + o] = wst(v);
+    else
+        ((float*)y)[(long long)lane * out + o] = v;
+}
+#endif
