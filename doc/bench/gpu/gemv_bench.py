@@ -18,7 +18,7 @@ timed with CUDA events: the median of 50 launches, the weights rotated through c
 together exceed the L2 cache, as a decode step meets each layer's weights. cuBLAS
 (`torch.nn.functional.linear`, 16-bit in and out) is timed the same way beside them.
 
-    python3 gemv_bench.py [--ncu] [--case NAME] base=engines/native/src/gpu/gemv.cu other=/path/gemv.cu
+    python3 gemv_bench.py [--ncu] [--case NAME] base=engines/native/src/gpu/gemv.cu other=/path/gemv.cu[#W]
 
 Needs a CUDA GPU, PyTorch and the CUDA toolkit's NVRTC (`/usr/local/cuda`). With `--ncu` each
 version runs once per case, for Nsight Compute; `--case` keeps the cases whose name starts so.
@@ -74,7 +74,11 @@ def default_kernel(text):
 
 
 def load_kernel(path, arch):
+    # `file.cu#W` compiles the file with W words in flight per lane (its `#define GEMV_W`).
+    path, _, words = path.partition("#")
     text = open(path).read()
+    if words:
+        text = re.sub(r"^#define GEMV_W \d+", f"#define GEMV_W {int(words)}", text, count=1, flags=re.M)
     base = open(f"{GPU_SRC}/kernels.cu").read()
     defines = "#define WT 1\n#define KT 1\n#define WARPS 4\n#define HD 64\n#define GB 7\n#define GQ 7\n#define MAX_SPLITS 16\n"
     cubin = compile_cubin(defines + base + "\n" + text, arch)

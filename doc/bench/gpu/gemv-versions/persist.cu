@@ -1,9 +1,9 @@
 // Candidate: blocks stay resident and walk the row groups (grid-stride); while a group's words
 // are multiplied and reduced, the next group's first words are already loading. Row capacity
 // as a template parameter, GEMV_W words per lane per batch.
-#define GEMV_W 8
+#define GEMV_W 4
 // kernel: "gemv%d" % (1 if n <= 1 else 2 if n <= 2 else 4 if n <= 4 else 8)
-// launch: min(ceil(out / (8 // splitw(K, W))), sms * 2), 256, splitw(K, W)
+// launch: min(ceil(out / (8 // splitw(K, W))), sms * (16 // W)), 256, splitw(K, W)
 
 __device__ __forceinline__ void unpack8(u32x4 v, float* f) {
     unsigned int w[4] = {v.x, v.y, v.z, v.w};
