@@ -63,12 +63,15 @@ impl Captured {
             // started; a driver that refuses it may still take the programmatic port, which
             // fires once every block has passed `griddepcontrol.launch_dependents`.
             // SAFETY: `captured.graph` is a valid graph this function owns.
-            let clone = unsafe { linked_clone(captured.graph, ours, CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER) }
-                .or_else(|e| {
-                    tracing::debug!("launch order edges refused ({e}); trying programmatic ones");
-                    // SAFETY: as above.
-                    unsafe { linked_clone(captured.graph, ours, CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC) }
-                });
+            let clone =
+                unsafe { linked_clone(captured.graph, ours, CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER as u8) }
+                    .or_else(|e| {
+                        tracing::debug!("launch order edges refused ({e}); trying programmatic ones");
+                        // SAFETY: as above.
+                        unsafe {
+                            linked_clone(captured.graph, ours, CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC as u8)
+                        }
+                    });
             match clone {
                 Ok((clone, n)) => {
                     // SAFETY: the graph is ours and no instance of it exists yet.
@@ -126,7 +129,7 @@ pub(super) fn available(ctx: &CudaContext) -> bool {
 ///
 /// # Safety
 /// `graph` must be a valid graph.
-unsafe fn linked_clone(graph: CUgraph, ours: &[usize], port: u32) -> Result<(CUgraph, usize), DriverError> {
+unsafe fn linked_clone(graph: CUgraph, ours: &[usize], port: u8) -> Result<(CUgraph, usize), DriverError> {
     let mut clone = null_mut();
     // SAFETY: `graph` is valid (caller); `clone` receives a new graph we own.
     unsafe { sys::cuGraphClone(&mut clone, graph) }.result()?;
@@ -145,7 +148,7 @@ unsafe fn linked_clone(graph: CUgraph, ours: &[usize], port: u32) -> Result<(CUg
 ///
 /// # Safety
 /// `graph` must be a valid graph that is not in use.
-unsafe fn link(graph: CUgraph, ours: &[usize], port: u32) -> Result<usize, DriverError> {
+unsafe fn link(graph: CUgraph, ours: &[usize], port: u8) -> Result<usize, DriverError> {
     let mut n = 0usize;
     // SAFETY: null arrays ask for the edge count only.
     unsafe { sys::cuGraphGetEdges_v2(graph, null_mut(), null_mut(), null_mut(), &mut n) }.result()?;
@@ -154,7 +157,6 @@ unsafe fn link(graph: CUgraph, ours: &[usize], port: u32) -> Result<usize, Drive
     // SAFETY: three arrays of `n` entries, `n` passed in and updated.
     unsafe { sys::cuGraphGetEdges_v2(graph, from.as_mut_ptr(), to.as_mut_ptr(), data.as_mut_ptr(), &mut n) }
         .result()?;
-    let port = u8::try_from(port).map_err(|_| DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE))?;
     let programmatic = edge(port, CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC);
     let mut linked = 0;
     for i in 0..n.min(from.len()) {
