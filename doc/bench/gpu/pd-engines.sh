@@ -19,6 +19,8 @@
 # MODEL_NAME=llama-3.2-instruct); a folder already in WORK/model is used as it is. Per-leg
 # timings: XINF_LOG=info,xinf_engine_external=debug (xinf's log) and XINF_KV_LOG=info (the
 # connectors' load and publish times, in the engine servers' logs under ~/.xinf/logs).
+# VLLM_EXTRA and SGLANG_EXTRA add keys to every vLLM or SGLang replica's engine_config, e.g.
+# SGLANG_EXTRA='"enable_request_time_stats_logging":true' (SGLang's per-request stage times).
 set -u
 R=$(cd "$(dirname "$0")/../../.." && pwd)
 X=${XINF_BIN:-$R/target/release/xinf}
@@ -34,10 +36,10 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 mkdir -p "$W" "$OUT"
 
 vllm() {  # engine_config of a vLLM replica
-    echo "{\"env\":{\"PYTHONPATH\":\"${VLLM_PYTHONPATH:-}\",\"XINF_KV_LOG\":\"${XINF_KV_LOG:-}\",\"VLLM_USE_FLASHINFER_SAMPLER\":\"0\"},\"gpu_memory_utilization\":$MEM,\"enable_prefix_caching\":false,\"context_length\":4096}"
+    echo "{\"env\":{\"PYTHONPATH\":\"${VLLM_PYTHONPATH:-}\",\"XINF_KV_LOG\":\"${XINF_KV_LOG:-}\",\"VLLM_USE_FLASHINFER_SAMPLER\":\"0\"},\"gpu_memory_utilization\":$MEM,\"enable_prefix_caching\":false,\"context_length\":4096${VLLM_EXTRA:+,$VLLM_EXTRA}}"
 }
 sglang() {
-    echo "{\"env\":{\"PYTHONPATH\":\"${SGLANG_PYTHONPATH:-}\",\"XINF_KV_LOG\":\"${XINF_KV_LOG:-}\"},\"gpu_memory_utilization\":$MEM,\"attention_backend\":\"triton\",\"sampling_backend\":\"pytorch\",\"disable_radix_cache\":true,\"context_length\":4096}"
+    echo "{\"env\":{\"PYTHONPATH\":\"${SGLANG_PYTHONPATH:-}\",\"XINF_KV_LOG\":\"${XINF_KV_LOG:-}\"},\"gpu_memory_utilization\":$MEM,\"attention_backend\":\"triton\",\"sampling_backend\":\"pytorch\",\"disable_radix_cache\":true,\"context_length\":4096${SGLANG_EXTRA:+,$SGLANG_EXTRA}}"
 }
 native() {  # NATIVE_CONFIG replaces it
     echo "${NATIVE_CONFIG:-{\"gpu_memory_utilization\":$MEM,\"context_length\":4096\}}"
