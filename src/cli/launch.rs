@@ -19,7 +19,7 @@ pub(crate) struct LaunchSource {
     /// llama-3.2-instruct), or any name together with --model-path.
     #[arg(short = 'n', long)]
     pub(crate) model_name: Option<String>,
-    /// Engine of every replica (also `-en`); `native` is the one available.
+    /// Engine of every replica (also `-en`): `native` (the default), `vllm` or `sglang`.
     #[arg(long)]
     pub(crate) model_engine: Option<String>,
     /// The uid clients pass as `model` (default: the model name, or the name plus a suffix when

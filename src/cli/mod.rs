@@ -8,6 +8,7 @@ mod generate;
 mod launch;
 mod logging;
 mod models;
+mod mps;
 mod random_checkpoint;
 mod registry;
 mod server;
@@ -76,6 +77,32 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse_from(args);
     logging::init();
     let cat = Catalog::from_env();
+    // Before anything in this process touches CUDA, so that it is a client of the daemon too;
+    // dropped last, once the cluster has stopped its engine servers.
+    let node = match &cli.command {
+        Command::Local(args) => Some(&args.node),
+        Command::Worker(args) => Some(&args.node),
+        _ => None,
+    };
+    let _mps = match node.filter(|n| n.mps()).map(|_| mps::Mps::start()) {
+        None => None,
+        Some(Ok((mps, found))) => {
+            let key = match found {
+                mps::Found::Started => "cli-mps-started",
+                mps::Found::Running => "cli-mps-running",
+            };
+            eprintln!("{}", cat.text(key, &[]));
+            Some(mps)
+        }
+        Some(Err(detail)) => {
+            eprintln!(
+                "{}: {}",
+                cat.text("error-prefix", &[]),
+                cat.text("cli-mps-failed", &[("detail", &detail)])
+            );
+            return ExitCode::FAILURE;
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {

@@ -64,9 +64,20 @@ pub(crate) struct NodeArgs {
     /// xavier_cache_bytes overrides it for its model.
     #[arg(long, env = "XINF_SNAPSHOT_CACHE_MIB", default_value_t = 512)]
     snapshot_cache_mib: usize,
+    /// Run the node's GPU work under NVIDIA's Multi-Process Service: replicas that share a GPU
+    /// (a prefill and a decode server by memory shares) run their kernels side by side instead
+    /// of taking turns. Starts the MPS control daemon unless one runs, and stops the one it
+    /// started on exit. A fatal GPU fault in one replica then ends the others on its GPU.
+    #[arg(long, env = "XINF_MPS", action = clap::ArgAction::SetTrue, value_parser = clap::builder::FalseyValueParser::new())]
+    mps: bool,
 }
 
 impl NodeArgs {
+    /// Whether the node runs under MPS (`--mps`).
+    pub(crate) fn mps(&self) -> bool {
+        self.mps
+    }
+
     fn options(&self) -> ClusterOptions {
         let mut options = ClusterOptions::default();
         options.engines = crate::engines();
@@ -81,7 +92,7 @@ pub(crate) struct LocalArgs {
     #[command(flatten)]
     http: HttpArgs,
     #[command(flatten)]
-    node: NodeArgs,
+    pub(crate) node: NodeArgs,
     /// With --model-name: a model to launch once the server is up (the flags of `xinf launch`).
     #[command(flatten)]
     launch: LaunchSource,
@@ -120,7 +131,7 @@ pub(crate) struct WorkerArgs {
     #[command(flatten)]
     secret: SecretArgs,
     #[command(flatten)]
-    node: NodeArgs,
+    pub(crate) node: NodeArgs,
 }
 
 fn actor_text(cat: &Catalog, e: &ActorError) -> String {

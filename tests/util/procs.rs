@@ -96,6 +96,18 @@ impl Proc {
         assert!(ok, "kill {sig} {pid} failed");
     }
 
+    /// Waits at most `timeout` for the process to exit on its own; its status, if it did.
+    pub fn wait(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

@@ -21,6 +21,7 @@
 # connectors' load and publish times, in the engine servers' logs under ~/.xinf/logs).
 # VLLM_EXTRA and SGLANG_EXTRA add keys to every vLLM or SGLang replica's engine_config, e.g.
 # SGLANG_EXTRA='"enable_request_time_stats_logging":true' (SGLang's per-request stage times).
+# MPS=1 runs xinf with --mps (the servers on the GPU under NVIDIA's Multi-Process Service).
 set -u
 R=$(cd "$(dirname "$0")/../../.." && pwd)
 X=${XINF_BIN:-$R/target/release/xinf}
@@ -62,7 +63,9 @@ launch_one() {  # uid: vo/so/no ordinary, else prefill engine + decode engine
 
 start_xinf() {  # the model folder, then xinf local in the background
     [ -f "$M/config.json" ] || python3 "$R/tests/engines/make_model.py" "$M" ${MODEL_ARGS:---qwen05} | tail -1
-    XINF_GPUS=0 XINF_LOG=${XINF_LOG:-warn} setsid "$X" local --port $P > "$W/xinf.log" 2>&1 < /dev/null &
+    local mps=()
+    [ "${MPS:-0}" = 1 ] && mps=(--mps)
+    XINF_GPUS=0 XINF_LOG=${XINF_LOG:-warn} setsid "$X" local --port $P "${mps[@]}" > "$W/xinf.log" 2>&1 < /dev/null &
     echo $! > "$W/xinf.pid"
     for _ in $(seq 60); do curl -sf "$E/v1/models" > /dev/null && break; sleep 1; done
 }
@@ -76,7 +79,11 @@ bench_models() {  # bench_models JSON UID...: one `xinf bench` run over the mode
 }
 
 stop_xinf() {  # ends xinf (it stops its engine servers) and waits for the GPU's memory
-    kill "$(cat "$W/xinf.pid")" 2>/dev/null
+    local pid
+    pid=$(cat "$W/xinf.pid")
+    kill "$pid" 2>/dev/null
+    # Its exit, so that an MPS daemon it started is gone before the next xinf looks for one.
+    for _ in $(seq 120); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
     for _ in $(seq 120); do
         command -v nvidia-smi > /dev/null || break
         [ "$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)" -lt 2000 ] && break
