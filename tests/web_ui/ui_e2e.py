@@ -11,6 +11,7 @@ import time
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -28,8 +29,12 @@ def browser(lang="en-US"):
 
 
 def wait(d, what, cond, seconds=120):
+    # The models page redraws every 2 s: an element found just before a redraw is stale when
+    # read, which is a reason to look again, not a failure.
     try:
-        return WebDriverWait(d, seconds, poll_frequency=0.2).until(lambda _: cond())
+        return WebDriverWait(d, seconds, poll_frequency=0.2, ignored_exceptions=(StaleElementReferenceException,)).until(
+            lambda _: cond()
+        )
     except Exception:
         d.save_screenshot(f"{OUT}/failed.png")
         raise AssertionError(f"timed out waiting for {what}; page text:\n{d.find_element(By.TAG_NAME, 'body').text}")
