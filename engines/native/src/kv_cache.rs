@@ -22,6 +22,10 @@ pub(crate) trait KvElem: Copy + Default + Send + Sync + 'static {
     fn from_f32(v: f32) -> Self;
     /// `src` widened into `dst` (same length), with SIMD where the type has it.
     fn to_f32_slice(src: &[Self], dst: &mut [f32]);
+    /// `src` itself where the type is F32, so that a reader need not copy it.
+    fn as_f32(_src: &[Self]) -> Option<&[f32]> {
+        None
+    }
     fn write_le(self, out: &mut Vec<u8>);
     fn read_le(bytes: &[u8]) -> Self;
 }
@@ -32,6 +36,9 @@ impl KvElem for f32 {
     }
     fn to_f32_slice(src: &[Self], dst: &mut [f32]) {
         dst.copy_from_slice(src);
+    }
+    fn as_f32(src: &[Self]) -> Option<&[f32]> {
+        Some(src)
     }
     fn write_le(self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.to_le_bytes());

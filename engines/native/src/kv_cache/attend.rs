@@ -95,38 +95,37 @@ impl Head<'_> {
     ) {
         let (d, len) = (self.desc.head_dim, self.len);
         let g = q.len() / d;
-        // The head's K (then V) rows widened to F32 once, read by all `g` query heads.
-        let widen = |kv: usize, rows: &mut Vec<f32>| {
-            rows.resize(len * d, 0.0);
-            for (t, dst) in rows.chunks_exact_mut(d).enumerate() {
-                let (r, o) = self.desc.token_offset(self.table, self.layer, kv, t, self.kv_head);
-                T::to_f32_slice(&regions[r][o..o + d], dst);
-            }
+        // Position `t`'s K (`kv` 0) or V row as F32: read in place where the cache holds F32,
+        // widened into `row` otherwise. All `g` query heads use it once it is read.
+        let at = |kv: usize, t: usize| {
+            let (r, o) = self.desc.token_offset(self.table, self.layer, kv, t, self.kv_head);
+            &regions[r][o..o + d]
         };
-        let Scratch { scores, rows } = scratch;
-        widen(0, rows);
+        let Scratch { scores, row } = scratch;
+        row.resize(d, 0.0);
         scores.clear();
         scores.resize(g * len, 0.0);
-        for (t, k) in rows.chunks_exact(d).enumerate() {
+        for t in 0..len {
+            let k = as_f32(at(0, t), row);
             for (h, qh) in q.chunks_exact(d).enumerate() {
                 scores[h * len + t] = dot(qh, k) * scale;
             }
         }
-        for row in scores.chunks_exact_mut(len) {
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        for head in scores.chunks_exact_mut(len) {
+            let max = head.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let mut sum = 0.0f32;
-            for x in row.iter_mut() {
+            for x in head.iter_mut() {
                 *x = (*x - max).exp();
                 sum += *x;
             }
             let inv = 1.0 / sum;
-            for x in row.iter_mut() {
+            for x in head.iter_mut() {
                 *x *= inv;
             }
         }
-        widen(1, rows);
         out.fill(0.0);
-        for (t, v) in rows.chunks_exact(d).enumerate() {
+        for t in 0..len {
+            let v = as_f32(at(1, t), row);
             for (h, oh) in out.chunks_exact_mut(d).enumerate() {
                 let p = scores[h * len + t];
                 for (acc, x) in oh.iter_mut().zip(v) {
@@ -137,11 +136,22 @@ impl Head<'_> {
     }
 }
 
-/// One thread's scratch space: the scores of a group of heads, and K or V rows in F32.
+/// `src` as F32: itself where it is F32, else widened into `buf` (as long as `src`).
+fn as_f32<'a, T: KvElem>(src: &'a [T], buf: &'a mut [f32]) -> &'a [f32] {
+    match T::as_f32(src) {
+        Some(values) => values,
+        None => {
+            T::to_f32_slice(src, buf);
+            buf
+        }
+    }
+}
+
+/// One thread's scratch space: the scores of a group of heads, and a K or V row widened to F32.
 #[derive(Default)]
 struct Scratch {
     scores: Vec<f32>,
-    rows: Vec<f32>,
+    row: Vec<f32>,
 }
 
 /// `a · b` in [`LANES`] partial sums, added pairwise at the end (a fixed order).
