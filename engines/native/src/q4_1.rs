@@ -365,42 +365,54 @@ unsafe fn tile<const W: usize, const A: usize>(
     let k = acts.blocks * QK;
     let low = _mm_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
-    let mut acc = [[_mm256_setzero_ps(); A]; W];
+    // Even and odd blocks in two chains of FMAs, so that a lone row's product is not one
+    // dependent chain, a block per FMA latency; added at the end, the same for every tile.
+    let mut acc = [[[_mm256_setzero_ps(); A]; W]; 2];
     let mut mins = [[0f32; A]; W];
-    for b in 0..acts.blocks {
-        let mut wq = [_mm256_setzero_si256(); W];
-        let mut dw = [0f32; W];
-        let mut mw = [0f32; W];
-        for i in 0..W {
-            let block = &w[i][b * BLOCK_BYTES..(b + 1) * BLOCK_BYTES];
-            // The block's F16 scale and minimum, widened together.
-            let dm =
-                _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([block[0], block[1], block[2], block[3]])));
-            dw[i] = _mm_cvtss_f32(dm);
-            mw[i] = _mm_cvtss_f32(_mm_movehdup_ps(dm));
-            // SAFETY: `block` has 16 bytes after its two F16 values.
-            let packed = unsafe { _mm_loadu_si128(block.as_ptr().add(4).cast()) };
-            // Elements 0..16 are the low nibbles, 16..32 the high ones.
-            let lo = _mm_and_si128(packed, low);
-            let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
-            wq[i] = _mm256_set_m128i(hi, lo);
-        }
-        for r in 0..A {
-            let row = first + r;
-            // SAFETY: row `row` has `k` values, `b` is one of its blocks.
-            let a = unsafe { _mm256_loadu_si256(acts.qs.as_ptr().add(row * k + b * QK).cast()) };
-            let [d_a, s_a] = acts.ds[row * acts.blocks + b];
+    for pair in (0..acts.blocks).step_by(2) {
+        for (c, chain) in acc.iter_mut().enumerate() {
+            let b = pair + c;
+            if b == acts.blocks {
+                break;
+            }
+            let mut wq = [_mm256_setzero_si256(); W];
+            let mut dw = [0f32; W];
+            let mut mw = [0f32; W];
             for i in 0..W {
-                let products = _mm256_madd_epi16(_mm256_maddubs_epi16(wq[i], a), ones);
-                acc[i][r] =
-                    _mm256_fmadd_ps(_mm256_set1_ps(dw[i] * d_a), _mm256_cvtepi32_ps(products), acc[i][r]);
-                mins[i][r] += mw[i] * s_a;
+                let block = &w[i][b * BLOCK_BYTES..(b + 1) * BLOCK_BYTES];
+                // The block's F16 scale and minimum, widened together.
+                let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
+                    block[0], block[1], block[2], block[3],
+                ])));
+                dw[i] = _mm_cvtss_f32(dm);
+                mw[i] = _mm_cvtss_f32(_mm_movehdup_ps(dm));
+                // SAFETY: `block` has 16 bytes after its two F16 values.
+                let packed = unsafe { _mm_loadu_si128(block.as_ptr().add(4).cast()) };
+                // Elements 0..16 are the low nibbles, 16..32 the high ones.
+                let lo = _mm_and_si128(packed, low);
+                let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
+                wq[i] = _mm256_set_m128i(hi, lo);
+            }
+            for r in 0..A {
+                let row = first + r;
+                // SAFETY: row `row` has `k` values, `b` is one of its blocks.
+                let a = unsafe { _mm256_loadu_si256(acts.qs.as_ptr().add(row * k + b * QK).cast()) };
+                let [d_a, s_a] = acts.ds[row * acts.blocks + b];
+                for i in 0..W {
+                    let products = _mm256_madd_epi16(_mm256_maddubs_epi16(wq[i], a), ones);
+                    chain[i][r] = _mm256_fmadd_ps(
+                        _mm256_set1_ps(dw[i] * d_a),
+                        _mm256_cvtepi32_ps(products),
+                        chain[i][r],
+                    );
+                    mins[i][r] += mw[i] * s_a;
+                }
             }
         }
     }
     for i in 0..W {
         for r in 0..A {
-            sums[i][r] = horizontal_sum(acc[i][r]) + mins[i][r];
+            sums[i][r] = horizontal_sum(_mm256_add_ps(acc[0][i][r], acc[1][i][r])) + mins[i][r];
         }
     }
 }
