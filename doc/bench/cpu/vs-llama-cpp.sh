@@ -5,7 +5,7 @@
 # then xinf (criterion, 10 samples of each step), then llama.cpp once more, so that a machine
 # whose speed drifts during the run weighs on both; prints one table of medians with xinf's ratio to llama.cpp in each row.
 #
-# xinf: `cargo bench --bench engine -- quantized` (`benches/engine.rs`; it fetches the model
+# xinf: `cargo bench --bench engine -- '^smollm2-135m/quantized/'` (`benches/engine.rs`; it fetches the model
 # into $XINF_HOME on first use, and its thread pool takes one thread per core). llama.cpp:
 # `llama-batched-bench -npp 128 -ntg 32 -npl 1,8 -t THREADS`, THREADS the core count unless set.
 # LLAMA_BATCHED_BENCH names a built binary; otherwise llama.cpp is built from the source in
@@ -53,7 +53,7 @@ run_llama() {
 }
 
 run_xinf() {
-    cargo bench --locked --bench engine -- quantized >"$OUT/xinf-$1.log" 2>&1
+    cargo bench --locked --bench engine -- '^smollm2-135m/quantized/' >"$OUT/xinf-$1.log" 2>&1
     local base="$TARGET/criterion/smollm2-135m_quantized"
     for step in prefill_batch1 decode_batch1 prefill_batch8 decode_batch8; do
         cp "$base/$step/new/estimates.json" "$OUT/xinf-$1-$step.json"
