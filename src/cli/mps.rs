@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a started daemon may take to answer.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long xinf waits, when it stops, for the daemon it started to quit (see [`quit`]).
+const QUIT_WAIT: Duration = Duration::from_secs(2);
 
 /// The MPS control daemon of this node, while xinf runs.
 #[derive(Debug)]
@@ -99,9 +101,39 @@ impl Drop for Mps {
         if !self.owned {
             return;
         }
-        match control(&self.program, "quit") {
-            Ok(_) => tracing::info!("the MPS control daemon xinf started was told to quit"),
+        match quit(&self.program) {
+            Ok(true) => tracing::info!("the MPS control daemon xinf started has quit"),
+            Ok(false) => tracing::info!(
+                "the MPS control daemon xinf started was told to quit; it ends once its last client has, \
+                 xinf itself included"
+            ),
             Err(e) => tracing::warn!(error = %e, "the MPS control daemon xinf started could not be stopped"),
+        }
+    }
+}
+
+/// Tells the daemon to quit; whether it has within [`QUIT_WAIT`]. The daemon answers `quit`
+/// once every client has gone, and this process is a client while it holds a CUDA context (the
+/// native engine, the transfer actors), so the control program is left to finish after xinf
+/// exits rather than killed: the daemon has the command either way.
+fn quit(program: &str) -> Result<bool, String> {
+    let mut child = Command::new(program)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot run {program}: {e}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(b"quit\n").map_err(|e| format!("cannot write to {program}: {e}"))?;
+    }
+    let deadline = Instant::now() + QUIT_WAIT;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => return Ok(true),
+            Ok(Some(status)) => return Err(format!("{program} said {status} to `quit`")),
+            Ok(None) if Instant::now() >= deadline => return Ok(false),
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(format!("cannot wait for {program}: {e}")),
         }
     }
 }
