@@ -15,7 +15,7 @@
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// How long one call of the control program may take.
@@ -126,15 +126,24 @@ fn quit(program: &str) -> Result<bool, String> {
     if let Some(mut stdin) = child.stdin.take() {
         stdin.write_all(b"quit\n").map_err(|e| format!("cannot write to {program}: {e}"))?;
     }
-    let deadline = Instant::now() + QUIT_WAIT;
+    match wait_until(&mut child, Instant::now() + QUIT_WAIT) {
+        Ok(Some(status)) if status.success() => Ok(true),
+        Ok(Some(status)) => Err(format!("{program} said {status} to `quit`")),
+        Ok(None) => Ok(false),
+        Err(e) => Err(format!("cannot wait for {program}: {e}")),
+    }
+}
+
+/// Polls `child` until it exits (its status) or `deadline` passes (`None`; it is left running).
+fn wait_until(child: &mut Child, deadline: Instant) -> std::io::Result<Option<ExitStatus>> {
     loop {
-        match child.try_wait() {
-            Ok(Some(status)) if status.success() => return Ok(true),
-            Ok(Some(status)) => return Err(format!("{program} said {status} to `quit`")),
-            Ok(None) if Instant::now() >= deadline => return Ok(false),
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(format!("cannot wait for {program}: {e}")),
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status));
         }
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -165,22 +174,18 @@ fn run(mut cmd: Command, input: Option<&str>) -> Result<Output, String> {
         // A program that exits without reading its input is not an error here.
         let _ = stdin.write_all(input.as_bytes());
     }
-    let deadline = Instant::now() + CONTROL_TIMEOUT;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if Instant::now() >= deadline => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "{:?} did not finish within {} s",
-                    cmd.get_program(),
-                    CONTROL_TIMEOUT.as_secs()
-                ));
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(format!("cannot wait for {:?}: {e}", cmd.get_program())),
+    let status = match wait_until(&mut child, Instant::now() + CONTROL_TIMEOUT) {
+        Ok(Some(status)) => status,
+        Ok(None) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!(
+                "{:?} did not finish within {} s",
+                cmd.get_program(),
+                CONTROL_TIMEOUT.as_secs()
+            ));
         }
+        Err(e) => return Err(format!("cannot wait for {:?}: {e}", cmd.get_program())),
     };
     let mut text = String::new();
     if let Some(out) = child.stdout.take() {
