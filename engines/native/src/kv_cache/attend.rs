@@ -1,5 +1,6 @@
 //! Decode attention on the CPU: one query token per sequence, reading K and V straight from
-//! the cache through the layout's strides (no copies), all of a step's sequences at once.
+//! the cache through the layout's strides (an F32 cache in place, F16/BF16 a row at a time), all
+//! of a step's sequences at once.
 //!
 //! The work is split into one item per (sequence, KV head): the GQA group of query heads that
 //! share a KV head reads each K and V row once. Items run on candle's CPU thread pool (the one
