@@ -256,7 +256,12 @@ class XinfKVSender(_Side):
             layout = self.kv_mgr.layout(t.shape)
             if self.kv_mgr.host is None:
                 raise RuntimeError("this server is not a prefill server")
-            pages = self.kv_mgr.host.publish(t.room, layout, self.kv_mgr.regions, self._slots, len(self._slots), t.lease_ms)
+            # SGLang calls this after waiting for the batch's results (`copy_done`), so the KV
+            # is written: the gather need not wait for the next batch, already queued when the
+            # overlap scheduler processes this one.
+            pages = self.kv_mgr.host.publish(
+                t.room, layout, self.kv_mgr.regions, self._slots, len(self._slots), t.lease_ms, kv_ready=True
+            )
             self._published = True
             self._metric = TransferMetric(time.perf_counter() - start, None, pages * layout.page_bytes)
             self._state = SUCCESS

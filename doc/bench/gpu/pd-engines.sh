@@ -22,6 +22,8 @@
 # VLLM_EXTRA and SGLANG_EXTRA add keys to every vLLM or SGLang replica's engine_config, e.g.
 # SGLANG_EXTRA='"enable_request_time_stats_logging":true' (SGLang's per-request stage times).
 # MPS=1 runs xinf with --mps (the servers on the GPU under NVIDIA's Multi-Process Service).
+# `pd-engines.sh add` launches MODELS into the running xinf, e.g. an `svb` (any suffix after the
+# two engine letters) with another SGLANG_PYTHONPATH, to compare two connector builds in one run.
 set -u
 R=$(cd "$(dirname "$0")/../../.." && pwd)
 X=${XINF_BIN:-$R/target/release/xinf}
@@ -127,6 +129,9 @@ launch)
     for uid in $MODELS; do launch_one "$uid"; done
     nvidia-smi --query-gpu=memory.used --format=csv,noheader
     ;;
+add)  # more models into the xinf `launch` started (a model's uid may carry a suffix: svb is an sv)
+    for uid in $MODELS; do launch_one "$uid"; done
+    ;;
 bench)
     bench_models "$OUT/bench.json" $MODELS
     table
@@ -152,7 +157,7 @@ stop)
     stop_xinf
     ;;
 *)
-    echo "usage: pd-engines.sh launch | bench | stop | alone" >&2
+    echo "usage: pd-engines.sh launch | add | bench | stop | alone" >&2
     exit 2
     ;;
 esac

@@ -122,7 +122,8 @@ fn scatter(gpu: &Gpu, load: &Load, first: u32, count: u32, pages: u64, len: usiz
 
 /// Gathers a `prompt_len`-token prompt's pages on GPU `ordinal` into pooled staging memory of
 /// `len` bytes, waiting for the engine's queued work first (it computed the KV on streams of its
-/// own) and for the gather itself before returning.
+/// own) unless `kv_ready` (the engine waited for it already), and for the gather itself before
+/// returning.
 pub(crate) fn gather(
     ordinal: usize,
     layout: &Layout,
@@ -130,6 +131,7 @@ pub(crate) fn gather(
     block_table: &[u32],
     prompt_len: usize,
     len: usize,
+    kv_ready: bool,
 ) -> Result<(Exported, Arc<Gpu>), String> {
     let gpu = gpu(ordinal).map_err(|e| e.to_string())?;
     let staged = gpu.handoff.export_staging(DeviceRoute::CudaIpc, len).map_err(|e| e.to_string())?;
@@ -137,7 +139,9 @@ pub(crate) fn gather(
     let pages = xinf_transfer::pages_for(prompt_len);
     {
         let _busy = lock(&gpu.busy);
-        gpu.pages.context().synchronize().map_err(|e| e.to_string())?;
+        if !kv_ready {
+            gpu.pages.context().synchronize().map_err(|e| e.to_string())?;
+        }
         // SAFETY: `regions` are the engine's live KV tensors on this GPU (the connector passes
         // their `data_ptr()`s, each `region_bytes` long as the layout was built from), `addr`
         // the staging buffer of at least `len` bytes held above; the gather is waited for

@@ -260,7 +260,13 @@ impl PageHost {
     /// Gathers the KV of a `prompt_len`-token prompt (engine memory `regions`, laid out as
     /// `layout`, blocks `block_table`) into staging and publishes it as `room` for `lease_ms`.
     /// Returns the room's page count. The engine's memory may be reused once this returns.
+    ///
+    /// On a GPU the gather first waits for all work queued on the device, since the engine may
+    /// have computed the KV on any of its streams; `kv_ready` says the engine has waited for that
+    /// work itself (SGLang, whose scheduler synchronizes a batch's results before handing its
+    /// requests over), so the gather does not wait for the batch the engine queued after it.
     #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (room, layout, regions, block_table, prompt_len, lease_ms, kv_ready = false))]
     fn publish(
         &self,
         py: Python<'_>,
@@ -270,12 +276,13 @@ impl PageHost {
         block_table: Vec<u32>,
         prompt_len: usize,
         lease_ms: u64,
+        kv_ready: bool,
     ) -> PyResult<u32> {
         let pages = xinf_transfer::pages_for(prompt_len);
         layout.check(&regions, &block_table, &(0..prompt_len), &(0..pages))?;
         let len = pages * layout.page_bytes_usize();
         self.admit(room, layout, len)?;
-        let memory = match self.stage(py, layout, &regions, &block_table, prompt_len, len) {
+        let memory = match self.stage(py, layout, &regions, &block_table, prompt_len, len, kv_ready) {
             Ok(memory) => memory,
             Err(e) => {
                 // The bytes reserved above were never staged.
@@ -342,6 +349,7 @@ impl PageHost {
         block_table: &[u32],
         prompt_len: usize,
         len: usize,
+        kv_ready: bool,
     ) -> PyResult<Memory> {
         let pages = xinf_transfer::pages_for(prompt_len);
         let Some(ordinal) = self.device else {
@@ -351,13 +359,15 @@ impl PageHost {
         #[cfg(feature = "cuda")]
         {
             let (staged, gpu) = py
-                .detach(|| crate::gpu::gather(ordinal, layout, regions, block_table, prompt_len, len))
+                .detach(|| {
+                    crate::gpu::gather(ordinal, layout, regions, block_table, prompt_len, len, kv_ready)
+                })
                 .map_err(|e| PyRuntimeError::new_err(format!("gathering KV pages on GPU {ordinal}: {e}")))?;
             Ok(Memory::Device(staged, gpu))
         }
         #[cfg(not(feature = "cuda"))]
         {
-            let _ = (py, ordinal, len);
+            let _ = (py, ordinal, len, kv_ready);
             Err(PyRuntimeError::new_err("this build of xinf_kv has no GPU support"))
         }
     }
