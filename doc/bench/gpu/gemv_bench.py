@@ -11,11 +11,12 @@ three Python expressions over `out`, `K`, `n` (rows), `sms` (the GPU's multiproc
 (the version's `#define GEMV_W`, 4 without one) and `splitw(K, W)` (the warps sharing a row so
 that a lane loads at most W words; `split` is `splitw(K, 4)`, the repository's rule); and one
 that names its kernel by the row count, in a line `// kernel: NAME`, a Python expression over
-`n` (without one: `gemv1`/`gemv2`/`gemv4`/`gemv8`, the smallest that holds n, where the
-version defines them as the repository's does, else `gemv`). Every product of a decode step of three shapes (Qwen2.5-0.5B, its
-151,936-word head, Llama-3.1-8B) at 1, 4 and 8 rows is checked against PyTorch in float32 and
-timed with CUDA events: the median of 50 launches, the weights rotated through copies that
-together exceed the L2 cache, as a decode step meets each layer's weights. cuBLAS
+`n` (without one: the smallest `gemvN` it defines as the repository does that holds n, none
+past the largest, else `gemv`). Every product of a decode step of three shapes (Qwen2.5-0.5B, its
+151,936-word head, Llama-3.1-8B) at 1, 2, 4 and 8 rows is checked against PyTorch in float32 and
+timed with CUDA events over a CUDA graph of at least 20 launches (the median of 15 replays), the
+weights rotated through copies that together exceed the L2 cache, as a decode step meets each
+layer's weights. cuBLAS
 (`torch.nn.functional.linear`, 16-bit in and out) is timed the same way beside them.
 
     python3 gemv_bench.py [--ncu] [--case NAME] base=engines/native/src/gpu/gemv.cu other=/path/gemv.cu[#W]
@@ -50,7 +51,7 @@ PRODUCTS = [
     ("l8b", "down", 4096, 14336),
     ("l8b", "head", 128256, 4096),
 ]
-ROWS = [1, 4, 8]
+ROWS = [1, 2, 4, 8]
 # Bytes of weights a case rotates through: twice the H200's 50 MB L2.
 ROTATE_BYTES = 100 << 20
 DEFAULT_LAUNCH = "ceil(out / (8 // split)), 256, split"
@@ -66,10 +67,12 @@ def splitw(k, w):
 
 
 def default_kernel(text):
-    """The kernel of a version without a `// kernel:` line: the repository's rule where it has
-    one kernel per row capacity (`gemv1` … `gemv8`, the smallest that holds n), else `gemv`."""
-    if re.search(r"GEMV_KERNEL\(gemv1,", text):
-        return '"gemv%d" % (1 if n <= 1 else 2 if n <= 2 else 4 if n <= 4 else 8)'
+    """The kernel of a version without a `// kernel:` line: where it has one kernel per row
+    capacity (`GEMV_KERNEL(gemvN, N)`), the smallest that holds n (None past the largest: the
+    engine takes cuBLAS there), else `gemv`."""
+    caps = sorted(int(c) for c in re.findall(r"GEMV_KERNEL\(gemv(\d+),", text))
+    if caps:
+        return f"next(('gemv%d' % c for c in {caps} if c >= n), None)"
     return '"gemv"'
 
 
@@ -99,7 +102,10 @@ class Version:
         self.funcs = {}
 
     def func(self, n):
+        """The kernel for n rows and its registers, or None where the version has none."""
         name = eval(self.kernel, {"n": n})
+        if name is None:
+            return None
         if name not in self.funcs:
             f = ctypes.c_void_p()
             check(CUDA.cuModuleGetFunction(ctypes.byref(f), self.module, name.encode()), f"kernel {name}")
@@ -120,13 +126,15 @@ class Case:
         self.ref = self.x.float() @ self.w[0].float().T
         self.y = torch.empty(n, out, device="cuda")
         self.next = 0
+        # Calls a timed graph holds: every copy once, and at least 20.
+        self.reps = max(20, copies)
 
     def weights(self):
         w = self.w[self.next % len(self.w)]
         self.next += 1
         return w
 
-    def launch(self, version, sms, stream, w=None):
+    def launch(self, version, sms, w=None):
         ns = {"out": self.out, "K": self.k, "n": self.n, "sms": sms, "W": version.w, "splitw": splitw,
               "split": splitw(self.k, 4), "ceil": math.ceil}
         grid, block, s = (int(v) for v in eval(version.launch, ns))
@@ -143,20 +151,33 @@ class Case:
             ctypes.c_int32(0),  # f32 output
         ]
         params = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
-        check(CUDA.cuLaunchKernel(func, grid, 1, 1, block, 1, 1, 0, ctypes.c_void_p(stream), params, None), "launch")
+        # The current stream: the capturing one while a graph is captured.
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        check(CUDA.cuLaunchKernel(func, grid, 1, 1, block, 1, 1, 0, stream, params, None), "launch")
 
 
-def median_us(run, times=50):
-    for _ in range(5):
+def median_us(run, reps, times=15):
+    """Microseconds per call of `run`: `reps` calls captured in one CUDA graph (as a decode
+    step runs the products), the graph replayed `times` times, the median replay over `reps`.
+    Timing calls one by one from Python would time Python's launches (tens of µs a call)
+    instead of the kernels whenever a kernel is shorter."""
+    for _ in range(3):
         run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            run()
+    graph.replay()
+    torch.cuda.synchronize()
     out = []
     for _ in range(times):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        run()
+        graph.replay()
         b.record()
         b.synchronize()
-        out.append(a.elapsed_time(b) * 1000)
+        out.append(a.elapsed_time(b) * 1000 / reps)
     return statistics.median(out)
 
 
@@ -168,7 +189,6 @@ def main():
     torch.zeros(1, device="cuda")
     major, minor = torch.cuda.get_device_capability()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    stream = torch.cuda.current_stream().cuda_stream
     kernels = {name: load_kernel(path, f"{major}{minor}") for name, path in versions}
     gen = torch.Generator(device="cuda").manual_seed(1)
     print(f"{'case':<20} {'MB':>7} {'cuBLAS µs':>9} {'TB/s':>5}" + "".join(f" {v[:12]:>12} {'TB/s':>5}" for v, _ in versions))
@@ -183,19 +203,22 @@ def main():
             if ncu:
                 torch.nn.functional.linear(c.x, c.weights())
             else:
-                t = median_us(lambda: torch.nn.functional.linear(c.x, c.weights()))
+                t = median_us(lambda: torch.nn.functional.linear(c.x, c.weights()), c.reps)
                 line += f" {t:>9.1f} {mb / t:>5.2f}"
             for vname, _ in versions:
                 version = kernels[vname]
+                if version.func(n) is None:
+                    line += f" {'–':>12} {'':>5}"
+                    continue
                 c.y.fill_(float("nan"))
-                c.launch(version, sms, stream, w=c.w[0])
+                c.launch(version, sms, w=c.w[0])
                 torch.cuda.synchronize()
                 err = ((c.y - c.ref).norm() / c.ref.norm()).item()
                 flag = "" if err < 1e-3 else "!"
                 if ncu:
                     line += f" {'ran':>12}{flag}"
                     continue
-                t = median_us(lambda: c.launch(version, sms, stream))
+                t = median_us(lambda: c.launch(version, sms), c.reps)
                 line += f" {t:>12.1f} {mb / t:>5.2f}{flag}"
             print(line, flush=True)
             del c

@@ -58,9 +58,9 @@ struct Kernels {
     flash_decode: Option<CudaFunction>,
     silu_mul: CudaFunction,
     argmax_rows: CudaFunction,
-    /// Products of at most `GEMV_ROWS` rows with 16-bit weights (absent for f32 weights): one
-    /// kernel per row capacity, `plan::gemv_kernel` picks.
-    gemv: Option<[CudaFunction; 4]>,
+    /// Products of one or two rows with 16-bit weights (absent for f32 weights): one kernel per
+    /// row capacity, `plan::gemv_kernel` picks.
+    gemv: Option<[CudaFunction; GEMV_ROWS]>,
 }
 
 impl Kernels {
@@ -92,9 +92,7 @@ impl Kernels {
                 .transpose()?,
             silu_mul: f("silu_mul")?,
             argmax_rows: f("argmax_rows")?,
-            gemv: (wdt != KvDtype::F32)
-                .then(|| Ok::<_, GpuError>([f("gemv1")?, f("gemv2")?, f("gemv4")?, f("gemv8")?]))
-                .transpose()?,
+            gemv: (wdt != KvDtype::F32).then(|| Ok::<_, GpuError>([f("gemv1")?, f("gemv2")?])).transpose()?,
         })
     }
 }
@@ -507,8 +505,8 @@ impl Forward {
     }
 
     /// The product of both: `y` is a device pointer, its buffer's bytes and its dtype. Steps of
-    /// at most `GEMV_ROWS` rows with 16-bit weights take `gemv` (it streams the weights once,
-    /// where cuBLAS splits K for so few rows and adds a reduction); others a cuBLAS gemm.
+    /// at most `GEMV_ROWS` rows with 16-bit weights take `gemv` (it streams the weights once;
+    /// see `plan::GEMV_ROWS` for why so few); others a cuBLAS gemm.
     fn gemm(
         &self,
         lane: Lane<'_>,

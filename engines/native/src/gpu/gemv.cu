@@ -11,20 +11,20 @@ __device__ __forceinline__ void unpack8(u32x4 v, float* f) {
     }
 }
 
-// y[r][o] = Σ_i x[r][i] · w[o][i] for the n ≤ GEMV_ROWS rows of a decode step of a few
+// y[r][o] = Σ_i x[r][i] · w[o][i] for the n ≤ GEMV_ROWS rows of a decode step of one or two
 // sequences (w [out][K], x [n][K] in the weights' 16-bit dtype, K a multiple of 8 so rows are
 // whole 16-byte words; y f32, or the weights' dtype with `narrow`). Such a product only streams
-// the weights, where cuBLAS's split-K gemms spend a reduction kernel and several microseconds a
-// call. Block of 8 warps, 8 / S output rows a block, S warps a row, each taking a slice of its
-// 16-byte words; a lane loads 4 words of the weight row at once (all in flight), multiplies each
-// by the n activation rows' words (read through L1, shared by every row of the block), and the
-// sums meet by shuffles, then through shared memory across the S warps. Every output is summed
-// in the same order whatever n is, so a sequence's result does not depend on its batch.
-// One kernel per row capacity NR (`gemv1`, `gemv2`, `gemv4`, `gemv8`; the host takes the
-// smallest that holds n): a lane keeps NR sums, so a batch of one needs 37 registers where
-// eight need 64, and more blocks stay resident to keep the weights' loads in flight.
+// the weights. Block of 8 warps, 8 / S output rows a block, S warps a row, each taking a slice
+// of its 16-byte words; a lane loads 4 words of the weight row at once (all in flight),
+// multiplies each by the n activation rows' words (read through L1, shared by every row of the
+// block), and the sums meet by shuffles, then through shared memory across the S warps. Every
+// output is summed in the same order whatever n is. Each lane widens every activation word
+// again for each weight word, so from four rows on cuBLAS is faster (`plan::GEMV_ROWS`).
+// One kernel per row capacity NR (`gemv1`, `gemv2`; the host takes the smallest that holds n):
+// a lane keeps NR sums, so a batch of one needs fewer registers and more blocks stay resident
+// to keep the weights' loads in flight.
 // grid (ceil(out / (8 / S))).
-#define GEMV_ROWS 8
+#define GEMV_ROWS 2
 #if WT != 0
 template <int NR>
 __device__ __forceinline__ void gemv_rows(const wt* w, const wt* x, unsigned long long y, int out, int K, int n,
@@ -109,6 +109,4 @@ __device__ __forceinline__ void gemv_rows(const wt* w, const wt* x, unsigned lon
     }
 GEMV_KERNEL(gemv1, 1)
 GEMV_KERNEL(gemv2, 2)
-GEMV_KERNEL(gemv4, 4)
-GEMV_KERNEL(gemv8, 8)
 #endif

@@ -149,21 +149,21 @@ pub(super) fn decode_splits(queries: usize, kv_heads: usize, sms: usize, part_ro
     fill_splits(queries, kv_heads, sms * DECODE_BLOCKS_PER_SM, part_rows)
 }
 
-/// Most rows of a product `gemv` takes (`GEMV_ROWS` in `gemv.cu`): decode steps of up to
-/// this many sequences multiply the weights there (`gemv.cu`) rather than in cuBLAS.
-pub(super) const GEMV_ROWS: usize = 8;
+/// Most rows of a product `gemv` takes (`GEMV_ROWS` in `gemv.cu`); steps of more sequences
+/// multiply in cuBLAS. Timed against cuBLAS on an H200 (`doc/bench/gpu/gemv_bench.py`, each
+/// product in a CUDA graph), `gemv` is as fast or faster for one row (the 0.5B shape's QKV 2.5
+/// against 4.0 µs, the 8B shape's 1 GB head 230 against 239) and far slower from four rows on,
+/// where every lane widens each activation row's words again for each weight word (the 8B
+/// gate/up at four rows: 95 against 56 µs). At two rows it is slower on large weights alone,
+/// and decode steps of two sequences were 3 % faster with it throughout than with cuBLAS past
+/// 16 MB (0.5B shape; the 8B shape's within 1 %).
+pub(super) const GEMV_ROWS: usize = 2;
 
-/// Which `gemv` kernel takes a product of `rows` (1 to `GEMV_ROWS`): the index into
-/// `gemv1`, `gemv2`, `gemv4`, `gemv8`, the smallest whose row capacity holds them. A kernel
-/// keeps a sum per row of its capacity, so fewer rows need fewer registers; every kernel sums
-/// a row in the same order, so the choice never changes a result.
+/// Which `gemv` kernel takes a product of `rows` (1 to `GEMV_ROWS`): the index into `gemv1`,
+/// `gemv2`. A kernel keeps a sum per row of its capacity, so one row needs fewer registers;
+/// both sum a row in the same order, so the choice never changes a result.
 pub(super) fn gemv_kernel(rows: usize) -> usize {
-    match rows {
-        0..=1 => 0,
-        2 => 1,
-        3..=4 => 2,
-        _ => 3,
-    }
+    rows.clamp(1, GEMV_ROWS) - 1
 }
 
 /// Warps of one `gemv` block that share an output row (the rest of its 8 warps take other

@@ -223,7 +223,7 @@ fn profiler(on: bool) {
     let _ = on;
 }
 
-/// Benchmark (b): decode-only steps of 1, 16 and 64 sequences with 1,000-token prompts (CUDA
+/// Benchmark (b): decode-only steps of 1 to 64 sequences with 1,000-token prompts (CUDA
 /// graphs on): the per-token time that a batch costs when no prompt shares its steps, the
 /// baseline the TPOT of a serving run is compared with. Prints only.
 #[test]
@@ -238,7 +238,7 @@ fn decode_step_time_by_batch() {
     let engine =
         NativeEngine::load(&model, EngineOptions::from_engine_config(&cfg).expect("options")).expect("load");
     let _ = decode_gap_ms(&engine, 4, 64, 16, shape.vocab, false);
-    for n in [1usize, 16, 64] {
+    for n in [1usize, 2, 4, 8, 16, 64] {
         let ms = decode_gap_ms(&engine, n, 1000, 48, shape.vocab, false);
         eprintln!(
             "{}, 1,000-token prompts: decode-only batch {n}: per-token p50 {ms:.3} ms, {:.0} tokens/s",
