@@ -383,7 +383,7 @@ impl HandoffSide {
     /// Computes a prompt (its first token too), pins its KV and publishes a room for it.
     pub(crate) fn prefill(
         &self,
-        request: xinf_engine::GenerateRequest,
+        mut request: xinf_engine::GenerateRequest,
     ) -> BoxFuture<'static, Result<Handoff, ActorError>> {
         let endpoint = self.registration.as_ref().map(|(r, _)| r.endpoint().clone());
         let (engine, rooms, snapshots, times) =
@@ -400,6 +400,9 @@ impl HandoffSide {
                 keys = chain_keys(engine.contract(), &ids, ids.len() / xinf_engine::PAGE_TOKENS).into();
                 // At least one prompt token is computed: the first output token comes from it.
                 let usable = ids.len().saturating_sub(1) / xinf_engine::PAGE_TOKENS;
+                // The engine takes the ids, not the text again: tokenizing costs about a
+                // microsecond a token, on the way to the first token.
+                request.prompt = xinf_engine::Prompt::Tokens(ids);
                 let (prefix, n, held) = snapshots.lookup(&keys[..usable], times).await;
                 leased = held;
                 if n == 0 {

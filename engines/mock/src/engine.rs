@@ -59,6 +59,8 @@ struct Inner {
     pinned_blocks: usize,
     prompt_tokens: u64,
     generated_tokens: u64,
+    /// Text and chat prompts turned into ids, so tests can see a prompt is tokenized once.
+    texts_tokenized: u64,
 }
 
 /// A deterministic engine without weights (see the crate documentation).
@@ -125,11 +127,15 @@ impl MockEngine {
                 pinned_blocks: 0,
                 prompt_tokens: 0,
                 generated_tokens: 0,
+                texts_tokenized: 0,
             })),
         })
     }
 
     fn tokens(&self, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
+        if !matches!(prompt, Prompt::Tokens(_)) {
+            lock(&self.inner).texts_tokenized += 1;
+        }
         let ids: Vec<u32> = match prompt {
             Prompt::Text(t) => t.bytes().map(|b| BYTE_BASE + u32::from(b)).collect(),
             Prompt::Chat(messages) => messages
@@ -377,6 +383,11 @@ impl Engine for MockEngine {
 }
 
 impl MockEngine {
+    /// How many text or chat prompts this engine has tokenized.
+    pub fn texts_tokenized(&self) -> u64 {
+        lock(&self.inner).texts_tokenized
+    }
+
     /// Computes a prompt, or the rest of it after `prefix` (whole canonical pages of its first
     /// tokens, checked like an import), and pins its KV for export.
     fn pin(&self, request: &GenerateRequest, prefix: &[u8]) -> Result<PinnedPrefill, EngineError> {

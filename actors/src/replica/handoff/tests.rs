@@ -4,9 +4,9 @@
 
 use super::*;
 use std::net::Ipv4Addr;
-use xinf_engine::{EngineLoader, ModelSource};
+use xinf_engine::{EngineConfig, EngineLoader, ModelSource};
 use xinf_engine::{GenerateRequest, Prompt, SamplingParams};
-use xinf_engine_mock::MockLoader;
+use xinf_engine_mock::{MockEngine, MockLoader};
 use xinf_transfer::transport::TransportPolicy;
 
 fn engine() -> Arc<dyn Engine> {
@@ -112,6 +112,34 @@ fn tokens_request(id: &str, ids: Vec<u32>) -> GenerateRequest {
         prompt: Prompt::Tokens(ids),
         sampling: SamplingParams::greedy(1),
     }
+}
+
+/// With the snapshot cache, a text prompt's ids are computed once: the cache's lookup needs
+/// them, and the engine then takes them instead of the text (tokenizing is on the way to the
+/// first token).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_with_the_snapshot_cache_tokenizes_its_prompt_once() {
+    let options = serde_json::json!({"kv_cache_tokens": 1024});
+    let EngineConfig::Mock(config) =
+        MockLoader::default().check_config(options.as_object().expect("a map")).expect("options")
+    else {
+        panic!("a mock engine's config");
+    };
+    let mock = MockEngine::new("smollm2-instruct", &config).expect("mock engine");
+    let engine: Arc<dyn Engine> = Arc::new(mock.clone());
+    let page = engine.contract().page_bytes();
+    let cached = HandoffTimes { snapshot_budget: 8 * page, ..times(30_000, 30_000) };
+    let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let prefill = HandoffSide::new(engine, true, ip, cached).await.expect("prefill side");
+    let request = GenerateRequest {
+        request_id: "text".into(),
+        prompt: Prompt::Text("the cat sat on the mat. ".repeat(12)),
+        sampling: SamplingParams::greedy(1),
+    };
+    let h = prefill.prefill(request).await.expect("prefill");
+    assert_eq!(h.prompt_ids.len(), 24 * 12);
+    assert_eq!(mock.texts_tokenized(), 1);
+    assert!(prefill.release(h.room));
 }
 
 /// A prompt's complete pages stay in the prefill replica's snapshot cache after their
