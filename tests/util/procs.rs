@@ -133,8 +133,14 @@ pub fn bare_local(env: &[(&str, &str)]) -> (Proc, SocketAddr) {
 /// `xinf local` on a free port serving the default model as `uid` (more launch flags in
 /// `extra`), once the model is ready; with its REST address.
 pub fn local(uid: &str, extra: &[&str]) -> (Proc, SocketAddr) {
+    local_with_env(uid, extra, &[])
+}
+
+/// [`local`], with `env` set in the server's environment.
+pub fn local_with_env(uid: &str, extra: &[&str], env: &[(&str, &str)]) -> (Proc, SocketAddr) {
     let mut cmd = xinf();
     cmd.args(["local", "--port", "0", "-n", "smollm2-instruct", "-u", uid]).args(extra);
+    cmd.envs(env.iter().copied());
     let mut p = Proc::spawn(cmd);
     let addr =
         p.wait_for("REST API at http://").trim().trim_end_matches("/v1").parse().expect("REST address");
