@@ -124,6 +124,11 @@ impl Drop for Proc {
 pub fn bare_local(env: &[(&str, &str)]) -> (Proc, SocketAddr) {
     let mut cmd = xinf();
     cmd.args(["local", "--port", "0"]).envs(env.iter().copied());
+    serving(cmd)
+}
+
+/// `cmd` (an `xinf local`) started, once its REST API is up; with its address.
+fn serving(cmd: Command) -> (Proc, SocketAddr) {
     let mut p = Proc::spawn(cmd);
     let addr =
         p.wait_for("REST API at http://").trim().trim_end_matches("/v1").parse().expect("REST address");
@@ -141,9 +146,7 @@ pub fn local_with_env(uid: &str, extra: &[&str], env: &[(&str, &str)]) -> (Proc,
     let mut cmd = xinf();
     cmd.args(["local", "--port", "0", "-n", "smollm2-instruct", "-u", uid]).args(extra);
     cmd.envs(env.iter().copied());
-    let mut p = Proc::spawn(cmd);
-    let addr =
-        p.wait_for("REST API at http://").trim().trim_end_matches("/v1").parse().expect("REST address");
+    let (mut p, addr) = serving(cmd);
     p.wait_for(&format!("Model `{uid}` is ready"));
     (p, addr)
 }

@@ -4,17 +4,24 @@
 
 use super::*;
 use std::net::Ipv4Addr;
-use xinf_engine::{EngineConfig, EngineLoader, ModelSource};
+use xinf_engine::{EngineConfig, EngineLoader};
 use xinf_engine::{GenerateRequest, Prompt, SamplingParams};
 use xinf_engine_mock::{MockEngine, MockLoader};
 use xinf_transfer::transport::TransportPolicy;
 
-fn engine() -> Arc<dyn Engine> {
-    let loader = MockLoader::default();
+/// The mock engine the tests run on, as itself (for its own counters).
+fn mock() -> MockEngine {
     let options = serde_json::json!({"kv_cache_tokens": 1024});
-    let config = loader.check_config(options.as_object().expect("a map")).expect("options");
-    let model = ModelSource { model_name: "smollm2-instruct".into(), ..Default::default() };
-    loader.load(&model, &config).expect("load")
+    let EngineConfig::Mock(config) =
+        MockLoader::default().check_config(options.as_object().expect("a map")).expect("options")
+    else {
+        panic!("a mock engine's config");
+    };
+    MockEngine::new("smollm2-instruct", &config).expect("mock engine")
+}
+
+fn engine() -> Arc<dyn Engine> {
+    Arc::new(mock())
 }
 
 fn times(unclaimed_ms: u64, idle_ms: u64) -> HandoffTimes {
@@ -119,13 +126,7 @@ fn tokens_request(id: &str, ids: Vec<u32>) -> GenerateRequest {
 /// first token).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prefill_with_the_snapshot_cache_tokenizes_its_prompt_once() {
-    let options = serde_json::json!({"kv_cache_tokens": 1024});
-    let EngineConfig::Mock(config) =
-        MockLoader::default().check_config(options.as_object().expect("a map")).expect("options")
-    else {
-        panic!("a mock engine's config");
-    };
-    let mock = MockEngine::new("smollm2-instruct", &config).expect("mock engine");
+    let mock = mock();
     let engine: Arc<dyn Engine> = Arc::new(mock.clone());
     let page = engine.contract().page_bytes();
     let cached = HandoffTimes { snapshot_budget: 8 * page, ..times(30_000, 30_000) };
