@@ -77,15 +77,16 @@ impl Proc {
         }
     }
 
-    /// The process's resident memory (`VmRSS`), in bytes.
-    pub fn rss_bytes(&self) -> u64 {
+    /// The process's resident anonymous memory (`RssAnon`: heap and stacks, not the mapped
+    /// model file or libraries, whose pages come and go with the page cache), in bytes.
+    pub fn anon_bytes(&self) -> u64 {
         let status =
             std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("the process status");
         let kib = status
             .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .find_map(|l| l.strip_prefix("RssAnon:"))
             .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-            .expect("VmRSS in the process status");
+            .expect("RssAnon in the process status");
         kib << 10
     }
 
