@@ -1,10 +1,12 @@
 //! Loading weights into the tensors the forward pass uses, from safetensors or GGUF.
 //!
 //! Weights are held in the compute dtype (F32 on CPU), or, for a GGUF file on the CPU, as its
-//! quantized blocks ([`Linear::Quantized`]). Q, K and V projections are fused into one matrix,
+//! quantized blocks ([`Linear::Quantized`], Q4_1 repacked for xinf's kernel in
+//! [`Linear::Q4_1`]). Q, K and V projections are fused into one matrix,
 //! and so are the gate and up projections: one matmul each instead of three and two, which
 //! matters most at decode where every matmul is small.
 
+use crate::q4_1::Packed;
 use candle_core::quantized::{GgmlDType, QStorage, QTensor, gguf_file};
 use candle_core::{DType, Device, Tensor};
 use std::borrow::Cow;
@@ -24,6 +26,8 @@ pub(crate) enum Linear {
     /// A GGUF file's quantized blocks, multiplied as stored (candle's quantized matmul, which
     /// quantizes the activations to 8 bits and works block by block, as llama.cpp does).
     Quantized(Arc<QTensor>),
+    /// Q4_1 blocks repacked for xinf's kernel, where this CPU runs it.
+    Q4_1(Arc<Packed>),
 }
 
 /// A prompt of at least this many tokens has its rows multiplied in F32, with each quantized
@@ -80,15 +84,12 @@ impl RowKinds {
     }
 }
 
-/// `x @ qᵀ` in F32, each row as it would be among many (Q4_1 by [`crate::q4_1::matmul_f32`],
-/// which sees to that itself; other types dequantized whole): a lone row is multiplied as one of
+/// `x @ qᵀ` in F32, each row as it would be among many (Q4_1 by [`Packed::matmul_f32`], which
+/// sees to that itself; other types dequantized whole here): a lone row is multiplied as one of
 /// two, since the GEMM takes another path for one row (a matrix-vector product, whose sums
 /// differ in the last bits), which would make a prompt's last token differ with how the prompt
 /// was cut into chunks, or when a decode recomputes it.
 fn prompt_rows(x: &Tensor, q: &QTensor) -> candle_core::Result<Tensor> {
-    if crate::q4_1::applies(q) {
-        return crate::q4_1::matmul_f32(q, x);
-    }
     let w = q.dequantize(x.device())?;
     if x.dim(0)? == 1 {
         return Tensor::cat(&[x, x], 0)?.matmul(&w.t()?)?.narrow(0, 0, 1);
@@ -96,27 +97,45 @@ fn prompt_rows(x: &Tensor, q: &QTensor) -> candle_core::Result<Tensor> {
     x.matmul(&w.t()?)
 }
 
-/// xinf's block-by-block kernel for `q`'s block type, where this CPU runs one: Q4_1 and Q8_0.
-type Kernel = fn(&QTensor, &[f32], usize, &mut [f32]) -> candle_core::Result<()>;
-
-fn kernel(q: &QTensor) -> Option<Kernel> {
-    if crate::q4_1::applies(q) {
-        Some(crate::q4_1::matmul_into)
-    } else if crate::q8_0::applies(q) {
-        Some(crate::q8_0::matmul_into)
-    } else {
-        None
-    }
-}
-
-/// `x @ qᵀ` block by block: by xinf's [`kernel`] where there is one, by candle's otherwise.
+/// `x @ qᵀ` block by block: by xinf's Q8_0 kernel where this CPU runs it, by candle's
+/// otherwise.
 fn generated_rows(x: &Tensor, q: &QTensor) -> candle_core::Result<Tensor> {
-    let Some(kernel) = kernel(q) else { return x.contiguous()?.apply_op1_no_bwd(q) };
+    if !crate::q8_0::applies(q) {
+        return x.contiguous()?.apply_op1_no_bwd(q);
+    }
     let ((m, _), (rows, _)) = (x.dims2()?, q.shape().dims2()?);
     let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
     let mut out = vec![0f32; m * rows];
-    kernel(q, &xs, m, &mut out)?;
+    crate::q8_0::matmul_into(q, &xs, m, &mut out)?;
     Tensor::from_vec(out, (m, rows), &Device::Cpu)
+}
+
+/// [`generated_rows`] for a Q4_1 matrix.
+fn generated_q4_1(x: &Tensor, p: &Packed) -> candle_core::Result<Tensor> {
+    let (m, _) = x.dims2()?;
+    let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+    let mut out = vec![0f32; m * p.rows()];
+    p.matmul_into(&xs, m, &mut out)?;
+    Tensor::from_vec(out, (m, p.rows()), &Device::Cpu)
+}
+
+/// `x @ wᵀ` for a quantized `w`, each row multiplied as `rows` says: in F32 by `dense`, block
+/// by block by `blocks`.
+fn by_rows(
+    x: &Tensor,
+    rows: &RowKinds,
+    dense: impl Fn(&Tensor) -> candle_core::Result<Tensor>,
+    blocks: impl Fn(&Tensor) -> candle_core::Result<Tensor>,
+) -> candle_core::Result<Tensor> {
+    match rows {
+        RowKinds::Dense => dense(x),
+        RowKinds::Quantized => blocks(x),
+        RowKinds::Mixed { dense: d, quantized, order } => {
+            let d = dense(&x.index_select(d, 0)?)?;
+            let r = blocks(&x.index_select(quantized, 0)?)?;
+            Tensor::cat(&[d, r], 0)?.index_select(order, 0)
+        }
+    }
 }
 
 impl Linear {
@@ -124,15 +143,8 @@ impl Linear {
     pub(crate) fn forward(&self, x: &Tensor, rows: &RowKinds) -> candle_core::Result<Tensor> {
         match self {
             Self::Dense(w) => x.matmul(&w.t()?),
-            Self::Quantized(q) => match rows {
-                RowKinds::Dense => prompt_rows(x, q),
-                RowKinds::Quantized => generated_rows(x, q),
-                RowKinds::Mixed { dense, quantized, order } => {
-                    let d = prompt_rows(&x.index_select(dense, 0)?, q)?;
-                    let r = generated_rows(&x.index_select(quantized, 0)?, q)?;
-                    Tensor::cat(&[d, r], 0)?.index_select(order, 0)
-                }
-            },
+            Self::Quantized(q) => by_rows(x, rows, |x| prompt_rows(x, q), |x| generated_rows(x, q)),
+            Self::Q4_1(p) => by_rows(x, rows, |x| p.matmul_f32(x), |x| generated_q4_1(x, p)),
         }
     }
 
@@ -148,12 +160,13 @@ impl Linear {
         let rows = match self {
             Self::Dense(w) => w.dim(0)?,
             Self::Quantized(q) => q.shape().dims2()?.0,
+            Self::Q4_1(p) => p.rows(),
         };
         out.resize(m * rows, 0.0);
-        if let Self::Quantized(q) = self
-            && let Some(kernel) = kernel(q)
-        {
-            return kernel(q, xs, m, out);
+        match self {
+            Self::Q4_1(p) => return p.matmul_into(xs, m, out),
+            Self::Quantized(q) if crate::q8_0::applies(q) => return crate::q8_0::matmul_into(q, xs, m, out),
+            _ => {}
         }
         let x = Tensor::from_slice(xs, (m, xs.len() / m.max(1)), &Device::Cpu)?;
         let y = self.forward(&x, &RowKinds::Quantized)?;
@@ -166,7 +179,7 @@ impl Linear {
     pub(crate) fn dense(&self) -> candle_core::Result<&Tensor> {
         match self {
             Self::Dense(w) => Ok(w),
-            Self::Quantized(_) => Err(candle_core::Error::Msg(
+            Self::Quantized(_) | Self::Q4_1(_) => Err(candle_core::Error::Msg(
                 "quantized weights are multiplied on the CPU only (load them dequantized)".into(),
             )),
         }
@@ -177,7 +190,16 @@ impl Linear {
         match self {
             Self::Dense(w) => w.elem_count(),
             Self::Quantized(q) => q.shape().elem_count(),
+            Self::Q4_1(p) => p.elem_count(),
         }
+    }
+
+    /// A GGUF file's blocks as held: Q4_1 repacked where this CPU runs xinf's kernel.
+    pub(crate) fn blocks(q: QTensor) -> candle_core::Result<Self> {
+        if crate::q4_1::applies(&q) {
+            return Ok(Self::Q4_1(Arc::new(Packed::new(&q)?)));
+        }
+        Ok(Self::Quantized(Arc::new(q)))
     }
 }
 
@@ -287,7 +309,7 @@ impl Source<'_> {
             }
             let (dtype, cols) = (one_type.unwrap_or(GgmlDType::F32), parts[0].1[1]);
             let q = blocks_tensor(bytes, dtype, (rows, cols)).map_err(|e| corrupt_by(self.file, e))?;
-            return Ok(Linear::Quantized(Arc::new(q)));
+            return Linear::blocks(q).map_err(|e| corrupt_by(self.file, e));
         }
         let dense = parts.iter().map(|(n, shape)| self.take(n, shape)).collect::<Result<Vec<_>, _>>()?;
         let dense = if dense.len() == 1 {
@@ -370,7 +392,7 @@ fn build(cfg: &ModelConfig, src: &mut Source<'_>, names: &Names) -> Result<Weigh
                 Some(reblocked) => reblocked,
                 None => requantized(q, file)?,
             };
-            Some(Linear::Quantized(Arc::new(q)))
+            Some(Linear::blocks(q).map_err(|e| corrupt_by(file, e))?)
         }
         _ => None,
     };

@@ -1,7 +1,6 @@
 use super::*;
 use crate::weights::{LayerWeights, Linear};
 use candle_core::quantized::{GgmlDType, QTensor};
-use std::sync::Arc;
 use xinf_engine::KvDtype;
 use xinf_transfer::KvLayout;
 
@@ -16,7 +15,7 @@ fn tensor(shape: &[usize], salt: f32, scale: f32) -> Tensor {
 
 fn quantized(rows: usize, cols: usize, salt: f32, dtype: GgmlDType) -> Linear {
     let t = tensor(&[rows, cols], salt, 0.2);
-    Linear::Quantized(Arc::new(QTensor::quantize(&t, dtype).expect("quantize")))
+    Linear::blocks(QTensor::quantize(&t, dtype).expect("quantize")).expect("blocks")
 }
 
 /// A model of `cfg`'s shape with projections in Q4_1 and a Q8_0 head, as the default GGUF

@@ -76,6 +76,7 @@ mod tests {
         let linear = |l: &Linear| match l {
             Linear::Dense(t) => dense(t),
             Linear::Quantized(q) => q.storage_size_in_bytes() as u64,
+            Linear::Q4_1(p) => p.block_bytes() as u64,
         };
         let mut total = dense(&w.embed) + dense(&w.final_norm);
         for l in &w.layers {
