@@ -210,6 +210,16 @@ impl Packed {
         Ok(())
     }
 
+    /// [`matmul_into`](Self::matmul_into) of `x`, `[m, cols]`, as a tensor: the product
+    /// generated tokens get.
+    pub(crate) fn matmul(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let (m, _) = x.dims2()?;
+        let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+        let mut out = vec![0f32; m * self.rows];
+        self.matmul_into(&xs, m, &mut out)?;
+        Tensor::from_vec(out, (m, self.rows), &Device::Cpu)
+    }
+
     /// `x @ selfᵀ` in F32, for `x` of `[m, cols]`: the product a prompt's rows get, with the
     /// weights as candle dequantizes them. Each work item of the CPU pool widens [`F32_ROWS`]
     /// weight rows into its own buffer and multiplies them by candle's GEMM on its thread, so
@@ -479,149 +489,4 @@ pub(crate) fn horizontal_sum(v: __m256) -> f32 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// `x @ qᵀ` as a tensor, through the kernel.
-    fn matmul(q: &Packed, x: &Tensor) -> candle_core::Result<Tensor> {
-        let (m, _) = x.dims2()?;
-        let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-        let mut out = vec![0f32; m * q.rows()];
-        q.matmul_into(&xs, m, &mut out)?;
-        Tensor::from_vec(out, (m, q.rows()), &Device::Cpu)
-    }
-
-    fn packed(rows: usize, cols: usize) -> (QTensor, Packed) {
-        let w = Tensor::randn(0f32, 1.0, (rows, cols), &Device::Cpu).expect("test tensor");
-        let q = QTensor::quantize(&w, GgmlDType::Q4_1).expect("test tensor");
-        assert!(applies(&q));
-        let p = Packed::new(&q).expect("packed");
-        (q, p)
-    }
-
-    /// Against the block math in plain F32 on the same quantized activations: the kernel's
-    /// only difference is the order of its sums. 37 rows: a last group of five.
-    #[test]
-    fn matches_the_block_math() {
-        if !supported() {
-            eprintln!("SKIPPED: this CPU has no AVX2/FMA/F16C");
-            return;
-        }
-        let (rows, cols, m) = (37, 96, 6);
-        let (q, p) = packed(rows, cols);
-        let x = Tensor::randn(0f32, 1.0, (m, cols), &Device::Cpu).expect("test tensor");
-        let got = matmul(&p, &x).expect("test tensor").to_vec2::<f32>().expect("test tensor");
-        let xs = x.flatten_all().expect("test tensor").to_vec1::<f32>().expect("test tensor");
-        let acts = quantize_rows(&xs, m, cols);
-        let wd = q.dequantize(&Device::Cpu).expect("test tensor").to_vec2::<f32>().expect("test tensor");
-        for (i, got_row) in got.iter().enumerate() {
-            for (j, &g) in got_row.iter().enumerate() {
-                // Σ over blocks of d_a·Σ (dequantized w)·q_a, i.e. the same product in F32.
-                let mut want = 0f32;
-                for b in 0..cols / QK {
-                    let [d_a, _] = acts.ds[i * acts.blocks + b];
-                    for e in 0..QK {
-                        want += wd[j][b * QK + e] * d_a * acts.qs[i * cols + b * QK + e] as f32;
-                    }
-                }
-                assert!((g - want).abs() <= 1e-3 * (1.0 + want.abs()), "({i}, {j}): {g} vs {want}");
-            }
-        }
-        // And close to the F32 product of the dequantized weights (activation rounding only).
-        let exact = x
-            .matmul(&q.dequantize(&Device::Cpu).expect("test tensor").t().expect("test tensor"))
-            .expect("test tensor");
-        let exact = exact.to_vec2::<f32>().expect("test tensor");
-        let spread = exact.iter().flatten().fold(0f32, |a, v| a.max(v.abs()));
-        for (g, e) in got.iter().flatten().zip(exact.iter().flatten()) {
-            assert!((g - e).abs() < 0.02 * spread, "{g} vs {e}");
-        }
-    }
-
-    /// Repacking keeps every block: each row's blocks read back as the file stored them.
-    #[test]
-    fn packing_keeps_every_block() {
-        if !supported() {
-            eprintln!("SKIPPED: this CPU has no AVX2/FMA/F16C");
-            return;
-        }
-        let (rows, cols) = (21, 64);
-        let (q, p) = packed(rows, cols);
-        let data = q.data().expect("blocks");
-        for row in 0..rows {
-            for b in 0..cols / QK {
-                let stored = &data[(row * cols / QK + b) * BLOCK_BYTES..][..BLOCK_BYTES];
-                let (dm, nibbles) = p.block(row, b);
-                assert_eq!((&dm[..], nibbles), (&stored[..4], &stored[4..]), "row {row}, block {b}");
-            }
-        }
-        assert_eq!((p.rows(), p.elem_count(), p.block_bytes()), (rows, rows * cols, data.len()));
-    }
-
-    /// Bit for bit candle's F32 product of the dequantized weights where the weight rows come in
-    /// whole work items, within rounding otherwise (the GEMM sums a wider slice in another
-    /// order); each row the same whatever rows share the call, on both sides of 64 rows.
-    #[test]
-    fn f32_product_is_candles_on_the_dequantized_weights() {
-        if !supported() {
-            eprintln!("SKIPPED: this CPU has no AVX2/FMA/F16C");
-            return;
-        }
-        let values = |t: &Tensor| -> Vec<f32> { t.flatten_all().expect("flat").to_vec1().expect("values") };
-        let bits = |t: &Tensor| -> Vec<u32> { values(t).iter().map(|v| v.to_bits()).collect() };
-        let cols = 1536;
-        for rows in [2 * F32_ROWS, 300] {
-            let (q, p) = packed(rows, cols);
-            let wd = q.dequantize(&Device::Cpu).expect("dequantize");
-            let x = Tensor::randn(0f32, 1.0, (80, cols), &Device::Cpu).expect("test tensor");
-            let ours = p.matmul_f32(&x).expect("product");
-            let candle = x.matmul(&wd.t().expect("t")).expect("product");
-            if rows.is_multiple_of(F32_ROWS) {
-                assert_eq!(bits(&ours), bits(&candle));
-            }
-            for (a, b) in values(&ours).iter().zip(values(&candle)) {
-                assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{a} vs {b}");
-            }
-            for (first, n) in [(4, 1), (2, 3), (0, 6), (10, 64), (7, 70)] {
-                let part = p.matmul_f32(&x.narrow(0, first, n).expect("rows")).expect("product");
-                assert_eq!(bits(&part), bits(&ours.narrow(0, first, n).expect("rows")), "{rows}: {n} rows");
-            }
-        }
-    }
-
-    /// A row's result is the same alone as among others, whichever tile shape computed it,
-    /// and in a last group that is not whole.
-    #[test]
-    fn rows_do_not_depend_on_the_batch() {
-        if !supported() {
-            eprintln!("SKIPPED: this CPU has no AVX2/FMA/F16C");
-            return;
-        }
-        let bits = |t: &Tensor| -> Vec<u32> {
-            t.flatten_all()
-                .expect("flat")
-                .to_vec1::<f32>()
-                .expect("values")
-                .iter()
-                .map(|v| v.to_bits())
-                .collect()
-        };
-        for cols in [128, 96] {
-            let (_, p) = packed(37, cols);
-            let x = Tensor::randn(0f32, 1.0, (7, cols), &Device::Cpu).expect("test tensor");
-            let all = matmul(&p, &x).expect("product");
-            for r in 0..7 {
-                let alone = matmul(&p, &x.narrow(0, r, 1).expect("row")).expect("product");
-                assert_eq!(bits(&alone), bits(&all.narrow(0, r, 1).expect("row")), "{cols} columns, row {r}");
-            }
-        }
-    }
-
-    #[test]
-    fn other_block_types_are_left_to_candle() {
-        let w = Tensor::randn(0f32, 1.0, (4, 64), &Device::Cpu).expect("test tensor");
-        let q = QTensor::quantize(&w, GgmlDType::Q8_0).expect("test tensor");
-        assert!(!applies(&q));
-        assert!(Packed::new(&q).is_err());
-    }
-}
+mod tests;

@@ -110,15 +110,6 @@ fn generated_rows(x: &Tensor, q: &QTensor) -> candle_core::Result<Tensor> {
     Tensor::from_vec(out, (m, rows), &Device::Cpu)
 }
 
-/// [`generated_rows`] for a Q4_1 matrix.
-fn generated_q4_1(x: &Tensor, p: &Packed) -> candle_core::Result<Tensor> {
-    let (m, _) = x.dims2()?;
-    let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-    let mut out = vec![0f32; m * p.rows()];
-    p.matmul_into(&xs, m, &mut out)?;
-    Tensor::from_vec(out, (m, p.rows()), &Device::Cpu)
-}
-
 /// `x @ wᵀ` for a quantized `w`, each row multiplied as `rows` says: in F32 by `dense`, block
 /// by block by `blocks`.
 fn by_rows(
@@ -144,7 +135,7 @@ impl Linear {
         match self {
             Self::Dense(w) => x.matmul(&w.t()?),
             Self::Quantized(q) => by_rows(x, rows, |x| prompt_rows(x, q), |x| generated_rows(x, q)),
-            Self::Q4_1(p) => by_rows(x, rows, |x| p.matmul_f32(x), |x| generated_q4_1(x, p)),
+            Self::Q4_1(p) => by_rows(x, rows, |x| p.matmul_f32(x), |x| p.matmul(x)),
         }
     }
 
