@@ -149,13 +149,10 @@ impl Packed {
         &self.bytes[g * n..(g + 1) * n]
     }
 
-    /// Row `row`'s block `b` as a file stores it: its F16 scale and minimum, and its nibbles.
+    /// Row `row`'s block `b` as a file stores it (see [`block_in`]).
+    #[cfg(test)]
     fn block(&self, row: usize, b: usize) -> ([u8; 4], &[u8]) {
-        let (g, r) = (row / GROUP, row % GROUP);
-        let at = &self.group(g)[b * GROUP_BLOCK_BYTES..][..GROUP_BLOCK_BYTES];
-        let lane = ROW_OF_LANE.iter().position(|&x| x == r).unwrap_or(0);
-        let dm = [at[2 * lane], at[2 * lane + 1], at[16 + 2 * lane], at[16 + 2 * lane + 1]];
-        (dm, &at[32 + 16 * r..32 + 16 * (r + 1)])
+        block_in(self.group(row / GROUP), row % GROUP, b)
     }
 
     /// `xs @ selfᵀ`: `xs` holds `m` rows of `cols` values, `out` receives `m` rows of `rows`
@@ -259,8 +256,9 @@ impl Packed {
                 let first = item * F32_ROWS;
                 let n = if item + 1 == slices { rows - first } else { F32_ROWS };
                 for (j, row) in w.chunks_exact_mut(k).take(n).enumerate() {
+                    let group = self.group((first + j) / GROUP);
                     for (b, out) in row.chunks_exact_mut(QK).enumerate() {
-                        let (dm, nibbles) = self.block(first + j, b);
+                        let (dm, nibbles) = block_in(group, (first + j) % GROUP, b);
                         // SAFETY: `Packed::new` checked the CPU; 16 bytes of nibbles, and room
                         // for the block's values.
                         unsafe { dequantize_block(dm, nibbles, out.as_mut_ptr()) };
@@ -297,6 +295,15 @@ impl Packed {
         out.truncate(m * rows);
         Tensor::from_vec(out, (m, rows), &Device::Cpu)
     }
+}
+
+/// Row `r` of `group`'s block `b` as a file stores it: its F16 scale and minimum, and its
+/// nibbles. Row `r` sits in lane `r / 2 + 4·(r % 2)` (the inverse of [`ROW_OF_LANE`]).
+fn block_in(group: &[u8], r: usize, b: usize) -> ([u8; 4], &[u8]) {
+    let at = &group[b * GROUP_BLOCK_BYTES..][..GROUP_BLOCK_BYTES];
+    let lane = r / 2 + GROUP / 2 * (r % 2);
+    let dm = [at[2 * lane], at[2 * lane + 1], at[16 + 2 * lane], at[16 + 2 * lane + 1]];
+    (dm, &at[32 + 16 * r..32 + 16 * (r + 1)])
 }
 
 /// Weight rows widened to F32 and multiplied by one work item of [`Packed::matmul_f32`]: 128
