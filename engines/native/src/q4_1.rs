@@ -1,5 +1,6 @@
-//! Q4_1 weights multiplied with AVX2, a GGUF file's blocks repacked at load for it; and, for
-//! a prompt's rows, in F32 a slice of widened weight rows at a time ([`Packed::matmul_f32`]).
+//! Q4_1 weights multiplied with AVX2 (its integer products by AVX-512 VNNI where the CPU has
+//! it), a GGUF file's blocks repacked at load for it; and, for a prompt's rows, in F32 a slice
+//! of widened weight rows at a time ([`Packed::matmul_f32`]).
 //!
 //! candle has SIMD code for Q4_0, Q8_0 and the K-quants on x86 but multiplies Q4_1 with scalar
 //! code, ten times slower; re-blocking Q4_1 as Q8_0 makes it fast but reads 8.5 bits a weight
@@ -428,55 +429,120 @@ unsafe fn quantize_block(_: &[f32], _: &mut [i8]) -> [f32; 2] {
 /// The CPU has AVX2, FMA and F16C; `w` is a whole group of `acts.blocks` block columns; rows
 /// `first..first + A` of `acts` exist.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn group<const A: usize>(w: &[u8], acts: &Q8Rows, first: usize, sums: &mut [[f32; GROUP]; A]) {
-    let (blocks, k) = (acts.blocks, acts.blocks * QK);
-    debug_assert!(w.len() == blocks * GROUP_BLOCK_BYTES && (first + A) * k <= acts.qs.len());
-    let low = _mm256_set1_epi8(0x0F);
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); A];
-    let mut mins = [_mm256_setzero_ps(); A];
-    for b in 0..blocks {
-        // SAFETY: block column `b` of the group: 160 bytes from `base`.
-        let base = unsafe { w.as_ptr().add(b * GROUP_BLOCK_BYTES) };
-        let (d_w, m_w, lo, hi) = unsafe {
-            let d_w = _mm256_cvtph_ps(_mm_loadu_si128(base.cast()));
-            let m_w = _mm256_cvtph_ps(_mm_loadu_si128(base.add(16).cast()));
-            let pairs = [0, 1, 2, 3].map(|p| _mm256_loadu_si256(base.add(32 + 32 * p).cast()));
-            let lo = pairs.map(|x| _mm256_and_si256(x, low));
-            let hi = pairs.map(|x| _mm256_and_si256(_mm256_srli_epi16(x, 4), low));
-            (d_w, m_w, lo, hi)
-        };
-        for r in 0..A {
-            let row = first + r;
-            // SAFETY: row `row` has `k` values, `b` is one of its blocks.
-            let (a_lo, a_hi) = unsafe {
-                let a = acts.qs.as_ptr().add(row * k + b * QK);
-                (
-                    _mm256_broadcastsi128_si256(_mm_loadu_si128(a.cast())),
-                    _mm256_broadcastsi128_si256(_mm_loadu_si128(a.add(16).cast())),
-                )
-            };
-            // Nibbles are below 16 and activations within ±127: the 16-bit sums stay exact.
-            let pair = |p: usize| {
-                let s =
-                    _mm256_add_epi16(_mm256_maddubs_epi16(lo[p], a_lo), _mm256_maddubs_epi16(hi[p], a_hi));
-                _mm256_madd_epi16(s, ones)
-            };
-            let total =
-                _mm256_hadd_epi32(_mm256_hadd_epi32(pair(0), pair(1)), _mm256_hadd_epi32(pair(2), pair(3)));
-            let [d_a, s_a] = acts.ds[row * blocks + b];
-            acc[r] =
-                _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d_w, _mm256_set1_ps(d_a)), acc[r]);
-            mins[r] = _mm256_fmadd_ps(m_w, _mm256_set1_ps(s_a), mins[r]);
-        }
+    // SAFETY: the caller's contract; VNNI is used where this CPU has it.
+    unsafe {
+        if vnni() { group_vnni::<A>(w, acts, first, sums) } else { group_avx2::<A>(w, acts, first, sums) }
     }
-    for r in 0..A {
-        let mut lanes = [0f32; GROUP];
-        // SAFETY: eight values into eight.
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(acc[r], mins[r])) };
-        for (lane, &v) in lanes.iter().enumerate() {
-            sums[r][ROW_OF_LANE[lane]] = v;
+}
+
+/// Whether this CPU has AVX-512 VNNI for 256-bit registers: one `vpdpbusd` then multiplies
+/// and sums four nibble-activation pairs, where AVX2 takes `vpmaddubsw`, `vpaddw` and
+/// `vpmaddwd` for two registers' worth (the same integer sums).
+#[cfg(target_arch = "x86_64")]
+fn vnni() -> bool {
+    static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *VNNI.get_or_init(|| is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl"))
+}
+
+/// [`group`] with AVX2's integer products.
+///
+/// # Safety
+/// [`group`]'s.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_avx2<const A: usize>(w: &[u8], acts: &Q8Rows, first: usize, sums: &mut [[f32; GROUP]; A]) {
+    // SAFETY: the caller's contract.
+    unsafe { group_body::<A, false>(w, acts, first, sums) }
+}
+
+/// [`group`] with AVX-512 VNNI's integer products.
+///
+/// # Safety
+/// [`group`]'s, and the CPU has AVX-512 VNNI and VL.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+unsafe fn group_vnni<const A: usize>(w: &[u8], acts: &Q8Rows, first: usize, sums: &mut [[f32; GROUP]; A]) {
+    // SAFETY: the caller's contract.
+    unsafe { group_body::<A, true>(w, acts, first, sums) }
+}
+
+/// [`group`]'s work, inlined into a caller that enables the CPU features it uses (`VNNI`:
+/// AVX-512 VNNI and VL besides AVX2, FMA and F16C).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn group_body<const A: usize, const VNNI: bool>(
+    w: &[u8],
+    acts: &Q8Rows,
+    first: usize,
+    sums: &mut [[f32; GROUP]; A],
+) {
+    // SAFETY: inlined only into `group_avx2` and `group_vnni`, whose features cover every
+    // intrinsic here (`VNNI` only in the latter); `w` is a whole group and rows
+    // `first..first + A` of `acts` exist (the caller's contract), so every read below is in bounds.
+    unsafe {
+        let (blocks, k) = (acts.blocks, acts.blocks * QK);
+        debug_assert!(w.len() == blocks * GROUP_BLOCK_BYTES && (first + A) * k <= acts.qs.len());
+        let low = _mm256_set1_epi8(0x0F);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); A];
+        let mut mins = [_mm256_setzero_ps(); A];
+        for b in 0..blocks {
+            // Block column `b` of the group: 160 bytes from `base`.
+            let base = w.as_ptr().add(b * GROUP_BLOCK_BYTES);
+            let (d_w, m_w, lo, hi) = {
+                let d_w = _mm256_cvtph_ps(_mm_loadu_si128(base.cast()));
+                let m_w = _mm256_cvtph_ps(_mm_loadu_si128(base.add(16).cast()));
+                let pairs = [0, 1, 2, 3].map(|p| _mm256_loadu_si256(base.add(32 + 32 * p).cast()));
+                let lo = pairs.map(|x| _mm256_and_si256(x, low));
+                let hi = pairs.map(|x| _mm256_and_si256(_mm256_srli_epi16(x, 4), low));
+                (d_w, m_w, lo, hi)
+            };
+            for r in 0..A {
+                let row = first + r;
+                // Row `row` has `k` values, `b` is one of its blocks.
+                let (a_lo, a_hi) = {
+                    let a = acts.qs.as_ptr().add(row * k + b * QK);
+                    (
+                        _mm256_broadcastsi128_si256(_mm_loadu_si128(a.cast())),
+                        _mm256_broadcastsi128_si256(_mm_loadu_si128(a.add(16).cast())),
+                    )
+                };
+                // Each 32-bit lane: the products of four consecutive bytes of the low nibbles and
+                // of the high ones. Nibbles are below 16 and activations within ±127, so AVX2's
+                // 16-bit sums stay exact and both ways give the same integers.
+                let pair = |p: usize| {
+                    if VNNI {
+                        let s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), lo[p], a_lo);
+                        _mm256_dpbusd_epi32(s, hi[p], a_hi)
+                    } else {
+                        let s = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(lo[p], a_lo),
+                            _mm256_maddubs_epi16(hi[p], a_hi),
+                        );
+                        _mm256_madd_epi16(s, ones)
+                    }
+                };
+                let total = _mm256_hadd_epi32(
+                    _mm256_hadd_epi32(pair(0), pair(1)),
+                    _mm256_hadd_epi32(pair(2), pair(3)),
+                );
+                let [d_a, s_a] = acts.ds[row * blocks + b];
+                acc[r] = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(total),
+                    _mm256_mul_ps(d_w, _mm256_set1_ps(d_a)),
+                    acc[r],
+                );
+                mins[r] = _mm256_fmadd_ps(m_w, _mm256_set1_ps(s_a), mins[r]);
+            }
+        }
+        for r in 0..A {
+            let mut lanes = [0f32; GROUP];
+            // Eight values into eight.
+            _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(acc[r], mins[r]));
+            for (lane, &v) in lanes.iter().enumerate() {
+                sums[r][ROW_OF_LANE[lane]] = v;
+            }
         }
     }
 }

@@ -127,3 +127,36 @@ fn other_block_types_are_left_to_candle() {
     assert!(!applies(&q));
     assert!(Packed::new(&q).is_err());
 }
+
+/// AVX-512 VNNI's integer products give AVX2's sums bit for bit (a machine may have either;
+/// the results must not depend on which), with activations at the ends of their range.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn vnni_and_avx2_give_the_same_sums() {
+    if !supported() || !vnni() {
+        eprintln!("SKIPPED: this CPU has no AVX-512 VNNI (or no AVX2/FMA/F16C)");
+        return;
+    }
+    let (rows, cols, m) = (16, 256, 4);
+    let (_, p) = packed(rows, cols);
+    // Every eighth value large, so each block's scale makes it ±127.
+    let xs: Vec<f32> =
+        (0..m * cols).map(|i| if i % 8 == 0 { 50.0 } else { (i as f32 * 0.37).sin() }).collect();
+    let acts = quantize_rows(&xs, m, cols);
+    assert!(acts.qs.iter().any(|&q| q == 127 || q == -127));
+    for g in 0..rows / GROUP {
+        let (mut a4, mut v4) = ([[0f32; GROUP]; 4], [[0f32; GROUP]; 4]);
+        let (mut a1, mut v1) = ([[0f32; GROUP]; 1], [[0f32; GROUP]; 1]);
+        // SAFETY: both features checked above; whole groups; rows 0..4 exist.
+        unsafe {
+            group_avx2::<4>(p.group(g), &acts, 0, &mut a4);
+            group_vnni::<4>(p.group(g), &acts, 0, &mut v4);
+            group_avx2::<1>(p.group(g), &acts, 3, &mut a1);
+            group_vnni::<1>(p.group(g), &acts, 3, &mut v1);
+        }
+        let bits = |v: &[[f32; GROUP]]| v.iter().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a4), bits(&v4), "group {g}, four rows");
+        assert_eq!(bits(&a1), bits(&v1), "group {g}, one row");
+        assert_eq!(bits(&a1), bits(&a4[3..]), "group {g}: a row alone as in a tile");
+    }
+}
