@@ -1,6 +1,6 @@
 //! Decode attention on the CPU: one query token per sequence, reading K and V straight from
-//! the cache through the layout's strides (an F32 cache in place, F16/BF16 a row at a time), all
-//! of a step's sequences at once.
+//! the cache through the layout's strides, block by block (an F32 cache in place, F16/BF16 a row
+//! at a time), all of a step's sequences at once.
 //!
 //! The work is split into one item per (sequence, KV head): the GQA group of query heads that
 //! share a KV head reads each K and V row once. Items run on candle's CPU thread pool (the one
@@ -96,18 +96,14 @@ impl Head<'_> {
     ) {
         let (d, len) = (self.desc.head_dim, self.len);
         let g = q.len() / d;
-        // Position `t`'s K (`kv` 0) or V row as F32: read in place where the cache holds F32,
-        // widened into `row` otherwise. All `g` query heads use it once it is read.
-        let at = |kv: usize, t: usize| {
-            let (r, o) = self.desc.token_offset(self.table, self.layer, kv, t, self.kv_head);
-            &regions[r][o..o + d]
-        };
+        // Each K or V row is read as F32: in place where the cache holds F32, widened into
+        // `row` otherwise. All `g` query heads use it once it is read.
         let Scratch { scores, row } = scratch;
         row.resize(d, 0.0);
         scores.clear();
         scores.resize(g * len, 0.0);
-        for t in 0..len {
-            let k = as_f32(at(0, t), row);
+        for (t, k) in self.rows(regions, 0).enumerate() {
+            let k = as_f32(k, row);
             for (h, qh) in q.chunks_exact(d).enumerate() {
                 scores[h * len + t] = dot(qh, k) * scale;
             }
@@ -125,8 +121,8 @@ impl Head<'_> {
             }
         }
         out.fill(0.0);
-        for t in 0..len {
-            let v = as_f32(at(1, t), row);
+        for (t, v) in self.rows(regions, 1).enumerate() {
+            let v = as_f32(v, row);
             for (h, oh) in out.chunks_exact_mut(d).enumerate() {
                 let p = scores[h * len + t];
                 for (acc, x) in oh.iter_mut().zip(v) {
@@ -134,6 +130,24 @@ impl Head<'_> {
                 }
             }
         }
+    }
+
+    /// The K (`kv` 0) or V rows of positions `0..len` in order, walked block by block: one
+    /// table entry and one offset per block, where looking each position up divides by the
+    /// block size and multiplies out every stride again.
+    fn rows<'r, T>(&self, regions: &'r [Vec<T>], kv: usize) -> impl Iterator<Item = &'r [T]> {
+        let desc = self.desc;
+        let (block_size, d) = (desc.layout.block_size, desc.head_dim);
+        let plane = desc.planes[self.layer][kv];
+        let region = &regions[plane.region];
+        let head = plane.offset + self.kv_head * desc.s_head;
+        self.table
+            .iter()
+            .flat_map(move |&block| {
+                let base = head + block as usize * desc.s_blk;
+                (0..block_size).map(move |off| &region[base + off * desc.s_tok..][..d])
+            })
+            .take(self.len)
     }
 }
 
