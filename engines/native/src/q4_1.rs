@@ -436,9 +436,10 @@ unsafe fn group<const A: usize>(w: &[u8], acts: &Q8Rows, first: usize, sums: &mu
     }
 }
 
-/// Whether this CPU has AVX-512 VNNI for 256-bit registers: one `vpdpbusd` then multiplies
-/// and sums four nibble-activation pairs, where AVX2 takes `vpmaddubsw`, `vpaddw` and
-/// `vpmaddwd` for two registers' worth (the same integer sums).
+/// Whether this CPU has AVX-512 VNNI for 256-bit registers: one `vpdpbusd` then multiplies a
+/// register of nibbles by the activations and sums each four products into a 32-bit lane,
+/// where AVX2 takes two `vpmaddubsw`, a `vpaddw` and a `vpmaddwd` for two such registers (the
+/// same integer sums).
 #[cfg(target_arch = "x86_64")]
 fn vnni() -> bool {
     static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
