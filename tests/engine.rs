@@ -134,8 +134,12 @@ fn pinned_prefill_exports_pages_that_another_layout_decodes() {
             let need = decode.import_len(len).div_ceil(64);
             assert_eq!(need, if recompute { (len - 1).div_ceil(64) } else { len.div_ceil(64) });
             let pages = pages[..need * decode.contract().page_bytes()].to_vec();
-            let kv =
-                ImportedKv { prompt_ids: ids.clone(), first_token: pinned.first_token, pages: pages.into() };
+            let kv = ImportedKv {
+                prompt_ids: ids.clone(),
+                first_token: pinned.first_token,
+                first_logprobs: None,
+                pages: pages.into(),
+            };
             let mut s = decode.submit_imported(req, kv).expect("import");
             let got = rt.block_on(async {
                 let mut v = Vec::new();

@@ -10,6 +10,11 @@ use xinf::models::ResolvedModel;
 /// float32; differences come from summation order only (SmolLM2: observed ~1e-5 relative).
 const REL_TOL: f32 = 1e-3;
 
+/// Largest allowed |log-probability difference| of a greedy token or one of its alternatives.
+/// A log-softmax moves by at most twice the largest logit difference: observed ≤ 2e-5 on the
+/// models here (float32 and half-precision checkpoints alike).
+const LOGPROB_TOL: f32 = 1e-3;
+
 fn ids(v: &serde_json::Value) -> Vec<u32> {
     v.as_array().expect("id list").iter().map(|x| x.as_u64().expect("id") as u32).collect()
 }
@@ -49,6 +54,61 @@ fn logit_gap(
     LogitGap { logits, want, max_diff, spread }
 }
 
+/// The greedy tokens' log-probabilities and their 5 most likely alternatives (the API's
+/// `logprobs`) against the reference's log-softmax, each within `tol`.
+fn check_logprobs(
+    rt: &tokio::runtime::Runtime,
+    engine: &xinf::native::NativeEngine,
+    reference: &serde_json::Value,
+    prompt_ids: Vec<u32>,
+    tol: f32,
+    key: &str,
+) {
+    let sampling = xinf::engine::SamplingParams {
+        ignore_eos: true,
+        logprobs: Some(5),
+        ..xinf::engine::SamplingParams::greedy(32)
+    };
+    let out =
+        rt.block_on(util::run(engine, "golden-logprobs", xinf::engine::Prompt::Tokens(prompt_ids), sampling));
+    assert_eq!(out.ids, ids(&reference["greedy_ids"]), "{key}: greedy tokens with log-probabilities");
+    let steps = reference["greedy_logprobs"].as_array().expect("greedy_logprobs");
+    assert_eq!(out.logprobs.len(), steps.len(), "{key}: one set of log-probabilities per token");
+    let mut worst = 0.0f32;
+    for (i, (ours, want)) in out.logprobs.iter().zip(steps).enumerate() {
+        let value = |v: &serde_json::Value| v.as_f64().expect("logprob") as f32;
+        let top: Vec<(u32, f32)> = want["top"]
+            .as_array()
+            .expect("top")
+            .iter()
+            .map(|p| (p[0].as_u64().expect("id") as u32, value(&p[1])))
+            .collect();
+        assert_eq!(ours.chosen.token_id, out.ids[i], "{key} step {i}: the chosen token");
+        let text = engine.tokenizer().decode(&[ours.chosen.token_id], false).expect("decode");
+        assert_eq!(ours.chosen.token, text, "{key} step {i}: the chosen token's text");
+        worst = worst.max((ours.chosen.logprob - value(&want["chosen"])).abs());
+        assert_eq!(ours.top.len(), 5, "{key} step {i}: alternatives");
+        for (j, (o, &(id, lp))) in ours.top.iter().zip(&top).enumerate() {
+            worst = worst.max((o.logprob - lp).abs());
+            // The same token at each rank, unless the reference's neighbours are within the
+            // tolerance of each other (then either order is right).
+            let tied = |k: usize| top.get(k).is_some_and(|&(_, v)| (v - lp).abs() <= tol);
+            let tied_before = j > 0 && tied(j - 1);
+            if !tied_before && !tied(j + 1) {
+                assert_eq!(o.token_id, id, "{key} step {i}: alternative {j}");
+            }
+        }
+        assert!(
+            ours.top.windows(2).all(|w| w[0].logprob >= w[1].logprob),
+            "{key} step {i}: most likely first"
+        );
+    }
+    eprintln!(
+        "{key}: max |Δlogprob| over 32 greedy steps and their top 5 = {worst:.3e} (tolerance {tol:.3e})"
+    );
+    assert!(worst <= tol, "{key}: log-probabilities differ by {worst} (tolerance {tol})");
+}
+
 fn check_model_with(model: &ResolvedModel, key: &str, config: serde_json::Value) {
     let reference = util::reference(model, key);
     let engine = util::engine(model, config);
@@ -70,8 +130,11 @@ fn check_model_with(model: &ResolvedModel, key: &str, config: serde_json::Value)
     assert!(max_diff <= REL_TOL * spread, "{key}: logits differ by {max_diff} (spread {spread})");
 
     // 32 greedy tokens.
-    let greedy = rt.block_on(util::greedy_ids(engine.as_ref(), "golden", prompt_ids, 32));
+    let greedy = rt.block_on(util::greedy_ids(engine.as_ref(), "golden", prompt_ids.clone(), 32));
     assert_eq!(greedy, ids(&reference["greedy_ids"]), "{key}: greedy tokens differ from transformers");
+
+    // Their log-probabilities.
+    check_logprobs(&rt, engine.as_ref(), &reference, prompt_ids, LOGPROB_TOL, key);
 
     // Chat template and chat greedy output (stops at EOS like transformers).
     for variant in ["chat", "chat_no_system"] {

@@ -45,6 +45,44 @@ pub(crate) fn complete(addr: SocketAddr, model: &str, ids: &[u32], stream: bool)
     text
 }
 
+/// One token of a completion's `logprobs`: its text, log-probability and alternatives (most
+/// likely first).
+type ScoredToken = (String, f64, Vec<(String, f64)>);
+
+/// The completions API's `logprobs` of a greedy completion of `ids` with 3 alternatives, as
+/// `(token, logprob, alternatives)` per token, streamed or not.
+fn logprobs(addr: SocketAddr, model: &str, ids: &[u32], stream: bool) -> Vec<ScoredToken> {
+    let body = json!({
+        "model": model, "prompt": ids, "max_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": true,
+        "stream": stream, "logprobs": 3,
+    });
+    let res = http::post(addr, "/v1/completions", &body);
+    assert_eq!(res.status, 200, "{model}, {} tokens: {}", ids.len(), res.text());
+    let parts: Vec<Value> = if stream {
+        let events = res.events();
+        events[..events.len().saturating_sub(1)].iter().filter_map(|e| serde_json::from_str(e).ok()).collect()
+    } else {
+        vec![res.json()]
+    };
+    let mut out = Vec::new();
+    for v in parts {
+        let l = &v["choices"][0]["logprobs"];
+        let Some(tokens) = l["tokens"].as_array() else { continue };
+        for (i, t) in tokens.iter().enumerate() {
+            let top = l["top_logprobs"][i].as_object().expect("top_logprobs");
+            let mut top: Vec<(String, f64)> =
+                top.iter().map(|(k, v)| (k.clone(), v.as_f64().expect("logprob"))).collect();
+            top.sort_by(|a, b| b.1.total_cmp(&a.1));
+            out.push((
+                t.as_str().expect("token").to_owned(),
+                l["token_logprobs"][i].as_f64().expect("logprob"),
+                top,
+            ));
+        }
+    }
+    out
+}
+
 pub(crate) fn launch(addr: SocketAddr, body: Value) {
     let res = http::post(addr, "/v1/models", &body);
     assert_eq!(res.status, 200, "{body} → {}", res.text());
@@ -100,18 +138,44 @@ fn pd_matches_the_ordinary_replica_across_layouts() {
         }
     }
 
+    // Log-probabilities: the first token's comes from the prefill side (shown before the decode
+    // side answers), the rest from the decode side; all as the ordinary replica reports them.
+    let logprob_lengths = [65, 130];
+    for n in logprob_lengths {
+        let ids = prompt(n);
+        let want = logprobs(addr, "hybrid", &ids, false);
+        assert_eq!(want.len(), NEW_TOKENS, "{n} tokens: {want:?}");
+        for (uid, _) in &deployments {
+            for stream in [false, true] {
+                let got = logprobs(addr, uid, &ids, stream);
+                assert_eq!(got.len(), want.len(), "{uid}, {n} tokens: {got:?}");
+                for ((t, lp, top), (wt, wlp, wtop)) in got.iter().zip(&want) {
+                    let close = |a: f64, b: f64| (a - b).abs() <= 1e-4;
+                    assert!(t == wt && close(*lp, *wlp), "{uid}, {n} tokens: {got:?} against {want:?}");
+                    assert_eq!(top.len(), wtop.len(), "{uid}, {n} tokens: {got:?} against {want:?}");
+                    assert!(
+                        top.iter().zip(wtop).all(|(a, b)| a.0 == b.0 && close(a.1, b.1)),
+                        "{uid}: {got:?} / {want:?}"
+                    );
+                }
+            }
+        }
+    }
+
     for (uid, _) in &deployments {
         let s = stats(addr, uid);
         let h = &s["handoff"];
         let recompute = uid.ends_with("recompute");
-        assert_eq!(h["pages_transferred"], pages(LENGTHS, recompute), "{uid}: {s}");
-        assert_eq!(h["in_process_transfers"], LENGTHS.len(), "{uid}: {s}");
+        let handoffs = LENGTHS.len() + 2 * logprob_lengths.len();
+        let moved = pages(LENGTHS, recompute) + 2 * pages(&logprob_lengths, recompute);
+        assert_eq!(h["pages_transferred"], moved, "{uid}: {s}");
+        assert_eq!(h["in_process_transfers"], handoffs, "{uid}: {s}");
         assert_eq!(h["tcp_transfers"], 0, "{uid}: {s}");
         assert_eq!(h["failed"], 0, "{uid}: {s}");
         assert_eq!(h["active_rooms"], 0, "{uid}: {s}");
         assert_eq!(s["pinned_blocks"], 0, "{uid}: {s}");
         assert!(h["bytes_transferred"].as_u64().unwrap_or(0) > 0, "{uid}: {s}");
-        assert_eq!(h["latency"]["count"], LENGTHS.len(), "{uid}: {s}");
+        assert_eq!(h["latency"]["count"], handoffs, "{uid}: {s}");
     }
     // A 1-token prompt cannot be decoded by an engine that recomputes the last prompt token.
     let res = http::post(
@@ -125,7 +189,7 @@ fn pd_matches_the_ordinary_replica_across_layouts() {
     assert!(metrics.contains("xinf_handoff_pages_total{model_uid=\"fa-to-pool\""), "{metrics}");
     // Every fetch is in the latency histogram, once, in the +Inf bucket at least.
     let labels = "model_uid=\"fa-to-pool\",model_name=\"smollm2-instruct\"";
-    let n = LENGTHS.len();
+    let n = LENGTHS.len() + 2 * logprob_lengths.len();
     assert!(metrics.contains(&format!("xinf_handoff_transfer_seconds_count{{{labels}}} {n}")), "{metrics}");
     assert!(
         metrics.contains(&format!("xinf_handoff_transfer_seconds_bucket{{{labels},le=\"+Inf\"}} {n}")),

@@ -73,10 +73,11 @@ impl Cluster {
             if !handoff::shows_first(&request.sampling, handoff.first_text.as_deref()) {
                 handoff.first_text = None;
             }
-            let first = handoff
-                .first_text
-                .clone()
-                .map(|text| TokenEvent::Delta { token_id: handoff.first_token, text });
+            let first = handoff.first_text.clone().map(|text| TokenEvent::Delta {
+                token_id: handoff.first_token,
+                text,
+                logprobs: handoff.first_logprobs.clone(),
+            });
             let leg = handoff::decode_leg(times, prefill, decode, request, handoff);
             match first {
                 Some(first) => Ok(Started::Later { first, leg: Box::pin(leg) }),

@@ -3,6 +3,7 @@
 //! Fields that OpenAI defines and xinf does not support yet are still declared, so that a
 //! request using them gets "not supported" naming the field rather than "unknown field".
 
+use crate::api::logprobs::{ChatLogprobs, TextLogprobs};
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -168,7 +169,7 @@ pub(crate) struct OutMessage {
 pub(crate) struct ChatChoice {
     pub(crate) index: u32,
     pub(crate) message: OutMessage,
-    pub(crate) logprobs: Option<()>,
+    pub(crate) logprobs: Option<ChatLogprobs>,
     pub(crate) finish_reason: &'static str,
 }
 
@@ -197,7 +198,7 @@ pub(crate) struct Delta {
 pub(crate) struct ChunkChoice {
     pub(crate) index: u32,
     pub(crate) delta: Delta,
-    pub(crate) logprobs: Option<()>,
+    pub(crate) logprobs: Option<ChatLogprobs>,
     pub(crate) finish_reason: Option<&'static str>,
 }
 
@@ -218,7 +219,7 @@ pub(crate) struct ChatChunk {
 pub(crate) struct TextChoice {
     pub(crate) index: u32,
     pub(crate) text: String,
-    pub(crate) logprobs: Option<()>,
+    pub(crate) logprobs: Option<TextLogprobs>,
     pub(crate) finish_reason: Option<&'static str>,
 }
 

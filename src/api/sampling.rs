@@ -61,6 +61,8 @@ impl SamplingFields {
             presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
             frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
             repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
+            // Each API spells it its own way (a switch and a count, or a count): set by its route.
+            logprobs: None,
         };
         params.validate()?;
         Ok(params)

@@ -5,12 +5,14 @@
 //!
 //! Events: `data: {chunk}\n\n` for every chunk, then `data: [DONE]\n\n`. Chat streams start
 //! with a chunk whose delta is `{"role": "assistant", "content": ""}`; empty text deltas (a
-//! multi-byte character or a possible stop string still pending) are not sent; the last chunk
+//! multi-byte character or a possible stop string still pending) are not sent unless they carry
+//! a token's log-probabilities (the request asked for them: one token per chunk); the last chunk
 //! carries `finish_reason`; with `stream_options.include_usage` a chunk with `choices: []` and
 //! the token counts follows it. An error after the stream started is sent as
 //! `data: {"error": {...}}` followed by `data: [DONE]`.
 
 use crate::api::error::Problem;
+use crate::api::logprobs::{self, ChatLogprobs, TextLogprobs};
 use crate::api::openai::{ChatChunk, ChunkChoice, Completion, Delta, TextChoice, UsageOut};
 use actix_web::HttpResponse;
 use actix_web::http::header;
@@ -18,7 +20,7 @@ use actix_web::web::Bytes;
 use futures::{Stream, StreamExt};
 use serde::Serialize;
 use std::convert::Infallible;
-use xinf_engine::{EngineError, FinishReason, TokenEvent, TokenStream, Usage};
+use xinf_engine::{EngineError, FinishReason, TokenEvent, TokenLogprobs, TokenStream, Usage};
 
 /// Which OpenAI API a stream answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +59,8 @@ struct EventState {
     include_usage: bool,
     lang: &'static str,
     phase: Phase,
+    /// Characters of completion text the tokens so far account for (`text_offset`).
+    offset: usize,
 }
 
 fn event<T: Serialize>(value: &T) -> Bytes {
@@ -68,35 +72,64 @@ fn event<T: Serialize>(value: &T) -> Bytes {
 }
 
 impl EventState {
-    fn chat_chunk(&self, delta: Delta, finish: Option<&'static str>) -> Bytes {
+    fn chat_chunk(
+        &self,
+        delta: Delta,
+        logprobs: Option<ChatLogprobs>,
+        finish: Option<&'static str>,
+    ) -> Bytes {
         event(&ChatChunk {
             id: self.meta.id.clone(),
             object: "chat.completion.chunk",
             created: self.meta.created,
             model: self.meta.model.clone(),
-            choices: vec![ChunkChoice { index: 0, delta, logprobs: None, finish_reason: finish }],
+            choices: vec![ChunkChoice { index: 0, delta, logprobs, finish_reason: finish }],
             usage: None,
         })
     }
 
-    fn text_chunk(&self, text: String, finish: Option<&'static str>) -> Bytes {
+    fn text_chunk(
+        &self,
+        text: String,
+        logprobs: Option<TextLogprobs>,
+        finish: Option<&'static str>,
+    ) -> Bytes {
         event(&Completion {
             id: self.meta.id.clone(),
             object: "text_completion",
             created: self.meta.created,
             model: self.meta.model.clone(),
-            choices: vec![TextChoice { index: 0, text, logprobs: None, finish_reason: finish }],
+            choices: vec![TextChoice { index: 0, text, logprobs, finish_reason: finish }],
             usage: None,
         })
     }
 
-    fn content(&self, text: String, finish: Option<&'static str>) -> Bytes {
+    /// A chunk of `text`, with one token's log-probabilities when it has them.
+    fn content(
+        &mut self,
+        text: String,
+        token: Option<&TokenLogprobs>,
+        finish: Option<&'static str>,
+    ) -> Bytes {
         match self.flavor {
             Flavor::Chat => {
                 let content = (!text.is_empty()).then_some(text);
-                self.chat_chunk(Delta { role: None, content }, finish)
+                let logprobs = token.map(|t| {
+                    let mut l = ChatLogprobs::default();
+                    l.push(t);
+                    l
+                });
+                self.chat_chunk(Delta { role: None, content }, logprobs, finish)
             }
-            Flavor::Completion => self.text_chunk(text, finish),
+            Flavor::Completion => {
+                let logprobs = token.map(|t| {
+                    let mut l = TextLogprobs::default();
+                    l.push(t, self.offset);
+                    self.offset += logprobs::width(t);
+                    l
+                });
+                self.text_chunk(text, logprobs, finish)
+            }
         }
     }
 
@@ -135,19 +168,19 @@ impl EventState {
                     self.phase = Phase::Tokens;
                     if self.flavor == Flavor::Chat {
                         let delta = Delta { role: Some("assistant"), content: Some(String::new()) };
-                        return Some(self.chat_chunk(delta, None));
+                        return Some(self.chat_chunk(delta, None, None));
                     }
                 }
                 Phase::Tokens => match self.tokens.next().await {
-                    Some(Ok(TokenEvent::Delta { text, .. })) => {
+                    Some(Ok(TokenEvent::Delta { text, logprobs, .. })) => {
                         self.phase = Phase::Tokens;
-                        if !text.is_empty() {
-                            return Some(self.content(text, None));
+                        if !text.is_empty() || logprobs.is_some() {
+                            return Some(self.content(text, logprobs.as_deref(), None));
                         }
                     }
                     Some(Ok(TokenEvent::Finished { reason, usage })) => {
                         self.phase = if self.include_usage { Phase::Usage(usage) } else { Phase::Done };
-                        return Some(self.content(String::new(), Some(finish_name(reason))));
+                        return Some(self.content(String::new(), None, Some(finish_name(reason))));
                     }
                     Some(Err(e)) => {
                         self.phase = Phase::Done;
@@ -181,7 +214,7 @@ pub(crate) fn events(
     include_usage: bool,
     lang: &'static str,
 ) -> impl Stream<Item = Result<Bytes, Infallible>> + 'static {
-    let state = EventState { tokens, flavor, meta, include_usage, lang, phase: Phase::Role };
+    let state = EventState { tokens, flavor, meta, include_usage, lang, phase: Phase::Role, offset: 0 };
     futures::stream::unfold(state, |mut state| async move {
         let bytes = state.next_event().await?;
         Some((Ok(bytes), state))
@@ -211,15 +244,45 @@ pub(crate) struct Collected {
     pub(crate) text: String,
     pub(crate) finish: FinishReason,
     pub(crate) usage: Usage,
+    /// Each token's log-probabilities, when the request asked for them.
+    pub(crate) logprobs: Vec<TokenLogprobs>,
+}
+
+impl Collected {
+    /// Chat's `logprobs` of the choice: `None` when the request did not ask for them.
+    pub(crate) fn chat_logprobs(&self, asked: bool) -> Option<ChatLogprobs> {
+        asked.then(|| {
+            let mut l = ChatLogprobs::default();
+            self.logprobs.iter().for_each(|t| l.push(t));
+            l
+        })
+    }
+
+    /// The completions API's `logprobs` of the choice: `None` when the request did not ask.
+    pub(crate) fn text_logprobs(&self, asked: bool) -> Option<TextLogprobs> {
+        asked.then(|| {
+            let (mut l, mut offset) = (TextLogprobs::default(), 0);
+            for t in &self.logprobs {
+                l.push(t, offset);
+                offset += logprobs::width(t);
+            }
+            l
+        })
+    }
 }
 
 /// Runs a token stream to its end.
 pub(crate) async fn collect(mut tokens: TokenStream) -> Result<Collected, EngineError> {
-    let mut text = String::new();
+    let (mut text, mut logprobs) = (String::new(), Vec::new());
     while let Some(event) = tokens.next().await {
         match event? {
-            TokenEvent::Delta { text: t, .. } => text.push_str(&t),
-            TokenEvent::Finished { reason, usage } => return Ok(Collected { text, finish: reason, usage }),
+            TokenEvent::Delta { text: t, logprobs: l, .. } => {
+                text.push_str(&t);
+                logprobs.extend(l.map(|l| *l));
+            }
+            TokenEvent::Finished { reason, usage } => {
+                return Ok(Collected { text, finish: reason, usage, logprobs });
+            }
         }
     }
     Err(unfinished())

@@ -9,6 +9,9 @@ Output JSON:
   last_logits                  float32 logits at the last prompt position (full vocab)
   greedy_ids                   32 greedy tokens after the prompt (argmax, no EOS stop)
   greedy_margins               top1-top2 logit gap at each of those 32 steps (near-tie hint)
+  greedy_logprobs              at each of those steps, the log-softmax (float64) of the logits:
+                               {"chosen": logprob of the greedy token, "top": [[id, logprob]]
+                               of the 5 most likely}
   chat / chat_no_system        chat_text, chat_ids, chat_greedy_ids (<=24 tokens, stops at
                                eos, eos included if produced), chat_greedy_text
                                (skip_special_tokens), chat_greedy_margins
@@ -46,10 +49,12 @@ def floats(t):
 
 @torch.no_grad()
 def greedy(model, ids, n, eos=None):
-    """Argmax decode n tokens with the KV cache; stop after eos if given. Returns (ids, margins)."""
+    """Argmax decode n tokens with the KV cache; stop after eos if given.
+
+    Returns (ids, margins, logprobs): logprobs as described for greedy_logprobs."""
     # transformers >= 5.x renamed the cache argument/output past_key_values -> cache
     kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    out, margins, past = [], [], None
+    out, margins, logprobs, past = [], [], [], None
     x = torch.tensor([ids])
     for _ in range(n):
         r = model(input_ids=x, use_cache=True, **{kw: past})
@@ -58,10 +63,14 @@ def greedy(model, ids, n, eos=None):
         tok = int(top.indices[0])
         out.append(tok)
         margins.append(float(top.values[0] - top.values[1]))
+        lp = torch.log_softmax(logits.double(), -1)
+        top5 = torch.topk(lp, 5)
+        logprobs.append({"chosen": float(lp[tok]),
+                         "top": [[int(i), float(v)] for v, i in zip(top5.values, top5.indices)]})
         if eos is not None and tok == eos:
             break
         x = torch.tensor([[tok]])
-    return out, margins
+    return out, margins, logprobs
 
 
 def chat(model, tok, messages, n=24):
@@ -71,7 +80,7 @@ def chat(model, tok, messages, n=24):
     ids = [int(i) for i in ids]
     # the template text already carries special tokens; re-tokenizing it must agree
     assert ids == tok(text, add_special_tokens=False)["input_ids"], "chat ids != tokenize(chat_text)"
-    gen, margins = greedy(model, ids, n, eos=tok.eos_token_id)
+    gen, margins, _ = greedy(model, ids, n, eos=tok.eos_token_id)
     return {"chat_text": text, "chat_ids": ids, "chat_greedy_ids": gen,
             "chat_greedy_text": tok.decode(gen, skip_special_tokens=True),
             "chat_greedy_margins": margins}
@@ -94,7 +103,7 @@ def main():
     assert len(prompt_ids) >= 100, len(prompt_ids)
     with torch.no_grad():
         last_logits = model(input_ids=torch.tensor([prompt_ids])).logits[0, -1]
-    greedy_ids, greedy_margins = greedy(model, prompt_ids, 32)
+    greedy_ids, greedy_margins, greedy_logprobs = greedy(model, prompt_ids, 32)
 
     res = {
         "model": os.path.basename(os.path.normpath(a.model)) + (f"/{a.gguf_file}" if a.gguf_file else ""),
@@ -104,6 +113,7 @@ def main():
         "greedy_ids": greedy_ids,
         "greedy_text": tok.decode(greedy_ids),
         "greedy_margins": greedy_margins,
+        "greedy_logprobs": greedy_logprobs,
         "chat": chat(model, tok, [SYSTEM, USER]),
         "chat_no_system": chat(model, tok, [USER]),
         "config": {

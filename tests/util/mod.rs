@@ -157,6 +157,8 @@ pub struct Output {
     pub ids: Vec<u32>,
     pub text: String,
     pub finish: Option<xinf::engine::FinishReason>,
+    /// Each token's log-probabilities, when the request asked for them.
+    pub logprobs: Vec<xinf::engine::TokenLogprobs>,
 }
 
 /// Runs a request to the end.
@@ -165,12 +167,13 @@ pub async fn run(engine: &dyn Engine, id: &str, prompt: Prompt, sampling: Sampli
     let mut s = engine
         .submit(GenerateRequest { request_id: id.into(), prompt, sampling })
         .unwrap_or_else(|e| panic!("submit {id}: {e:?}"));
-    let mut out = Output { ids: Vec::new(), text: String::new(), finish: None };
+    let mut out = Output { ids: Vec::new(), text: String::new(), finish: None, logprobs: Vec::new() };
     while let Some(ev) = s.next().await {
         match ev.unwrap_or_else(|e| panic!("request {id}: {e:?}")) {
-            TokenEvent::Delta { token_id, text } => {
+            TokenEvent::Delta { token_id, text, logprobs } => {
                 out.ids.push(token_id);
                 out.text.push_str(&text);
+                out.logprobs.extend(logprobs.map(|l| *l));
             }
             TokenEvent::Finished { reason, .. } => out.finish = Some(reason),
         }

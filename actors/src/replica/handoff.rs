@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::OnceCell;
-use xinf_engine::{Engine, EngineError, ModelContract};
+use xinf_engine::{Engine, EngineError, ModelContract, TokenLogprobs};
 use xinf_transfer::device::{DeviceLease, DeviceRoute, KvDevice};
 use xinf_transfer::sync::lock;
 use xinf_transfer::transport::{self, Endpoint, PageProvider, PageServer, TransferError};
@@ -45,6 +45,8 @@ pub(crate) struct Handoff {
     ///
     /// [`PinnedPrefill`]: xinf_engine::PinnedPrefill
     pub(crate) first_text: Option<String>,
+    /// The first token's log-probabilities, when the request asked for them.
+    pub(crate) first_logprobs: Option<Box<TokenLogprobs>>,
     /// Canonical pages in the room: `ceil(prompt / 64)`.
     pub(crate) pages: u32,
     /// Where the pages are fetched from.
@@ -438,6 +440,7 @@ impl HandoffSide {
                 prompt_ids: pinned.prompt_ids,
                 first_token: pinned.first_token,
                 first_text: pinned.first_text,
+                first_logprobs: pinned.first_logprobs,
                 pages,
                 endpoint,
                 contract: engine.contract().clone(),

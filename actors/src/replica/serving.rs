@@ -109,7 +109,7 @@ mod tests {
     use xinf_engine::Usage;
 
     fn delta() -> Result<TokenEvent, EngineError> {
-        Ok(TokenEvent::Delta { token_id: 1, text: "a".into() })
+        Ok(TokenEvent::Delta { token_id: 1, text: "a".into(), logprobs: None })
     }
 
     #[test]

@@ -59,7 +59,7 @@ pub(super) fn open_after_first(
 ) -> TokenStream {
     let (tx, rx) = mpsc::channel::<Result<TokenEvent, EngineError>>(64);
     let shown = match &first {
-        TokenEvent::Delta { token_id, text } => Some((*token_id, text.clone())),
+        TokenEvent::Delta { token_id, text, .. } => Some((*token_id, text.clone())),
         TokenEvent::Finished { .. } => None,
     };
     tokio::spawn(async move {
@@ -136,7 +136,7 @@ async fn pump(
                 Ok(batch) => {
                     for event in batch.events {
                         if let Some((token, text)) = shown.take()
-                            && let Ok(TokenEvent::Delta { token_id, text: again }) = &event
+                            && let Ok(TokenEvent::Delta { token_id, text: again, .. }) = &event
                             && *token_id == token
                         {
                             if *again != text {

@@ -20,7 +20,10 @@ pub use config::{
 pub use contract::{KvDtype, ModelContract};
 pub use error::{EngineError, ErrorClass};
 pub use loader::{EngineLoader, Engines, ModelSource};
-pub use request::{ChatMessage, FinishReason, GenerateRequest, Prompt, SamplingParams, TokenEvent, Usage};
+pub use request::{
+    ChatMessage, FinishReason, GenerateRequest, Logprob, MAX_TOP_LOGPROBS, Prompt, SamplingParams,
+    TokenEvent, TokenLogprobs, Usage,
+};
 
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
@@ -36,7 +39,7 @@ pub use xinf_transfer::PAGE_TOKENS;
 pub type TokenStream = BoxStream<'static, Result<TokenEvent, EngineError>>;
 
 /// A prompt whose KV cache an engine holds pinned for export.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PinnedPrefill {
     /// The request id the KV is pinned under; [`Engine::release_pinned`] frees it.
     pub request_id: String,
@@ -48,6 +51,8 @@ pub struct PinnedPrefill {
     /// prefill ended by its length (not a stop token), the request has no stop strings, and
     /// the text is whole (no partial character). `None` where the engine cannot tell.
     pub first_text: Option<String>,
+    /// The first token's log-probabilities, when the request asked for them.
+    pub first_logprobs: Option<Box<TokenLogprobs>>,
     /// Set by an engine that publishes the room itself, in its own process (an engine server
     /// through xinf's KV connector): where decode sides fetch the pages. `None`: the replica
     /// publishes the room and serves the pages out of [`Engine::export_pages`].
@@ -95,6 +100,9 @@ pub struct ImportedKv {
     /// The prefill side's first sampled token. An engine that does not recompute the last
     /// prompt token emits it as its first output.
     pub first_token: u32,
+    /// The first token's log-probabilities as the prefill side reported them, for an engine
+    /// that emits it.
+    pub first_logprobs: Option<Box<TokenLogprobs>>,
     /// `ceil(import_len / 64)` canonical pages (see [`Engine::import_len`]), back to back, as
     /// raw words of the KV dtype.
     pub pages: KvPages,

@@ -59,7 +59,15 @@ pub struct SamplingParams {
     pub frequency_penalty: f32,
     /// Multiplicative repetition penalty (1 disables), over prompt and output tokens.
     pub repetition_penalty: f32,
+    /// Log-probabilities reported with each generated token: `Some(n)` reports the chosen
+    /// token's and the `n` most likely tokens' (`n` at most [`MAX_TOP_LOGPROBS`]); `None`
+    /// reports none. They are the model's own distribution (a log-softmax of its logits), before
+    /// penalties, temperature or any filter, as vLLM reports them.
+    pub logprobs: Option<usize>,
 }
+
+/// The most alternatives a token's [`TokenLogprobs`] may list (OpenAI's and vLLM's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
 
 impl Default for SamplingParams {
     fn default() -> Self {
@@ -76,6 +84,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
+            logprobs: None,
         }
     }
 }
@@ -129,6 +138,9 @@ impl SamplingParams {
         if self.stop.len() > 16 {
             return Err(EngineError::invalid("stop", "at most 16 stop strings"));
         }
+        if self.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
+            return Err(EngineError::invalid("logprobs", format!("must be at most {MAX_TOP_LOGPROBS}")));
+        }
         Ok(())
     }
 }
@@ -176,8 +188,29 @@ pub struct Usage {
     pub completion_tokens: usize,
 }
 
+/// One token's log-probability under the model, with the token's own text.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Logprob {
+    /// The token id.
+    pub token_id: u32,
+    /// The token decoded alone (a piece of a multi-byte character decodes to U+FFFD).
+    pub token: String,
+    /// Its natural log-probability.
+    pub logprob: f32,
+}
+
+/// The log-probabilities that come with a generated token when the request asked for them
+/// ([`SamplingParams::logprobs`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenLogprobs {
+    /// The generated token's.
+    pub chosen: Logprob,
+    /// The most likely tokens', most likely first (ties by token id), as many as were asked.
+    pub top: Vec<Logprob>,
+}
+
 /// What a running request reports.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum TokenEvent {
     /// A new token and the text it completes (possibly empty while a multi-byte character or a
     /// possible stop string is pending).
@@ -186,6 +219,9 @@ pub enum TokenEvent {
         token_id: u32,
         /// New text.
         text: String,
+        /// The token's log-probabilities, when the request asked for them; `None` also on the
+        /// text a stream flushes at its end, which is no new token.
+        logprobs: Option<Box<TokenLogprobs>>,
     },
     /// The request ended.
     Finished {

@@ -110,6 +110,15 @@ impl ServerEngine {
     /// engine's), before a connection is made.
     fn check(&self, request: &GenerateRequest, prompt_len: usize) -> Result<usize, EngineError> {
         request.sampling.validate()?;
+        if request.sampling.logprobs.is_some() {
+            return Err(EngineError::invalid(
+                "logprobs",
+                format!(
+                    "log-probabilities are not reported by {} replicas yet (the native engine reports them)",
+                    self.flavor
+                ),
+            ));
+        }
         let context = self.contract.context_length;
         let max_tokens = request.sampling.max_tokens.unwrap_or(context.saturating_sub(prompt_len));
         if prompt_len + max_tokens > context || max_tokens == 0 {
@@ -472,6 +481,7 @@ impl PrefillLeg {
             prompt_ids: ids,
             first_token: answer.first_token,
             first_text: answer.first_text,
+            first_logprobs: None,
             remote: Some(remote),
         })
     }

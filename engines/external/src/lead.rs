@@ -19,7 +19,8 @@ pub(crate) fn lead_first(stream: TokenStream, token_id: u32, text: String) -> To
         lead: Option<TokenEvent>,
         pending: Option<Event>,
     }
-    let state = State { stream, lead: Some(TokenEvent::Delta { token_id, text }), pending: None };
+    let state =
+        State { stream, lead: Some(TokenEvent::Delta { token_id, text, logprobs: None }), pending: None };
     Box::pin(futures::stream::unfold(state, |mut s| async move {
         if let Some(event) = s.pending.take() {
             return Some((event, s));
@@ -54,7 +55,7 @@ mod tests {
     use xinf_engine::{FinishReason, Usage};
 
     fn delta(token_id: u32, text: &str) -> TokenEvent {
-        TokenEvent::Delta { token_id, text: text.into() }
+        TokenEvent::Delta { token_id, text: text.into(), logprobs: None }
     }
 
     #[tokio::test]

@@ -148,7 +148,7 @@ impl Progress {
         for (i, token_id) in chunk.token_ids.into_iter().enumerate() {
             let text = if i + 1 == n { std::mem::take(&mut self.pending_text) } else { String::new() };
             emitted.fetch_add(1, Ordering::Relaxed);
-            if tx.send(Ok(TokenEvent::Delta { token_id, text })).await.is_err() {
+            if tx.send(Ok(TokenEvent::Delta { token_id, text, logprobs: None })).await.is_err() {
                 // Nobody reads any more: stop, which drops the response and aborts upstream.
                 return Err(EngineError::Aborted);
             }

@@ -102,7 +102,7 @@ async fn collect(engine: &dyn Engine, req: GenerateRequest) -> (Vec<u32>, String
     let (mut ids, mut text, mut reason) = (Vec::new(), String::new(), None);
     while let Some(event) = stream.next().await {
         match event.expect("event") {
-            TokenEvent::Delta { token_id, text: t } => {
+            TokenEvent::Delta { token_id, text: t, .. } => {
                 ids.push(token_id);
                 text.push_str(&t);
             }
@@ -141,6 +141,11 @@ fn both_engines_serve_through_their_servers_and_stop_with_the_replica() {
         big.sampling.max_tokens = Some(200_000);
         let err = engine.submit(big).err().expect("context check");
         assert!(matches!(err, EngineError::ContextLength { .. }), "{err}");
+        // Log-probabilities are not asked of the servers yet: refused by name, before a call.
+        let mut scored = request("l", "hello", 1);
+        scored.sampling.logprobs = Some(2);
+        let err = engine.submit(scored).err().expect("logprobs refused");
+        assert!(err.to_string().contains("logprobs"), "{flavor}: {err}");
 
         // Abort: the caller sees Finished(abort) and the server sees its client go away.
         let stream = engine.submit(request("c", "the mat", 200)).expect("submit");

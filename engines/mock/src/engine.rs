@@ -9,8 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use xinf_engine::{
-    Engine, EngineError, EngineStats, FinishReason, GenerateRequest, ImportedKv, KvDtype, KvPages,
-    MockConfig, MockFaults, ModelContract, PinnedPrefill, Prompt, RemoteKv, TokenEvent, TokenStream, Usage,
+    Engine, EngineError, EngineStats, FinishReason, GenerateRequest, ImportedKv, KvDtype, KvPages, Logprob,
+    MockConfig, MockFaults, ModelContract, PinnedPrefill, Prompt, RemoteKv, TokenEvent, TokenLogprobs,
+    TokenStream, Usage,
 };
 use xinf_transfer::sync::lock;
 use xinf_transfer::{LayoutDescriptor, pages_for};
@@ -43,6 +44,13 @@ fn token_at(h: u64, i: usize) -> u32 {
 
 fn token_text(id: u32) -> String {
     char::from(u8::try_from(id.saturating_sub(BYTE_BASE)).unwrap_or(b'?')).to_string()
+}
+
+/// The log-probabilities of a mock token: its output is certain (log-probability 0), and no
+/// other token is possible, so it is also the only alternative listed.
+fn certain(id: u32) -> Box<TokenLogprobs> {
+    let chosen = Logprob { token_id: id, token: token_text(id), logprob: 0.0 };
+    Box::new(TokenLogprobs { top: vec![chosen.clone()], chosen })
 }
 
 /// A prompt held for export.
@@ -89,6 +97,8 @@ struct Run {
     prompt: Vec<u32>,
     max_tokens: usize,
     table: Vec<u32>,
+    /// Whether each token comes with its log-probabilities.
+    logprobs: bool,
 }
 
 /// The host memory a mock engine's KV cache takes: f16 K and V of every layer per token.
@@ -177,7 +187,13 @@ impl MockEngine {
         let Some(table) = inner.cache.allocate(prompt.len() + max_tokens) else {
             return Err(EngineError::Overloaded { queued: inner.running.len(), limit: inner.running.len() });
         };
-        Ok(Run { request_id: request.request_id.clone(), prompt, max_tokens, table })
+        Ok(Run {
+            request_id: request.request_id.clone(),
+            prompt,
+            max_tokens,
+            table,
+            logprobs: request.sampling.logprobs.is_some(),
+        })
     }
 
     /// Streams a run's tokens; the run's blocks are freed when the stream ends or is dropped.
@@ -192,7 +208,7 @@ impl MockEngine {
         let step = Duration::from_millis(self.faults.step_ms.unwrap_or(0));
         let fail_after = self.faults.fail_after_tokens;
         let (hash, prompt_tokens) = (prompt_hash(&run.prompt), run.prompt.len());
-        let (max_tokens, inner) = (run.max_tokens, self.inner.clone());
+        let (max_tokens, inner, logprobs) = (run.max_tokens, self.inner.clone(), run.logprobs);
         let state = (0usize, false, guard);
         Box::pin(futures::stream::unfold(state, move |(i, done, guard)| {
             let (cancel, inner) = (cancel.clone(), inner.clone());
@@ -216,7 +232,8 @@ impl MockEngine {
                 }
                 lock(&inner).generated_tokens += 1;
                 let token_id = token_at(hash, i);
-                let delta = TokenEvent::Delta { token_id, text: token_text(token_id) };
+                let logprobs = logprobs.then(|| certain(token_id));
+                let delta = TokenEvent::Delta { token_id, text: token_text(token_id), logprobs };
                 Some((Ok(delta), (i + 1, false, guard)))
             }
         }))
@@ -358,8 +375,12 @@ impl Engine for MockEngine {
             let (pages, _) = xinf_transfer::transport::fetch(&kv.endpoint, kv.room, 0, need, policy, timeout)
                 .await
                 .map_err(|e| EngineError::Import(e.to_string()))?;
-            let imported =
-                ImportedKv { prompt_ids: kv.prompt_ids, first_token: kv.first_token, pages: pages.into() };
+            let imported = ImportedKv {
+                prompt_ids: kv.prompt_ids,
+                first_token: kv.first_token,
+                first_logprobs: None,
+                pages: pages.into(),
+            };
             this.submit_imported(request, imported)
         };
         Ok(Box::pin(futures::stream::once(fetched).flat_map(|started| match started {
@@ -420,6 +441,7 @@ impl MockEngine {
             prompt_ids: run.prompt,
             first_token,
             first_text,
+            first_logprobs: request.sampling.logprobs.map(|_| certain(first_token)),
             remote: None,
         })
     }

@@ -42,6 +42,7 @@ async fn handoff(
     let kv = ImportedKv {
         prompt_ids: pinned.prompt_ids,
         first_token: pinned.first_token,
+        first_logprobs: None,
         pages: KvPages::Host(pages),
     };
     let (text, error) = collect(decode.submit_imported(req, kv)?).await;
@@ -94,6 +95,7 @@ async fn a_page_that_moved_wrong_is_refused_naming_it() {
     let kv = ImportedKv {
         prompt_ids: pinned.prompt_ids.clone(),
         first_token: pinned.first_token,
+        first_logprobs: None,
         pages: pages.into(),
     };
     let e = decode.submit_imported(req.clone(), kv).err().expect("refused");
@@ -101,6 +103,7 @@ async fn a_page_that_moved_wrong_is_refused_naming_it() {
     let short = ImportedKv {
         prompt_ids: pinned.prompt_ids,
         first_token: pinned.first_token,
+        first_logprobs: None,
         pages: vec![0; 5].into(),
     };
     assert!(decode.submit_imported(req, short).is_err());

@@ -30,6 +30,7 @@ mod engine;
 mod gpu;
 mod kv_cache;
 mod loader;
+mod logprobs;
 pub mod memory;
 mod model;
 mod options;

@@ -423,7 +423,12 @@ fn pages_move_between_gpu_engines() {
             // GPU → GPU (FlashAttention HND → token pool), then greedy on.
             let mut sampling = SamplingParams::greedy(12);
             sampling.ignore_eos = true;
-            let kv = ImportedKv { prompt_ids: ids.clone(), first_token: pg.first_token, pages: bg.into() };
+            let kv = ImportedKv {
+                prompt_ids: ids.clone(),
+                first_token: pg.first_token,
+                first_logprobs: None,
+                pages: bg.into(),
+            };
             let stream = gpu2
                 .submit_imported(
                     GenerateRequest {

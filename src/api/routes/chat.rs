@@ -7,7 +7,7 @@ use crate::api::sampling::WithSampling;
 use crate::api::sse::Flavor;
 use actix_web::HttpRequest;
 use serde_json::Value;
-use xinf_engine::{ChatMessage, GenerateRequest, Prompt};
+use xinf_engine::{ChatMessage, GenerateRequest, MAX_TOP_LOGPROBS, Prompt};
 
 /// Content part types that carry something other than text.
 const MULTIMODAL_PARTS: &[&str] =
@@ -17,9 +17,11 @@ impl GenerationRequest for ChatCompletionRequest {
     fn generation(req: &HttpRequest, body: WithSampling<Self>) -> Result<Generation, Problem> {
         let WithSampling { mut sampling, rest: r } = body;
         refuse_unsupported(&r)?;
+        let logprobs = logprobs(&r)?;
         let messages = messages(r.messages)?;
         sampling.max_tokens = r.max_completion_tokens.or(sampling.max_tokens);
-        let sampling = sampling.into_params()?;
+        let mut sampling = sampling.into_params()?;
+        sampling.logprobs = logprobs;
         let request_id = request_id(req, r.request_id, "chatcmpl")?;
         Ok(Generation {
             model: r.model,
@@ -31,13 +33,24 @@ impl GenerationRequest for ChatCompletionRequest {
     }
 }
 
+/// The alternatives to report with each token's log-probability (`top_logprobs`), when
+/// `logprobs` is true; `None` when it is not.
+fn logprobs(r: &ChatCompletionRequest) -> Result<Option<usize>, Problem> {
+    let top = r.top_logprobs.unwrap_or(0);
+    if top > MAX_TOP_LOGPROBS as u64 {
+        return Err(Problem::field("top_logprobs", "api-logprobs-too-many", "invalid_value"));
+    }
+    match r.logprobs {
+        Some(true) => Ok(Some(top as usize)),
+        // As OpenAI: alternatives are only listed beside the chosen token's log-probability.
+        _ if top > 0 => {
+            Err(Problem::field("top_logprobs", "api-top-logprobs-without-logprobs", "invalid_value"))
+        }
+        _ => Ok(None),
+    }
+}
+
 fn refuse_unsupported(r: &ChatCompletionRequest) -> Result<(), Problem> {
-    if r.logprobs == Some(true) {
-        return Err(Problem::field("logprobs", "api-logprobs-unsupported", "unsupported_parameter"));
-    }
-    if r.top_logprobs.is_some_and(|k| k > 0) {
-        return Err(Problem::field("top_logprobs", "api-logprobs-unsupported", "unsupported_parameter"));
-    }
     if let Some(format) = &r.response_format {
         match format.get("type").and_then(Value::as_str) {
             Some("text") => {}

@@ -7,7 +7,7 @@ use crate::api::sampling::WithSampling;
 use crate::api::sse::Flavor;
 use actix_web::HttpRequest;
 use serde_json::Value;
-use xinf_engine::{GenerateRequest, Prompt};
+use xinf_engine::{GenerateRequest, MAX_TOP_LOGPROBS, Prompt};
 
 /// OpenAI's default `max_tokens` for completions.
 const DEFAULT_MAX_TOKENS: usize = 16;
@@ -24,15 +24,17 @@ impl GenerationRequest for CompletionRequest {
         if r.best_of.is_some_and(|b| b != 1) {
             return Err(Problem::field("best_of", "api-n-unsupported", "unsupported_parameter"));
         }
-        if r.logprobs.is_some() {
-            return Err(Problem::field("logprobs", "api-logprobs-unsupported", "unsupported_parameter"));
+        if r.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS as u64) {
+            return Err(Problem::field("logprobs", "api-logprobs-too-many", "invalid_value"));
         }
         if is_set(&r.logit_bias) {
             return Err(Problem::field("logit_bias", "api-logit-bias-unsupported", "unsupported_parameter"));
         }
         let prompt = prompt(r.prompt)?;
         sampling.max_tokens.get_or_insert(DEFAULT_MAX_TOKENS);
-        let sampling = sampling.into_params()?;
+        let mut sampling = sampling.into_params()?;
+        // The count was checked above.
+        sampling.logprobs = r.logprobs.map(|n| n as usize);
         let request_id = request_id(req, r.request_id, "cmpl")?;
         Ok(Generation {
             model: r.model,

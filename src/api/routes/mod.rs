@@ -236,6 +236,7 @@ async fn generate(state: &AppState, req: &HttpRequest, job: Generation) -> Resul
     // The request span is born here; the service call runs inside it.
     let span = tracing::info_span!(target: "xinf::api", "request", request_id = %meta.id, model = %job.model);
     tracing::debug!(parent: &span, stream = job.stream, "generate");
+    let asked_logprobs = job.request.sampling.logprobs.is_some();
     let tokens = state
         .service
         .generate(&job.model, job.request)
@@ -273,8 +274,8 @@ async fn generate(state: &AppState, req: &HttpRequest, job: Generation) -> Resul
             model: meta.model,
             choices: vec![ChatChoice {
                 index: 0,
+                logprobs: out.chat_logprobs(asked_logprobs),
                 message: OutMessage { role: "assistant", content: out.text },
-                logprobs: None,
                 finish_reason: finish,
             }],
             usage,
@@ -286,8 +287,8 @@ async fn generate(state: &AppState, req: &HttpRequest, job: Generation) -> Resul
             model: meta.model,
             choices: vec![TextChoice {
                 index: 0,
+                logprobs: out.text_logprobs(asked_logprobs),
                 text: out.text,
-                logprobs: None,
                 finish_reason: Some(finish),
             }],
             usage: Some(usage),

@@ -118,7 +118,12 @@ pub(super) async fn fetch(
         }
         .map_err(|e| ActorError::Transfer(e.to_string()))?;
         received.count(need, &pages, kind, started.elapsed().as_secs_f64());
-        Ok(ImportedKv { prompt_ids: handoff.prompt_ids, first_token: handoff.first_token, pages })
+        Ok(ImportedKv {
+            prompt_ids: handoff.prompt_ids,
+            first_token: handoff.first_token,
+            first_logprobs: handoff.first_logprobs,
+            pages,
+        })
     }
     .await;
     if result.is_err() {

@@ -4,7 +4,7 @@ use super::*;
 use xinf_engine::{FinishReason, Usage};
 
 fn delta(id: u32) -> Result<TokenEvent, EngineError> {
-    Ok(TokenEvent::Delta { token_id: id, text: format!("t{id}") })
+    Ok(TokenEvent::Delta { token_id: id, text: format!("t{id}"), logprobs: None })
 }
 
 #[tokio::test]

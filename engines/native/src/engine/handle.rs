@@ -172,6 +172,8 @@ impl NativeEngine {
             mode,
             import: None,
             preset: None,
+            logprobs: request.sampling.logprobs,
+            first_logprobs: None,
         });
         let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).boxed();
         Ok((seq, stream))
@@ -361,7 +363,7 @@ impl Engine for NativeEngine {
         let tokens = self.import_len(seq.prompt_len);
         seq.import = Some(Import { pages: kv.pages, tokens, need: seq.prompt_len });
         if !self.options.recompute_last_token {
-            seq.preset = Some(kv.first_token);
+            seq.preset = Some((kv.first_token, kv.first_logprobs));
         } else if seq.prompt_len < 2 {
             return Err(EngineError::invalid(
                 "prompt",

@@ -6,7 +6,7 @@ use crate::detok::Detokenizer;
 use crate::sampler::Sampler;
 use crate::stop::StopMatcher;
 use tokio::sync::{mpsc, oneshot};
-use xinf_engine::{EngineError, KvPages, PinnedPrefill, TokenEvent};
+use xinf_engine::{EngineError, KvPages, PinnedPrefill, TokenEvent, TokenLogprobs};
 
 /// Where a generating request's events go.
 pub(super) type EventTx = mpsc::UnboundedSender<Result<TokenEvent, EngineError>>;
@@ -40,8 +40,13 @@ pub(super) struct Seq {
     pub(super) mode: Mode,
     /// Canonical pages to scatter into the cache on admission.
     pub(super) import: Option<Import>,
-    /// Tokens already known not to need sampling (an imported first token).
-    pub(super) preset: Option<u32>,
+    /// Tokens already known not to need sampling (an imported first token), with the
+    /// log-probabilities the prefill side reported for it.
+    pub(super) preset: Option<(u32, Option<Box<TokenLogprobs>>)>,
+    /// Alternatives to report with each token's log-probabilities; `None`: none reported.
+    pub(super) logprobs: Option<usize>,
+    /// A pinned prefill's first token's log-probabilities, for its answer.
+    pub(super) first_logprobs: Option<Box<TokenLogprobs>>,
 }
 
 /// Prompt KV given to a sequence instead of computed.

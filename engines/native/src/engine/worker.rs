@@ -14,7 +14,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc as std_mpsc;
-use xinf_engine::{EngineError, FinishReason, KvPages, PAGE_TOKENS, PinnedPrefill, TokenEvent, Usage};
+use xinf_engine::{
+    EngineError, FinishReason, KvPages, PAGE_TOKENS, PinnedPrefill, TokenEvent, TokenLogprobs, Usage,
+};
 use xinf_models::TextTokenizer;
 use xinf_transfer::device::{DeviceLease, DeviceRoute};
 use xinf_transfer::sync::lock;
@@ -265,6 +267,7 @@ impl Worker {
             prompt_ids: s.tokens[..s.prompt_len].to_vec(),
             first_token,
             first_text,
+            first_logprobs: s.first_logprobs.take(),
             remote: None,
         };
         let table = std::mem::take(&mut s.table);
@@ -345,8 +348,8 @@ impl Worker {
     fn emit_presets(&mut self) {
         let mut i = 0;
         while i < self.running.len() {
-            if let Some(t) = self.running[i].preset.take()
-                && let Some(done) = self.accept(i, t)
+            if let Some((t, logprobs)) = self.running[i].preset.take()
+                && let Some(done) = self.accept(i, t, logprobs)
             {
                 let s = self.running.remove(i);
                 self.finish(s, Some(done), None);
@@ -369,7 +372,8 @@ impl Worker {
                     block_table: &s.table,
                     want_logits: s.computed + w.tokens == s.tokens.len(),
                     prompt_len: s.prompt_len,
-                    argmax: s.sampler.is_argmax(),
+                    // Log-probabilities need the whole row.
+                    argmax: s.sampler.is_argmax() && s.logprobs.is_none(),
                 }
             })
             .collect();
@@ -409,15 +413,21 @@ impl Worker {
             if s.computed < s.tokens.len() {
                 continue;
             }
-            let token = match logits.next() {
+            let (token, logprobs) = match logits.next() {
                 Some(Row::Logits(mut row)) => {
+                    // The raw row, before the sampler's penalties and temperature change it.
+                    let raw = s.logprobs.map(|top| (row.clone(), top));
                     let (prompt, output) = s.tokens.split_at(s.prompt_len);
-                    s.sampler.sample(&mut row, prompt, output)
+                    let token = s.sampler.sample(&mut row, prompt, output);
+                    let logprobs = raw.map(|(raw, top)| {
+                        Box::new(crate::logprobs::token_logprobs(&raw, token, top, &self.tokenizer))
+                    });
+                    (token, logprobs)
                 }
-                Some(Row::Argmax(token)) => token,
+                Some(Row::Argmax(token)) => (token, None),
                 None => continue,
             };
-            if let Some(reason) = self.accept(w.seq, token) {
+            if let Some(reason) = self.accept(w.seq, token, logprobs) {
                 finished.push((w.seq, reason));
             }
         }
@@ -430,12 +440,18 @@ impl Worker {
 
     /// Appends a sampled token to a running sequence and streams it; returns why the sequence
     /// ends, if it does.
-    fn accept(&mut self, idx: usize, token: u32) -> Option<FinishReason> {
+    fn accept(
+        &mut self,
+        idx: usize,
+        token: u32,
+        logprobs: Option<Box<TokenLogprobs>>,
+    ) -> Option<FinishReason> {
         self.shared.generated_tokens.fetch_add(1, Ordering::Relaxed);
         let s = &mut self.running[idx];
         s.tokens.push(token);
         let generated = s.tokens.len() - s.prompt_len;
         if matches!(s.mode, Mode::Pinned(_)) {
+            s.first_logprobs = logprobs;
             return Some(FinishReason::Length);
         }
         let is_stop_token = s.stop_ids.contains(&token);
@@ -444,7 +460,7 @@ impl Worker {
             StopOutcome::Continue { emit } => (emit, false),
             StopOutcome::Stopped { emit } => (emit, true),
         };
-        if s.tx.send(Ok(TokenEvent::Delta { token_id: token, text: emit })).is_err() {
+        if s.tx.send(Ok(TokenEvent::Delta { token_id: token, text: emit, logprobs })).is_err() {
             return Some(FinishReason::Abort);
         }
         if stopped || is_stop_token {
@@ -464,7 +480,7 @@ fn end_stream(s: &mut Seq, reason: Option<FinishReason>) {
     let tail = s.stop.flush();
     if !tail.is_empty() && reason != Some(FinishReason::Stop) {
         let last = s.tokens.last().copied().unwrap_or_default();
-        let _ = s.tx.send(Ok(TokenEvent::Delta { token_id: last, text: tail }));
+        let _ = s.tx.send(Ok(TokenEvent::Delta { token_id: last, text: tail, logprobs: None }));
     }
     let _ = s.tx.send(Ok(TokenEvent::Finished { reason: reason.unwrap_or(FinishReason::Stop), usage }));
 }

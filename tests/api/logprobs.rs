@@ -1,0 +1,106 @@
+//! Token log-probabilities through both generation APIs, whole and streamed, on the real
+//! default model.
+
+use super::{assert_error, chat, chunks, completion, merged, shared};
+use crate::util::http;
+use serde_json::{Value, json};
+
+/// Greedy tokens' log-probabilities in chat's shape: one entry per generated token (the end
+/// of sequence included, as usage counts it), the token first among its alternatives.
+fn assert_chat_logprobs(content: &Value, tokens: u64, top: usize) {
+    let content = content.as_array().expect("logprobs.content");
+    assert_eq!(content.len() as u64, tokens, "{content:?}");
+    for t in content {
+        let (token, logprob) = (t["token"].as_str().expect("token"), t["logprob"].as_f64().expect("logprob"));
+        assert!(logprob <= 0.0 && logprob > -100.0, "{t}");
+        let bytes: Vec<u8> =
+            t["bytes"].as_array().expect("bytes").iter().map(|b| b.as_u64().expect("byte") as u8).collect();
+        assert_eq!(bytes, token.as_bytes(), "{t}");
+        let alternatives = t["top_logprobs"].as_array().expect("top_logprobs");
+        assert_eq!(alternatives.len(), top, "{t}");
+        if top > 0 {
+            assert_eq!(alternatives[0]["token"], t["token"], "greedy takes the most likely: {t}");
+            assert_eq!(alternatives[0]["logprob"], t["logprob"], "{t}");
+        }
+        let values: Vec<f64> = alternatives.iter().map(|a| a["logprob"].as_f64().expect("logprob")).collect();
+        assert!(values.windows(2).all(|w| w[0] >= w[1]), "most likely first: {t}");
+        // The alternatives' probabilities cannot add up to more than 1.
+        assert!(values.iter().map(|v| v.exp()).sum::<f64>() <= 1.0 + 1e-4, "{t}");
+    }
+}
+
+#[test]
+fn logprobs_come_with_every_token_in_both_apis() {
+    let s = shared();
+    let a = s.addr();
+    // Chat: whole and streamed, the same greedy tokens with the same log-probabilities.
+    let req = chat(json!({"max_tokens": 12, "temperature": 0, "logprobs": true, "top_logprobs": 3}));
+    let res = http::post(a, "/v1/chat/completions", &req);
+    assert_eq!(res.status, 200, "{}", res.text());
+    let whole = res.json();
+    let tokens = whole["usage"]["completion_tokens"].as_u64().expect("usage");
+    let content = &whole["choices"][0]["logprobs"]["content"];
+    assert_chat_logprobs(content, tokens, 3);
+    let streamed: Vec<Value> =
+        chunks(&http::post(a, "/v1/chat/completions", &merged(req.clone(), json!({"stream": true}))))
+            .iter()
+            .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned())
+            .flatten()
+            .collect();
+    assert_eq!(Value::from(streamed), *content);
+    // Without top_logprobs: the chosen token's alone; without logprobs: null.
+    let bare = http::post(a, "/v1/chat/completions", &merged(req.clone(), json!({"top_logprobs": 0}))).json();
+    assert_chat_logprobs(&bare["choices"][0]["logprobs"]["content"], tokens, 0);
+    let none = http::post(a, "/v1/chat/completions", &chat(json!({"max_tokens": 2}))).json();
+    assert!(none["choices"][0]["logprobs"].is_null(), "{none}");
+
+    // Completions: parallel lists, offsets into the text, alternatives by text.
+    let req = completion(json!({"max_tokens": 8, "temperature": 0, "logprobs": 2, "ignore_eos": true}));
+    let whole = http::post(a, "/v1/completions", &req).json();
+    let choice = &whole["choices"][0];
+    let l = &choice["logprobs"];
+    let list = |k: &str| l[k].as_array().cloned().unwrap_or_else(|| panic!("{k}: {whole}"));
+    let (toks, lps, tops, offsets) =
+        (list("tokens"), list("token_logprobs"), list("top_logprobs"), list("text_offset"));
+    assert!(
+        [lps.len(), tops.len(), offsets.len()].iter().all(|&n| n == toks.len()) && toks.len() == 8,
+        "{l}"
+    );
+    let text: String = toks.iter().map(|t| t.as_str().expect("token")).collect();
+    assert_eq!(text, choice["text"].as_str().expect("text"), "the tokens spell the text");
+    let mut at = 0;
+    for (i, t) in toks.iter().enumerate() {
+        assert_eq!(offsets[i].as_u64(), Some(at as u64), "{l}");
+        at += t.as_str().expect("token").chars().count();
+        assert_eq!(
+            tops[i][t.as_str().expect("token")],
+            lps[i],
+            "the greedy token is its own top alternative: {l}"
+        );
+    }
+    let streamed: Vec<Value> =
+        chunks(&http::post(a, "/v1/completions", &merged(req, json!({"stream": true}))))
+            .iter()
+            .filter_map(|c| c["choices"][0]["logprobs"]["token_logprobs"].as_array().cloned())
+            .flatten()
+            .collect();
+    assert_eq!(streamed, lps);
+}
+
+#[test]
+fn out_of_range_logprobs_are_refused_naming_the_field() {
+    let a = shared().addr();
+    let cases = [
+        (
+            "/v1/chat/completions",
+            chat(json!({"logprobs": true, "top_logprobs": 21})),
+            "top_logprobs",
+            "at most 20",
+        ),
+        ("/v1/chat/completions", chat(json!({"top_logprobs": 3})), "top_logprobs", "`logprobs`"),
+        ("/v1/completions", completion(json!({"logprobs": 21})), "logprobs", "at most 20"),
+    ];
+    for (route, body, param, needle) in cases {
+        assert_error(&http::post(a, route, &body), 400, Some(param), needle);
+    }
+}
