@@ -3,6 +3,7 @@
 //! key, client disconnects, the official `openai` Python client, Xinference's own client and
 //! `xinf serve`.
 
+mod choices;
 mod corpus;
 mod logprobs;
 mod web_ui;
@@ -227,7 +228,8 @@ fn bad_requests_are_refused_naming_the_field() {
         ("/v1/chat/completions", chat(json!({"temperature": "hot"})), Some("temperature"), "temperature"),
         ("/v1/chat/completions", chat(json!({"top_p": 0})), Some("top_p"), "top_p"),
         ("/v1/chat/completions", chat(json!({"temperature": 3})), Some("temperature"), "temperature"),
-        ("/v1/chat/completions", chat(json!({"n": 2})), Some("n"), "`n`"),
+        ("/v1/chat/completions", chat(json!({"n": 17})), Some("n"), "between 1 and 16"),
+        ("/v1/completions", completion(json!({"n": 2, "best_of": 3})), Some("best_of"), "`n`"),
         (
             "/v1/chat/completions",
             chat(json!({"response_format": {"type": "json_object"}})),

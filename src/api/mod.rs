@@ -23,8 +23,8 @@
 //! | `GET /metrics` | Prometheus text: running/queued requests, token counters, KV blocks |
 //!
 //! Requests are strict: an unknown field, a field of the wrong type, or a parameter xinf does
-//! not support yet (`n` > 1, `response_format` other than text, tools, image content, batches
-//! of prompts, `echo`) is refused with 400 and the field in `param`. Errors use
+//! not support yet (`response_format` other than text, tools, image content, batches of
+//! prompts, `echo`) is refused with 400 and the field in `param`. Errors use
 //! OpenAI's shape, in the language of `Accept-Language` (see the `error` module for the
 //! status table), with the message also under `detail`, where Xinference's client reads it.
 //! When an API key is configured, every `/v1` route but `/v1/cluster/auth` needs
@@ -46,6 +46,7 @@
 //! ```
 
 mod auth;
+mod choices;
 mod cluster;
 mod error;
 mod logprobs;
@@ -104,6 +105,8 @@ pub(crate) struct AppState {
     pub(crate) service: Arc<dyn ModelService>,
     pub(crate) api_key: Option<String>,
     pub(crate) max_body_bytes: usize,
+    /// The requests running as several choices, for the abort route.
+    pub(crate) fanouts: choices::Fanouts,
 }
 
 /// A running server.
@@ -152,6 +155,7 @@ pub async fn serve(config: ApiConfig, service: Arc<dyn ModelService>) -> std::io
         service,
         api_key: config.api_key.clone().filter(|k| !k.is_empty()),
         max_body_bytes: config.max_body_bytes,
+        fanouts: choices::Fanouts::default(),
     });
     let mut server = HttpServer::new(move || {
         App::new()

@@ -9,6 +9,7 @@
 //! straight from the body, so errors keep naming the field and `R` keeps
 //! `deny_unknown_fields`.
 
+use crate::api::choices::MAX_CHOICES;
 use crate::api::error::Problem;
 use crate::api::openai::StopField;
 use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, IntoDeserializer, MapAccess, Visitor};
@@ -37,11 +38,6 @@ impl SamplingFields {
     /// Engine sampling settings with OpenAI defaults (temperature 1, top_p 1), checked: the
     /// error names the first bad field.
     pub(crate) fn into_params(self) -> Result<SamplingParams, Problem> {
-        if let Some(n) = self.n
-            && n != 1
-        {
-            return Err(Problem::field("n", "api-n-unsupported", "unsupported_parameter"));
-        }
         let d = SamplingParams::default();
         let top_k = match self.top_k {
             None | Some(-1) | Some(0) => 0,
@@ -66,6 +62,15 @@ impl SamplingFields {
         };
         params.validate()?;
         Ok(params)
+    }
+
+    /// The choices asked for (`n`, 1 by default), at most [`MAX_CHOICES`].
+    pub(crate) fn choices(&self) -> Result<usize, Problem> {
+        match self.n {
+            None => Ok(1),
+            Some(n @ 1..) if n <= MAX_CHOICES as u64 => Ok(n as usize),
+            Some(_) => Err(Problem::field("n", "api-n-range", "invalid_value")),
+        }
     }
 
     /// Reads the value of `key` when it is a sampling field; `false` (nothing read) for any

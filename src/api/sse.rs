@@ -3,14 +3,17 @@
 //! The event stream owns the engine's [`TokenStream`]: when the client goes away, actix drops
 //! the response body, which drops the token stream, which aborts the request in the engine.
 //!
-//! Events: `data: {chunk}\n\n` for every chunk, then `data: [DONE]\n\n`. Chat streams start
-//! with a chunk whose delta is `{"role": "assistant", "content": ""}`; empty text deltas (a
+//! Events: `data: {chunk}\n\n` for every chunk, then `data: [DONE]\n\n`. A chunk carries one
+//! choice, named by its `index` (several with `n` > 1, their chunks interleaved as the tokens
+//! come). Chat streams start with a chunk per choice whose delta is
+//! `{"role": "assistant", "content": ""}`; empty text deltas (a
 //! multi-byte character or a possible stop string still pending) are not sent unless they carry
 //! a token's log-probabilities (the request asked for them: one token per chunk); the last chunk
-//! carries `finish_reason`; with `stream_options.include_usage` a chunk with `choices: []` and
-//! the token counts follows it. An error after the stream started is sent as
+//! of each choice carries its `finish_reason`; with `stream_options.include_usage` a chunk with
+//! `choices: []` and the token counts of all choices follows the last. An error after the stream started is sent as
 //! `data: {"error": {...}}` followed by `data: [DONE]`.
 
+use crate::api::choices::{self, ChoiceStream, Registered};
 use crate::api::error::Problem;
 use crate::api::logprobs::{self, ChatLogprobs, TextLogprobs};
 use crate::api::openai::{ChatChunk, ChunkChoice, Completion, Delta, TextChoice, UsageOut};
@@ -45,22 +48,29 @@ pub(crate) fn finish_name(reason: FinishReason) -> &'static str {
 }
 
 enum Phase {
-    Role,
+    /// The role chunk of this choice next (chat).
+    Role(usize),
     Tokens,
-    Usage(Usage),
+    Usage,
     Done,
     End,
 }
 
 struct EventState {
-    tokens: TokenStream,
+    tokens: ChoiceStream,
     flavor: Flavor,
     meta: ResponseMeta,
     include_usage: bool,
     lang: &'static str,
     phase: Phase,
-    /// Characters of completion text the tokens so far account for (`text_offset`).
-    offset: usize,
+    /// Per choice, the characters of completion text its tokens account for (`text_offset`).
+    offsets: Vec<usize>,
+    /// Choices not finished yet.
+    open: usize,
+    /// Token counts of the finished choices: the prompt once, the outputs summed.
+    usage: Usage,
+    /// Keeps a multi-choice request where the abort route finds it while it streams.
+    _fanout: Option<Registered>,
 }
 
 fn event<T: Serialize>(value: &T) -> Bytes {
@@ -74,6 +84,7 @@ fn event<T: Serialize>(value: &T) -> Bytes {
 impl EventState {
     fn chat_chunk(
         &self,
+        index: usize,
         delta: Delta,
         logprobs: Option<ChatLogprobs>,
         finish: Option<&'static str>,
@@ -83,13 +94,14 @@ impl EventState {
             object: "chat.completion.chunk",
             created: self.meta.created,
             model: self.meta.model.clone(),
-            choices: vec![ChunkChoice { index: 0, delta, logprobs, finish_reason: finish }],
+            choices: vec![ChunkChoice { index: index as u32, delta, logprobs, finish_reason: finish }],
             usage: None,
         })
     }
 
     fn text_chunk(
         &self,
+        index: usize,
         text: String,
         logprobs: Option<TextLogprobs>,
         finish: Option<&'static str>,
@@ -99,14 +111,15 @@ impl EventState {
             object: "text_completion",
             created: self.meta.created,
             model: self.meta.model.clone(),
-            choices: vec![TextChoice { index: 0, text, logprobs, finish_reason: finish }],
+            choices: vec![TextChoice { index: index as u32, text, logprobs, finish_reason: finish }],
             usage: None,
         })
     }
 
-    /// A chunk of `text`, with one token's log-probabilities when it has them.
+    /// A chunk of choice `index`'s `text`, with one token's log-probabilities when it has them.
     fn content(
         &mut self,
+        index: usize,
         text: String,
         token: Option<&TokenLogprobs>,
         finish: Option<&'static str>,
@@ -119,16 +132,19 @@ impl EventState {
                     l.push(t);
                     l
                 });
-                self.chat_chunk(Delta { role: None, content }, logprobs, finish)
+                self.chat_chunk(index, Delta { role: None, content }, logprobs, finish)
             }
             Flavor::Completion => {
                 let logprobs = token.map(|t| {
                     let mut l = TextLogprobs::default();
-                    l.push(t, self.offset);
-                    self.offset += logprobs::width(t);
+                    let offset = self.offsets.get(index).copied().unwrap_or_default();
+                    l.push(t, offset);
+                    if let Some(o) = self.offsets.get_mut(index) {
+                        *o += logprobs::width(t);
+                    }
                     l
                 });
-                self.text_chunk(text, logprobs, finish)
+                self.text_chunk(index, text, logprobs, finish)
             }
         }
     }
@@ -164,25 +180,33 @@ impl EventState {
     async fn next_event(&mut self) -> Option<Bytes> {
         loop {
             match std::mem::replace(&mut self.phase, Phase::End) {
-                Phase::Role => {
-                    self.phase = Phase::Tokens;
+                Phase::Role(index) => {
+                    self.phase =
+                        if index + 1 < self.offsets.len() { Phase::Role(index + 1) } else { Phase::Tokens };
                     if self.flavor == Flavor::Chat {
                         let delta = Delta { role: Some("assistant"), content: Some(String::new()) };
-                        return Some(self.chat_chunk(delta, None, None));
+                        return Some(self.chat_chunk(index, delta, None, None));
                     }
                 }
                 Phase::Tokens => match self.tokens.next().await {
-                    Some(Ok(TokenEvent::Delta { text, logprobs, .. })) => {
+                    Some((index, Ok(TokenEvent::Delta { text, logprobs, .. }))) => {
                         self.phase = Phase::Tokens;
                         if !text.is_empty() || logprobs.is_some() {
-                            return Some(self.content(text, logprobs.as_deref(), None));
+                            return Some(self.content(index, text, logprobs.as_deref(), None));
                         }
                     }
-                    Some(Ok(TokenEvent::Finished { reason, usage })) => {
-                        self.phase = if self.include_usage { Phase::Usage(usage) } else { Phase::Done };
-                        return Some(self.content(String::new(), None, Some(finish_name(reason))));
+                    Some((index, Ok(TokenEvent::Finished { reason, usage }))) => {
+                        self.open = self.open.saturating_sub(1);
+                        self.usage.prompt_tokens = usage.prompt_tokens;
+                        self.usage.completion_tokens += usage.completion_tokens;
+                        self.phase = match (self.open, self.include_usage) {
+                            (0, true) => Phase::Usage,
+                            (0, false) => Phase::Done,
+                            _ => Phase::Tokens,
+                        };
+                        return Some(self.content(index, String::new(), None, Some(finish_name(reason))));
                     }
-                    Some(Err(e)) => {
+                    Some((_, Err(e))) => {
                         self.phase = Phase::Done;
                         return Some(self.error(e));
                     }
@@ -191,9 +215,9 @@ impl EventState {
                         return Some(self.error(unfinished()));
                     }
                 },
-                Phase::Usage(usage) => {
+                Phase::Usage => {
                     self.phase = Phase::Done;
-                    return Some(self.usage_chunk(usage));
+                    return Some(self.usage_chunk(self.usage));
                 }
                 Phase::Done => return Some(Bytes::from_static(b"data: [DONE]\n\n")),
                 Phase::End => return None,
@@ -206,36 +230,48 @@ fn unfinished() -> EngineError {
     EngineError::Internal("the token stream ended without a finish event".into())
 }
 
-/// The SSE events of a token stream.
-pub(crate) fn events(
-    tokens: TokenStream,
-    flavor: Flavor,
-    meta: ResponseMeta,
-    include_usage: bool,
-    lang: &'static str,
-) -> impl Stream<Item = Result<Bytes, Infallible>> + 'static {
-    let state = EventState { tokens, flavor, meta, include_usage, lang, phase: Phase::Role, offset: 0 };
+/// What a streamed response is made of: the choices' token streams and how to answer.
+pub(crate) struct Streamed {
+    /// One token stream per choice, in choice order.
+    pub(crate) choices: Vec<TokenStream>,
+    pub(crate) flavor: Flavor,
+    pub(crate) meta: ResponseMeta,
+    pub(crate) include_usage: bool,
+    pub(crate) lang: &'static str,
+    /// A multi-choice request's entry for the abort route, kept while the response streams.
+    pub(crate) fanout: Option<Registered>,
+}
+
+/// The SSE events of a response's token streams.
+pub(crate) fn events(s: Streamed) -> impl Stream<Item = Result<Bytes, Infallible>> + 'static {
+    let n = s.choices.len();
+    let state = EventState {
+        tokens: choices::merge(s.choices),
+        flavor: s.flavor,
+        meta: s.meta,
+        include_usage: s.include_usage,
+        lang: s.lang,
+        phase: Phase::Role(0),
+        offsets: vec![0; n],
+        open: n,
+        usage: Usage::default(),
+        _fanout: s.fanout,
+    };
     futures::stream::unfold(state, |mut state| async move {
         let bytes = state.next_event().await?;
         Some((Ok(bytes), state))
     })
 }
 
-/// A `text/event-stream` response over a token stream.
-pub(crate) fn response(
-    tokens: TokenStream,
-    flavor: Flavor,
-    meta: ResponseMeta,
-    include_usage: bool,
-    lang: &'static str,
-) -> HttpResponse {
-    let id = meta.id.clone();
+/// A `text/event-stream` response over a request's token streams.
+pub(crate) fn response(s: Streamed) -> HttpResponse {
+    let id = s.meta.id.clone();
     HttpResponse::Ok()
         .content_type("text/event-stream")
         .insert_header((header::CACHE_CONTROL, "no-cache"))
         .insert_header(("X-Accel-Buffering", "no"))
         .insert_header(("X-Request-Id", id))
-        .streaming(events(tokens, flavor, meta, include_usage, lang))
+        .streaming(events(s))
 }
 
 /// A whole request's output.
@@ -271,8 +307,13 @@ impl Collected {
     }
 }
 
+/// Runs every choice's token stream to its end, side by side.
+pub(crate) async fn collect_all(choices: Vec<TokenStream>) -> Result<Vec<Collected>, EngineError> {
+    futures::future::try_join_all(choices.into_iter().map(collect)).await
+}
+
 /// Runs a token stream to its end.
-pub(crate) async fn collect(mut tokens: TokenStream) -> Result<Collected, EngineError> {
+async fn collect(mut tokens: TokenStream) -> Result<Collected, EngineError> {
     let (mut text, mut logprobs) = (String::new(), Vec::new());
     while let Some(event) = tokens.next().await {
         match event? {

@@ -1,7 +1,8 @@
 """Drives xinf's REST API with the official `openai` Python client (run by tests/api.rs).
 
-Chat and completions, streaming and not, stop strings, max_tokens, seed, usage, and the
-client's error classes for a 404 (unknown model) and 400s (bad fields).
+Chat and completions, streaming and not, stop strings, max_tokens, seed, usage, several
+choices (`n`), log-probabilities, and the client's error classes for a 404 (unknown model) and
+400s (bad fields).
 """
 
 import argparse
@@ -99,6 +100,30 @@ def main():
     s2 = client.completions.create(model=model, prompt="Once upon a time", temperature=1.0, seed=3, max_tokens=10)
     check(s1.choices[0].text == s2.choices[0].text, (s1.choices[0].text, s2.choices[0].text))
 
+    # Several choices: each its own, reproducible with a seed; streamed by index.
+    kw = dict(model=model, messages=QUESTION, temperature=1.0, seed=11, max_tokens=8, n=3)
+    r = client.chat.completions.create(**kw)
+    check([c.index for c in r.choices] == [0, 1, 2], r.choices)
+    texts = [c.message.content for c in r.choices]
+    check(len(set(texts)) > 1, f"seeded choices should differ: {texts}")
+    check(r.usage.completion_tokens <= 24 and r.usage.prompt_tokens > 0, r.usage)
+    streamed = ["", "", ""]
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] += c.delta.content or ""
+    check(streamed == texts, (streamed, texts))
+
+    # Log-probabilities, as the client's types read them.
+    r = client.chat.completions.create(
+        model=model, messages=QUESTION, temperature=0, max_tokens=5, logprobs=True, top_logprobs=2
+    )
+    content = r.choices[0].logprobs.content
+    check(len(content) == r.usage.completion_tokens, content)
+    check(all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in content), content)
+    check(all(t.top_logprobs[0].token == t.token for t in content), "greedy takes the most likely")
+    c = client.completions.create(model=model, prompt="The capital of France is", temperature=0, max_tokens=4, logprobs=1)
+    check(len(c.choices[0].logprobs.token_logprobs) == 4 and "".join(c.choices[0].logprobs.tokens) == c.choices[0].text, c)
+
     # Errors come back as the client's classes, naming the model or the field.
     expect_error(
         openai.NotFoundError,
@@ -123,7 +148,7 @@ def main():
     expect_error(
         openai.BadRequestError,
         "`n`",
-        lambda: client.chat.completions.create(model=model, messages=QUESTION, n=2),
+        lambda: client.chat.completions.create(model=model, messages=QUESTION, n=17),
     )
     expect_error(
         openai.BadRequestError,

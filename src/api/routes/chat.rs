@@ -20,12 +20,14 @@ impl GenerationRequest for ChatCompletionRequest {
         let logprobs = logprobs(&r)?;
         let messages = messages(r.messages)?;
         sampling.max_tokens = r.max_completion_tokens.or(sampling.max_tokens);
+        let choices = sampling.choices()?;
         let mut sampling = sampling.into_params()?;
         sampling.logprobs = logprobs;
         let request_id = request_id(req, r.request_id, "chatcmpl")?;
         Ok(Generation {
             model: r.model,
             request: GenerateRequest { request_id, prompt: Prompt::Chat(messages), sampling },
+            choices,
             stream: r.stream.unwrap_or(false),
             include_usage: r.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
             flavor: Flavor::Chat,

@@ -21,8 +21,9 @@ impl GenerationRequest for CompletionRequest {
         if r.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
             return Err(Problem::field("suffix", "api-suffix-unsupported", "unsupported_parameter"));
         }
-        if r.best_of.is_some_and(|b| b != 1) {
-            return Err(Problem::field("best_of", "api-n-unsupported", "unsupported_parameter"));
+        let choices = sampling.choices()?;
+        if r.best_of.is_some_and(|b| b != choices as u64) {
+            return Err(Problem::field("best_of", "api-best-of-unsupported", "unsupported_parameter"));
         }
         if r.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS as u64) {
             return Err(Problem::field("logprobs", "api-logprobs-too-many", "invalid_value"));
@@ -39,6 +40,7 @@ impl GenerationRequest for CompletionRequest {
         Ok(Generation {
             model: r.model,
             request: GenerateRequest { request_id, prompt, sampling },
+            choices,
             stream: r.stream.unwrap_or(false),
             include_usage: r.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
             flavor: Flavor::Completion,

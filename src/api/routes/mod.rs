@@ -10,6 +10,7 @@ pub(crate) mod xinference;
 
 pub(crate) use xinference::registrations_json;
 
+use crate::api::choices;
 use crate::api::error::{ApiError, Problem, request_lang};
 use crate::api::openai::{
     ChatChoice, ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, OutMessage, TextChoice,
@@ -237,14 +238,23 @@ async fn generate(state: &AppState, req: &HttpRequest, job: Generation) -> Resul
     let span = tracing::info_span!(target: "xinf::api", "request", request_id = %meta.id, model = %job.model);
     tracing::debug!(parent: &span, stream = job.stream, "generate");
     let asked_logprobs = job.request.sampling.logprobs.is_some();
-    let tokens = state
-        .service
-        .generate(&job.model, job.request)
-        .instrument(span)
-        .await
-        .map_err(|e| blame_context(e, job.flavor))?;
+    // A request of several choices is in the abort route's table while it runs.
+    let fanout = (job.choices > 1).then(|| state.fanouts.register(&meta.id, job.choices));
+    let starts = choices::split(job.request, job.choices)
+        .into_iter()
+        .map(|r| state.service.generate(&job.model, r).instrument(span.clone()));
+    // One choice refused stops the others (dropping their streams aborts them).
+    let streams = futures::future::try_join_all(starts).await.map_err(|e| blame_context(e, job.flavor))?;
     if job.stream {
-        return Ok(sse::response(tokens, job.flavor, meta, job.include_usage, lang));
+        let streamed = sse::Streamed {
+            choices: streams,
+            flavor: job.flavor,
+            meta,
+            include_usage: job.include_usage,
+            lang,
+            fanout,
+        };
+        return Ok(sse::response(streamed));
     }
     // A client that goes away ends the generation (dropping its tokens aborts the request);
     // its answer has nobody to go to.
@@ -255,29 +265,47 @@ async fn generate(state: &AppState, req: &HttpRequest, job: Generation) -> Resul
             None => std::future::pending().await,
         }
     };
-    let out = tokio::select! {
-        out = sse::collect(tokens) => out?,
+    let outs = tokio::select! {
+        outs = sse::collect_all(streams) => outs?,
         () = gone => {
             tracing::debug!(target: "xinf::api", request_id = %meta.id, "the client went away; the request is aborted");
             return Err(EngineError::Aborted.into());
         }
     };
-    let finish = sse::finish_name(out.finish);
-    let usage = UsageOut::from(out.usage);
+    drop(fanout);
+    Ok(whole_response(meta, job.flavor, outs, asked_logprobs))
+}
+
+/// The answer of a request that did not stream: every choice's whole output.
+fn whole_response(
+    meta: ResponseMeta,
+    flavor: Flavor,
+    outs: Vec<sse::Collected>,
+    logprobs: bool,
+) -> HttpResponse {
+    // The prompt counted once, the outputs of every choice summed.
+    let usage = UsageOut::from(xinf_engine::Usage {
+        prompt_tokens: outs.first().map_or(0, |o| o.usage.prompt_tokens),
+        completion_tokens: outs.iter().map(|o| o.usage.completion_tokens).sum(),
+    });
     let mut res = HttpResponse::Ok();
     res.insert_header(("X-Request-Id", meta.id.clone()));
-    Ok(match job.flavor {
+    match flavor {
         Flavor::Chat => res.json(ChatCompletion {
             id: meta.id,
             object: "chat.completion",
             created: meta.created,
             model: meta.model,
-            choices: vec![ChatChoice {
-                index: 0,
-                logprobs: out.chat_logprobs(asked_logprobs),
-                message: OutMessage { role: "assistant", content: out.text },
-                finish_reason: finish,
-            }],
+            choices: outs
+                .into_iter()
+                .enumerate()
+                .map(|(index, out)| ChatChoice {
+                    index: index as u32,
+                    logprobs: out.chat_logprobs(logprobs),
+                    finish_reason: sse::finish_name(out.finish),
+                    message: OutMessage { role: "assistant", content: out.text },
+                })
+                .collect(),
             usage,
         }),
         Flavor::Completion => res.json(Completion {
@@ -285,15 +313,19 @@ async fn generate(state: &AppState, req: &HttpRequest, job: Generation) -> Resul
             object: "text_completion",
             created: meta.created,
             model: meta.model,
-            choices: vec![TextChoice {
-                index: 0,
-                logprobs: out.text_logprobs(asked_logprobs),
-                text: out.text,
-                finish_reason: Some(finish),
-            }],
+            choices: outs
+                .into_iter()
+                .enumerate()
+                .map(|(index, out)| TextChoice {
+                    index: index as u32,
+                    logprobs: out.text_logprobs(logprobs),
+                    finish_reason: Some(sse::finish_name(out.finish)),
+                    text: out.text,
+                })
+                .collect(),
             usage: Some(usage),
         }),
-    })
+    }
 }
 
 /// A context overflow named by its field: the prompt (`messages` or `prompt`) when it fills the
@@ -316,6 +348,8 @@ fn blame_context(e: ServiceError, flavor: Flavor) -> Problem {
 pub(crate) struct Generation {
     pub(crate) model: String,
     pub(crate) request: xinf_engine::GenerateRequest,
+    /// Choices to generate (`n`), each an engine request of its own.
+    pub(crate) choices: usize,
     pub(crate) stream: bool,
     pub(crate) include_usage: bool,
     pub(crate) flavor: Flavor,

@@ -156,6 +156,16 @@ fn sorted_json<T: Serialize>(value: &T) -> Result<HttpResponse, Problem> {
     Ok(HttpResponse::Ok().json(value))
 }
 
+/// Aborts request `rid`, or every choice of it when it runs as several; `true` when one was
+/// running.
+async fn abort_choices(state: &AppState, uid: &str, rid: &str) -> Result<bool, ServiceError> {
+    let mut done = state.service.abort(uid, rid).await?;
+    for id in state.fanouts.choice_ids(rid) {
+        done |= state.service.abort(uid, &id).await?;
+    }
+    Ok(done)
+}
+
 /// Aborts a request: `{"msg": "DONE"}`, or `{"msg": "NOT_FOUND"}` when no such request runs.
 /// A body (Xinference sends `{"block_duration": ..}`) is ignored.
 pub(crate) async fn abort(
@@ -164,7 +174,7 @@ pub(crate) async fn abort(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let (uid, rid) = path.into_inner();
-    let result = state.service.abort(&uid, &rid).await.map_err(Problem::from);
+    let result = abort_choices(&state, &uid, &rid).await.map_err(Problem::from);
     localized(&req, result).map(|done| {
         tracing::debug!(target: "xinf::api", model = %uid, request_id = %rid, done, "abort");
         HttpResponse::Ok().json(serde_json::json!({ "msg": if done { "DONE" } else { "NOT_FOUND" } }))
