@@ -53,7 +53,8 @@ pub struct ServerEngine {
     base_url: String,
     served_name: String,
     client: reqwest::Client,
-    tokenizer: TextTokenizer,
+    /// Shared with the requests that report log-probabilities (a token's text).
+    tokenizer: Arc<TextTokenizer>,
     contract: ModelContract,
     layout: LayoutDescriptor,
     running: Arc<Mutex<HashMap<String, Running>>>,
@@ -80,7 +81,7 @@ impl ServerEngine {
             base_url: parts.base_url,
             served_name: parts.served_name,
             client,
-            tokenizer: parts.tokenizer,
+            tokenizer: Arc::new(parts.tokenizer),
             contract: parts.contract,
             layout: parts.layout,
             running: Arc::default(),
@@ -110,15 +111,6 @@ impl ServerEngine {
     /// engine's), before a connection is made.
     fn check(&self, request: &GenerateRequest, prompt_len: usize) -> Result<usize, EngineError> {
         request.sampling.validate()?;
-        if request.sampling.logprobs.is_some() {
-            return Err(EngineError::invalid(
-                "logprobs",
-                format!(
-                    "log-probabilities are not reported by {} replicas yet (the native engine reports them)",
-                    self.flavor
-                ),
-            ));
-        }
         let context = self.contract.context_length;
         let max_tokens = request.sampling.max_tokens.unwrap_or(context.saturating_sub(prompt_len));
         if prompt_len + max_tokens > context || max_tokens == 0 {
@@ -129,6 +121,22 @@ impl ServerEngine {
             });
         }
         Ok(max_tokens)
+    }
+
+    /// Refuses log-probabilities on either leg of a handoff: the prefill leg's answer and the
+    /// first token shown from it do not carry them yet.
+    fn unscored_leg(&self, request: &GenerateRequest) -> Result<(), EngineError> {
+        if request.sampling.logprobs.is_none() {
+            return Ok(());
+        }
+        Err(EngineError::invalid(
+            "logprobs",
+            format!(
+                "log-probabilities are not reported through prefill/decode with {} replicas yet \
+                 (ordinary replicas and the native engine report them)",
+                self.flavor
+            ),
+        ))
     }
 
     fn not_pd(&self) -> EngineError {
@@ -176,6 +184,10 @@ impl ServerEngine {
             counters: self.counters.clone(),
             emitted: emitted.clone(),
             idle_timeout: self.idle_timeout,
+            scoring: request
+                .sampling
+                .logprobs
+                .map(|top| crate::stream::Scoring { top, tokenizer: self.tokenizer.clone() }),
         };
         let (tx, mut rx) = mpsc::channel(256);
         let prompt_len = ids.len();
@@ -289,6 +301,7 @@ impl Engine for ServerEngine {
             if !self.handoffs() {
                 return Err(self.not_pd());
             }
+            self.unscored_leg(&request)?;
             if let Some(how) = self.process.exit_status() {
                 return Err(self.process.death(&how));
             }
@@ -374,6 +387,7 @@ impl Engine for ServerEngine {
         if !self.handoffs() {
             return Err(self.not_pd());
         }
+        self.unscored_leg(&request)?;
         // vLLM recomputes the last prompt token and samples the first output from it. When the
         // prefill's first token was shown already, it is given as the prompt's last token
         // instead (the room holds the KV of every token before it), so that the output goes on

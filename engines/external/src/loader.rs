@@ -295,6 +295,11 @@ impl ServerLoader {
             ("VLLM_NO_USAGE_STATS".to_owned(), "1".to_owned()),
             ("DO_NOT_TRACK".to_owned(), "1".to_owned()),
         ];
+        if self.flavor == Flavor::Sglang {
+            // Log-probabilities before temperature, as vLLM and the native engine report them
+            // (SGLang's own default is after it).
+            env.push(("SGLANG_RETURN_ORIGINAL_LOGPROB".to_owned(), "1".to_owned()));
+        }
         if config.kv_role.is_some() {
             // The page plane's key of this process: the server's connector serves and fetches
             // pages with xinf and its other engine servers, and with no one else.

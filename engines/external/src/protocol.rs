@@ -6,6 +6,11 @@
 //! are the new ids) and `stream_options.include_usage`. SGLang: `POST /generate` with
 //! `input_ids`, started with `--incremental-streaming-output` (each chunk's `output_ids` are
 //! the new ids; `meta_info` carries the finish reason and the counts).
+//!
+//! Log-probabilities, when a request asks for them: vLLM's `logprobs` (the completions API's
+//! lists, with `return_tokens_as_token_ids` so that tokens come as `token_id:N`), SGLang's
+//! `return_logprob` and `top_logprobs_num` (`meta_info.output_token_logprobs` and
+//! `output_top_logprobs`, `[logprob, id, text]` each, sliced per chunk like `output_ids`).
 
 use crate::Flavor;
 use serde_json::{Value, json};
@@ -22,6 +27,16 @@ pub(crate) struct Chunk {
     pub(crate) finish: Option<FinishReason>,
     /// Token counts, when the chunk carries them.
     pub(crate) usage: Option<Usage>,
+    /// The new tokens' log-probabilities, one per id, when the request asked for them.
+    pub(crate) logprobs: Vec<Scored>,
+}
+
+/// One generated token's log-probability and the most likely tokens' as the engine sent them.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub(crate) struct Scored {
+    pub(crate) logprob: f32,
+    /// `(id, logprob)`, most likely first (equal ones by id).
+    pub(crate) top: Vec<(u32, f32)>,
 }
 
 /// The path a generation request goes to.
@@ -66,6 +81,10 @@ pub(crate) fn generate_body(
             params["return_token_ids"] = json!(true);
             params["max_tokens"] = json!(max_tokens);
             params["top_k"] = json!(sampling.top_k);
+            if let Some(top) = sampling.logprobs {
+                params["logprobs"] = json!(top);
+                params["return_tokens_as_token_ids"] = json!(true);
+            }
             if let Some(seed) = seed {
                 params["seed"] = seed;
             }
@@ -78,12 +97,19 @@ pub(crate) fn generate_body(
             if let Some(seed) = seed {
                 params["sampling_seed"] = seed;
             }
-            json!({
+            let mut body = json!({
                 "input_ids": ids,
                 "rid": request_id,
                 "stream": true,
                 "sampling_params": params,
-            })
+            });
+            if let Some(top) = sampling.logprobs {
+                body["return_logprob"] = json!(true);
+                body["top_logprobs_num"] = json!(top);
+                // The output's only: no prompt log-probabilities.
+                body["logprob_start_len"] = json!(-1);
+            }
+            body
         }
     }
 }
@@ -130,6 +156,7 @@ fn vllm_chunk(v: &Value) -> Chunk {
         chunk.token_ids = ids(choice.get("token_ids"));
         chunk.text = choice.get("text").and_then(Value::as_str).unwrap_or_default().to_owned();
         chunk.finish = finish(choice.get("finish_reason").and_then(Value::as_str));
+        chunk.logprobs = choice.get("logprobs").map(vllm_logprobs).unwrap_or_default();
     }
     if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
         chunk.usage = Some(Usage {
@@ -153,7 +180,55 @@ fn sglang_chunk(v: &Value) -> Chunk {
             prompt_tokens: count(m, "prompt_tokens"),
             completion_tokens: count(m, "completion_tokens"),
         }),
+        logprobs: meta.map(sglang_logprobs).unwrap_or_default(),
     }
+}
+
+/// `(id, logprob)` pairs most likely first, equal ones by id.
+fn by_likelihood(mut top: Vec<(u32, f32)>) -> Vec<(u32, f32)> {
+    top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    top
+}
+
+/// A log-probability as sent: a number, or null (minus infinity).
+fn logprob(v: Option<&Value>) -> f32 {
+    v.and_then(Value::as_f64).map_or(f32::NEG_INFINITY, |x| x as f32)
+}
+
+/// vLLM's completion `logprobs`: `token_logprobs[i]` and `top_logprobs[i]`, an object from
+/// `token_id:N` to the log-probability (the sampled token among them).
+fn vllm_logprobs(l: &Value) -> Vec<Scored> {
+    let Some(chosen) = l.get("token_logprobs").and_then(Value::as_array) else { return Vec::new() };
+    let tops = l.get("top_logprobs").and_then(Value::as_array);
+    chosen
+        .iter()
+        .enumerate()
+        .map(|(i, lp)| {
+            let top = tops.and_then(|t| t.get(i)).and_then(Value::as_object).map(|m| {
+                m.iter()
+                    .filter_map(|(k, v)| Some((k.strip_prefix("token_id:")?.parse().ok()?, logprob(Some(v)))))
+                    .collect()
+            });
+            Scored { logprob: logprob(Some(lp)), top: by_likelihood(top.unwrap_or_default()) }
+        })
+        .collect()
+}
+
+/// SGLang's `meta_info.output_token_logprobs` (`[logprob, id, text]` per token) and
+/// `output_top_logprobs` (a list of those per token).
+fn sglang_logprobs(meta: &Value) -> Vec<Scored> {
+    let entry = |e: &Value| Some((u32::try_from(e.get(1)?.as_u64()?).ok()?, logprob(e.get(0))));
+    let Some(chosen) = meta.get("output_token_logprobs").and_then(Value::as_array) else { return Vec::new() };
+    let tops = meta.get("output_top_logprobs").and_then(Value::as_array);
+    chosen
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let top = tops.and_then(|t| t.get(i)).and_then(Value::as_array);
+            let top = top.map(|t| t.iter().filter_map(entry).collect()).unwrap_or_default();
+            Scored { logprob: logprob(c.get(0)), top: by_likelihood(top) }
+        })
+        .collect()
 }
 
 /// The message of an error body, in either engine's shape (`{"error": {"message"}}`,

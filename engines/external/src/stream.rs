@@ -4,14 +4,15 @@
 //! aborts the request itself.
 
 use crate::Flavor;
-use crate::protocol::{self, Chunk};
+use crate::protocol::{self, Chunk, Scored};
 use crate::sse::SseDecoder;
 use futures::StreamExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::mpsc;
-use xinf_engine::{EngineError, FinishReason, TokenEvent, Usage};
+use xinf_engine::{EngineError, FinishReason, Logprob, TokenEvent, TokenLogprobs, Usage};
+use xinf_models::TextTokenizer;
 
 /// How long the server may take to answer with headers (it answers as soon as it queued the
 /// request).
@@ -40,6 +41,31 @@ pub(crate) struct Call {
     /// Tokens sent so far (read by an abort, for its usage).
     pub(crate) emitted: Arc<AtomicUsize>,
     pub(crate) idle_timeout: Duration,
+    /// When the request asked for log-probabilities: how many alternatives, and the tokenizer
+    /// that gives each token its text.
+    pub(crate) scoring: Option<Scoring>,
+}
+
+/// How a request's log-probabilities are reported.
+pub(crate) struct Scoring {
+    pub(crate) top: usize,
+    pub(crate) tokenizer: Arc<TextTokenizer>,
+}
+
+impl Scoring {
+    /// Token `token_id`'s log-probabilities as xinf reports them: the engine's alternatives
+    /// cut to the count asked for (vLLM adds the sampled token when it is not among them).
+    fn of(&self, token_id: u32, scored: &Scored) -> Box<TokenLogprobs> {
+        let entry = |id: u32, logprob: f32| Logprob {
+            token_id: id,
+            token: self.tokenizer.decode(&[id], false).unwrap_or_default(),
+            logprob,
+        };
+        Box::new(TokenLogprobs {
+            chosen: entry(token_id, scored.logprob),
+            top: scored.top.iter().take(self.top).map(|&(id, lp)| entry(id, lp)).collect(),
+        })
+    }
 }
 
 type Tx = mpsc::Sender<Result<TokenEvent, EngineError>>;
@@ -105,7 +131,7 @@ async fn drive(call: Call, tx: &Tx) -> Result<(FinishReason, Usage), EngineError
         };
         for data in payloads {
             if let Some(chunk) = protocol::parse_chunk(call.flavor, &data)? {
-                state.apply(chunk, tx, &call.emitted).await?;
+                state.apply(chunk, tx, &call.emitted, call.scoring.as_ref()).await?;
             }
         }
         if first && call.emitted.load(Ordering::Relaxed) > 0 {
@@ -142,13 +168,20 @@ struct Progress {
 
 impl Progress {
     /// Forwards a chunk's tokens (one event per token id, the chunk's text with the last).
-    async fn apply(&mut self, chunk: Chunk, tx: &Tx, emitted: &AtomicUsize) -> Result<(), EngineError> {
+    async fn apply(
+        &mut self,
+        chunk: Chunk,
+        tx: &Tx,
+        emitted: &AtomicUsize,
+        scoring: Option<&Scoring>,
+    ) -> Result<(), EngineError> {
         self.pending_text.push_str(&chunk.text);
         let n = chunk.token_ids.len();
         for (i, token_id) in chunk.token_ids.into_iter().enumerate() {
             let text = if i + 1 == n { std::mem::take(&mut self.pending_text) } else { String::new() };
             emitted.fetch_add(1, Ordering::Relaxed);
-            if tx.send(Ok(TokenEvent::Delta { token_id, text, logprobs: None })).await.is_err() {
+            let logprobs = scoring.zip(chunk.logprobs.get(i)).map(|(s, scored)| s.of(token_id, scored));
+            if tx.send(Ok(TokenEvent::Delta { token_id, text, logprobs })).await.is_err() {
                 // Nobody reads any more: stop, which drops the response and aborts upstream.
                 return Err(EngineError::Aborted);
             }

@@ -3,8 +3,10 @@
 way xinf starts an engine (`<python> -m <module> --port N ...`), it speaks the two endpoints
 xinf uses (vLLM `/v1/completions`, SGLang `/generate`, both streamed) and `/health`.
 
-Output token i of a prompt is (sum(prompt) + 7 * i) % 40 + 3, its text "t<id> ". What it is
-asked to do is set by FAKE_ENGINE_MODE:
+Output token i of a prompt is (sum(prompt) + 7 * i) % 40 + 3, its text "t<id> ". Asked for
+log-probabilities (vLLM's `logprobs`, SGLang's `return_logprob`), token i has -(i + 1) / 4 and
+the k alternatives asked for are itself and the ids after it, each 1 less likely than the last,
+in each engine's shape. What it is asked to do is set by FAKE_ENGINE_MODE:
   ok              serve (the default)
   exit-at-start   print an error and exit 3 before listening
   never-healthy   listen, but answer /health with 503
@@ -32,6 +34,8 @@ prefill_s = float(os.environ.get("FAKE_PREFILL_MS", "0")) / 1000.0
 ready_at = time.time() + float(os.environ.get("FAKE_START_S", "0"))
 print(f"fake {flavor} server starting: {' '.join(args)}", flush=True)
 print(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}", flush=True)
+if "SGLANG_RETURN_ORIGINAL_LOGPROB" in os.environ:
+    print(f"SGLANG_RETURN_ORIGINAL_LOGPROB={os.environ['SGLANG_RETURN_ORIGINAL_LOGPROB']}", flush=True)
 if mode == "exit-at-start":
     print("RuntimeError: CUDA out of memory (fake)", file=sys.stderr, flush=True)
     sys.exit(3)
@@ -39,6 +43,27 @@ if mode == "exit-at-start":
 
 def token(prompt, i):
     return (sum(prompt) + 7 * i) % 40 + 3
+
+
+def scored(t, i, k):
+    """Token t's (step i) log-probability and its k alternatives as (id, logprob) pairs."""
+    lp = -(i + 1) / 4
+    return lp, [(t + j, lp - j) for j in range(k)]
+
+
+def vllm_logprobs(t, i, k):
+    # vLLM lists up to k + 1: the sampled token besides the k most likely.
+    lp, top = scored(t, i, k + 1)
+    return {"tokens": [f"token_id:{t}"], "token_logprobs": [lp], "text_offset": [0],
+            "top_logprobs": [{f"token_id:{a}": b for a, b in top}]}
+
+
+def sglang_meta(meta, body, t, i):
+    if body.get("return_logprob"):
+        lp, top = scored(t, i, body.get("top_logprobs_num") or 0)
+        meta["output_token_logprobs"] = [[lp, t, None]]
+        meta["output_top_logprobs"] = [[[b, a, None] for a, b in top]]
+    return meta
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -101,12 +126,15 @@ class Handler(BaseHTTPRequestHandler):
                 t = token(prompt, i)
                 last = i + 1 == max_tokens
                 if flavor == "vllm":
-                    send({"choices": [{"index": 0, "text": f"t{t} ", "token_ids": [t],
-                                       "finish_reason": "length" if last else None}], "usage": None})
+                    choice = {"index": 0, "text": f"t{t} ", "token_ids": [t],
+                              "finish_reason": "length" if last else None}
+                    if body.get("logprobs") is not None:
+                        choice["logprobs"] = vllm_logprobs(t, i, body["logprobs"])
+                    send({"choices": [choice], "usage": None})
                 else:
                     meta = {"id": rid, "prompt_tokens": len(prompt), "completion_tokens": i + 1,
                             "finish_reason": {"type": "length", "length": max_tokens} if last else None}
-                    send({"text": f"t{t} ", "output_ids": [t], "meta_info": meta})
+                    send({"text": f"t{t} ", "output_ids": [t], "meta_info": sglang_meta(meta, body, t, i)})
                 if mode == "die-mid-stream":
                     print("fake engine dies mid-stream", flush=True)
                     os._exit(9)

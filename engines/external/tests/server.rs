@@ -115,6 +115,43 @@ async fn collect(engine: &dyn Engine, req: GenerateRequest) -> (Vec<u32>, String
     (ids, text, reason)
 }
 
+/// Log-probabilities reach the caller as each engine sends them (the fake's: token i at
+/// -(i + 1) / 4, alternatives the token and the ids after it), cut to the count asked for; the
+/// SGLang server runs with its log-probabilities before temperature.
+#[test]
+fn log_probabilities_come_through_either_engine() {
+    let rt = xinf_test_util::runtime();
+    let _in_runtime = rt.enter();
+    let f = fixture();
+    for flavor in Flavor::ALL {
+        let engine = load(&f, flavor, json!({})).expect("load");
+        let mut scored = request("s", "hello world the cat", 3);
+        scored.sampling.logprobs = Some(2);
+        let ids = engine.prompt_token_ids(&scored.prompt).expect("ids");
+        let events = rt.block_on(async {
+            let mut stream = engine.submit(scored).expect("submit");
+            let mut v = Vec::new();
+            while let Some(event) = stream.next().await {
+                if let TokenEvent::Delta { token_id, logprobs, .. } = event.expect("event") {
+                    v.push((token_id, logprobs.expect("log-probabilities with every token")));
+                }
+            }
+            v
+        });
+        assert_eq!(events.iter().map(|e| e.0).collect::<Vec<_>>(), expected(&ids, 3), "{flavor}");
+        for (i, (token, l)) in events.iter().enumerate() {
+            let lp = -(i as f32 + 1.0) / 4.0;
+            assert_eq!((l.chosen.token_id, l.chosen.logprob), (*token, lp), "{flavor}: {l:?}");
+            let top: Vec<(u32, f32)> = l.top.iter().map(|t| (t.token_id, t.logprob)).collect();
+            assert_eq!(top, [(*token, lp), (token + 1, lp - 1.0)], "{flavor}: {l:?}");
+            assert_eq!(l.top[0].token, l.chosen.token, "{flavor}: the same token, the same text: {l:?}");
+        }
+        let log = log_of(&engine);
+        assert_eq!(log.contains("SGLANG_RETURN_ORIGINAL_LOGPROB=1"), flavor == Flavor::Sglang, "{log}");
+        drop(engine);
+    }
+}
+
 fn log_of(engine: &ServerEngine) -> String {
     std::fs::read_to_string(engine.log_path()).unwrap_or_default()
 }
@@ -141,11 +178,6 @@ fn both_engines_serve_through_their_servers_and_stop_with_the_replica() {
         big.sampling.max_tokens = Some(200_000);
         let err = engine.submit(big).err().expect("context check");
         assert!(matches!(err, EngineError::ContextLength { .. }), "{err}");
-        // Log-probabilities are not asked of the servers yet: refused by name, before a call.
-        let mut scored = request("l", "hello", 1);
-        scored.sampling.logprobs = Some(2);
-        let err = engine.submit(scored).err().expect("logprobs refused");
-        assert!(err.to_string().contains("logprobs"), "{flavor}: {err}");
 
         // Abort: the caller sees Finished(abort) and the server sees its client go away.
         let stream = engine.submit(request("c", "the mat", 200)).expect("submit");

@@ -8,7 +8,7 @@ fn vllm_chunks_carry_ids_text_finish_and_usage() {
     )
     .expect("parse")
     .expect("chunk");
-    assert_eq!(c, Chunk { token_ids: vec![5, 6], text: " hi".into(), finish: None, usage: None });
+    assert_eq!(c, Chunk { token_ids: vec![5, 6], text: " hi".into(), ..Chunk::default() });
     let c =
         parse_chunk(Flavor::Vllm, r#"{"choices":[{"text":"","token_ids":[7],"finish_reason":"length"}]}"#)
             .expect("parse")
@@ -32,7 +32,7 @@ fn sglang_chunks_carry_ids_and_meta_info() {
     )
     .expect("parse")
     .expect("chunk");
-    assert_eq!(c, Chunk { token_ids: vec![9], text: "ab".into(), finish: None, usage: None });
+    assert_eq!(c, Chunk { token_ids: vec![9], text: "ab".into(), ..Chunk::default() });
     let c = parse_chunk(
         Flavor::Sglang,
         r#"{"text":"","output_ids":[2],"meta_info":{"finish_reason":{"type":"stop","matched":2},"prompt_tokens":4,"completion_tokens":5}}"#,
@@ -72,4 +72,35 @@ fn error_bodies_of_either_shape_give_their_message() {
         assert_eq!(error_message(&body).as_deref(), Some(want));
     }
     assert_eq!(error_message(&json!({"ok": true})), None);
+}
+
+#[test]
+fn log_probabilities_are_read_in_either_engines_shape() {
+    let c = parse_chunk(
+        Flavor::Vllm,
+        r#"{"choices":[{"text":"ab","token_ids":[5,6],"logprobs":{"tokens":["token_id:5","token_id:6"],
+            "token_logprobs":[-0.5,null],"text_offset":[0,1],
+            "top_logprobs":[{"token_id:5":-0.5,"token_id:9":-0.25,"bad":-1.0},{"token_id:6":-3.0}]}}]}"#,
+    )
+    .expect("parse")
+    .expect("chunk");
+    assert_eq!(
+        c.logprobs,
+        [
+            Scored { logprob: -0.5, top: vec![(9, -0.25), (5, -0.5)] },
+            Scored { logprob: f32::NEG_INFINITY, top: vec![(6, -3.0)] },
+        ]
+    );
+    let c = parse_chunk(
+        Flavor::Sglang,
+        r#"{"text":"a","output_ids":[7],"meta_info":{"finish_reason":null,
+            "output_token_logprobs":[[-0.125,7,null]],
+            "output_top_logprobs":[[[-0.125,7,null],[-2.0,3,null],[-2.0,1,null]]]}}"#,
+    )
+    .expect("parse")
+    .expect("chunk");
+    assert_eq!(c.logprobs, [Scored { logprob: -0.125, top: vec![(7, -0.125), (1, -2.0), (3, -2.0)] }]);
+    // Asked for nothing, nothing is read.
+    let c = parse_chunk(Flavor::Sglang, r#"{"text":"a","output_ids":[7],"meta_info":{}}"#).expect("parse");
+    assert!(c.is_some_and(|c| c.logprobs.is_empty()));
 }
