@@ -7,6 +7,8 @@ SGLANG_PYTHONPATH). For each engine it starts `xinf local`, launches one replica
 model_engine spelled as Xinference spells it (vLLM, SGLang), and checks:
   - completions and chat, streamed and not, greedy: the same text and the same prompt token
     count through xinf as from the engine's own server (found from xinf's log);
+  - a completion's log-probabilities (`logprobs: 3`): the same per-token values through xinf
+    as from the engine's own server, three alternatives each, the chosen token's first;
   - an engine server killed with SIGKILL: the replica is marked dead at once, requests fail
     with an error, and xinf keeps answering (vLLM);
   - terminate: the server's processes are gone (SGLang);
@@ -177,6 +179,19 @@ def run_engine(name, log_path):
         xs = stream_text(f"{API}/v1/chat/completions", dict(chat, model=uid))
         check(f"{name}: chat {i} streamed equals non-streamed", xs == cx, f"{xs!r} vs {cx!r}")
     report[f"{name}_sample"] = tx
+    # Log-probabilities: xinf asks the engine in its own shape and reports OpenAI's.
+    req = {"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0, "ignore_eos": True, "logprobs": 3}
+    sx, x = post(f"{API}/v1/completions", dict(req, model=uid))
+    sd, d = post(f"{base}/v1/completions", dict(req, model=served))
+    lx = (x.get("choices") or [{}])[0].get("logprobs") or {}
+    ld = (d.get("choices") or [{}])[0].get("logprobs") or {}
+    vx, vd = lx.get("token_logprobs") or [], ld.get("token_logprobs") or []
+    close = len(vx) == len(vd) == 8 and all(abs(a - b) <= 1e-3 for a, b in zip(vx, vd))
+    check(f"{name}: log-probabilities equal the engine's own", sx == sd == 200 and close, f"{vx} vs {vd}")
+    tops = lx.get("top_logprobs") or []
+    firsts = [max(t.values()) if t else None for t in tops]
+    check(f"{name}: three alternatives per token, the greedy token the likeliest",
+          len(tops) == 8 and all(len(t) == 3 for t in tops) and firsts == vx, tops)
     pids = engine_pids(port)
     pgid = os.getpgid(pids[0]) if pids else -1
     report[f"{name}_group_size"] = len(group_pids(pgid))
