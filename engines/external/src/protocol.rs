@@ -195,23 +195,33 @@ fn logprob(v: Option<&Value>) -> f32 {
     v.and_then(Value::as_f64).map_or(f32::NEG_INFINITY, |x| x as f32)
 }
 
+/// The tokens' [`Scored`] from a list of chosen entries and a parallel list of alternatives,
+/// each read by the engine's own rule.
+fn scored(
+    chosen: &[Value],
+    tops: Option<&Vec<Value>>,
+    logprob_of: impl Fn(&Value) -> f32,
+    top_of: impl Fn(&Value) -> Vec<(u32, f32)>,
+) -> Vec<Scored> {
+    let top = |i: usize| tops.and_then(|t| t.get(i)).map(&top_of).unwrap_or_default();
+    chosen
+        .iter()
+        .enumerate()
+        .map(|(i, c)| Scored { logprob: logprob_of(c), top: by_likelihood(top(i)) })
+        .collect()
+}
+
 /// vLLM's completion `logprobs`: `token_logprobs[i]` and `top_logprobs[i]`, an object from
 /// `token_id:N` to the log-probability (the sampled token among them).
 fn vllm_logprobs(l: &Value) -> Vec<Scored> {
     let Some(chosen) = l.get("token_logprobs").and_then(Value::as_array) else { return Vec::new() };
-    let tops = l.get("top_logprobs").and_then(Value::as_array);
-    chosen
-        .iter()
-        .enumerate()
-        .map(|(i, lp)| {
-            let top = tops.and_then(|t| t.get(i)).and_then(Value::as_object).map(|m| {
-                m.iter()
-                    .filter_map(|(k, v)| Some((k.strip_prefix("token_id:")?.parse().ok()?, logprob(Some(v)))))
-                    .collect()
-            });
-            Scored { logprob: logprob(Some(lp)), top: by_likelihood(top.unwrap_or_default()) }
-        })
-        .collect()
+    let top_of = |t: &Value| {
+        let pairs = t.as_object().into_iter().flatten();
+        pairs
+            .filter_map(|(k, v)| Some((k.strip_prefix("token_id:")?.parse().ok()?, logprob(Some(v)))))
+            .collect()
+    };
+    scored(chosen, l.get("top_logprobs").and_then(Value::as_array), |c| logprob(Some(c)), top_of)
 }
 
 /// SGLang's `meta_info.output_token_logprobs` (`[logprob, id, text]` per token) and
@@ -219,16 +229,8 @@ fn vllm_logprobs(l: &Value) -> Vec<Scored> {
 fn sglang_logprobs(meta: &Value) -> Vec<Scored> {
     let entry = |e: &Value| Some((u32::try_from(e.get(1)?.as_u64()?).ok()?, logprob(e.get(0))));
     let Some(chosen) = meta.get("output_token_logprobs").and_then(Value::as_array) else { return Vec::new() };
-    let tops = meta.get("output_top_logprobs").and_then(Value::as_array);
-    chosen
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let top = tops.and_then(|t| t.get(i)).and_then(Value::as_array);
-            let top = top.map(|t| t.iter().filter_map(entry).collect()).unwrap_or_default();
-            Scored { logprob: logprob(c.get(0)), top: by_likelihood(top) }
-        })
-        .collect()
+    let top_of = |t: &Value| t.as_array().into_iter().flatten().filter_map(entry).collect();
+    scored(chosen, meta.get("output_top_logprobs").and_then(Value::as_array), |c| logprob(c.get(0)), top_of)
 }
 
 /// The message of an error body, in either engine's shape (`{"error": {"message"}}`,
