@@ -6,12 +6,12 @@
 //! Events: `data: {chunk}\n\n` for every chunk, then `data: [DONE]\n\n`. A chunk carries one
 //! choice, named by its `index` (several with `n` > 1, their chunks interleaved as the tokens
 //! come). Chat streams start with a chunk per choice whose delta is
-//! `{"role": "assistant", "content": ""}`; empty text deltas (a
-//! multi-byte character or a possible stop string still pending) are not sent unless they carry
-//! a token's log-probabilities (the request asked for them: one token per chunk); the last chunk
-//! of each choice carries its `finish_reason`; with `stream_options.include_usage` a chunk with
-//! `choices: []` and the token counts of all choices follows the last. An error after the stream started is sent as
-//! `data: {"error": {...}}` followed by `data: [DONE]`.
+//! `{"role": "assistant", "content": ""}`. Empty text deltas (a multi-byte character or a
+//! possible stop string still pending) are not sent, unless they carry a token's
+//! log-probabilities (the request asked for them: one token per chunk). The last chunk of each
+//! choice carries its `finish_reason`; with `stream_options.include_usage` a chunk with
+//! `choices: []` and the token counts of all choices follows the last. An error after the stream
+//! started is sent as `data: {"error": {...}}` followed by `data: [DONE]`.
 
 use crate::api::choices::{self, ChoiceStream, Registered};
 use crate::api::error::Problem;
