@@ -5,6 +5,7 @@
 
 mod choices;
 mod corpus;
+mod logit_bias;
 mod logprobs;
 mod web_ui;
 mod xinference_client;

@@ -13,8 +13,9 @@ use crate::api::choices::MAX_CHOICES;
 use crate::api::error::Problem;
 use crate::api::openai::StopField;
 use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, IntoDeserializer, MapAccess, Visitor};
+use serde_json::Value;
 use std::fmt;
-use xinf_engine::SamplingParams;
+use xinf_engine::{MAX_LOGIT_BIAS, SamplingParams};
 
 /// The sampling fields both generation APIs share, as the client sent them.
 #[derive(Debug, Default)]
@@ -59,6 +60,8 @@ impl SamplingFields {
             repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
             // Each API spells it its own way (a switch and a count, or a count): set by its route.
             logprobs: None,
+            // Read with the request's other fields by its route (see [`logit_bias`]).
+            logit_bias: Vec::new(),
         };
         params.validate()?;
         Ok(params)
@@ -93,6 +96,25 @@ impl SamplingFields {
             _ => return Ok(false),
         }
         Ok(true)
+    }
+}
+
+/// OpenAI's `logit_bias`: an object from token ids (as strings) to numbers within
+/// [-100, 100], at most [`MAX_LOGIT_BIAS`] of them; absent, null or `{}` biases nothing. Whether
+/// the ids are in the vocabulary is the engine's check.
+pub(crate) fn logit_bias(value: Option<&Value>) -> Result<Vec<(u32, f32)>, Problem> {
+    let invalid = || Problem::field("logit_bias", "api-logit-bias-invalid", "invalid_value");
+    match value {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Object(m)) if m.len() <= MAX_LOGIT_BIAS => m
+            .iter()
+            .map(|(k, v)| {
+                let id = k.trim().parse::<u32>().map_err(|_| invalid())?;
+                let bias = v.as_f64().filter(|b| (-100.0..=100.0).contains(b)).ok_or_else(invalid)?;
+                Ok((id, bias as f32))
+            })
+            .collect(),
+        Some(_) => Err(invalid()),
     }
 }
 

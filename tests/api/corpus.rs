@@ -148,7 +148,8 @@ fn chat_cases() -> Vec<(Value, String)> {
         ("tool_choice", json!({"type": "function"})),
         ("functions", json!([{"name": "f"}])),
         ("function_call", json!({"name": "f"})),
-        ("logit_bias", json!({"15": 10})),
+        ("logit_bias", json!({"15": 101})),
+        ("logit_bias", json!({"x": 1})),
         ("prompt", json!("not a chat field")),
         ("echo", json!(true)),
     ];
@@ -192,7 +193,8 @@ fn completion_cases() -> Vec<(Value, String)> {
         ("best_of", json!(2)),
         ("best_of", json!(0)),
         ("best_of", json!("x")),
-        ("logit_bias", json!({"15": 10})),
+        ("logit_bias", json!({"15": 101})),
+        ("logit_bias", json!({"x": 1})),
         ("messages", json!([{"role": "user", "content": "x"}])),
     ];
     for (field, value) in refused {

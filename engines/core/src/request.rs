@@ -64,7 +64,13 @@ pub struct SamplingParams {
     /// reports none. They are the model's own distribution (a log-softmax of its logits), before
     /// penalties, temperature or any filter, as vLLM reports them.
     pub logprobs: Option<usize>,
+    /// Added to these tokens' logits before anything else samples from them (OpenAI's
+    /// `logit_bias`), at most [`MAX_LOGIT_BIAS`] entries, each within [-100, 100].
+    pub logit_bias: Vec<(u32, f32)>,
 }
+
+/// The most tokens one request may bias.
+pub const MAX_LOGIT_BIAS: usize = 1024;
 
 /// The most alternatives a token's [`TokenLogprobs`] may list (OpenAI's and vLLM's limit).
 pub const MAX_TOP_LOGPROBS: usize = 20;
@@ -85,6 +91,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
             logprobs: None,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -98,6 +105,17 @@ impl SamplingParams {
     /// Whether sampling reduces to argmax.
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0 || self.top_k == 1
+    }
+
+    /// Checks the tokens of `logit_bias` against a vocabulary of `vocab_size` tokens.
+    pub fn check_bias_tokens(&self, vocab_size: usize) -> Result<(), EngineError> {
+        match self.logit_bias.iter().find(|&&(id, _)| id as usize >= vocab_size) {
+            Some(&(id, _)) => Err(EngineError::invalid(
+                "logit_bias",
+                format!("token {id} is outside the vocabulary ({vocab_size} tokens)"),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// Checks every field; the error names the first bad one.
@@ -137,6 +155,12 @@ impl SamplingParams {
         }
         if self.stop.len() > 16 {
             return Err(EngineError::invalid("stop", "at most 16 stop strings"));
+        }
+        if self.logit_bias.len() > MAX_LOGIT_BIAS {
+            return Err(EngineError::invalid("logit_bias", format!("at most {MAX_LOGIT_BIAS} tokens")));
+        }
+        if self.logit_bias.iter().any(|&(_, b)| !(-100.0..=100.0).contains(&b)) {
+            return Err(EngineError::invalid("logit_bias", "biases must be between -100 and 100"));
         }
         if self.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
             return Err(EngineError::invalid("logprobs", format!("must be at most {MAX_TOP_LOGPROBS}")));

@@ -111,6 +111,7 @@ impl ServerEngine {
     /// engine's), before a connection is made.
     fn check(&self, request: &GenerateRequest, prompt_len: usize) -> Result<usize, EngineError> {
         request.sampling.validate()?;
+        request.sampling.check_bias_tokens(self.contract.vocab_size)?;
         let context = self.contract.context_length;
         let max_tokens = request.sampling.max_tokens.unwrap_or(context.saturating_sub(prompt_len));
         if prompt_len + max_tokens > context || max_tokens == 0 {

@@ -70,6 +70,12 @@ pub(crate) fn generate_body(
         "frequency_penalty": sampling.frequency_penalty,
         "repetition_penalty": sampling.repetition_penalty,
     });
+    if !sampling.logit_bias.is_empty() {
+        // Both take OpenAI's shape: token ids as strings.
+        let bias: serde_json::Map<String, Value> =
+            sampling.logit_bias.iter().map(|&(id, b)| (id.to_string(), json!(b))).collect();
+        params["logit_bias"] = Value::Object(bias);
+    }
     let seed = sampling.seed.map(|s| json!(s as i64));
     match flavor {
         Flavor::Vllm => {

@@ -1,8 +1,8 @@
 //! Picks the next token from a row of logits, with vLLM's sampling semantics.
 //!
-//! The order of the steps is vLLM's (v0 sampler): penalties (repetition, then frequency and
-//! presence), then greedy argmax or temperature, top-k, top-p, min-p and a draw from the
-//! softmax. Clients tune these knobs against vLLM and OpenAI, so the same settings must mean the
+//! The order of the steps is vLLM's (v0 sampler): `logit_bias`, penalties (repetition, then
+//! frequency and presence), then greedy argmax or temperature, top-k, top-p, min-p and a draw
+//! from the softmax. Clients tune these knobs against vLLM and OpenAI, so the same settings must mean the
 //! same thing here.
 //!
 //! The sampler runs on the CPU once per generated token of every request, over vocabularies of
@@ -39,6 +39,8 @@ pub(crate) struct Sampler {
     presence_penalty: f32,
     frequency_penalty: f32,
     repetition_penalty: f32,
+    /// Added to these tokens' logits first.
+    logit_bias: Vec<(u32, f32)>,
     /// Seeded from the request's seed for reproducible output, from the OS otherwise.
     rng: StdRng,
     /// `(value, token)` candidates: logits while selecting by rank, then unnormalised
@@ -67,6 +69,7 @@ impl Sampler {
             presence_penalty: params.presence_penalty,
             frequency_penalty: params.frequency_penalty,
             repetition_penalty: params.repetition_penalty,
+            logit_bias: params.logit_bias.clone(),
             rng,
             candidates: Vec::new(),
             marks: Vec::new(),
@@ -81,9 +84,10 @@ impl Sampler {
     }
 
     /// Whether the next token is the largest logit as the backend computed it: greedy, and no
-    /// penalty that changes the logits first.
+    /// bias or penalty that changes the logits first.
     pub(crate) fn is_argmax(&self) -> bool {
         self.is_greedy()
+            && self.logit_bias.is_empty()
             && self.presence_penalty == 0.0
             && self.frequency_penalty == 0.0
             && (self.repetition_penalty == 1.0
@@ -94,9 +98,15 @@ impl Sampler {
     /// Chooses the next token from `logits` (one per vocabulary entry), given the `prompt` and
     /// the `output` generated so far.
     ///
-    /// The penalties are applied to `logits` in place. Greedy settings draw no random numbers,
+    /// The bias and the penalties are applied to `logits` in place (a biased token outside the
+    /// row is ignored). Greedy settings draw no random numbers,
     /// so a seeded request that mixes greedy and sampled steps stays reproducible.
     pub(crate) fn sample(&mut self, logits: &mut [f32], prompt: &[u32], output: &[u32]) -> u32 {
+        for &(id, bias) in &self.logit_bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += bias;
+            }
+        }
         self.apply_penalties(logits, prompt, output);
         let (best, max) = argmax(logits);
         // All `-inf`/NaN: nothing to sample from. `+inf`: the softmax puts all mass on it.

@@ -21,8 +21,10 @@ impl GenerationRequest for ChatCompletionRequest {
         let messages = messages(r.messages)?;
         sampling.max_tokens = r.max_completion_tokens.or(sampling.max_tokens);
         let choices = sampling.choices()?;
+        let logit_bias = crate::api::sampling::logit_bias(r.logit_bias.as_ref())?;
         let mut sampling = sampling.into_params()?;
         sampling.logprobs = logprobs;
+        sampling.logit_bias = logit_bias;
         let request_id = request_id(req, r.request_id, "chatcmpl")?;
         Ok(Generation {
             model: r.model,
@@ -86,9 +88,6 @@ fn refuse_unsupported(r: &ChatCompletionRequest) -> Result<(), Problem> {
     }
     if is_set(&r.function_call) && !auto(&r.function_call) {
         return Err(Problem::field("function_call", "api-tools-unsupported", "unsupported_parameter"));
-    }
-    if is_set(&r.logit_bias) {
-        return Err(Problem::field("logit_bias", "api-logit-bias-unsupported", "unsupported_parameter"));
     }
     Ok(())
 }

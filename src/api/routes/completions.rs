@@ -1,6 +1,6 @@
 //! `POST /v1/completions`.
 
-use super::{Generation, GenerationRequest, is_set, request_id};
+use super::{Generation, GenerationRequest, request_id};
 use crate::api::error::Problem;
 use crate::api::openai::CompletionRequest;
 use crate::api::sampling::WithSampling;
@@ -28,14 +28,13 @@ impl GenerationRequest for CompletionRequest {
         if r.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS as u64) {
             return Err(Problem::field("logprobs", "api-logprobs-too-many", "invalid_value"));
         }
-        if is_set(&r.logit_bias) {
-            return Err(Problem::field("logit_bias", "api-logit-bias-unsupported", "unsupported_parameter"));
-        }
         let prompt = prompt(r.prompt)?;
         sampling.max_tokens.get_or_insert(DEFAULT_MAX_TOKENS);
+        let logit_bias = crate::api::sampling::logit_bias(r.logit_bias.as_ref())?;
         let mut sampling = sampling.into_params()?;
         // The count was checked above.
         sampling.logprobs = r.logprobs.map(|n| n as usize);
+        sampling.logit_bias = logit_bias;
         let request_id = request_id(req, r.request_id, "cmpl")?;
         Ok(Generation {
             model: r.model,

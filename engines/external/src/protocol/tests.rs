@@ -47,7 +47,11 @@ fn sglang_chunks_carry_ids_and_meta_info() {
 fn bodies_send_ids_and_the_engines_own_spellings() {
     let mut s = SamplingParams::greedy(4);
     s.seed = Some(3);
+    s.logit_bias = vec![(7, -100.0), (9, 2.5)];
+    s.logprobs = Some(2);
     let v = generate_body(Flavor::Vllm, "m", "r1", &[1, 2], &s, 100);
+    assert_eq!(v["logit_bias"], json!({"7": -100.0, "9": 2.5}));
+    assert_eq!((v["logprobs"].clone(), v["return_tokens_as_token_ids"].clone()), (json!(2), json!(true)));
     assert_eq!(v["prompt"], json!([1, 2]));
     assert_eq!(v["return_token_ids"], json!(true));
     assert_eq!(v["max_tokens"], json!(4));
@@ -59,6 +63,8 @@ fn bodies_send_ids_and_the_engines_own_spellings() {
     assert_eq!(v["sampling_params"]["max_new_tokens"], json!(100), "no limit: what the context leaves");
     assert_eq!(v["sampling_params"]["top_k"], json!(-1), "SGLang spells all tokens -1");
     assert_eq!(v["sampling_params"]["sampling_seed"], json!(3));
+    assert_eq!(v["sampling_params"]["logit_bias"], json!({"7": -100.0, "9": 2.5}));
+    assert_eq!((v["return_logprob"].clone(), v["top_logprobs_num"].clone()), (json!(true), json!(2)));
 }
 
 #[test]

@@ -136,6 +136,7 @@ impl NativeEngine {
         mode: Mode,
     ) -> Result<(Box<Seq>, TokenStream), EngineError> {
         request.sampling.validate()?;
+        request.sampling.check_bias_tokens(self.contract.vocab_size)?;
         if request.request_id.is_empty() {
             return Err(EngineError::invalid("request_id", "must not be empty"));
         }

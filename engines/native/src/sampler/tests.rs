@@ -306,3 +306,19 @@ fn degenerate_rows_never_panic() {
     let negative = SamplingParams { temperature: -1.0, ..params(1.0) };
     assert_eq!(sampler(&negative).sample(&mut [0.0, 2.0, 1.0], &[], &[]), 1);
 }
+
+#[test]
+fn logit_bias_comes_first_and_ends_the_argmax_shortcut() {
+    let logits = [1.0f32, 3.0, 2.0, 0.0];
+    let mut p = params(0.0);
+    assert!(sampler(&p).is_argmax());
+    p.logit_bias = vec![(2, 1.5), (99, 100.0)];
+    let mut s = sampler(&p);
+    assert!(!s.is_argmax(), "the backend's argmax would not see the bias");
+    let mut row = logits;
+    assert_eq!(s.sample(&mut row, &[], &[]), 2, "3.5 now beats 3.0; the token past the row is ignored");
+    assert_eq!(row, [1.0, 3.0, 3.5, 0.0]);
+    // Banned by -100: the next best.
+    p.logit_bias = vec![(1, -100.0)];
+    assert_eq!(sampler(&p).sample(&mut logits.clone(), &[], &[]), 2);
+}
