@@ -9,6 +9,7 @@ model_engine spelled as Xinference spells it (vLLM, SGLang), and checks:
     count through xinf as from the engine's own server (found from xinf's log);
   - a completion's log-probabilities (`logprobs: 3`): the same per-token values through xinf
     as from the engine's own server, three alternatives each, the chosen token's first;
+  - `logit_bias` (+100 on one token): the same text through xinf as from the engine's own;
   - an engine server killed with SIGKILL: the replica is marked dead at once, requests fail
     with an error, and xinf keeps answering (vLLM);
   - terminate: the server's processes are gone (SGLang);
@@ -192,6 +193,12 @@ def run_engine(name, log_path):
     firsts = [max(t.values()) if t else None for t in tops]
     check(f"{name}: three alternatives per token, the greedy token the likeliest",
           len(tops) == 8 and all(len(t) == 3 for t in tops) and firsts == vx, tops)
+    # logit_bias: xinf passes it on in the engine's own shape.
+    req = {"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0, "logit_bias": {"100": 100}}
+    sx, x = post(f"{API}/v1/completions", dict(req, model=uid))
+    sd, d = post(f"{base}/v1/completions", dict(req, model=served))
+    tx, td = (x.get("choices") or [{}])[0].get("text"), (d.get("choices") or [{}])[0].get("text")
+    check(f"{name}: logit_bias gives the engine's own text", sx == sd == 200 and tx == td, f"{tx!r} vs {td!r}")
     pids = engine_pids(port)
     pgid = os.getpgid(pids[0]) if pids else -1
     report[f"{name}_group_size"] = len(group_pids(pgid))
