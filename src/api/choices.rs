@@ -1,6 +1,7 @@
-//! Several choices for one request (`n` > 1): each choice is an engine request of its own,
-//! `<id>-<index>`, with the seed plus its index when a seed is given (so that the choices
-//! differ and each is reproducible), all run side by side. Their token streams are merged, each
+//! Several choices for one request (`n` > 1), or several prompts (a completions batch): each
+//! choice of each prompt is an engine request of its own, `<id>-<index>` with index `k·n + i` for
+//! prompt `k`'s choice `i`, as OpenAI numbers them. Choice `i` gets the seed plus `i` when a seed
+//! is given (so that a prompt's choices differ and each is reproducible). All run side by side. Their token streams are merged, each
 //! event tagged with its choice's index. Aborting the request's id aborts every choice: the
 //! abort route looks the id up in [`Fanouts`].
 
@@ -13,22 +14,29 @@ use xinf_engine::{EngineError, GenerateRequest, TokenEvent, TokenStream};
 /// The most choices one request may ask for: each is a sequence of its own in the engine.
 pub(crate) const MAX_CHOICES: usize = 16;
 
+/// The most engine requests (prompts × choices) one request may start: a batch's sequences all
+/// wait in one engine's queue at once, and half the default queue leaves room for others.
+pub(crate) const MAX_FANOUT: usize = 128;
+
 /// Token events of every choice of a request, each with its choice's index.
 pub(crate) type ChoiceStream = BoxStream<'static, (usize, Result<TokenEvent, EngineError>)>;
 
-/// The engine request of each of `n` choices of `request` (the request itself when `n` is 1).
-pub(crate) fn split(request: GenerateRequest, n: usize) -> Vec<GenerateRequest> {
-    if n == 1 {
-        return vec![request];
+/// The engine request of each of `n` choices of each of `requests` (one per prompt, all with the
+/// request's id), in choice-index order; a lone prompt's lone choice is the request itself.
+pub(crate) fn split(requests: Vec<GenerateRequest>, n: usize) -> Vec<GenerateRequest> {
+    if n == 1 && requests.len() == 1 {
+        return requests;
     }
-    (0..n)
-        .map(|i| {
+    let mut out = Vec::with_capacity(requests.len() * n);
+    for (k, request) in requests.into_iter().enumerate() {
+        for i in 0..n {
             let mut r = request.clone();
-            r.request_id = choice_id(&request.request_id, i);
+            r.request_id = choice_id(&request.request_id, k * n + i);
             r.sampling.seed = request.sampling.seed.map(|s| s.wrapping_add(i as u64));
-            r
-        })
-        .collect()
+            out.push(r);
+        }
+    }
+    out
 }
 
 /// The engine request id of choice `index` of request `id`.
@@ -85,12 +93,32 @@ mod tests {
             prompt: Prompt::Text("x".into()),
             sampling: SamplingParams { seed: Some(u64::MAX), ..SamplingParams::default() },
         };
-        assert_eq!(split(request.clone(), 1), vec![request.clone()]);
-        let three = split(request, 3);
+        assert_eq!(split(vec![request.clone()], 1), vec![request.clone()]);
+        let three = split(vec![request.clone()], 3);
         let ids: Vec<&str> = three.iter().map(|r| r.request_id.as_str()).collect();
         assert_eq!(ids, ["r-0", "r-1", "r-2"]);
         let seeds: Vec<Option<u64>> = three.iter().map(|r| r.sampling.seed).collect();
         assert_eq!(seeds, [Some(u64::MAX), Some(0), Some(1)]);
+    }
+
+    #[test]
+    fn a_batch_numbers_its_choices_prompt_by_prompt() {
+        let request = |text: &str| GenerateRequest {
+            request_id: "r".into(),
+            prompt: Prompt::Text(text.into()),
+            sampling: SamplingParams { seed: Some(7), ..SamplingParams::default() },
+        };
+        let four = split(vec![request("a"), request("b")], 2);
+        let got: Vec<(&str, &Prompt, Option<u64>)> =
+            four.iter().map(|r| (r.request_id.as_str(), &r.prompt, r.sampling.seed)).collect();
+        let (a, b) = (Prompt::Text("a".into()), Prompt::Text("b".into()));
+        assert_eq!(
+            got,
+            [("r-0", &a, Some(7)), ("r-1", &a, Some(8)), ("r-2", &b, Some(7)), ("r-3", &b, Some(8))]
+        );
+        let alone = split(vec![request("a"), request("b")], 1);
+        let ids: Vec<&str> = alone.iter().map(|r| r.request_id.as_str()).collect();
+        assert_eq!(ids, ["r-0", "r-1"]);
     }
 
     #[test]

@@ -4,9 +4,9 @@
 //! the response body, which drops the token stream, which aborts the request in the engine.
 //!
 //! Events: `data: {chunk}\n\n` for every chunk, then `data: [DONE]\n\n`. A chunk carries one
-//! choice, named by its `index` (several with `n` > 1, their chunks interleaved as the tokens
-//! come). Chat streams start with a chunk per choice whose delta is
-//! `{"role": "assistant", "content": ""}`. Empty text deltas (a multi-byte character or a
+//! choice, named by its `index` (several with `n` > 1 or several prompts, their chunks
+//! interleaved as the tokens come; choice `k·n + i` is prompt `k`'s choice `i`). Chat streams
+//! start with a chunk per choice whose delta is `{"role": "assistant", "content": ""}`. Empty text deltas (a multi-byte character or a
 //! possible stop string still pending) are not sent, unless they carry a token's
 //! log-probabilities (the request asked for them: one token per chunk). The last chunk of each
 //! choice carries its `finish_reason`; with `stream_options.include_usage` a chunk with
@@ -67,7 +67,9 @@ struct EventState {
     offsets: Vec<usize>,
     /// Choices not finished yet.
     open: usize,
-    /// Token counts of the finished choices: the prompt once, the outputs summed.
+    /// Choices per prompt: choices `k·per_prompt .. (k+1)·per_prompt` share prompt `k`.
+    per_prompt: usize,
+    /// Token counts of the finished choices: each prompt once, the outputs summed.
     usage: Usage,
     /// Keeps a multi-choice request where the abort route finds it while it streams.
     _fanout: Option<Registered>,
@@ -197,7 +199,9 @@ impl EventState {
                     }
                     Some((index, Ok(TokenEvent::Finished { reason, usage }))) => {
                         self.open = self.open.saturating_sub(1);
-                        self.usage.prompt_tokens = usage.prompt_tokens;
+                        if index % self.per_prompt == 0 {
+                            self.usage.prompt_tokens += usage.prompt_tokens;
+                        }
                         self.usage.completion_tokens += usage.completion_tokens;
                         self.phase = match (self.open, self.include_usage) {
                             (0, true) => Phase::Usage,
@@ -237,6 +241,8 @@ pub(crate) struct Streamed {
     pub(crate) flavor: Flavor,
     pub(crate) meta: ResponseMeta,
     pub(crate) include_usage: bool,
+    /// Choices per prompt (`n`).
+    pub(crate) per_prompt: usize,
     pub(crate) lang: &'static str,
     /// A multi-choice request's entry for the abort route, kept while the response streams.
     pub(crate) fanout: Option<Registered>,
@@ -254,6 +260,7 @@ pub(crate) fn events(s: Streamed) -> impl Stream<Item = Result<Bytes, Infallible
         phase: Phase::Role(0),
         offsets: vec![0; n],
         open: n,
+        per_prompt: s.per_prompt.max(1),
         usage: Usage::default(),
         _fanout: s.fanout,
     };

@@ -1,5 +1,6 @@
-//! Several choices for one request (`n`): each its own, reproducible with a seed, streamed
-//! interleaved by index, counted together, aborted together.
+//! Several choices for one request (`n`), and several prompts (a completions batch): each its
+//! own, reproducible with a seed, streamed interleaved by index, counted together, aborted
+//! together.
 
 use super::{UID, chat, chunks, completion, merged, read_events, shared};
 use crate::util::http;
@@ -83,4 +84,38 @@ fn the_abort_route_ends_every_choice() {
     // Once it has ended, the id is unknown again.
     let again = http::request(a, "POST", &format!("/v1/models/{UID}/requests/{rid}/abort"), &[], b"");
     assert_eq!(again.json(), json!({"msg": "NOT_FOUND"}));
+}
+
+#[test]
+fn a_batch_of_prompts_answers_each_as_alone() {
+    let a = shared().addr();
+    let prompts = ["The capital of France is", "One, two, three,"];
+    let body = |prompt: Value, n: usize| json!({"model": UID, "prompt": prompt, "n": n, "temperature": 0, "max_tokens": 6});
+    let alone: Vec<Value> =
+        prompts.iter().map(|p| http::post(a, "/v1/completions", &body(json!(p), 1)).json()).collect();
+    // Token ids and text mixed; two greedy choices each, numbered prompt by prompt.
+    let ids = crate::util::shared_smollm2().tokenizer().encode(prompts[1], true).expect("encode");
+    let batch = json!([prompts[0], ids]);
+    let whole = http::post(a, "/v1/completions", &body(batch.clone(), 2)).json();
+    let texts: Vec<&Value> =
+        whole["choices"].as_array().expect("choices").iter().map(|c| &c["text"]).collect();
+    let want: Vec<&Value> = alone.iter().flat_map(|o| [&o["choices"][0]["text"]; 2]).collect();
+    assert_eq!(texts, want, "{whole}");
+    let indices: Vec<&Value> =
+        whole["choices"].as_array().expect("choices").iter().map(|c| &c["index"]).collect();
+    assert_eq!(indices, [0, 1, 2, 3], "{whole}");
+    // Usage: each prompt once, every choice's output.
+    let prompt_tokens: u64 = alone.iter().map(|o| o["usage"]["prompt_tokens"].as_u64().expect("usage")).sum();
+    assert_eq!(whole["usage"]["prompt_tokens"], prompt_tokens, "{whole}");
+    let outputs: u64 =
+        alone.iter().map(|o| 2 * o["usage"]["completion_tokens"].as_u64().expect("usage")).sum();
+    assert_eq!(whole["usage"]["completion_tokens"], outputs, "{whole}");
+
+    let stream = merged(body(batch, 2), json!({"stream": true, "stream_options": {"include_usage": true}}));
+    let events = chunks(&http::post(a, "/v1/completions", &stream));
+    let (streamed, finishes) = streamed_texts(&events, 4);
+    let want: Vec<String> = want.iter().map(|t| t.as_str().unwrap_or_default().to_owned()).collect();
+    assert_eq!(streamed, want, "{events:?}");
+    assert_eq!(finishes.len(), 4, "{finishes:?}");
+    assert_eq!(events.last().map(|c| c["usage"].clone()), Some(whole["usage"].clone()), "{events:?}");
 }

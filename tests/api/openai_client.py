@@ -99,6 +99,14 @@ def main():
     s1 = client.completions.create(model=model, prompt="Once upon a time", temperature=1.0, seed=3, max_tokens=10)
     s2 = client.completions.create(model=model, prompt="Once upon a time", temperature=1.0, seed=3, max_tokens=10)
     check(s1.choices[0].text == s2.choices[0].text, (s1.choices[0].text, s2.choices[0].text))
+    # A batch of prompts: the choices come prompt by prompt, each as the prompt alone gives it.
+    batch = client.completions.create(
+        model=model, prompt=["The capital of France is", "Once upon a time"], temperature=0, max_tokens=8
+    )
+    alone = client.completions.create(model=model, prompt="Once upon a time", temperature=0, max_tokens=8)
+    check([x.index for x in batch.choices] == [0, 1], batch)
+    check([x.text for x in batch.choices] == [c.choices[0].text, alone.choices[0].text], batch)
+    check(batch.usage.prompt_tokens == c.usage.prompt_tokens + alone.usage.prompt_tokens, batch.usage)
 
     # Several choices: each its own, reproducible with a seed; streamed by index.
     kw = dict(model=model, messages=QUESTION, temperature=1.0, seed=11, max_tokens=8, n=3)

@@ -28,7 +28,7 @@ impl GenerationRequest for ChatCompletionRequest {
         let request_id = request_id(req, r.request_id, "chatcmpl")?;
         Ok(Generation {
             model: r.model,
-            request: GenerateRequest { request_id, prompt: Prompt::Chat(messages), sampling },
+            requests: vec![GenerateRequest { request_id, prompt: Prompt::Chat(messages), sampling }],
             choices,
             stream: r.stream.unwrap_or(false),
             include_usage: r.stream_options.and_then(|o| o.include_usage).unwrap_or(false),

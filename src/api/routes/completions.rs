@@ -1,6 +1,7 @@
 //! `POST /v1/completions`.
 
 use super::{Generation, GenerationRequest, request_id};
+use crate::api::choices::MAX_FANOUT;
 use crate::api::error::Problem;
 use crate::api::openai::CompletionRequest;
 use crate::api::sampling::WithSampling;
@@ -28,7 +29,15 @@ impl GenerationRequest for CompletionRequest {
         if r.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS as u64) {
             return Err(Problem::field("logprobs", "api-logprobs-too-many", "invalid_value"));
         }
-        let prompt = prompt(r.prompt)?;
+        let prompts = prompts(r.prompt)?;
+        if prompts.len() * choices > MAX_FANOUT {
+            return Err(Problem::field_with(
+                "prompt",
+                "api-prompt-batch-too-large",
+                "invalid_value",
+                ("count", prompts.len().to_string()),
+            ));
+        }
         sampling.max_tokens.get_or_insert(DEFAULT_MAX_TOKENS);
         let logit_bias = crate::api::sampling::logit_bias(r.logit_bias.as_ref())?;
         let mut sampling = sampling.into_params()?;
@@ -38,7 +47,14 @@ impl GenerationRequest for CompletionRequest {
         let request_id = request_id(req, r.request_id, "cmpl")?;
         Ok(Generation {
             model: r.model,
-            request: GenerateRequest { request_id, prompt, sampling },
+            requests: prompts
+                .into_iter()
+                .map(|prompt| GenerateRequest {
+                    request_id: request_id.clone(),
+                    prompt,
+                    sampling: sampling.clone(),
+                })
+                .collect(),
             choices,
             stream: r.stream.unwrap_or(false),
             include_usage: r.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
@@ -47,38 +63,26 @@ impl GenerationRequest for CompletionRequest {
     }
 }
 
-/// The prompt: a string, a list of token ids, or a list holding exactly one of them.
-fn prompt(value: Value) -> Result<Prompt, Problem> {
+/// The prompts: a string, a list of token ids, or a list of strings and token-id lists (a
+/// batch, each answered as its own choices).
+fn prompts(value: Value) -> Result<Vec<Prompt>, Problem> {
     let invalid = || Problem::field("prompt", "api-prompt-invalid", "invalid_value");
+    let empty = || Problem::field("prompt", "api-prompt-empty", "invalid_value");
     match value {
-        Value::String(s) => Ok(Prompt::Text(s)),
-        Value::Array(items) => {
-            if items.is_empty() {
-                return Err(Problem::field("prompt", "api-prompt-empty", "invalid_value"));
-            }
-            if items.iter().all(Value::is_number) {
-                return token_ids(&items).map(Prompt::Tokens).ok_or_else(invalid);
-            }
-            if items.len() > 1 {
-                if items.iter().all(|v| v.is_string() || v.is_array()) {
-                    return Err(Problem::field_with(
-                        "prompt",
-                        "api-prompt-batch",
-                        "unsupported_parameter",
-                        ("count", items.len().to_string()),
-                    ));
-                }
-                return Err(invalid());
-            }
-            match items.into_iter().next() {
-                Some(Value::String(s)) => Ok(Prompt::Text(s)),
-                Some(Value::Array(ids)) if !ids.is_empty() => {
-                    token_ids(&ids).map(Prompt::Tokens).ok_or_else(invalid)
-                }
-                Some(Value::Array(_)) => Err(Problem::field("prompt", "api-prompt-empty", "invalid_value")),
-                _ => Err(invalid()),
-            }
+        Value::String(s) => Ok(vec![Prompt::Text(s)]),
+        Value::Array(items) if items.is_empty() => Err(empty()),
+        Value::Array(items) if items.iter().all(Value::is_number) => {
+            token_ids(&items).map(|ids| vec![Prompt::Tokens(ids)]).ok_or_else(invalid)
         }
+        Value::Array(items) => items
+            .into_iter()
+            .map(|item| match item {
+                Value::String(s) => Ok(Prompt::Text(s)),
+                Value::Array(ids) if ids.is_empty() => Err(empty()),
+                Value::Array(ids) => token_ids(&ids).map(Prompt::Tokens).ok_or_else(invalid),
+                _ => Err(invalid()),
+            })
+            .collect(),
         _ => Err(invalid()),
     }
 }
@@ -92,7 +96,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn code(r: Result<Prompt, Problem>) -> String {
+    fn code(r: Result<Vec<Prompt>, Problem>) -> String {
         match r {
             Ok(p) => format!("{p:?}"),
             Err(Problem::Field { key, .. }) => key.to_owned(),
@@ -102,15 +106,22 @@ mod tests {
 
     #[test]
     fn prompt_forms() {
-        assert_eq!(prompt(json!("hi")).ok(), Some(Prompt::Text("hi".into())));
-        assert_eq!(prompt(json!(["hi"])).ok(), Some(Prompt::Text("hi".into())));
-        assert_eq!(prompt(json!([1, 2])).ok(), Some(Prompt::Tokens(vec![1, 2])));
-        assert_eq!(prompt(json!([[1, 2]])).ok(), Some(Prompt::Tokens(vec![1, 2])));
-        assert_eq!(code(prompt(json!(["a", "b"]))), "api-prompt-batch");
-        assert_eq!(code(prompt(json!([[1], [2]]))), "api-prompt-batch");
-        assert_eq!(code(prompt(json!([]))), "api-prompt-empty");
-        assert_eq!(code(prompt(json!([-1]))), "api-prompt-invalid");
-        assert_eq!(code(prompt(json!([1.5]))), "api-prompt-invalid");
-        assert_eq!(code(prompt(json!({"a": 1}))), "api-prompt-invalid");
+        let text = |s: &str| Prompt::Text(s.into());
+        assert_eq!(prompts(json!("hi")).ok(), Some(vec![text("hi")]));
+        assert_eq!(prompts(json!(["hi"])).ok(), Some(vec![text("hi")]));
+        assert_eq!(prompts(json!([1, 2])).ok(), Some(vec![Prompt::Tokens(vec![1, 2])]));
+        assert_eq!(prompts(json!([[1, 2]])).ok(), Some(vec![Prompt::Tokens(vec![1, 2])]));
+        assert_eq!(prompts(json!(["a", "b"])).ok(), Some(vec![text("a"), text("b")]));
+        assert_eq!(
+            prompts(json!([[1], "b", [2, 3]])).ok(),
+            Some(vec![Prompt::Tokens(vec![1]), text("b"), Prompt::Tokens(vec![2, 3])])
+        );
+        assert_eq!(code(prompts(json!([]))), "api-prompt-empty");
+        assert_eq!(code(prompts(json!(["a", []]))), "api-prompt-empty");
+        assert_eq!(code(prompts(json!([-1]))), "api-prompt-invalid");
+        assert_eq!(code(prompts(json!([1.5]))), "api-prompt-invalid");
+        assert_eq!(code(prompts(json!(["a", 1]))), "api-prompt-invalid");
+        assert_eq!(code(prompts(json!([["a"]]))), "api-prompt-invalid");
+        assert_eq!(code(prompts(json!({"a": 1}))), "api-prompt-invalid");
     }
 }

@@ -233,16 +233,19 @@ async fn create<R: GenerationRequest>(
 /// Runs a generation request: the common part of both APIs once the prompt is built.
 async fn generate(state: &AppState, req: &HttpRequest, job: Generation) -> Result<HttpResponse, Problem> {
     let lang = request_lang(req);
-    let meta = ResponseMeta { id: job.request.request_id.clone(), model: job.model.clone(), created: now() };
+    let first =
+        job.requests.first().ok_or_else(|| Problem::field("prompt", "api-prompt-empty", "invalid_value"))?;
+    let meta = ResponseMeta { id: first.request_id.clone(), model: job.model.clone(), created: now() };
     // The request span is born here; the service call runs inside it.
     let span = tracing::info_span!(target: "xinf::api", "request", request_id = %meta.id, model = %job.model);
     tracing::debug!(parent: &span, stream = job.stream, "generate");
-    let asked_logprobs = job.request.sampling.logprobs.is_some();
-    // A request of several choices is in the abort route's table while it runs.
-    let fanout = (job.choices > 1).then(|| state.fanouts.register(&meta.id, job.choices));
-    let starts = choices::split(job.request, job.choices)
-        .into_iter()
-        .map(|r| state.service.generate(&job.model, r).instrument(span.clone()));
+    let asked_logprobs = first.sampling.logprobs.is_some();
+    let per_prompt = job.choices;
+    let engine_requests = choices::split(job.requests, per_prompt);
+    // A request of several choices or prompts is in the abort route's table while it runs.
+    let fanout = (engine_requests.len() > 1).then(|| state.fanouts.register(&meta.id, engine_requests.len()));
+    let starts =
+        engine_requests.into_iter().map(|r| state.service.generate(&job.model, r).instrument(span.clone()));
     // One choice refused stops the others (dropping their streams aborts them).
     let streams = futures::future::try_join_all(starts).await.map_err(|e| blame_context(e, job.flavor))?;
     if job.stream {
@@ -251,6 +254,7 @@ async fn generate(state: &AppState, req: &HttpRequest, job: Generation) -> Resul
             flavor: job.flavor,
             meta,
             include_usage: job.include_usage,
+            per_prompt,
             lang,
             fanout,
         };
@@ -273,7 +277,7 @@ async fn generate(state: &AppState, req: &HttpRequest, job: Generation) -> Resul
         }
     };
     drop(fanout);
-    Ok(whole_response(meta, job.flavor, outs, asked_logprobs))
+    Ok(whole_response(meta, job.flavor, outs, per_prompt, asked_logprobs))
 }
 
 /// The answer of a request that did not stream: every choice's whole output.
@@ -281,11 +285,12 @@ fn whole_response(
     meta: ResponseMeta,
     flavor: Flavor,
     outs: Vec<sse::Collected>,
+    per_prompt: usize,
     logprobs: bool,
 ) -> HttpResponse {
-    // The prompt counted once, the outputs of every choice summed.
+    // Each prompt counted once (its first choice's count), the outputs of every choice summed.
     let usage = UsageOut::from(xinf_engine::Usage {
-        prompt_tokens: outs.first().map_or(0, |o| o.usage.prompt_tokens),
+        prompt_tokens: outs.iter().step_by(per_prompt.max(1)).map(|o| o.usage.prompt_tokens).sum(),
         completion_tokens: outs.iter().map(|o| o.usage.completion_tokens).sum(),
     });
     let mut res = HttpResponse::Ok();
@@ -347,8 +352,9 @@ fn blame_context(e: ServiceError, flavor: Flavor) -> Problem {
 /// A validated generation request.
 pub(crate) struct Generation {
     pub(crate) model: String,
-    pub(crate) request: xinf_engine::GenerateRequest,
-    /// Choices to generate (`n`), each an engine request of its own.
+    /// One request per prompt (several only in a completions batch), all with the request's id.
+    pub(crate) requests: Vec<xinf_engine::GenerateRequest>,
+    /// Choices to generate per prompt (`n`), each an engine request of its own.
     pub(crate) choices: usize,
     pub(crate) stream: bool,
     pub(crate) include_usage: bool,
