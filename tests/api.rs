@@ -7,6 +7,7 @@ mod choices;
 mod corpus;
 mod logit_bias;
 mod logprobs;
+mod structured;
 mod web_ui;
 mod xinference_client;
 
@@ -233,9 +234,9 @@ fn bad_requests_are_refused_naming_the_field() {
         ("/v1/completions", completion(json!({"n": 2, "best_of": 3})), Some("best_of"), "`n`"),
         (
             "/v1/chat/completions",
-            chat(json!({"response_format": {"type": "json_object"}})),
+            chat(json!({"response_format": {"type": "grammar"}})),
             Some("response_format"),
-            "json_object",
+            "`json_schema`",
         ),
         ("/v1/chat/completions", chat(json!({"stop": 5})), Some("stop"), "stop"),
         ("/v1/chat/completions", chat(json!({"top_k": -5})), Some("top_k"), "top_k"),

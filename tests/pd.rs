@@ -162,12 +162,34 @@ fn pd_matches_the_ordinary_replica_across_layouts() {
         }
     }
 
+    // Structured output: the grammar the prefill side sampled the first token under goes on at
+    // the decode side from that token, so the output is the ordinary replica's.
+    let shaped_lengths = [65, 130];
+    for n in shaped_lengths {
+        let body = |model: &str| {
+            json!({"model": model, "prompt": prompt(n), "max_tokens": 12, "temperature": 0,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer"}}}})
+        };
+        let text = |model: &str| {
+            let res = http::post(addr, "/v1/completions", &body(model));
+            assert_eq!(res.status, 200, "{model}: {}", res.text());
+            res.json()["choices"][0]["text"].as_str().unwrap_or_default().to_owned()
+        };
+        let want = text("hybrid");
+        assert!(want.trim().parse::<i64>().is_ok(), "{n} tokens: {want:?}");
+        for (uid, _) in &deployments {
+            assert_eq!(text(uid), want, "{uid}, {n} tokens");
+        }
+    }
+
     for (uid, _) in &deployments {
         let s = stats(addr, uid);
         let h = &s["handoff"];
         let recompute = uid.ends_with("recompute");
-        let handoffs = LENGTHS.len() + 2 * logprob_lengths.len();
-        let moved = pages(LENGTHS, recompute) + 2 * pages(&logprob_lengths, recompute);
+        let handoffs = LENGTHS.len() + 2 * logprob_lengths.len() + shaped_lengths.len();
+        let moved = pages(LENGTHS, recompute)
+            + 2 * pages(&logprob_lengths, recompute)
+            + pages(&shaped_lengths, recompute);
         assert_eq!(h["pages_transferred"], moved, "{uid}: {s}");
         assert_eq!(h["in_process_transfers"], handoffs, "{uid}: {s}");
         assert_eq!(h["tcp_transfers"], 0, "{uid}: {s}");
@@ -189,7 +211,7 @@ fn pd_matches_the_ordinary_replica_across_layouts() {
     assert!(metrics.contains("xinf_handoff_pages_total{model_uid=\"fa-to-pool\""), "{metrics}");
     // Every fetch is in the latency histogram, once, in the +Inf bucket at least.
     let labels = "model_uid=\"fa-to-pool\",model_name=\"smollm2-instruct\"";
-    let n = LENGTHS.len() + 2 * logprob_lengths.len();
+    let n = LENGTHS.len() + 2 * logprob_lengths.len() + shaped_lengths.len();
     assert!(metrics.contains(&format!("xinf_handoff_transfer_seconds_count{{{labels}}} {n}")), "{metrics}");
     assert!(
         metrics.contains(&format!("xinf_handoff_transfer_seconds_bucket{{{labels},le=\"+Inf\"}} {n}")),

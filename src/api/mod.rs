@@ -53,6 +53,7 @@ mod logprobs;
 mod openai;
 mod panics;
 mod peer;
+mod response_format;
 mod routes;
 mod sampling;
 mod service;

@@ -133,6 +133,8 @@ pub(crate) struct CompletionRequest {
     pub(crate) suffix: Option<String>,
     #[serde(default)]
     pub(crate) logit_bias: Option<Value>,
+    #[serde(default)]
+    pub(crate) response_format: Option<Value>,
     #[serde(default, rename = "user")]
     _user: Option<IgnoredAny>,
     #[serde(default)]

@@ -62,6 +62,8 @@ impl SamplingFields {
             logprobs: None,
             // Read with the request's other fields by its route (see [`logit_bias`]).
             logit_bias: Vec::new(),
+            // Read from `response_format` by its route.
+            structured: None,
         };
         params.validate()?;
         Ok(params)

@@ -138,8 +138,7 @@ fn chat_cases() -> Vec<(Value, String)> {
         ("top_logprobs", json!(21)),
         ("top_logprobs", json!(-1)),
         ("top_logprobs", json!("x")),
-        ("response_format", json!({"type": "json_object"})),
-        ("response_format", json!({"type": "json_schema", "json_schema": {}})),
+        ("response_format", json!({"type": "grammar"})),
         ("response_format", json!({})),
         ("response_format", json!(5)),
         ("tools", json!([{"type": "function", "function": {"name": "f"}}])),
@@ -156,6 +155,12 @@ fn chat_cases() -> Vec<(Value, String)> {
     for (field, value) in refused {
         cases.push((chat(json!({ field: value })), field.to_owned()));
     }
+    for format in [json!({"type": "json_schema", "json_schema": {}}), json!({"type": "json_schema"})] {
+        cases.push((
+            chat(json!({"response_format": format})),
+            "response_format.json_schema.schema".to_owned(),
+        ));
+    }
     cases
 }
 
@@ -169,8 +174,9 @@ fn completion_cases() -> Vec<(Value, String)> {
         json!({"text": "x"}),
         json!([]),
         json!([[]]),
-        json!(["a", "b"]),
-        json!([[1, 2], [3]]),
+        json!(["a", 5]),
+        json!([["a"]]),
+        json!([[1, 2], []]),
         json!([-1]),
         json!([1.5]),
         json!(["a", 1]),

@@ -10,6 +10,7 @@ model_engine spelled as Xinference spells it (vLLM, SGLang), and checks:
   - a completion's log-probabilities (`logprobs: 3`): the same per-token values through xinf
     as from the engine's own server, three alternatives each, the chosen token's first;
   - `logit_bias` (+100 on one token): the same text through xinf as from the engine's own;
+  - `response_format` (a JSON Schema of an integer): the output is an integer;
   - an engine server killed with SIGKILL: the replica is marked dead at once, requests fail
     with an error, and xinf keeps answering (vLLM);
   - terminate: the server's processes are gone (SGLang);
@@ -199,6 +200,18 @@ def run_engine(name, log_path):
     sd, d = post(f"{base}/v1/completions", dict(req, model=served))
     tx, td = (x.get("choices") or [{}])[0].get("text"), (d.get("choices") or [{}])[0].get("text")
     check(f"{name}: logit_bias gives the engine's own text", sx == sd == 200 and tx == td, f"{tx!r} vs {td!r}")
+    # response_format: the engine's own grammar (xgrammar) keeps the random model's output an
+    # integer.
+    fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer"}}}
+    req = {"prompt": PROMPTS[0], "max_tokens": 12, "temperature": 0, "response_format": fmt}
+    sx, x = post(f"{API}/v1/completions", dict(req, model=uid))
+    tx = (x.get("choices") or [{}])[0].get("text") or ""
+    try:
+        shaped = isinstance(json.loads(tx), int)
+    except ValueError:  # json.JSONDecodeError included
+        shaped = False
+    check(f"{name}: response_format json_schema is followed", sx == 200 and shaped, (sx, tx, x))
+    report[f"{name}_structured"] = tx
     pids = engine_pids(port)
     pgid = os.getpgid(pids[0]) if pids else -1
     report[f"{name}_group_size"] = len(group_pids(pgid))

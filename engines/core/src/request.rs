@@ -67,7 +67,33 @@ pub struct SamplingParams {
     /// Added to these tokens' logits before anything else samples from them (OpenAI's
     /// `logit_bias`), at most [`MAX_LOGIT_BIAS`] entries, each within [-100, 100].
     pub logit_bias: Vec<(u32, f32)>,
+    /// A shape the output must take (OpenAI's `response_format`); `None`: any text.
+    pub structured: Option<StructuredOutput>,
 }
+
+/// A shape the output must take: the engine samples only tokens that keep the output a prefix
+/// of some text of that shape, and ends it once the shape is complete.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StructuredOutput {
+    /// Any JSON object (OpenAI's `json_object`).
+    JsonObject,
+    /// JSON valid against this JSON Schema, given as its text (OpenAI's `json_schema`).
+    JsonSchema(String),
+}
+
+impl StructuredOutput {
+    /// The JSON Schema the output follows, as text.
+    pub fn schema(&self) -> &str {
+        match self {
+            Self::JsonObject => r#"{"type": "object"}"#,
+            Self::JsonSchema(s) => s,
+        }
+    }
+}
+
+/// The longest JSON Schema text a request may give: a schema is compiled for every request
+/// that has one.
+pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
 
 /// The most tokens one request may bias.
 pub const MAX_LOGIT_BIAS: usize = 1024;
@@ -92,6 +118,7 @@ impl Default for SamplingParams {
             repetition_penalty: 1.0,
             logprobs: None,
             logit_bias: Vec::new(),
+            structured: None,
         }
     }
 }
@@ -161,6 +188,12 @@ impl SamplingParams {
         }
         if self.logit_bias.iter().any(|&(_, b)| !(-100.0..=100.0).contains(&b)) {
             return Err(EngineError::invalid("logit_bias", "biases must be between -100 and 100"));
+        }
+        if self.structured.as_ref().is_some_and(|s| s.schema().len() > MAX_SCHEMA_BYTES) {
+            return Err(EngineError::invalid(
+                "response_format",
+                format!("the JSON Schema is longer than {MAX_SCHEMA_BYTES} bytes"),
+            ));
         }
         if self.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
             return Err(EngineError::invalid("logprobs", format!("must be at most {MAX_TOP_LOGPROBS}")));

@@ -112,6 +112,13 @@ impl ServerEngine {
     fn check(&self, request: &GenerateRequest, prompt_len: usize) -> Result<usize, EngineError> {
         request.sampling.validate()?;
         request.sampling.check_bias_tokens(self.contract.vocab_size)?;
+        if let Some(shape) = &request.sampling.structured {
+            // Sent as JSON (vLLM) or as text the engine parses (SGLang): parsed here so that both
+            // refuse a broken schema alike, in xinf's words.
+            serde_json::from_str::<serde_json::Value>(shape.schema()).map_err(|e| {
+                EngineError::invalid("response_format", format!("the JSON Schema is not JSON: {e}"))
+            })?;
+        }
         let context = self.contract.context_length;
         let max_tokens = request.sampling.max_tokens.unwrap_or(context.saturating_sub(prompt_len));
         if prompt_len + max_tokens > context || max_tokens == 0 {
@@ -124,20 +131,32 @@ impl ServerEngine {
         Ok(max_tokens)
     }
 
-    /// Refuses log-probabilities on either leg of a handoff: the prefill leg's answer and the
-    /// first token shown from it do not carry them yet.
-    fn unscored_leg(&self, request: &GenerateRequest) -> Result<(), EngineError> {
-        if request.sampling.logprobs.is_none() {
-            return Ok(());
+    /// Refuses log-probabilities and structured output on either leg of a handoff: the prefill
+    /// leg's answer and the first token shown from it do not carry log-probabilities yet, and
+    /// the decode engine's grammar would not see the first token (vLLM takes it as part of the
+    /// prompt, SGLang is handed it outside its sampler).
+    fn plain_leg(&self, request: &GenerateRequest) -> Result<(), EngineError> {
+        if request.sampling.logprobs.is_some() {
+            return Err(EngineError::invalid(
+                "logprobs",
+                format!(
+                    "log-probabilities are not reported through prefill/decode with {} replicas yet \
+                     (ordinary replicas and the native engine report them)",
+                    self.flavor
+                ),
+            ));
         }
-        Err(EngineError::invalid(
-            "logprobs",
-            format!(
-                "log-probabilities are not reported through prefill/decode with {} replicas yet \
-                 (ordinary replicas and the native engine report them)",
-                self.flavor
-            ),
-        ))
+        if request.sampling.structured.is_some() {
+            return Err(EngineError::invalid(
+                "response_format",
+                format!(
+                    "structured output is not followed through prefill/decode with {} replicas yet \
+                     (ordinary replicas and the native engine follow it)",
+                    self.flavor
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn not_pd(&self) -> EngineError {
@@ -302,7 +321,7 @@ impl Engine for ServerEngine {
             if !self.handoffs() {
                 return Err(self.not_pd());
             }
-            self.unscored_leg(&request)?;
+            self.plain_leg(&request)?;
             if let Some(how) = self.process.exit_status() {
                 return Err(self.process.death(&how));
             }
@@ -388,7 +407,7 @@ impl Engine for ServerEngine {
         if !self.handoffs() {
             return Err(self.not_pd());
         }
-        self.unscored_leg(&request)?;
+        self.plain_leg(&request)?;
         // vLLM recomputes the last prompt token and samples the first output from it. When the
         // prefill's first token was shown already, it is given as the prompt's last token
         // instead (the room holds the KV of every token before it), so that the output goes on

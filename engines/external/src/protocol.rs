@@ -14,7 +14,7 @@
 
 use crate::Flavor;
 use serde_json::{Value, json};
-use xinf_engine::{EngineError, FinishReason, SamplingParams, Usage};
+use xinf_engine::{EngineError, FinishReason, SamplingParams, StructuredOutput, Usage};
 
 /// What one chunk of an engine's stream says.
 #[derive(Debug, Default, PartialEq)]
@@ -94,6 +94,9 @@ pub(crate) fn generate_body(
             if let Some(seed) = seed {
                 params["seed"] = seed;
             }
+            if let Some(shape) = &sampling.structured {
+                params["response_format"] = response_format(shape);
+            }
             params
         }
         Flavor::Sglang => {
@@ -102,6 +105,10 @@ pub(crate) fn generate_body(
             params["top_k"] = json!(if sampling.top_k == 0 { -1 } else { sampling.top_k as i64 });
             if let Some(seed) = seed {
                 params["sampling_seed"] = seed;
+            }
+            if let Some(shape) = &sampling.structured {
+                // SGLang's own OpenAI server turns `json_object` into this schema too.
+                params["json_schema"] = json!(shape.schema());
             }
             let mut body = json!({
                 "input_ids": ids,
@@ -116,6 +123,18 @@ pub(crate) fn generate_body(
                 body["logprob_start_len"] = json!(-1);
             }
             body
+        }
+    }
+}
+
+/// OpenAI's `response_format` for `shape`, as vLLM's completions API takes it. The schema was
+/// checked to be JSON when the request was (`Null` otherwise, which vLLM refuses).
+fn response_format(shape: &StructuredOutput) -> Value {
+    match shape {
+        StructuredOutput::JsonObject => json!({"type": "json_object"}),
+        StructuredOutput::JsonSchema(text) => {
+            let schema: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+            json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}})
         }
     }
 }

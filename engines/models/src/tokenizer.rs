@@ -9,6 +9,8 @@ use std::path::Path;
 use tokenizers::Tokenizer;
 use xinf_engine::{ChatMessage, EngineError, Prompt};
 
+mod bytes;
+
 /// A tokenizer, its chat template and the ids that end generation.
 pub struct TextTokenizer {
     inner: Tokenizer,
@@ -253,6 +255,13 @@ impl TextTokenizer {
     /// Vocabulary size including added tokens.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
+    }
+
+    /// The bytes each token id spells, for matching output against a grammar; `None` for
+    /// special tokens and ids the tokenizer does not know. `Err` says why the vocabulary's
+    /// alphabet cannot be read (neither byte-level BPE nor SentencePiece with byte fallback).
+    pub fn token_bytes(&self) -> Result<Vec<Option<Vec<u8>>>, String> {
+        bytes::token_bytes(&self.inner)
     }
 
     /// Hex sha256 of the tokenizer's serialized form and chat template.

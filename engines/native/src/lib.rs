@@ -28,6 +28,7 @@
 mod detok;
 mod engine;
 mod gpu;
+mod grammar;
 mod kv_cache;
 mod loader;
 mod logprobs;

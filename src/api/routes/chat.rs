@@ -22,9 +22,11 @@ impl GenerationRequest for ChatCompletionRequest {
         sampling.max_tokens = r.max_completion_tokens.or(sampling.max_tokens);
         let choices = sampling.choices()?;
         let logit_bias = crate::api::sampling::logit_bias(r.logit_bias.as_ref())?;
+        let structured = crate::api::response_format::read(r.response_format.as_ref())?;
         let mut sampling = sampling.into_params()?;
         sampling.logprobs = logprobs;
         sampling.logit_bias = logit_bias;
+        sampling.structured = structured;
         let request_id = request_id(req, r.request_id, "chatcmpl")?;
         Ok(Generation {
             model: r.model,
@@ -55,26 +57,6 @@ fn logprobs(r: &ChatCompletionRequest) -> Result<Option<usize>, Problem> {
 }
 
 fn refuse_unsupported(r: &ChatCompletionRequest) -> Result<(), Problem> {
-    if let Some(format) = &r.response_format {
-        match format.get("type").and_then(Value::as_str) {
-            Some("text") => {}
-            Some(kind) => {
-                return Err(Problem::field_with(
-                    "response_format",
-                    "api-response-format-unsupported",
-                    "unsupported_parameter",
-                    ("kind", kind.to_owned()),
-                ));
-            }
-            None => {
-                return Err(Problem::field(
-                    "response_format",
-                    "api-response-format-invalid",
-                    "invalid_value",
-                ));
-            }
-        }
-    }
     let auto = |v: &Option<Value>| v.as_ref().and_then(Value::as_str) == Some("auto");
     if is_set(&r.tools) {
         return Err(Problem::field("tools", "api-tools-unsupported", "unsupported_parameter"));

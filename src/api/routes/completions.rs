@@ -40,7 +40,10 @@ impl GenerationRequest for CompletionRequest {
         }
         sampling.max_tokens.get_or_insert(DEFAULT_MAX_TOKENS);
         let logit_bias = crate::api::sampling::logit_bias(r.logit_bias.as_ref())?;
+        // Not in OpenAI's completions API; vLLM takes it there too.
+        let structured = crate::api::response_format::read(r.response_format.as_ref())?;
         let mut sampling = sampling.into_params()?;
+        sampling.structured = structured;
         // The count was checked above.
         sampling.logprobs = r.logprobs.map(|n| n as usize);
         sampling.logit_bias = logit_bias;

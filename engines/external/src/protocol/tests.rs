@@ -110,3 +110,23 @@ fn log_probabilities_are_read_in_either_engines_shape() {
     let c = parse_chunk(Flavor::Sglang, r#"{"text":"a","output_ids":[7],"meta_info":{}}"#).expect("parse");
     assert!(c.is_some_and(|c| c.logprobs.is_empty()));
 }
+
+#[test]
+fn shapes_go_as_each_engine_takes_them() {
+    let mut s = SamplingParams::greedy(4);
+    s.structured = Some(StructuredOutput::JsonSchema(r#"{"type":"integer"}"#.into()));
+    let v = generate_body(Flavor::Vllm, "m", "r1", &[1], &s, 100);
+    assert_eq!(
+        v["response_format"],
+        json!({"type": "json_schema", "json_schema": {"name": "output", "schema": {"type": "integer"}}})
+    );
+    let v = generate_body(Flavor::Sglang, "m", "r1", &[1], &s, 100);
+    assert_eq!(v["sampling_params"]["json_schema"], json!(r#"{"type":"integer"}"#));
+    s.structured = Some(StructuredOutput::JsonObject);
+    let v = generate_body(Flavor::Vllm, "m", "r1", &[1], &s, 100);
+    assert_eq!(v["response_format"], json!({"type": "json_object"}));
+    let v = generate_body(Flavor::Sglang, "m", "r1", &[1], &s, 100);
+    assert_eq!(v["sampling_params"]["json_schema"], json!(r#"{"type": "object"}"#));
+    let plain = generate_body(Flavor::Vllm, "m", "r1", &[1], &SamplingParams::greedy(4), 100);
+    assert!(plain.get("response_format").is_none(), "{plain}");
+}

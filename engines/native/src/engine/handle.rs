@@ -6,14 +6,15 @@ use super::seq::{Import, Mode, Seq};
 use super::shared::{Command, Shared, dequeued};
 use super::worker::Worker;
 use crate::detok::Detokenizer;
+use crate::grammar::{Constraint, Grammars};
 use crate::options::EngineOptions;
 use crate::sampler::Sampler;
 use crate::stop::StopMatcher;
 use futures::StreamExt;
 use futures::future::BoxFuture;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, OnceLock};
 use tokio::sync::{mpsc, oneshot};
 use xinf_engine::{
     Engine, EngineError, EngineStats, GenerateRequest, ImportedKv, KvPages, ModelContract, PAGE_TOKENS,
@@ -41,6 +42,9 @@ pub struct NativeEngine {
     /// Steps the GPU backend computed by replaying a CUDA graph.
     graph_steps: Arc<AtomicU64>,
     graph_links: Arc<AtomicU64>,
+    /// Compiles structured-output requests' schemas; built by the first such request (the
+    /// vocabulary's trie takes a moment and memory that other requests never need).
+    grammars: OnceLock<Result<Grammars, String>>,
 }
 
 impl std::fmt::Debug for NativeEngine {
@@ -77,6 +81,7 @@ impl NativeEngine {
             device: parts.device,
             graph_steps: parts.graph_steps,
             graph_links: parts.graph_links,
+            grammars: OnceLock::new(),
         })
     }
 
@@ -140,6 +145,7 @@ impl NativeEngine {
         if request.request_id.is_empty() {
             return Err(EngineError::invalid("request_id", "must not be empty"));
         }
+        let constraint = request.sampling.structured.as_ref().map(|s| self.constraint(s)).transpose()?;
         let prompt = self.prompt_ids(&request.prompt)?;
         let room = self.max_seq_len.saturating_sub(prompt.len());
         let max_tokens = match request.sampling.max_tokens {
@@ -175,9 +181,26 @@ impl NativeEngine {
             preset: None,
             logprobs: request.sampling.logprobs,
             first_logprobs: None,
+            constraint,
         });
         let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).boxed();
         Ok((seq, stream))
+    }
+
+    /// The constraint of a request asking for `shape`, compiled here so that a bad schema is
+    /// refused before the request is queued.
+    fn constraint(&self, shape: &xinf_engine::StructuredOutput) -> Result<Constraint, EngineError> {
+        let grammars = self
+            .grammars
+            .get_or_init(|| Grammars::new(&self.tokenizer, self.contract.vocab_size, &self.eos))
+            .as_ref()
+            .map_err(|e| {
+                EngineError::invalid(
+                    "response_format",
+                    format!("structured output is unavailable for this model: {e}"),
+                )
+            })?;
+        grammars.constraint(shape)
     }
 
     /// Hands a sequence to the compute thread, unless the queue is full or its id is in use

@@ -3,6 +3,7 @@
 
 use super::scheduler::Schedulable;
 use crate::detok::Detokenizer;
+use crate::grammar::Constraint;
 use crate::sampler::Sampler;
 use crate::stop::StopMatcher;
 use tokio::sync::{mpsc, oneshot};
@@ -47,6 +48,8 @@ pub(super) struct Seq {
     pub(super) logprobs: Option<usize>,
     /// A pinned prefill's first token's log-probabilities, for its answer.
     pub(super) first_logprobs: Option<Box<TokenLogprobs>>,
+    /// The shape the output must take (`response_format`), where the request gave one.
+    pub(super) constraint: Option<Constraint>,
 }
 
 /// Prompt KV given to a sequence instead of computed.

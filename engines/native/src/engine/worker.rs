@@ -349,10 +349,10 @@ impl Worker {
         let mut i = 0;
         while i < self.running.len() {
             if let Some((t, logprobs)) = self.running[i].preset.take()
-                && let Some(done) = self.accept(i, t, logprobs)
+                && let Some(end) = self.accept(i, t, logprobs)
             {
                 let s = self.running.remove(i);
-                self.finish(s, Some(done), None);
+                self.end(s, end);
                 continue;
             }
             i += 1;
@@ -372,8 +372,8 @@ impl Worker {
                     block_table: &s.table,
                     want_logits: s.computed + w.tokens == s.tokens.len(),
                     prompt_len: s.prompt_len,
-                    // Log-probabilities need the whole row.
-                    argmax: s.sampler.is_argmax() && s.logprobs.is_none(),
+                    // Log-probabilities and structured output need the whole row.
+                    argmax: s.sampler.is_argmax() && s.logprobs.is_none() && s.constraint.is_none(),
                 }
             })
             .collect();
@@ -415,8 +415,12 @@ impl Worker {
             }
             let (token, logprobs) = match logits.next() {
                 Some(Row::Logits(mut row)) => {
-                    // The raw row, before the sampler's penalties and temperature change it.
+                    // The raw row, before the grammar, penalties and temperature change it.
                     let raw = s.logprobs.map(|top| (row.clone(), top));
+                    if let Some(Err(e)) = s.constraint.as_mut().map(|c| c.mask(&mut row)) {
+                        finished.push((w.seq, Err(grammar_failed(e))));
+                        continue;
+                    }
                     let (prompt, output) = s.tokens.split_at(s.prompt_len);
                     let token = s.sampler.sample(&mut row, prompt, output);
                     let logprobs = raw.map(|(raw, top)| {
@@ -427,32 +431,46 @@ impl Worker {
                 Some(Row::Argmax(token)) => (token, None),
                 None => continue,
             };
-            if let Some(reason) = self.accept(w.seq, token, logprobs) {
-                finished.push((w.seq, reason));
+            if let Some(end) = self.accept(w.seq, token, logprobs) {
+                finished.push((w.seq, end));
             }
         }
         finished.sort_by_key(|f| std::cmp::Reverse(f.0));
-        for (idx, reason) in finished {
+        for (idx, end) in finished {
             let s = self.running.remove(idx);
-            self.finish(s, Some(reason), None);
+            self.end(s, end);
         }
     }
 
-    /// Appends a sampled token to a running sequence and streams it; returns why the sequence
+    /// Ends a sequence the way [`accept`](Self::accept) or the grammar decided.
+    fn end(&mut self, s: Box<Seq>, end: Result<FinishReason, EngineError>) {
+        match end {
+            Ok(reason) => self.finish(s, Some(reason), None),
+            Err(e) => self.finish(s, None, Some(e)),
+        }
+    }
+
+    /// Appends a sampled token to a running sequence and streams it; returns how the sequence
     /// ends, if it does.
     fn accept(
         &mut self,
         idx: usize,
         token: u32,
         logprobs: Option<Box<TokenLogprobs>>,
-    ) -> Option<FinishReason> {
+    ) -> Option<Result<FinishReason, EngineError>> {
         self.shared.generated_tokens.fetch_add(1, Ordering::Relaxed);
         let s = &mut self.running[idx];
         s.tokens.push(token);
         let generated = s.tokens.len() - s.prompt_len;
+        // Every output token moves the grammar on, an imported first token included.
+        let shape_done = match s.constraint.as_mut().map(|c| c.advance(token).map(|()| c.is_done())) {
+            Some(Err(e)) => return Some(Err(grammar_failed(e))),
+            Some(Ok(done)) => done,
+            None => false,
+        };
         if matches!(s.mode, Mode::Pinned(_)) {
             s.first_logprobs = logprobs;
-            return Some(FinishReason::Length);
+            return Some(Ok(FinishReason::Length));
         }
         let is_stop_token = s.stop_ids.contains(&token);
         let text = if is_stop_token { String::new() } else { s.detok.step(&self.tokenizer, &s.tokens) };
@@ -461,16 +479,21 @@ impl Worker {
             StopOutcome::Stopped { emit } => (emit, true),
         };
         if s.tx.send(Ok(TokenEvent::Delta { token_id: token, text: emit, logprobs })).is_err() {
-            return Some(FinishReason::Abort);
+            return Some(Ok(FinishReason::Abort));
         }
-        if stopped || is_stop_token {
-            Some(FinishReason::Stop)
+        if stopped || is_stop_token || shape_done {
+            Some(Ok(FinishReason::Stop))
         } else if generated >= s.max_tokens {
-            Some(FinishReason::Length)
+            Some(Ok(FinishReason::Length))
         } else {
             None
         }
     }
+}
+
+/// A grammar that could not go on (its limits reached, or a token it did not allow).
+fn grammar_failed(e: String) -> EngineError {
+    EngineError::invalid("response_format", format!("the output's grammar could not go on: {e}"))
 }
 
 /// Streams what the stop matcher still holds (unless a stop string ended the sequence) and the

@@ -1,0 +1,127 @@
+//! Structured output: the tokens a sequence may sample next so that its output stays a prefix
+//! of a document of the requested shape (a JSON Schema), through llguidance.
+//!
+//! [`Grammars`] is built once per engine from the tokenizer (each token's bytes in a trie, the
+//! model's end-of-sequence ids as the grammar's end) and compiles each request's schema into a
+//! [`Constraint`]. Compiling happens when the request is submitted, on the caller's thread, so a
+//! bad schema is refused before the request is queued; the compute thread only asks each
+//! constrained sequence for its mask and feeds it the token chosen. llguidance's limits bound
+//! both the compile and every mask, whatever schema a client sends.
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::{Matcher, ParserFactory};
+use std::sync::Arc;
+use toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+use xinf_engine::{EngineError, StructuredOutput};
+use xinf_models::TextTokenizer;
+
+/// The vocabulary as llguidance sees it: every token's bytes in a trie.
+struct Vocabulary {
+    trie: TokTrie,
+}
+
+impl TokenizerEnv for Vocabulary {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    /// Used by llguidance for literal text inside a grammar, which JSON Schemas do not force
+    /// token by token: the trie's greedy tokenization is enough.
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
+        self.trie.greedy_tokenize(s)
+    }
+}
+
+/// The whitespace allowed between two JSON tokens: at most one line break and 16 spaces or tabs,
+/// enough for indented documents. Left unbounded, a sampled output can wander off into
+/// whitespace until it runs out of tokens, which small models do at higher temperatures.
+const WHITESPACE: &str = r"[\x20\x09]{1,16}|\r?\n[\x20\x09]{0,16}";
+
+/// Compiles requests' shapes for one model.
+pub(crate) struct Grammars {
+    factory: ParserFactory,
+}
+
+impl std::fmt::Debug for Grammars {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammars").finish_non_exhaustive()
+    }
+}
+
+impl Grammars {
+    /// The vocabulary of `tokenizer`, padded to the model's `vocab_size` logits (ids past the
+    /// tokenizer's are never allowed), ending at `eos`.
+    pub(crate) fn new(tokenizer: &TextTokenizer, vocab_size: usize, eos: &[u32]) -> Result<Self, String> {
+        let mut words: Vec<Vec<u8>> = tokenizer
+            .token_bytes()?
+            .into_iter()
+            .enumerate()
+            // Special tokens and unknown ids spell no text: the trie's special marker and a
+            // name that no grammar matches.
+            .map(|(id, b)| b.unwrap_or_else(|| special(id)))
+            .collect();
+        words.truncate(vocab_size);
+        while words.len() < vocab_size {
+            words.push(special(words.len()));
+        }
+        let first_eos = eos.first().copied().ok_or("the model has no end-of-sequence token")?;
+        let info = TokRxInfo::new(vocab_size as u32, first_eos);
+        let trie = TokTrie::from(&info, &words).with_eos_tokens(eos);
+        let env: TokEnv = Arc::new(Vocabulary { trie });
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
+        factory.quiet();
+        Ok(Self { factory })
+    }
+
+    /// The constraint of a request asking for `shape`; the error names `response_format`.
+    pub(crate) fn constraint(&self, shape: &StructuredOutput) -> Result<Constraint, EngineError> {
+        let invalid = |e: String| EngineError::invalid("response_format", e);
+        let mut schema: serde_json::Value = serde_json::from_str(shape.schema())
+            .map_err(|e| invalid(format!("the JSON Schema is not JSON: {e}")))?;
+        if let Some(o) = schema.as_object_mut() {
+            // llguidance reads its options from the schema; a client's own are kept.
+            o.entry("x-guidance").or_insert_with(|| serde_json::json!({"whitespace_pattern": WHITESPACE}));
+        }
+        let parser = self
+            .factory
+            .create_parser(TopLevelGrammar::from_json_schema(schema))
+            .map_err(|e| invalid(format!("the JSON Schema cannot be followed: {e}")))?;
+        Ok(Constraint { matcher: Matcher::new(Ok(parser)) })
+    }
+}
+
+/// The name of a token that spells no text (special, or past the tokenizer's vocabulary).
+fn special(id: usize) -> Vec<u8> {
+    let mut name = format!("<[{id}]>").into_bytes();
+    name.insert(0, TokTrie::SPECIAL_TOKEN_MARKER);
+    name
+}
+
+/// One sequence's place in its grammar.
+pub(crate) struct Constraint {
+    matcher: Matcher,
+}
+
+impl Constraint {
+    /// Sets the logits of the tokens the grammar does not allow next to -inf. The grammar
+    /// always allows something: once complete, the end-of-sequence tokens.
+    pub(crate) fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
+        let allowed = self.matcher.compute_mask().map_err(|e| e.to_string())?;
+        for (id, l) in logits.iter_mut().enumerate() {
+            if !allowed.is_allowed(id as TokenId) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves past `token`, the sequence's next output token.
+    pub(crate) fn advance(&mut self, token: u32) -> Result<(), String> {
+        self.matcher.consume_token(token).map_err(|e| e.to_string())
+    }
+
+    /// Whether the output is a complete document and its end has been consumed.
+    pub(crate) fn is_done(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+}
