@@ -1,14 +1,18 @@
 """Drives xinf's REST API with the official `openai` Python client (run by tests/api.rs).
 
 Chat and completions, streaming and not, stop strings, max_tokens, seed, usage, several
-choices (`n`), log-probabilities, and the client's error classes for a 404 (unknown model) and
+choices (`n`), log-probabilities, a batch of prompts, structured output (the client's own
+`parse` with a pydantic model), and the client's error classes for a 404 (unknown model) and
 400s (bad fields).
 """
 
 import argparse
+import json
 import sys
+from typing import Literal
 
 import openai
+import pydantic
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -131,6 +135,23 @@ def main():
     check(all(t.top_logprobs[0].token == t.token for t in content), "greedy takes the most likely")
     c = client.completions.create(model=model, prompt="The capital of France is", temperature=0, max_tokens=4, logprobs=1)
     check(len(c.choices[0].logprobs.token_logprobs) == 4 and "".join(c.choices[0].logprobs.tokens) == c.choices[0].text, c)
+
+    # Structured output through the client's own parsing: a pydantic model as the response format
+    # (sent as a strict JSON Schema), its instance back.
+    class City(pydantic.BaseModel):
+        capital: str = pydantic.Field(max_length=24)
+        country: Literal["France", "Spain", "Italy"]
+
+    parsed = client.chat.completions.parse(
+        model=model, messages=QUESTION, temperature=0, max_tokens=120, response_format=City
+    )
+    city = parsed.choices[0].message.parsed
+    check(isinstance(city, City) and city.country in ("France", "Spain", "Italy"), parsed)
+    ask = [{"role": "user", "content": 'Reply with JSON like {"answer": "..."}. What is the capital of France?'}]
+    shaped = client.chat.completions.create(
+        model=model, messages=ask, temperature=0, max_tokens=200, response_format={"type": "json_object"}
+    )
+    check(isinstance(json.loads(shaped.choices[0].message.content), dict), shaped)
 
     # Errors come back as the client's classes, naming the model or the field.
     expect_error(
