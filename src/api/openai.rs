@@ -90,6 +90,9 @@ pub(crate) struct ChatCompletionRequest {
     pub(crate) top_logprobs: Option<u64>,
     #[serde(default)]
     pub(crate) response_format: Option<Value>,
+    /// vLLM's structured-output extension.
+    #[serde(default)]
+    pub(crate) structured_outputs: Option<Value>,
     #[serde(default, rename = "user")]
     _user: Option<IgnoredAny>,
     #[serde(default)]
@@ -135,6 +138,9 @@ pub(crate) struct CompletionRequest {
     pub(crate) logit_bias: Option<Value>,
     #[serde(default)]
     pub(crate) response_format: Option<Value>,
+    /// vLLM's structured-output extension.
+    #[serde(default)]
+    pub(crate) structured_outputs: Option<Value>,
     #[serde(default, rename = "user")]
     _user: Option<IgnoredAny>,
     #[serde(default)]

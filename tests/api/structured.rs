@@ -97,3 +97,61 @@ fn a_schema_that_cannot_be_followed_is_refused_by_name() {
     let res = http::post(a, "/v1/chat/completions", &chat(json!({"max_tokens": 2})));
     assert_eq!(res.status, 200, "{}", res.text());
 }
+
+#[test]
+fn vllm_structured_outputs_choice_and_regex() {
+    let a = shared().addr();
+    let texts = |body: Value| -> Vec<String> {
+        let res = http::post(a, "/v1/completions", &body);
+        assert_eq!(res.status, 200, "{}", res.text());
+        let v = res.json();
+        v["choices"]
+            .as_array()
+            .map(|c| c.iter().map(|x| x["text"].as_str().unwrap_or("?").to_owned()).collect())
+            .unwrap_or_default()
+    };
+    let prompt = "The capital of France is";
+    // Choices with characters that mean something in a regular expression are matched literally.
+    let options = ["Paris", "a.b (c)", "x|y", "Lyon?"];
+    let got = texts(
+        json!({"model": UID, "prompt": prompt, "max_tokens": 10, "temperature": 1.0, "seed": 1, "n": 4,
+        "structured_outputs": {"choice": options}}),
+    );
+    assert_eq!(got.len(), 4);
+    assert!(got.iter().all(|t| options.contains(&t.as_str())), "{got:?}");
+    let greedy = texts(json!({"model": UID, "prompt": prompt, "max_tokens": 10, "temperature": 0,
+        "structured_outputs": {"choice": options}}));
+    assert_eq!(greedy, ["Paris"]);
+    let got = texts(
+        json!({"model": UID, "prompt": "The year is", "max_tokens": 10, "temperature": 1.0, "seed": 2, "n": 3,
+        "structured_outputs": {"regex": " [12][0-9]{3}"}}),
+    );
+    assert!(
+        got.iter().all(|t| t.len() == 5 && t.starts_with(' ') && t[1..].chars().all(|c| c.is_ascii_digit())),
+        "{got:?}"
+    );
+    // Chat takes it too; one shape at a time.
+    let res = http::post(
+        a,
+        "/v1/chat/completions",
+        &chat(json!({"max_tokens": 10, "structured_outputs": {"choice": ["yes", "no"]}})),
+    );
+    assert_eq!(res.status, 200, "{}", res.text());
+    let answer = content(&res.json(), 0);
+    assert!(answer == "yes" || answer == "no", "{answer:?}");
+    let both =
+        chat(json!({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}));
+    assert_error(
+        &http::post(a, "/v1/chat/completions", &both),
+        400,
+        Some("structured_outputs"),
+        "response_format",
+    );
+    let bad = chat(json!({"structured_outputs": {"regex": "(unclosed"}}));
+    assert_error(
+        &http::post(a, "/v1/chat/completions", &bad),
+        400,
+        Some("response_format"),
+        "regular expression",
+    );
+}

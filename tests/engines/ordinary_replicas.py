@@ -10,7 +10,8 @@ model_engine spelled as Xinference spells it (vLLM, SGLang), and checks:
   - a completion's log-probabilities (`logprobs: 3`): the same per-token values through xinf
     as from the engine's own server, three alternatives each, the chosen token's first;
   - `logit_bias` (+100 on one token): the same text through xinf as from the engine's own;
-  - `response_format` (a JSON Schema of an integer): the output is an integer;
+  - `response_format` (a JSON Schema of an integer): the output is an integer; vLLM's
+    `structured_outputs.choice`: the output is one of the choices;
   - an engine server killed with SIGKILL: the replica is marked dead at once, requests fail
     with an error, and xinf keeps answering (vLLM);
   - terminate: the server's processes are gone (SGLang);
@@ -212,6 +213,12 @@ def run_engine(name, log_path):
         shaped = False
     check(f"{name}: response_format json_schema is followed", sx == 200 and shaped, (sx, tx, x))
     report[f"{name}_structured"] = tx
+    # vLLM's structured_outputs.choice (a regular expression of the choices for SGLang).
+    options = ["alpha", "beta.gamma", "x|y"]
+    req = {"prompt": PROMPTS[0], "max_tokens": 12, "temperature": 0, "structured_outputs": {"choice": options}}
+    sx, x = post(f"{API}/v1/completions", dict(req, model=uid))
+    tx = (x.get("choices") or [{}])[0].get("text")
+    check(f"{name}: structured_outputs choice is followed", sx == 200 and tx in options, (sx, tx, x))
     pids = engine_pids(port)
     pgid = os.getpgid(pids[0]) if pids else -1
     report[f"{name}_group_size"] = len(group_pids(pgid))

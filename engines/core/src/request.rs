@@ -79,21 +79,64 @@ pub enum StructuredOutput {
     JsonObject,
     /// JSON valid against this JSON Schema, given as its text (OpenAI's `json_schema`).
     JsonSchema(String),
+    /// Text matching this regular expression whole (vLLM's `structured_outputs.regex`).
+    Regex(String),
+    /// Exactly one of these texts (vLLM's `structured_outputs.choice`).
+    Choice(Vec<String>),
 }
 
 impl StructuredOutput {
-    /// The JSON Schema the output follows, as text.
-    pub fn schema(&self) -> &str {
+    /// The JSON Schema the output follows, as text, for the JSON shapes.
+    pub fn schema(&self) -> Option<&str> {
         match self {
-            Self::JsonObject => r#"{"type": "object"}"#,
-            Self::JsonSchema(s) => s,
+            Self::JsonObject => Some(r#"{"type": "object"}"#),
+            Self::JsonSchema(s) => Some(s),
+            Self::Regex(_) | Self::Choice(_) => None,
+        }
+    }
+
+    /// The regular expression the output matches whole, for the text shapes: a choice is its
+    /// texts as alternatives, each matched literally.
+    pub fn regex(&self) -> Option<String> {
+        match self {
+            Self::Regex(r) => Some(r.clone()),
+            Self::Choice(texts) => Some(texts.iter().map(|t| literal(t)).collect::<Vec<_>>().join("|")),
+            Self::JsonObject | Self::JsonSchema(_) => None,
+        }
+    }
+
+    /// The bytes of text the shape was given as, which bounds the work of compiling it.
+    fn text_len(&self) -> usize {
+        match self {
+            Self::JsonObject => 0,
+            Self::JsonSchema(s) | Self::Regex(s) => s.len(),
+            Self::Choice(texts) => texts.iter().map(String::len).sum(),
         }
     }
 }
 
-/// The longest JSON Schema text a request may give: a schema is compiled for every request
-/// that has one.
+/// `text` as a regular expression that matches exactly it: every character with a meaning in
+/// a regular expression escaped.
+fn literal(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('(');
+    for c in text.chars() {
+        // The characters regex-syntax's `escape` escapes (what llguidance and xgrammar read alike).
+        if "\\.+*?()|[]{}^$#&-~".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push(')');
+    out
+}
+
+/// The longest text (a JSON Schema, a regular expression, all choices) a request's shape may be
+/// given as: it is compiled for every request that has one.
 pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
+
+/// The most texts a `Choice` shape may list.
+pub const MAX_CHOICES_TEXTS: usize = 1024;
 
 /// The most tokens one request may bias.
 pub const MAX_LOGIT_BIAS: usize = 1024;
@@ -189,11 +232,21 @@ impl SamplingParams {
         if self.logit_bias.iter().any(|&(_, b)| !(-100.0..=100.0).contains(&b)) {
             return Err(EngineError::invalid("logit_bias", "biases must be between -100 and 100"));
         }
-        if self.structured.as_ref().is_some_and(|s| s.schema().len() > MAX_SCHEMA_BYTES) {
-            return Err(EngineError::invalid(
-                "response_format",
-                format!("the JSON Schema is longer than {MAX_SCHEMA_BYTES} bytes"),
-            ));
+        if let Some(shape) = &self.structured {
+            if shape.text_len() > MAX_SCHEMA_BYTES {
+                return Err(EngineError::invalid(
+                    "response_format",
+                    format!("the output's shape is given in more than {MAX_SCHEMA_BYTES} bytes"),
+                ));
+            }
+            if let StructuredOutput::Choice(texts) = shape
+                && (texts.is_empty() || texts.len() > MAX_CHOICES_TEXTS)
+            {
+                return Err(EngineError::invalid(
+                    "structured_outputs.choice",
+                    format!("must list 1 to {MAX_CHOICES_TEXTS} texts"),
+                ));
+            }
         }
         if self.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
             return Err(EngineError::invalid("logprobs", format!("must be at most {MAX_TOP_LOGPROBS}")));
@@ -287,4 +340,26 @@ pub enum TokenEvent {
         /// Token counts.
         usage: Usage,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn choices_become_literal_alternatives() {
+        let c = StructuredOutput::Choice(vec!["a.b".into(), "x|y (z)".into(), "plain".into()]);
+        assert_eq!(c.regex().as_deref(), Some(r"(a\.b)|(x\|y \(z\))|(plain)"));
+        assert_eq!(c.schema(), None);
+        assert_eq!(StructuredOutput::JsonObject.regex(), None);
+        let mut s = SamplingParams {
+            structured: Some(StructuredOutput::Choice(Vec::new())),
+            ..SamplingParams::default()
+        };
+        assert!(s.validate().is_err());
+        s.structured = Some(StructuredOutput::Regex("x".repeat(MAX_SCHEMA_BYTES + 1)));
+        assert!(s.validate().is_err());
+        s.structured = Some(StructuredOutput::Regex("[0-9]+".into()));
+        assert!(s.validate().is_ok());
+    }
 }

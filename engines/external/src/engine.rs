@@ -112,10 +112,10 @@ impl ServerEngine {
     fn check(&self, request: &GenerateRequest, prompt_len: usize) -> Result<usize, EngineError> {
         request.sampling.validate()?;
         request.sampling.check_bias_tokens(self.contract.vocab_size)?;
-        if let Some(shape) = &request.sampling.structured {
+        if let Some(schema) = request.sampling.structured.as_ref().and_then(|s| s.schema()) {
             // Sent as JSON (vLLM) or as text the engine parses (SGLang): parsed here so that both
             // refuse a broken schema alike, in xinf's words.
-            serde_json::from_str::<serde_json::Value>(shape.schema()).map_err(|e| {
+            serde_json::from_str::<serde_json::Value>(schema).map_err(|e| {
                 EngineError::invalid("response_format", format!("the JSON Schema is not JSON: {e}"))
             })?;
         }

@@ -94,8 +94,13 @@ pub(crate) fn generate_body(
             if let Some(seed) = seed {
                 params["seed"] = seed;
             }
-            if let Some(shape) = &sampling.structured {
-                params["response_format"] = response_format(shape);
+            match &sampling.structured {
+                Some(StructuredOutput::Regex(rx)) => params["structured_outputs"] = json!({"regex": rx}),
+                Some(StructuredOutput::Choice(texts)) => {
+                    params["structured_outputs"] = json!({"choice": texts})
+                }
+                Some(shape) => params["response_format"] = response_format(shape),
+                None => {}
             }
             params
         }
@@ -107,8 +112,12 @@ pub(crate) fn generate_body(
                 params["sampling_seed"] = seed;
             }
             if let Some(shape) = &sampling.structured {
-                // SGLang's own OpenAI server turns `json_object` into this schema too.
-                params["json_schema"] = json!(shape.schema());
+                match (shape.schema(), shape.regex()) {
+                    // SGLang's own OpenAI server turns `json_object` into this schema too.
+                    (Some(schema), _) => params["json_schema"] = json!(schema),
+                    (None, Some(rx)) => params["regex"] = json!(rx),
+                    (None, None) => {}
+                }
             }
             let mut body = json!({
                 "input_ids": ids,
@@ -130,12 +139,12 @@ pub(crate) fn generate_body(
 /// OpenAI's `response_format` for `shape`, as vLLM's completions API takes it. The schema was
 /// checked to be JSON when the request was (`Null` otherwise, which vLLM refuses).
 fn response_format(shape: &StructuredOutput) -> Value {
-    match shape {
-        StructuredOutput::JsonObject => json!({"type": "json_object"}),
-        StructuredOutput::JsonSchema(text) => {
+    match shape.schema() {
+        Some(text) if *shape != StructuredOutput::JsonObject => {
             let schema: Value = serde_json::from_str(text).unwrap_or(Value::Null);
             json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}})
         }
+        _ => json!({"type": "json_object"}),
     }
 }
 

@@ -1,5 +1,6 @@
 //! Structured output: the tokens a sequence may sample next so that its output stays a prefix
-//! of a document of the requested shape (a JSON Schema), through llguidance.
+//! of a text of the requested shape (a JSON Schema, a regular expression, one of a list of
+//! texts), through llguidance.
 //!
 //! [`Grammars`] is built once per engine from the tokenizer (each token's bytes in a trie, the
 //! model's end-of-sequence ids as the grammar's end) and compiles each request's schema into a
@@ -76,16 +77,24 @@ impl Grammars {
     /// The constraint of a request asking for `shape`; the error names `response_format`.
     pub(crate) fn constraint(&self, shape: &StructuredOutput) -> Result<Constraint, EngineError> {
         let invalid = |e: String| EngineError::invalid("response_format", e);
-        let mut schema: serde_json::Value = serde_json::from_str(shape.schema())
-            .map_err(|e| invalid(format!("the JSON Schema is not JSON: {e}")))?;
-        if let Some(o) = schema.as_object_mut() {
-            // llguidance reads its options from the schema; a client's own are kept.
-            o.entry("x-guidance").or_insert_with(|| serde_json::json!({"whitespace_pattern": WHITESPACE}));
-        }
+        let (what, grammar) = match (shape.schema(), shape.regex()) {
+            (Some(text), _) => {
+                let mut schema: serde_json::Value = serde_json::from_str(text)
+                    .map_err(|e| invalid(format!("the JSON Schema is not JSON: {e}")))?;
+                if let Some(o) = schema.as_object_mut() {
+                    // llguidance reads its options from the schema; a client's own are kept.
+                    o.entry("x-guidance")
+                        .or_insert_with(|| serde_json::json!({"whitespace_pattern": WHITESPACE}));
+                }
+                ("JSON Schema", TopLevelGrammar::from_json_schema(schema))
+            }
+            (None, Some(rx)) => ("regular expression", TopLevelGrammar::from_regex(&rx)),
+            (None, None) => return Err(invalid("no shape was given".into())),
+        };
         let parser = self
             .factory
-            .create_parser(TopLevelGrammar::from_json_schema(schema))
-            .map_err(|e| invalid(format!("the JSON Schema cannot be followed: {e}")))?;
+            .create_parser(grammar)
+            .map_err(|e| invalid(format!("the {what} cannot be followed: {e}")))?;
         Ok(Constraint { matcher: Matcher::new(Ok(parser)) })
     }
 }

@@ -22,7 +22,10 @@ impl GenerationRequest for ChatCompletionRequest {
         sampling.max_tokens = r.max_completion_tokens.or(sampling.max_tokens);
         let choices = sampling.choices()?;
         let logit_bias = crate::api::sampling::logit_bias(r.logit_bias.as_ref())?;
-        let structured = crate::api::response_format::read(r.response_format.as_ref())?;
+        let structured = crate::api::response_format::read_either(
+            r.response_format.as_ref(),
+            r.structured_outputs.as_ref(),
+        )?;
         let mut sampling = sampling.into_params()?;
         sampling.logprobs = logprobs;
         sampling.logit_bias = logit_bias;

@@ -41,7 +41,10 @@ impl GenerationRequest for CompletionRequest {
         sampling.max_tokens.get_or_insert(DEFAULT_MAX_TOKENS);
         let logit_bias = crate::api::sampling::logit_bias(r.logit_bias.as_ref())?;
         // Not in OpenAI's completions API; vLLM takes it there too.
-        let structured = crate::api::response_format::read(r.response_format.as_ref())?;
+        let structured = crate::api::response_format::read_either(
+            r.response_format.as_ref(),
+            r.structured_outputs.as_ref(),
+        )?;
         let mut sampling = sampling.into_params()?;
         sampling.structured = structured;
         // The count was checked above.

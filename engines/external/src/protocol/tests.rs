@@ -127,6 +127,14 @@ fn shapes_go_as_each_engine_takes_them() {
     assert_eq!(v["response_format"], json!({"type": "json_object"}));
     let v = generate_body(Flavor::Sglang, "m", "r1", &[1], &s, 100);
     assert_eq!(v["sampling_params"]["json_schema"], json!(r#"{"type": "object"}"#));
+    s.structured = Some(StructuredOutput::Choice(vec!["a".into(), "b.c".into()]));
+    let v = generate_body(Flavor::Vllm, "m", "r1", &[1], &s, 100);
+    assert_eq!(v["structured_outputs"], json!({"choice": ["a", "b.c"]}));
+    let v = generate_body(Flavor::Sglang, "m", "r1", &[1], &s, 100);
+    assert_eq!(v["sampling_params"]["regex"], json!(r"(a)|(b\.c)"));
+    s.structured = Some(StructuredOutput::Regex("[0-9]+".into()));
+    let v = generate_body(Flavor::Vllm, "m", "r1", &[1], &s, 100);
+    assert_eq!(v["structured_outputs"], json!({"regex": "[0-9]+"}));
     let plain = generate_body(Flavor::Vllm, "m", "r1", &[1], &SamplingParams::greedy(4), 100);
     assert!(plain.get("response_format").is_none(), "{plain}");
 }
