@@ -155,3 +155,46 @@ fn vllm_structured_outputs_choice_and_regex() {
         "regular expression",
     );
 }
+
+#[test]
+fn odd_schemas_get_an_answer_or_a_400_and_the_server_keeps_serving() {
+    let a = shared().addr();
+    let mut deep = json!({"type": "integer"});
+    for _ in 0..60 {
+        deep = json!({"type": "array", "items": deep});
+    }
+    let schemas = [
+        json!({"type": "string", "pattern": "(a|b"}),
+        json!({"type": "string", "minLength": 10, "maxLength": 2}),
+        json!({"anyOf": []}),
+        json!({"allOf": [{"type": "string"}, {"type": "integer"}]}),
+        json!({"$ref": "#"}),
+        json!({"type": "array", "minItems": 1_000_000_000u64}),
+        json!({"enum": []}),
+        json!({"const": {"a": [1, 2, {"b": null}]}}),
+        json!({"type": "object", "patternProperties": {"[": {}}}),
+        json!({"type": "string", "format": "no-such-format"}),
+        json!(false),
+        json!(true),
+        deep,
+    ];
+    for schema in schemas {
+        let format = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}});
+        let res =
+            http::post(a, "/v1/chat/completions", &chat(json!({"max_tokens": 8, "response_format": format})));
+        assert!(res.status == 200 || res.status == 400, "{schema}: {} {}", res.status, res.text());
+        if res.status == 400 {
+            assert_eq!(res.json()["error"]["param"], "response_format", "{schema}: {}", res.text());
+        }
+    }
+    for rx in ["(", "a{1000000000}", "[z-a]", "\\p{NoSuchClass}", ""] {
+        let res = http::post(
+            a,
+            "/v1/chat/completions",
+            &chat(json!({"max_tokens": 8, "structured_outputs": {"regex": rx}})),
+        );
+        assert!(res.status == 200 || res.status == 400, "{rx}: {} {}", res.status, res.text());
+    }
+    let res = http::post(a, "/v1/chat/completions", &chat(json!({"max_tokens": 2})));
+    assert_eq!(res.status, 200, "{}", res.text());
+}

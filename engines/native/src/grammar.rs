@@ -91,10 +91,12 @@ impl Grammars {
             (None, Some(rx)) => ("regular expression", TopLevelGrammar::from_regex(&rx)),
             (None, None) => return Err(invalid("no shape was given".into())),
         };
-        let parser = self
-            .factory
-            .create_parser(grammar)
-            .map_err(|e| invalid(format!("the {what} cannot be followed: {e}")))?;
+        // llguidance guards its matcher against its own panics but not the compile: a client's
+        // schema must not take the caller's thread down either way.
+        let compiled =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.factory.create_parser(grammar)))
+                .map_err(|_| invalid(format!("the {what} could not be compiled")))?;
+        let parser = compiled.map_err(|e| invalid(format!("the {what} cannot be followed: {e}")))?;
         Ok(Constraint { matcher: Matcher::new(Ok(parser)) })
     }
 }
