@@ -3,6 +3,8 @@
 //! engine KV layouts in both directions, streaming and not; counters prove the pages moved,
 //! in process (`xinf local`) and over TCP between worker processes.
 
+mod outputs;
+
 use crate::cluster::{SECRET, supervisor, worker};
 use crate::util::procs::{local, local_with_env, poll};
 use crate::util::{self, http};
@@ -43,44 +45,6 @@ pub(crate) fn complete(addr: SocketAddr, model: &str, ids: &[u32], stream: bool)
         text.push_str(v["choices"][0]["text"].as_str().unwrap_or_default());
     }
     text
-}
-
-/// One token of a completion's `logprobs`: its text, log-probability and alternatives (most
-/// likely first).
-type ScoredToken = (String, f64, Vec<(String, f64)>);
-
-/// The completions API's `logprobs` of a greedy completion of `ids` with 3 alternatives, as
-/// `(token, logprob, alternatives)` per token, streamed or not.
-fn logprobs(addr: SocketAddr, model: &str, ids: &[u32], stream: bool) -> Vec<ScoredToken> {
-    let body = json!({
-        "model": model, "prompt": ids, "max_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": true,
-        "stream": stream, "logprobs": 3,
-    });
-    let res = http::post(addr, "/v1/completions", &body);
-    assert_eq!(res.status, 200, "{model}, {} tokens: {}", ids.len(), res.text());
-    let parts: Vec<Value> = if stream {
-        let events = res.events();
-        events[..events.len().saturating_sub(1)].iter().filter_map(|e| serde_json::from_str(e).ok()).collect()
-    } else {
-        vec![res.json()]
-    };
-    let mut out = Vec::new();
-    for v in parts {
-        let l = &v["choices"][0]["logprobs"];
-        let Some(tokens) = l["tokens"].as_array() else { continue };
-        for (i, t) in tokens.iter().enumerate() {
-            let top = l["top_logprobs"][i].as_object().expect("top_logprobs");
-            let mut top: Vec<(String, f64)> =
-                top.iter().map(|(k, v)| (k.clone(), v.as_f64().expect("logprob"))).collect();
-            top.sort_by(|a, b| b.1.total_cmp(&a.1));
-            out.push((
-                t.as_str().expect("token").to_owned(),
-                l["token_logprobs"][i].as_f64().expect("logprob"),
-                top,
-            ));
-        }
-    }
-    out
 }
 
 pub(crate) fn launch(addr: SocketAddr, body: Value) {
@@ -138,49 +102,10 @@ fn pd_matches_the_ordinary_replica_across_layouts() {
         }
     }
 
-    // Log-probabilities: the first token's comes from the prefill side (shown before the decode
-    // side answers), the rest from the decode side; all as the ordinary replica reports them.
-    let logprob_lengths = [65, 130];
-    for n in logprob_lengths {
-        let ids = prompt(n);
-        let want = logprobs(addr, "hybrid", &ids, false);
-        assert_eq!(want.len(), NEW_TOKENS, "{n} tokens: {want:?}");
-        for (uid, _) in &deployments {
-            for stream in [false, true] {
-                let got = logprobs(addr, uid, &ids, stream);
-                assert_eq!(got.len(), want.len(), "{uid}, {n} tokens: {got:?}");
-                for ((t, lp, top), (wt, wlp, wtop)) in got.iter().zip(&want) {
-                    let close = |a: f64, b: f64| (a - b).abs() <= 1e-4;
-                    assert!(t == wt && close(*lp, *wlp), "{uid}, {n} tokens: {got:?} against {want:?}");
-                    assert_eq!(top.len(), wtop.len(), "{uid}, {n} tokens: {got:?} against {want:?}");
-                    assert!(
-                        top.iter().zip(wtop).all(|(a, b)| a.0 == b.0 && close(a.1, b.1)),
-                        "{uid}: {got:?} / {want:?}"
-                    );
-                }
-            }
-        }
-    }
-
-    // Structured output: the grammar the prefill side sampled the first token under goes on at
-    // the decode side from that token, so the output is the ordinary replica's.
-    let shaped_lengths = [65, 130];
-    for n in shaped_lengths {
-        let body = |model: &str| {
-            json!({"model": model, "prompt": prompt(n), "max_tokens": 12, "temperature": 0,
-                "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer"}}}})
-        };
-        let text = |model: &str| {
-            let res = http::post(addr, "/v1/completions", &body(model));
-            assert_eq!(res.status, 200, "{model}: {}", res.text());
-            res.json()["choices"][0]["text"].as_str().unwrap_or_default().to_owned()
-        };
-        let want = text("hybrid");
-        assert!(want.trim().parse::<i64>().is_ok(), "{n} tokens: {want:?}");
-        for (uid, _) in &deployments {
-            assert_eq!(text(uid), want, "{uid}, {n} tokens");
-        }
-    }
+    // Log-probabilities and structured output through each deployment.
+    let uids: Vec<&str> = deployments.iter().map(|d| d.0).collect();
+    let (logprob_lengths, shaped_lengths) = (outputs::LOGPROB_LENGTHS, outputs::SHAPED_LENGTHS);
+    outputs::check(addr, &uids);
 
     for (uid, _) in &deployments {
         let s = stats(addr, uid);
@@ -188,8 +113,8 @@ fn pd_matches_the_ordinary_replica_across_layouts() {
         let recompute = uid.ends_with("recompute");
         let handoffs = LENGTHS.len() + 2 * logprob_lengths.len() + shaped_lengths.len();
         let moved = pages(LENGTHS, recompute)
-            + 2 * pages(&logprob_lengths, recompute)
-            + pages(&shaped_lengths, recompute);
+            + 2 * pages(logprob_lengths, recompute)
+            + pages(shaped_lengths, recompute);
         assert_eq!(h["pages_transferred"], moved, "{uid}: {s}");
         assert_eq!(h["in_process_transfers"], handoffs, "{uid}: {s}");
         assert_eq!(h["tcp_transfers"], 0, "{uid}: {s}");
