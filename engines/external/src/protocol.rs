@@ -276,7 +276,16 @@ pub(crate) fn error_message(v: &Value) -> Option<String> {
         other => Some(other.to_string()),
     };
     if let Some(e) = v.get("error") {
-        return e.get("message").and_then(text).or_else(|| text(e));
+        // A server error may come without a message (vLLM's 500s): its type and code then.
+        let message = e.get("message").and_then(text).filter(|m| !m.trim().is_empty());
+        let kind = || {
+            let kind = e.get("type").and_then(text)?;
+            Some(match e.get("code").filter(|c| !c.is_null()) {
+                Some(code) => format!("{kind} (code {})", text(code).unwrap_or_default()),
+                None => kind,
+            })
+        };
+        return message.or_else(kind).or_else(|| text(e));
     }
     if v.get("object").and_then(Value::as_str) == Some("error") {
         return v.get("message").and_then(text);

@@ -74,6 +74,11 @@ fn error_bodies_of_either_shape_give_their_message() {
         (json!({"error": "m2"}), "m2"),
         (json!({"object": "error", "message": "m3"}), "m3"),
         (json!({"detail": "m4"}), "m4"),
+        (
+            json!({"error": {"message": "", "type": "InternalServerError", "code": 500}}),
+            "InternalServerError (code 500)",
+        ),
+        (json!({"error": {"message": "", "type": "InternalServerError"}}), "InternalServerError"),
     ] {
         assert_eq!(error_message(&body).as_deref(), Some(want));
     }
