@@ -111,4 +111,46 @@ mod tests {
         assert_eq!(t[&'Ċ'], b'\n');
         assert_eq!(t[&'a'], b'a');
     }
+
+    fn tokenizer(vocab: &str, decoder: &str) -> Tokenizer {
+        let json = format!(
+            r#"{{"version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": [{{"id": 0, "content": "<s>", "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true}}],
+            "normalizer": null, "pre_tokenizer": null, "post_processor": null,
+            "decoder": {decoder},
+            "model": {{"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": true,
+                "vocab": {vocab}, "merges": []}}}}"#
+        );
+        json.parse().unwrap_or_else(|e| panic!("{e}: {json}"))
+    }
+
+    #[test]
+    fn both_spellings_give_each_tokens_bytes() {
+        let gpt2 = tokenizer(
+            r#"{"<s>": 0, "Ġhello": 1, "Ċ": 2, "Ã©": 3}"#,
+            r#"{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}"#,
+        );
+        let bytes = token_bytes(&gpt2).expect("byte-level");
+        assert_eq!(
+            bytes,
+            [None, Some(b" hello".to_vec()), Some(b"\n".to_vec()), Some("é".as_bytes().to_vec())]
+        );
+
+        let llama = tokenizer(
+            r#"{"<s>": 0, "▁hello": 1, "<0x0A>": 2, "é": 3}"#,
+            r#"{"type": "Sequence", "decoders": [
+                {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+                {"type": "ByteFallback"}, {"type": "Fuse"}]}"#,
+        );
+        let bytes = token_bytes(&llama).expect("byte fallback");
+        assert_eq!(
+            bytes,
+            [None, Some(b" hello".to_vec()), Some(b"\n".to_vec()), Some("é".as_bytes().to_vec())]
+        );
+
+        let neither = tokenizer(r#"{"<s>": 0, "a": 1}"#, r#"{"type": "Fuse"}"#);
+        assert!(token_bytes(&neither).is_err());
+    }
 }

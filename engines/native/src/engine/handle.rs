@@ -192,7 +192,14 @@ impl NativeEngine {
     fn constraint(&self, shape: &xinf_engine::StructuredOutput) -> Result<Constraint, EngineError> {
         let grammars = self
             .grammars
-            .get_or_init(|| Grammars::new(&self.tokenizer, self.contract.vocab_size, &self.eos))
+            .get_or_init(|| {
+                // Built from the model's vocabulary, which no client chooses; guarded all the same,
+                // since this runs on the caller's thread.
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    Grammars::new(&self.tokenizer, self.contract.vocab_size, &self.eos)
+                }))
+                .unwrap_or_else(|_| Err("building the vocabulary's trie failed".into()))
+            })
             .as_ref()
             .map_err(|e| {
                 EngineError::invalid(
