@@ -158,6 +158,13 @@ pub(crate) fn parse_chunk(flavor: Flavor, data: &str) -> Result<Option<Chunk>, E
         EngineError::Process(format!("the engine sent a chunk that is not JSON ({e}): {data:.200}"))
     })?;
     if let Some(message) = error_message(&v) {
+        // An error chunk with a server error's code is the engine failing, not a refusal.
+        let code = v.get("error").and_then(|e| e.get("code")).and_then(Value::as_u64);
+        if code.is_some_and(|c| c >= 500) {
+            return Err(EngineError::Internal(format!(
+                "the {flavor} server failed on the request: {message}"
+            )));
+        }
         return Err(EngineError::Rejected(message));
     }
     Ok(Some(match flavor {

@@ -21,6 +21,12 @@ fn vllm_chunks_carry_ids_text_finish_and_usage() {
     assert_eq!(parse_chunk(Flavor::Vllm, "[DONE]").expect("done"), None);
     let e = parse_chunk(Flavor::Vllm, r#"{"error":{"message":"bad things","code":400}}"#).expect_err("error");
     assert_eq!(e, EngineError::Rejected("bad things".into()));
+    let e = parse_chunk(Flavor::Vllm, r#"{"error":{"message":"","type":"InternalServerError","code":500}}"#)
+        .expect_err("error");
+    assert_eq!(
+        e,
+        EngineError::Internal("the vllm server failed on the request: InternalServerError (code 500)".into())
+    );
     assert!(parse_chunk(Flavor::Vllm, "not json").is_err());
 }
 
