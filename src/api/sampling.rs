@@ -31,6 +31,7 @@ pub(crate) struct SamplingFields {
     pub(crate) frequency_penalty: Option<f32>,
     pub(crate) repetition_penalty: Option<f32>,
     pub(crate) ignore_eos: Option<bool>,
+    pub(crate) min_tokens: Option<usize>,
     pub(crate) stop_token_ids: Option<Vec<u32>>,
     pub(crate) n: Option<u64>,
 }
@@ -55,6 +56,7 @@ impl SamplingFields {
             stop: self.stop.map(StopField::into_vec).unwrap_or_default(),
             stop_token_ids: self.stop_token_ids.unwrap_or_default(),
             ignore_eos: self.ignore_eos.unwrap_or(false),
+            min_tokens: self.min_tokens.unwrap_or(0),
             presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
             frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
             repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
@@ -93,6 +95,7 @@ impl SamplingFields {
             "frequency_penalty" => self.frequency_penalty = map.next_value()?,
             "repetition_penalty" => self.repetition_penalty = map.next_value()?,
             "ignore_eos" => self.ignore_eos = map.next_value()?,
+            "min_tokens" => self.min_tokens = map.next_value()?,
             "stop_token_ids" => self.stop_token_ids = map.next_value()?,
             "n" => self.n = map.next_value()?,
             _ => return Ok(false),

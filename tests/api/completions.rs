@@ -48,3 +48,29 @@ fn completions_take_text_or_token_prompts_and_stream() {
     ));
     assert!(events.last().is_some_and(|c| c["choices"][0]["finish_reason"].is_string()), "{events:?}");
 }
+
+#[test]
+fn min_tokens_holds_the_end_of_sequence_back() {
+    let a = shared().addr();
+    let ask = |extra: Value| {
+        let res = http::post(
+            a,
+            "/v1/chat/completions",
+            &super::chat(merged(json!({"temperature": 0, "max_tokens": 80}), extra)),
+        );
+        assert_eq!(res.status, 200, "{}", res.text());
+        res.json()
+    };
+    let free = ask(json!({}));
+    assert_eq!(free["choices"][0]["finish_reason"], "stop", "{free}");
+    let k = free["usage"]["completion_tokens"].as_u64().expect("usage");
+    assert!(k < 60, "{free}");
+    let held = ask(json!({"min_tokens": k + 10}));
+    let n = held["usage"]["completion_tokens"].as_u64().expect("usage");
+    assert!(n >= k + 10, "{k} tokens freely, {n} with min_tokens {}: {held}", k + 10);
+    let text = held["choices"][0]["message"]["content"].as_str().unwrap_or_default();
+    let first = free["choices"][0]["message"]["content"].as_str().unwrap_or_default();
+    assert!(text.starts_with(first.trim_end()), "{text:?} should go on from {first:?}");
+    let res = http::post(a, "/v1/completions", &completion(json!({"max_tokens": 4, "min_tokens": 5})));
+    super::assert_error(&res, 400, Some("min_tokens"), "max_tokens");
+}

@@ -53,6 +53,10 @@ pub struct SamplingParams {
     pub stop_token_ids: Vec<u32>,
     /// Keep generating past end-of-sequence tokens.
     pub ignore_eos: bool,
+    /// Tokens to generate before an end-of-sequence or stop token may be sampled (vLLM's
+    /// `min_tokens`); 0 lets them come at once. Stop strings and a structured output's end are
+    /// not held back.
+    pub min_tokens: usize,
     /// OpenAI presence penalty, in [-2, 2].
     pub presence_penalty: f32,
     /// OpenAI frequency penalty, in [-2, 2].
@@ -156,6 +160,7 @@ impl Default for SamplingParams {
             stop: Vec::new(),
             stop_token_ids: Vec::new(),
             ignore_eos: false,
+            min_tokens: 0,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
@@ -201,6 +206,9 @@ impl SamplingParams {
         finite("repetition_penalty", self.repetition_penalty)?;
         if self.max_tokens == Some(0) {
             return Err(EngineError::invalid("max_tokens", "must be at least 1"));
+        }
+        if self.max_tokens.is_some_and(|m| self.min_tokens > m) {
+            return Err(EngineError::invalid("min_tokens", "must be at most max_tokens"));
         }
         if !(0.0..=2.0).contains(&self.temperature) {
             return Err(EngineError::invalid("temperature", "must be between 0 and 2"));

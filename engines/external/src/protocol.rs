@@ -87,6 +87,9 @@ pub(crate) fn generate_body(
             params["return_token_ids"] = json!(true);
             params["max_tokens"] = json!(max_tokens);
             params["top_k"] = json!(sampling.top_k);
+            if sampling.min_tokens > 0 {
+                params["min_tokens"] = json!(sampling.min_tokens);
+            }
             if let Some(top) = sampling.logprobs {
                 params["logprobs"] = json!(top);
                 params["return_tokens_as_token_ids"] = json!(true);
@@ -106,6 +109,9 @@ pub(crate) fn generate_body(
         }
         Flavor::Sglang => {
             params["max_new_tokens"] = json!(max_tokens);
+            if sampling.min_tokens > 0 {
+                params["min_new_tokens"] = json!(sampling.min_tokens);
+            }
             // SGLang's "all tokens" is -1 (0 is refused).
             params["top_k"] = json!(if sampling.top_k == 0 { -1 } else { sampling.top_k as i64 });
             if let Some(seed) = seed {

@@ -71,6 +71,11 @@ fn bodies_send_ids_and_the_engines_own_spellings() {
     assert_eq!(v["sampling_params"]["sampling_seed"], json!(3));
     assert_eq!(v["sampling_params"]["logit_bias"], json!({"7": -100.0, "9": 2.5}));
     assert_eq!((v["return_logprob"].clone(), v["top_logprobs_num"].clone()), (json!(true), json!(2)));
+    assert!(v["sampling_params"].get("min_new_tokens").is_none());
+    let held = SamplingParams { min_tokens: 3, ..SamplingParams::greedy(4) };
+    assert_eq!(generate_body(Flavor::Vllm, "m", "r1", &[1], &held, 100)["min_tokens"], json!(3));
+    let v = generate_body(Flavor::Sglang, "m", "r1", &[1], &held, 100);
+    assert_eq!(v["sampling_params"]["min_new_tokens"], json!(3));
 }
 
 #[test]

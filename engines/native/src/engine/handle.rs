@@ -175,6 +175,7 @@ impl NativeEngine {
             sampler: Sampler::new(&request.sampling),
             stop: StopMatcher::new(&request.sampling.stop),
             stop_ids,
+            min_tokens: request.sampling.min_tokens,
             tx,
             mode,
             import: None,

@@ -37,6 +37,8 @@ pub(super) struct Seq {
     pub(super) stop: StopMatcher,
     pub(super) detok: Detokenizer,
     pub(super) stop_ids: Vec<u32>,
+    /// Output tokens before a stop id may be sampled (`min_tokens`).
+    pub(super) min_tokens: usize,
     pub(super) tx: EventTx,
     pub(super) mode: Mode,
     /// Canonical pages to scatter into the cache on admission.
@@ -60,6 +62,13 @@ pub(super) struct Import {
     pub(super) tokens: usize,
     /// Tokens of cache to hold on admission.
     pub(super) need: usize,
+}
+
+impl Seq {
+    /// Whether the next token may not be a stop id yet (`min_tokens` not reached).
+    pub(super) fn holds_stops(&self) -> bool {
+        self.tokens.len() - self.prompt_len < self.min_tokens && !self.stop_ids.is_empty()
+    }
 }
 
 impl Schedulable for Seq {

@@ -373,7 +373,10 @@ impl Worker {
                     want_logits: s.computed + w.tokens == s.tokens.len(),
                     prompt_len: s.prompt_len,
                     // Log-probabilities and structured output need the whole row.
-                    argmax: s.sampler.is_argmax() && s.logprobs.is_none() && s.constraint.is_none(),
+                    argmax: s.sampler.is_argmax()
+                        && s.logprobs.is_none()
+                        && s.constraint.is_none()
+                        && !s.holds_stops(),
                 }
             })
             .collect();
@@ -417,6 +420,14 @@ impl Worker {
                 Some(Row::Logits(mut row)) => {
                     // The raw row, before the grammar, penalties and temperature change it.
                     let raw = s.logprobs.map(|top| (row.clone(), top));
+                    // Under a grammar, its end decides when the output may stop.
+                    if s.holds_stops() && s.constraint.is_none() {
+                        for &id in &s.stop_ids {
+                            if let Some(l) = row.get_mut(id as usize) {
+                                *l = f32::NEG_INFINITY;
+                            }
+                        }
+                    }
                     if let Some(Err(e)) = s.constraint.as_mut().map(|c| c.mask(&mut row)) {
                         finished.push((w.seq, Err(grammar_failed(e))));
                         continue;
