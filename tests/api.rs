@@ -558,3 +558,21 @@ fn serve_command_serves_a_model() {
     assert_eq!(res.status, 200, "{}", res.text());
     usage_ok(&res.json()["usage"]);
 }
+
+#[test]
+fn chat_template_kwargs_reach_the_template_and_are_checked() {
+    let a = shared().addr();
+    let greedy = json!({"temperature": 0, "max_tokens": 6});
+    let plain = http::post(a, "/v1/chat/completions", &chat(greedy.clone())).json();
+    // SmolLM2's template reads no such variable: the same prompt, the same answer.
+    let with = chat(merged(greedy.clone(), json!({"chat_template_kwargs": {"enable_thinking": false}})));
+    let res = http::post(a, "/v1/chat/completions", &with);
+    assert_eq!(res.status, 200, "{}", res.text());
+    let got = res.json();
+    assert_eq!(got["choices"][0]["message"], plain["choices"][0]["message"], "{got}");
+    assert_eq!(got["usage"], plain["usage"], "{got}");
+    for bad in [json!([1]), json!("x"), json!({"k": "x".repeat(17 * 1024)})] {
+        let res = http::post(a, "/v1/chat/completions", &chat(json!({"chat_template_kwargs": bad})));
+        assert_error(&res, 400, Some("chat_template_kwargs"), "template");
+    }
+}

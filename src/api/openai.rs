@@ -78,6 +78,9 @@ pub(crate) struct InMessage {
 pub(crate) struct ChatCompletionRequest {
     pub(crate) model: String,
     pub(crate) messages: Vec<InMessage>,
+    /// vLLM's extension: more variables for the chat template.
+    #[serde(default)]
+    pub(crate) chat_template_kwargs: Option<Value>,
     #[serde(default)]
     pub(crate) max_completion_tokens: Option<usize>,
     #[serde(default)]

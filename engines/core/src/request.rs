@@ -29,6 +29,14 @@ pub enum Prompt {
     Tokens(Vec<u32>),
     /// Chat messages, rendered with the model's chat template and a generation prompt.
     Chat(Vec<ChatMessage>),
+    /// Chat messages rendered with more variables for the chat template (vLLM's
+    /// `chat_template_kwargs`, such as Qwen3's `enable_thinking`), given as a JSON object's text.
+    ChatWith {
+        /// The conversation.
+        messages: Vec<ChatMessage>,
+        /// A JSON object: each key a template variable.
+        template_args: String,
+    },
 }
 
 /// Sampling settings, with OpenAI/vLLM semantics.

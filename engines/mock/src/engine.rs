@@ -148,7 +148,7 @@ impl MockEngine {
         }
         let ids: Vec<u32> = match prompt {
             Prompt::Text(t) => t.bytes().map(|b| BYTE_BASE + u32::from(b)).collect(),
-            Prompt::Chat(messages) => messages
+            Prompt::Chat(messages) | Prompt::ChatWith { messages, .. } => messages
                 .iter()
                 .flat_map(|m| format!("{}: {}\n", m.role, m.content).into_bytes())
                 .map(|b| BYTE_BASE + u32::from(b))

@@ -89,6 +89,18 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ModelError> {
+        self.render_with(messages, add_generation_prompt, None)
+    }
+
+    /// [`render`](Self::render) with more variables for the template (vLLM's
+    /// `chat_template_kwargs`, such as Qwen3's `enable_thinking`). They cannot replace the
+    /// variables xinf sets (`messages`, `add_generation_prompt`, the special tokens).
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        args: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<String, ModelError> {
         let template = self.env.get_template(TEMPLATE_NAME).map_err(template_error)?;
         // transformers passes `tools=None` and `documents=None` when the request has none, so
         // templates test them with `is none` / `is not none` as well as `is defined`.
@@ -99,6 +111,7 @@ impl ChatTemplate {
             eos_token => special_token(self.eos_token.as_deref()),
             tools => Value::from(()),
             documents => Value::from(()),
+            ..Value::from_serialize(args)
         };
         template.render(ctx).map_err(template_error)
     }

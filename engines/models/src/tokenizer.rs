@@ -212,6 +212,18 @@ impl TextTokenizer {
         self.encode(&self.render_chat(messages)?, false)
     }
 
+    /// [`encode_chat`](Self::encode_chat) with more variables for the template.
+    fn encode_chat_with(
+        &self,
+        messages: &[ChatMessage],
+        args: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Vec<u32>, ModelError> {
+        let t = self.chat_template.as_ref().ok_or_else(|| {
+            ModelError::Template("this model has no chat template; use a plain prompt".into())
+        })?;
+        self.encode(&t.render_with(messages, true, Some(args))?, false)
+    }
+
     /// The token ids a request's prompt becomes, as every engine behind xinf sees it: text with
     /// the tokenizer's special tokens, ids as they are, chat through the template. Refuses an
     /// empty prompt and ids outside a vocabulary of `vocab_size`, naming the field.
@@ -220,11 +232,24 @@ impl TextTokenizer {
         let ids = match prompt {
             Prompt::Text(t) => self.encode(t, true).map_err(model)?,
             Prompt::Tokens(ids) => ids.clone(),
-            Prompt::Chat(messages) => {
+            Prompt::Chat(messages) | Prompt::ChatWith { messages, .. } => {
                 if messages.is_empty() {
                     return Err(EngineError::invalid("messages", "must not be empty"));
                 }
-                self.encode_chat(messages).map_err(|e| match e {
+                let rendered = match prompt {
+                    Prompt::ChatWith { template_args, .. } => {
+                        let args: serde_json::Map<String, serde_json::Value> =
+                            serde_json::from_str(template_args).map_err(|e| {
+                                EngineError::invalid(
+                                    "chat_template_kwargs",
+                                    format!("must be a JSON object: {e}"),
+                                )
+                            })?;
+                        self.encode_chat_with(messages, &args)
+                    }
+                    _ => self.encode_chat(messages),
+                };
+                rendered.map_err(|e| match e {
                     ModelError::Template(m) => EngineError::invalid("messages", m),
                     other => model(other),
                 })?

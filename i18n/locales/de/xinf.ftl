@@ -53,6 +53,7 @@ api-structured-outputs-invalid = `{ $field }` ist ungültig: `json` ist ein JSON
 api-structured-outputs-unsupported = `{ $field }` wird nicht unterstützt; möglich sind `json`, `json_object`, `regex` und `choice`
 api-structured-outputs-twice = `{ $field }` und `response_format` verlangen beide eine Form; geben Sie nur eines an
 api-response-format-invalid = `{ $field }` muss ein Objekt mit `type` sein
+api-template-kwargs-invalid = `{ $field }` muss ein Objekt mit Template-Variablen sein, höchstens 16 KiB
 api-tools-unsupported = `{ $field }`: Tools und Funktionsaufrufe werden noch nicht unterstützt
 api-logit-bias-invalid = `{ $field }`: muss Token-IDs auf Zahlen zwischen -100 und 100 abbilden (höchstens 1024 Tokens)
 api-messages-empty = `{ $field }` muss mindestens eine Nachricht enthalten

@@ -53,6 +53,7 @@ api-structured-outputs-invalid = `{ $field }` is not valid: `json` is a JSON Sch
 api-structured-outputs-unsupported = `{ $field }` is not supported; `json`, `json_object`, `regex` and `choice` are
 api-structured-outputs-twice = `{ $field }` and `response_format` both ask for a shape; give one of them
 api-response-format-invalid = `{ $field }` must be an object with a `type`
+api-template-kwargs-invalid = `{ $field }` must be an object of template variables, at most 16 KiB
 api-tools-unsupported = `{ $field }`: tools and function calling are not supported yet
 api-logit-bias-invalid = `{ $field }`: must map token ids to numbers between -100 and 100 (at most 1024 tokens)
 api-messages-empty = `{ $field }` must hold at least one message

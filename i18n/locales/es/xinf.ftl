@@ -53,6 +53,7 @@ api-structured-outputs-invalid = `{ $field }` no es válido: `json` es un JSON S
 api-structured-outputs-unsupported = `{ $field }` no se admite; se admiten `json`, `json_object`, `regex` y `choice`
 api-structured-outputs-twice = `{ $field }` y `response_format` piden ambos una forma; indique solo uno
 api-response-format-invalid = `{ $field }` debe ser un objeto con `type`
+api-template-kwargs-invalid = `{ $field }` debe ser un objeto de variables de plantilla, de 16 KiB como máximo
 api-tools-unsupported = `{ $field }`: todavía no se admiten las herramientas ni las llamadas a funciones
 api-logit-bias-invalid = `{ $field }`: debe asignar a ids de token números entre -100 y 100 (como máximo 1024 tokens)
 api-messages-empty = `{ $field }` debe contener al menos un mensaje

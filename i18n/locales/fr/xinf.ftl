@@ -53,6 +53,7 @@ api-structured-outputs-invalid = `{ $field }` n'est pas valide : `json` est un J
 api-structured-outputs-unsupported = `{ $field }` n'est pas pris en charge ; `json`, `json_object`, `regex` et `choice` le sont
 api-structured-outputs-twice = `{ $field }` et `response_format` demandent tous deux une forme ; n'en donnez qu'un
 api-response-format-invalid = `{ $field }` doit être un objet avec un `type`
+api-template-kwargs-invalid = `{ $field }` doit être un objet de variables de modèle, d'au plus 16 Kio
 api-tools-unsupported = `{ $field }` : les outils et l'appel de fonctions ne sont pas encore pris en charge
 api-logit-bias-invalid = `{ $field }` : doit associer des identifiants de jeton à des nombres entre -100 et 100 (au plus 1024 jetons)
 api-messages-empty = `{ $field }` doit contenir au moins un message

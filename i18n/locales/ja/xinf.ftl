@@ -53,6 +53,7 @@ api-structured-outputs-invalid = `{ $field }` が不正です。`json` は JSON 
 api-structured-outputs-unsupported = `{ $field }` には対応していません。対応しているのは `json`、`json_object`、`regex`、`choice` です
 api-structured-outputs-twice = `{ $field }` と `response_format` の両方が形式を指定しています。どちらか一方にしてください
 api-response-format-invalid = `{ $field }` は `type` を持つオブジェクトでなければなりません
+api-template-kwargs-invalid = `{ $field }` はテンプレート変数のオブジェクト（最大 16 KiB）でなければなりません
 api-tools-unsupported = `{ $field }`：ツールと関数呼び出しにはまだ対応していません
 api-logit-bias-invalid = `{ $field }`：トークン ID を -100 から 100 の数値に対応付ける必要があります（最大 1024 トークン）
 api-messages-empty = `{ $field }` には少なくとも 1 つのメッセージが必要です

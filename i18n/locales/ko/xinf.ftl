@@ -53,6 +53,7 @@ api-structured-outputs-invalid = `{ $field }`가 올바르지 않습니다: `jso
 api-structured-outputs-unsupported = `{ $field }`는 지원하지 않습니다. `json`, `json_object`, `regex`, `choice`를 지원합니다
 api-structured-outputs-twice = `{ $field }`와 `response_format`이 둘 다 형식을 요청합니다. 하나만 주세요
 api-response-format-invalid = `{ $field }`은(는) `type`이 있는 객체여야 합니다
+api-template-kwargs-invalid = `{ $field }`는 템플릿 변수 객체(최대 16 KiB)여야 합니다
 api-tools-unsupported = `{ $field }`: 도구 및 함수 호출은 아직 지원하지 않습니다
 api-logit-bias-invalid = `{ $field }`: 토큰 ID를 -100에서 100 사이의 숫자에 대응시켜야 합니다(최대 1024개 토큰)
 api-messages-empty = `{ $field }`에는 메시지가 하나 이상 있어야 합니다

@@ -53,6 +53,7 @@ api-structured-outputs-invalid = `{ $field }` é inválido: `json` é um JSON Sc
 api-structured-outputs-unsupported = `{ $field }` não é suportado; são suportados `json`, `json_object`, `regex` e `choice`
 api-structured-outputs-twice = `{ $field }` e `response_format` pedem ambos um formato; informe apenas um
 api-response-format-invalid = `{ $field }` deve ser um objeto com `type`
+api-template-kwargs-invalid = `{ $field }` deve ser um objeto de variáveis de template, de no máximo 16 KiB
 api-tools-unsupported = `{ $field }`: ferramentas e chamadas de função ainda não são suportadas
 api-logit-bias-invalid = `{ $field }`: deve mapear ids de token para números entre -100 e 100 (no máximo 1024 tokens)
 api-messages-empty = `{ $field }` deve conter pelo menos uma mensagem

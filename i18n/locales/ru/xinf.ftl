@@ -53,6 +53,7 @@ api-structured-outputs-invalid = `{ $field }` недопустимо: `json` —
 api-structured-outputs-unsupported = `{ $field }` не поддерживается; поддерживаются `json`, `json_object`, `regex` и `choice`
 api-structured-outputs-twice = `{ $field }` и `response_format` оба задают форму; укажите только одно
 api-response-format-invalid = `{ $field }` должно быть объектом с полем `type`
+api-template-kwargs-invalid = `{ $field }` должно быть объектом переменных шаблона, не более 16 КиБ
 api-tools-unsupported = `{ $field }`: инструменты и вызов функций пока не поддерживаются
 api-logit-bias-invalid = `{ $field }`: должно сопоставлять id токенов числам от -100 до 100 (не более 1024 токенов)
 api-messages-empty = `{ $field }` должно содержать хотя бы одно сообщение

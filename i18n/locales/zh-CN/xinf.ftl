@@ -53,6 +53,7 @@ api-structured-outputs-invalid = `{ $field }` 无效：`json` 是 JSON Schema �
 api-structured-outputs-unsupported = 不支持 `{ $field }`；支持 `json`、`json_object`、`regex` 和 `choice`
 api-structured-outputs-twice = `{ $field }` 与 `response_format` 都指定了输出形式；只能给出其一
 api-response-format-invalid = `{ $field }` 必须是带有 `type` 的对象
+api-template-kwargs-invalid = `{ $field }` 必须是模板变量组成的对象，最多 16 KiB
 api-tools-unsupported = `{ $field }`：暂不支持工具与函数调用
 api-logit-bias-invalid = `{ $field }`：必须把词元 id 映射到 -100 到 100 之间的数（最多 1024 个词元）
 api-messages-empty = `{ $field }` 至少要有一条消息

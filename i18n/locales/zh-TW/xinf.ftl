@@ -53,6 +53,7 @@ api-structured-outputs-invalid = `{ $field }` 無效：`json` 是 JSON Schema �
 api-structured-outputs-unsupported = 不支援 `{ $field }`；支援 `json`、`json_object`、`regex` 和 `choice`
 api-structured-outputs-twice = `{ $field }` 與 `response_format` 都指定了輸出形式；只能給出其一
 api-response-format-invalid = `{ $field }` 必須是帶有 `type` 的物件
+api-template-kwargs-invalid = `{ $field }` 必須是範本變數組成的物件，最多 16 KiB
 api-tools-unsupported = `{ $field }`：目前尚不支援工具與函式呼叫
 api-logit-bias-invalid = `{ $field }`：必須把詞元 id 對應到 -100 到 100 之間的數（最多 1024 個詞元）
 api-messages-empty = `{ $field }` 至少要包含一則訊息

@@ -19,6 +19,10 @@ impl GenerationRequest for ChatCompletionRequest {
         refuse_unsupported(&r)?;
         let logprobs = logprobs(&r)?;
         let messages = messages(r.messages)?;
+        let prompt = match template_args(r.chat_template_kwargs.as_ref())? {
+            Some(template_args) => Prompt::ChatWith { messages, template_args },
+            None => Prompt::Chat(messages),
+        };
         sampling.max_tokens = r.max_completion_tokens.or(sampling.max_tokens);
         let choices = sampling.choices()?;
         let logit_bias = crate::api::sampling::logit_bias(r.logit_bias.as_ref())?;
@@ -33,12 +37,31 @@ impl GenerationRequest for ChatCompletionRequest {
         let request_id = request_id(req, r.request_id, "chatcmpl")?;
         Ok(Generation {
             model: r.model,
-            requests: vec![GenerateRequest { request_id, prompt: Prompt::Chat(messages), sampling }],
+            requests: vec![GenerateRequest { request_id, prompt, sampling }],
             choices,
             stream: r.stream.unwrap_or(false),
             include_usage: r.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
             flavor: Flavor::Chat,
         })
+    }
+}
+
+/// The most bytes of `chat_template_kwargs` a request may send: they are rendered into the
+/// prompt of every request that has them.
+const MAX_TEMPLATE_ARGS_BYTES: usize = 16 * 1024;
+
+/// vLLM's `chat_template_kwargs`: an object whose keys become template variables, as its JSON
+/// text; `None` when absent, null or empty.
+fn template_args(value: Option<&Value>) -> Result<Option<String>, Problem> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(o)) if o.is_empty() => Ok(None),
+        Some(v @ Value::Object(_)) if v.to_string().len() <= MAX_TEMPLATE_ARGS_BYTES => {
+            Ok(Some(v.to_string()))
+        }
+        Some(_) => {
+            Err(Problem::field("chat_template_kwargs", "api-template-kwargs-invalid", "invalid_value"))
+        }
     }
 }
 

@@ -269,3 +269,18 @@ fn loop_controls_work() {
     let messages = [msg("system", "s"), msg("user", "a"), msg("user", "b")];
     assert_eq!(render(source, &messages, false).expect("renders"), "a");
 }
+
+#[test]
+fn template_arguments_are_variables_that_cannot_replace_xinfs() {
+    // Qwen3's switch, as its template reads it.
+    let source = "{% for m in messages %}{{ m.content }}{% endfor %}{% if add_generation_prompt %}<a>\
+        {% if enable_thinking is defined and enable_thinking is false %}<think></think>{% endif %}{% endif %}{{ bos_token }}";
+    let t = template(source);
+    let hi = [msg("user", "Hi")];
+    assert_eq!(t.render(&hi, true).expect("renders"), "Hi<a><s>");
+    let args: serde_json::Map<String, serde_json::Value> = serde_json::from_str(
+        r#"{"enable_thinking": false, "messages": [], "bos_token": "X", "add_generation_prompt": false}"#,
+    )
+    .expect("json");
+    assert_eq!(t.render_with(&hi, true, Some(&args)).expect("renders"), "Hi<a><think></think><s>");
+}
