@@ -67,12 +67,7 @@ fn read_structured_outputs(v: &Value) -> Result<StructuredOutput, Problem> {
             ));
         }
     };
-    let size = match &shape {
-        StructuredOutput::JsonSchema(s) | StructuredOutput::Regex(s) => s.len(),
-        StructuredOutput::Choice(t) => t.iter().map(String::len).sum(),
-        StructuredOutput::JsonObject => 0,
-    };
-    if size > MAX_SCHEMA_BYTES {
+    if shape.text_len() > MAX_SCHEMA_BYTES {
         return Err(Problem::field(
             format!("structured_outputs.{key}"),
             "api-response-format-schema-too-long",

@@ -117,8 +117,9 @@ impl StructuredOutput {
         }
     }
 
-    /// The bytes of text the shape was given as, which bounds the work of compiling it.
-    fn text_len(&self) -> usize {
+    /// The bytes of text the shape was given as, which bounds the work of compiling it (at
+    /// most [`MAX_SCHEMA_BYTES`]).
+    pub fn text_len(&self) -> usize {
         match self {
             Self::JsonObject => 0,
             Self::JsonSchema(s) | Self::Regex(s) => s.len(),

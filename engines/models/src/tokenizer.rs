@@ -201,27 +201,24 @@ impl TextTokenizer {
 
     /// Renders chat messages with the model's template and a generation prompt.
     pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
+        self.render_chat_with(messages, None)
+    }
+
+    /// [`render_chat`](Self::render_chat) with more variables for the template.
+    fn render_chat_with(
+        &self,
+        messages: &[ChatMessage],
+        args: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<String, ModelError> {
         let t = self.chat_template.as_ref().ok_or_else(|| {
             ModelError::Template("this model has no chat template; use a plain prompt".into())
         })?;
-        t.render(messages, true)
+        t.render_with(messages, true, args)
     }
 
     /// Token ids of rendered chat messages (the rendered text already holds the special tokens).
     pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, ModelError> {
         self.encode(&self.render_chat(messages)?, false)
-    }
-
-    /// [`encode_chat`](Self::encode_chat) with more variables for the template.
-    fn encode_chat_with(
-        &self,
-        messages: &[ChatMessage],
-        args: &serde_json::Map<String, serde_json::Value>,
-    ) -> Result<Vec<u32>, ModelError> {
-        let t = self.chat_template.as_ref().ok_or_else(|| {
-            ModelError::Template("this model has no chat template; use a plain prompt".into())
-        })?;
-        self.encode(&t.render_with(messages, true, Some(args))?, false)
     }
 
     /// The token ids a request's prompt becomes, as every engine behind xinf sees it: text with
@@ -232,27 +229,12 @@ impl TextTokenizer {
         let ids = match prompt {
             Prompt::Text(t) => self.encode(t, true).map_err(model)?,
             Prompt::Tokens(ids) => ids.clone(),
-            Prompt::Chat(messages) | Prompt::ChatWith { messages, .. } => {
-                if messages.is_empty() {
-                    return Err(EngineError::invalid("messages", "must not be empty"));
-                }
-                let rendered = match prompt {
-                    Prompt::ChatWith { template_args, .. } => {
-                        let args: serde_json::Map<String, serde_json::Value> =
-                            serde_json::from_str(template_args).map_err(|e| {
-                                EngineError::invalid(
-                                    "chat_template_kwargs",
-                                    format!("must be a JSON object: {e}"),
-                                )
-                            })?;
-                        self.encode_chat_with(messages, &args)
-                    }
-                    _ => self.encode_chat(messages),
-                };
-                rendered.map_err(|e| match e {
-                    ModelError::Template(m) => EngineError::invalid("messages", m),
-                    other => model(other),
-                })?
+            Prompt::Chat(messages) => self.chat_ids(messages, None)?,
+            Prompt::ChatWith { messages, template_args } => {
+                let args = serde_json::from_str(template_args).map_err(|e| {
+                    EngineError::invalid("chat_template_kwargs", format!("must be a JSON object: {e}"))
+                })?;
+                self.chat_ids(messages, Some(&args))?
             }
         };
         if ids.is_empty() {
@@ -265,6 +247,22 @@ impl TextTokenizer {
             ));
         }
         Ok(ids)
+    }
+
+    /// The token ids of a chat prompt; a template's refusal names `messages`.
+    fn chat_ids(
+        &self,
+        messages: &[ChatMessage],
+        args: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<Vec<u32>, EngineError> {
+        if messages.is_empty() {
+            return Err(EngineError::invalid("messages", "must not be empty"));
+        }
+        let text = self.render_chat_with(messages, args).map_err(|e| match e {
+            ModelError::Template(m) => EngineError::invalid("messages", m),
+            other => EngineError::from(other),
+        })?;
+        self.encode(&text, false).map_err(EngineError::from)
     }
 
     /// Whether a chat template is available.
