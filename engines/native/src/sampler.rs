@@ -2,8 +2,8 @@
 //!
 //! The order of the steps is vLLM's (v0 sampler): `logit_bias`, penalties (repetition, then
 //! frequency and presence), then greedy argmax or temperature, top-k, top-p, min-p and a draw
-//! from the softmax. Clients tune these knobs against vLLM and OpenAI, so the same settings must mean the
-//! same thing here.
+//! from the softmax. Clients tune these knobs against vLLM and OpenAI, so the same settings
+//! must mean the same thing here.
 //!
 //! The sampler runs on the CPU once per generated token of every request, over vocabularies of
 //! 50k–150k entries, so it avoids full sorts where it can (partial selection for top-k and
