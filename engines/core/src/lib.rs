@@ -22,7 +22,7 @@ pub use error::{EngineError, ErrorClass};
 pub use loader::{EngineLoader, Engines, ModelSource};
 pub use request::{
     ChatMessage, FinishReason, GenerateRequest, Logprob, MAX_CHOICES_TEXTS, MAX_LOGIT_BIAS, MAX_SCHEMA_BYTES,
-    MAX_TOP_LOGPROBS, Prompt, SamplingParams, StructuredOutput, TokenEvent, TokenLogprobs, Usage,
+    MAX_TOP_LOGPROBS, Prompt, SamplingParams, StructuredOutput, TokenEvent, TokenLogprobs, ToolCall, Usage,
 };
 
 use futures::future::BoxFuture;

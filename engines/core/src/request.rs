@@ -10,13 +10,29 @@ pub struct ChatMessage {
     pub role: String,
     /// The text.
     pub content: String,
+    /// The functions an assistant message called (the chat template renders them in the
+    /// model's own format); empty for other messages.
+    pub tool_calls: Vec<ToolCall>,
+    /// The call a `tool` message answers.
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
     /// A message with the given role and text.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self { role: role.into(), content: content.into() }
+        Self { role: role.into(), content: content.into(), tool_calls: Vec::new(), tool_call_id: None }
     }
+}
+
+/// A function call an assistant made, as OpenAI's `tool_calls` carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The call's id, which the `tool` message answering it repeats.
+    pub id: String,
+    /// The function's name.
+    pub name: String,
+    /// The arguments as JSON text (normally an object).
+    pub arguments: String,
 }
 
 /// What to generate from.
@@ -30,7 +46,8 @@ pub enum Prompt {
     /// Chat messages, rendered with the model's chat template and a generation prompt.
     Chat(Vec<ChatMessage>),
     /// Chat messages rendered with more variables for the chat template (vLLM's
-    /// `chat_template_kwargs`, such as Qwen3's `enable_thinking`), given as a JSON object's text.
+    /// `chat_template_kwargs`, such as Qwen3's `enable_thinking`, and the request's `tools`),
+    /// given as a JSON object's text.
     ChatWith {
         /// The conversation.
         messages: Vec<ChatMessage>,

@@ -11,14 +11,15 @@
 //! the model was trained on degrades its output, which is why these details matter.
 
 use std::fmt::{self, Write as _};
-use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use minijinja::value::{Enumerator, Kwargs, Object, Value, ValueKind};
+use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, ErrorKind, context};
 use xinf_engine::ChatMessage;
 
 use crate::ModelError;
+
+mod messages;
+mod time;
 
 #[cfg(test)]
 mod tests;
@@ -39,6 +40,9 @@ pub struct ChatTemplate {
     bos_token: Option<String>,
     /// `eos_token` of the tokenizer; undefined in the template when the model has none.
     eos_token: Option<String>,
+    /// Whether the template reads `tools`; one that does not is given tools in the Hermes
+    /// format ([`messages::hermes`]).
+    takes_tools: bool,
 }
 
 impl fmt::Debug for ChatTemplate {
@@ -68,10 +72,15 @@ impl ChatTemplate {
         env.set_keep_trailing_newline(false);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
-        env.add_function("strftime_now", strftime_now);
+        env.add_function("strftime_now", time::strftime_now);
         env.add_filter("tojson", tojson);
         env.add_template_owned(TEMPLATE_NAME, source.to_owned()).map_err(template_error)?;
-        Ok(Self { env, source: source.to_owned(), bos_token, eos_token })
+        let takes_tools = env
+            .get_template(TEMPLATE_NAME)
+            .map_err(template_error)?
+            .undeclared_variables(false)
+            .contains("tools");
+        Ok(Self { env, source: source.to_owned(), bos_token, eos_token, takes_tools })
     }
 
     /// The template text as given to [`ChatTemplate::new`].
@@ -93,8 +102,13 @@ impl ChatTemplate {
     }
 
     /// [`render`](Self::render) with more variables for the template (vLLM's
-    /// `chat_template_kwargs`, such as Qwen3's `enable_thinking`). They cannot replace the
-    /// variables xinf sets (`messages`, `add_generation_prompt`, the special tokens).
+    /// `chat_template_kwargs`, such as Qwen3's `enable_thinking`, and the request's `tools`).
+    /// They cannot replace the variables xinf sets (`messages`, `add_generation_prompt`, the
+    /// special tokens).
+    ///
+    /// A template that does not read `tools` gets the tools, calls and answers written into
+    /// the messages in the Hermes format instead ([`messages::hermes`]), so that a model whose
+    /// template knows no tools still sees them rather than losing them without a word.
     pub fn render_with(
         &self,
         messages: &[ChatMessage],
@@ -102,40 +116,51 @@ impl ChatTemplate {
         args: Option<&serde_json::Map<String, serde_json::Value>>,
     ) -> Result<String, ModelError> {
         let template = self.env.get_template(TEMPLATE_NAME).map_err(template_error)?;
+        let tools = match args.and_then(|a| a.get("tools")) {
+            Some(serde_json::Value::Array(tools)) => tools.as_slice(),
+            _ => &[],
+        };
+        let rewritten;
+        let messages = if !self.takes_tools && messages::uses_tools(messages, tools) {
+            rewritten = messages::hermes(messages, tools, python_json);
+            rewritten.as_slice()
+        } else {
+            messages
+        };
         // transformers passes `tools=None` and `documents=None` when the request has none, so
         // templates test them with `is none` / `is not none` as well as `is defined`.
+        let or_none = |name: &str| {
+            args.and_then(|a| a.get(name))
+                .filter(|v| !v.is_null())
+                .map_or(Value::from(()), Value::from_serialize)
+        };
         let ctx = context! {
-            messages => messages.iter().map(|m| Value::from_object(Message(m.clone()))).collect::<Vec<_>>(),
+            messages => messages.iter().map(|m| Value::from_object(messages::Message(m.clone()))).collect::<Vec<_>>(),
             add_generation_prompt => add_generation_prompt,
             bos_token => special_token(self.bos_token.as_deref()),
             eos_token => special_token(self.eos_token.as_deref()),
-            tools => Value::from(()),
-            documents => Value::from(()),
+            tools => if self.takes_tools { or_none("tools") } else { Value::from(()) },
+            documents => or_none("documents"),
             ..Value::from_serialize(args)
         };
         template.render(ctx).map_err(template_error)
     }
 }
 
-/// A message as the template sees it: a mapping with `role` then `content`.
-///
-/// A serialized struct would become a key-sorted map (`content` before `role`) and change the
-/// text of `messages | tojson` and `message.items()`; transformers passes the dicts in the
-/// order the client wrote them, which is `role` first in practice.
-#[derive(Debug)]
-struct Message(ChatMessage);
-
-impl Object for Message {
-    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
-        match key.as_str()? {
-            "role" => Some(Value::from(self.0.role.as_str())),
-            "content" => Some(Value::from(self.0.content.as_str())),
-            _ => None,
-        }
-    }
-
-    fn enumerate(self: &Arc<Self>) -> Enumerator {
-        Enumerator::Str(&["role", "content"])
+/// `value` as Python's `json.dumps` writes it (what `tojson` gives a template).
+fn python_json(value: &serde_json::Value) -> String {
+    let style = JsonStyle {
+        ensure_ascii: false,
+        indent: None,
+        item_sep: ", ".into(),
+        key_sep: ": ".into(),
+        sort_keys: false,
+    };
+    let mut out = String::new();
+    match write_json(&mut out, &Value::from_serialize(value), &style, 0) {
+        Ok(()) => out,
+        // Only a value nested past `MAX_JSON_DEPTH` fails; serde's own text is still JSON.
+        Err(_) => value.to_string(),
     }
 }
 
@@ -177,182 +202,6 @@ fn template_error(err: minijinja::Error) -> ModelError {
 /// `raise_exception(message)`: how templates reject conversations they cannot format.
 fn raise_exception(message: String) -> Result<Value, minijinja::Error> {
     Err(minijinja::Error::new(ErrorKind::InvalidOperation, message.clone()).with_source(Raised(message)))
-}
-
-/// `strftime_now(format)`: the current time, formatted like Python's `strftime`. Llama 3.x
-/// templates put today's date in the system prompt with it.
-///
-/// transformers uses the local time zone; servers run in UTC as a rule, and UTC keeps the
-/// prompt independent of the host's configuration, so UTC is used here.
-fn strftime_now(format: &str) -> String {
-    let secs = match SystemTime::now().duration_since(UNIX_EPOCH) {
-        Ok(elapsed) => i64::try_from(elapsed.as_secs()).unwrap_or(i64::MAX),
-        Err(before) => i64::try_from(before.duration().as_secs()).map_or(i64::MIN, |s| -s),
-    };
-    format_time(format, secs)
-}
-
-/// English names, as the C locale that `strftime` uses by default.
-const WEEKDAYS: [&str; 7] = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"];
-const MONTHS: [&str; 12] = [
-    "January",
-    "February",
-    "March",
-    "April",
-    "May",
-    "June",
-    "July",
-    "August",
-    "September",
-    "October",
-    "November",
-    "December",
-];
-
-/// A broken-down UTC time.
-struct CivilTime {
-    year: i64,
-    /// 1..=12.
-    month: u32,
-    /// 1..=31.
-    day: u32,
-    /// 0 = Sunday.
-    weekday: u32,
-    /// 1..=366.
-    day_of_year: u32,
-    hour: u32,
-    minute: u32,
-    second: u32,
-}
-
-impl CivilTime {
-    /// Splits seconds since the Unix epoch (UTC); no time-zone or leap-second data is needed.
-    fn from_unix(secs: i64) -> Self {
-        let days = secs.div_euclid(86_400);
-        let rem = secs.rem_euclid(86_400);
-        let (year, month, day) = civil_from_days(days);
-        let day_of_year = days - days_from_civil(year, 1, 1) + 1;
-        Self {
-            year,
-            month,
-            day,
-            // 1970-01-01 was a Thursday.
-            weekday: to_u32((days + 4).rem_euclid(7)),
-            day_of_year: to_u32(day_of_year),
-            hour: to_u32(rem / 3600),
-            minute: to_u32(rem / 60 % 60),
-            second: to_u32(rem % 60),
-        }
-    }
-}
-
-/// Narrows a value that is in range by construction (a calendar field).
-fn to_u32(v: i64) -> u32 {
-    u32::try_from(v).unwrap_or(0)
-}
-
-/// Howard Hinnant's `civil_from_days`: proleptic Gregorian date of a day count since 1970-01-01.
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, to_u32(month), to_u32(day))
-}
-
-/// The inverse of [`civil_from_days`].
-fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let m = i64::from(month);
-    let mp = if m > 2 { m - 3 } else { m + 9 };
-    let doy = (153 * mp + 2) / 5 + i64::from(day) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-/// Python/C `strftime` in the C locale for the directives templates use; `%-d` style flags
-/// (glibc) drop the padding. Unknown directives are copied as they are, like glibc does.
-fn format_time(format: &str, unix_secs: i64) -> String {
-    let t = CivilTime::from_unix(unix_secs);
-    let mut out = String::with_capacity(format.len() + 16);
-    let mut chars = format.chars();
-    while let Some(c) = chars.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        let mut spec = chars.next();
-        let pad = if spec == Some('-') {
-            spec = chars.next();
-            false
-        } else {
-            true
-        };
-        let num = |out: &mut String, v: i64, width: usize| {
-            let _ = if pad { write!(out, "{v:0width$}") } else { write!(out, "{v}") };
-        };
-        let weekday = WEEKDAYS[t.weekday as usize % 7];
-        let month = MONTHS[(t.month as usize + 11) % 12];
-        let hour12 = if t.hour.is_multiple_of(12) { 12 } else { t.hour % 12 };
-        match spec {
-            Some('a') => out.push_str(&weekday[..3]),
-            Some('A') => out.push_str(weekday),
-            Some('b' | 'h') => out.push_str(&month[..3]),
-            Some('B') => out.push_str(month),
-            Some('d') => num(&mut out, t.day.into(), 2),
-            Some('e') => {
-                let _ = if pad { write!(out, "{:2}", t.day) } else { write!(out, "{}", t.day) };
-            }
-            Some('H') => num(&mut out, t.hour.into(), 2),
-            Some('I') => num(&mut out, hour12.into(), 2),
-            Some('j') => num(&mut out, t.day_of_year.into(), 3),
-            Some('m') => num(&mut out, t.month.into(), 2),
-            Some('M') => num(&mut out, t.minute.into(), 2),
-            Some('S') => num(&mut out, t.second.into(), 2),
-            Some('p') => out.push_str(if t.hour < 12 { "AM" } else { "PM" }),
-            Some('y') => num(&mut out, t.year.rem_euclid(100), 2),
-            Some('Y') => {
-                let _ = write!(out, "{}", t.year);
-            }
-            Some('u') => {
-                let _ = write!(out, "{}", if t.weekday == 0 { 7 } else { t.weekday });
-            }
-            Some('w') => {
-                let _ = write!(out, "{}", t.weekday);
-            }
-            Some('F') => out.push_str(&format_time("%Y-%m-%d", unix_secs)),
-            Some('D' | 'x') => out.push_str(&format_time("%m/%d/%y", unix_secs)),
-            Some('T' | 'X') => out.push_str(&format_time("%H:%M:%S", unix_secs)),
-            Some('R') => out.push_str(&format_time("%H:%M", unix_secs)),
-            Some('c') => out.push_str(&format_time("%a %b %e %H:%M:%S %Y", unix_secs)),
-            Some('Z') => out.push_str("UTC"),
-            Some('z') => out.push_str("+0000"),
-            Some('n') => out.push('\n'),
-            Some('t') => out.push('\t'),
-            Some('%') => out.push('%'),
-            Some(other) => {
-                out.push('%');
-                if !pad {
-                    out.push('-');
-                }
-                out.push(other);
-            }
-            None => {
-                out.push('%');
-                if !pad {
-                    out.push('-');
-                }
-            }
-        }
-    }
-    out
 }
 
 /// `tojson`, as transformers defines it: `json.dumps(x, ensure_ascii=False, indent=indent,

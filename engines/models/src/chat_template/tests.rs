@@ -1,3 +1,4 @@
+use super::time::{civil_from_days, days_from_civil, format_time};
 use super::*;
 
 /// SmolLM2's ChatML template, verbatim from its `tokenizer_config.json`.
@@ -283,4 +284,75 @@ fn template_arguments_are_variables_that_cannot_replace_xinfs() {
     )
     .expect("json");
     assert_eq!(t.render_with(&hi, true, Some(&args)).expect("renders"), "Hi<a><think></think><s>");
+}
+
+/// Qwen2.5-Instruct's template, verbatim from its `tokenizer_config.json`.
+const QWEN2_5: &str = include_str!("testdata/qwen2_5.jinja");
+
+/// A conversation with two tools (one with neither description nor parameters, as vLLM passes
+/// it), two calls and their answers, and the template arguments that carry the tools.
+fn tool_conversation() -> (Vec<ChatMessage>, serde_json::Map<String, serde_json::Value>) {
+    let tools = serde_json::json!({"tools": [
+        {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city, <now> & \"today\"",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}}, "required": ["city"]}}},
+        {"type": "function", "function": {"name": "time", "description": null, "parameters": null}},
+    ]});
+    let call = |id: &str, arguments: &str| xinf_engine::ToolCall {
+        id: id.into(),
+        name: "get_weather".into(),
+        arguments: arguments.into(),
+    };
+    let answer = |id: &str, text: &str| ChatMessage { tool_call_id: Some(id.into()), ..msg("tool", text) };
+    let messages = vec![
+        msg("system", "Be brief."),
+        msg("user", "Weather in Paris and Lyon?"),
+        ChatMessage {
+            tool_calls: vec![
+                call("call_1", r#"{"city": "Paris"}"#),
+                call("call_2", r#"{"city":"Lyon","unit":"f"}"#),
+            ],
+            ..msg("assistant", "")
+        },
+        answer("call_1", "18"),
+        answer("call_2", "64"),
+    ];
+    let serde_json::Value::Object(args) = tools else { unreachable!("an object") };
+    (messages, args)
+}
+
+/// transformers' `render_jinja_template` of Qwen2.5's template on [`tool_conversation`] (the
+/// call arguments as objects, as vLLM passes them).
+const QWEN2_5_TOOLS_EXPECTED: &str = "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather in a city, <now> & \\\"today\\\"\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}, \"unit\": {\"type\": \"string\", \"enum\": [\"c\", \"f\"]}}, \"required\": [\"city\"]}}}\n{\"type\": \"function\", \"function\": {\"name\": \"time\", \"description\": null, \"parameters\": null}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWeather in Paris and Lyon?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Lyon\", \"unit\": \"f\"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n18\n</tool_response>\n<tool_response>\n64\n</tool_response><|im_end|>\n<|im_start|>assistant\n";
+
+#[test]
+fn qwen2_5_renders_tools_calls_and_answers_as_transformers_does() {
+    let (messages, args) = tool_conversation();
+    let out = template(QWEN2_5).render_with(&messages, true, Some(&args)).expect("renders");
+    assert_eq!(out, QWEN2_5_TOOLS_EXPECTED);
+}
+
+#[test]
+fn a_template_without_tools_gets_them_in_the_hermes_format() {
+    // SmolLM2's ChatML template reads no `tools`: the tools, calls and answers are written into
+    // the messages as Qwen2.5's template writes them, so the prompt is the same text.
+    let (messages, args) = tool_conversation();
+    let out = template(SMOLLM2).render_with(&messages, true, Some(&args)).expect("renders");
+    assert_eq!(out, QWEN2_5_TOOLS_EXPECTED);
+    // Without a system message one is made for the tools (SmolLM2's default prompt goes).
+    let out = template(SMOLLM2).render_with(&messages[1..], true, Some(&args)).expect("renders");
+    assert!(out.starts_with("<|im_start|>system\n# Tools\n\nYou may call"), "{out}");
+    // A template that reads `tools` is left to write them itself.
+    assert!(template(QWEN2_5).takes_tools && !template(SMOLLM2).takes_tools);
+}
+
+#[test]
+fn messages_show_their_calls_and_call_ids() {
+    let (messages, _) = tool_conversation();
+    // The template reads `tools`, so the messages reach it as they are.
+    let source = "{% if tools %}{% endif %}{% for m in messages %}{{ m | tojson }}\n{% endfor %}";
+    let out = template(source).render_with(&messages[2..4], false, None).expect("renders");
+    assert_eq!(
+        out,
+        "{\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": [{\"id\": \"call_1\", \"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}}, {\"id\": \"call_2\", \"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Lyon\", \"unit\": \"f\"}}}]}\n{\"role\": \"tool\", \"content\": \"18\", \"tool_call_id\": \"call_1\"}\n"
+    );
 }
