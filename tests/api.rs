@@ -9,6 +9,7 @@ mod corpus;
 mod logit_bias;
 mod logprobs;
 mod structured;
+mod tools;
 mod web_ui;
 mod xinference_client;
 
@@ -197,7 +198,12 @@ fn bad_requests_are_refused_naming_the_field() {
         ("/v1/chat/completions", chat(json!({"stop": 5})), Some("stop"), "stop"),
         ("/v1/chat/completions", chat(json!({"top_k": -5})), Some("top_k"), "top_k"),
         ("/v1/chat/completions", chat(json!({"max_tokens": 1_000_000})), Some("max_tokens"), "context"),
-        ("/v1/chat/completions", chat(json!({"tools": [{"type": "function"}]})), Some("tools"), "tools"),
+        (
+            "/v1/chat/completions",
+            chat(json!({"tools": [{"type": "function"}]})),
+            Some("tools[0].function"),
+            "missing",
+        ),
         ("/v1/chat/completions", chat(json!({"tool_choice": "auto"})), Some("tool_choice"), "`tools`"),
         (
             "/v1/chat/completions",
@@ -215,7 +221,7 @@ fn bad_requests_are_refused_naming_the_field() {
             "/v1/chat/completions",
             json!({"model": UID, "messages": [
                 {"role": "user", "content": "x"},
-                {"role": "tool", "content": "42", "tool_call_id": "call_1"}]}),
+                {"role": "function", "content": "42", "name": "f"}]}),
             Some("messages[1].role"),
             "tools",
         ),

@@ -59,6 +59,7 @@ mod sampling;
 mod service;
 mod sse;
 mod stats;
+mod tools;
 
 pub use cluster::ClusterService;
 pub(crate) use routes::registrations_json;

@@ -51,12 +51,12 @@ pub(crate) struct InMessage {
     /// The author's name; ignored.
     #[serde(default, rename = "name")]
     _name: Option<IgnoredAny>,
-    /// Tool calls of an assistant message (refused unless empty).
+    /// The functions an assistant message called.
     #[serde(default)]
-    pub(crate) tool_calls: Option<Value>,
-    /// The tool call a tool message answers; ignored.
-    #[serde(default, rename = "tool_call_id")]
-    _tool_call_id: Option<IgnoredAny>,
+    pub(crate) tool_calls: Option<Vec<ToolCallIn>>,
+    /// The call a `tool` message answers.
+    #[serde(default)]
+    pub(crate) tool_call_id: Option<String>,
     /// Legacy function call of an assistant message (refused unless null).
     #[serde(default)]
     pub(crate) function_call: Option<Value>,
@@ -69,6 +69,58 @@ pub(crate) struct InMessage {
     /// Echoed back by clients that replay assistant messages; ignored.
     #[serde(default, rename = "audio")]
     _audio: Option<IgnoredAny>,
+}
+
+/// One entry of `tools`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ToolIn {
+    /// Only `function`.
+    #[serde(rename = "type")]
+    _kind: FunctionKind,
+    pub(crate) function: FunctionIn,
+}
+
+/// The one kind of tool and of tool call: `"function"`.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+pub(crate) enum FunctionKind {
+    #[default]
+    #[serde(rename = "function")]
+    Function,
+}
+
+/// A function a model may call.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FunctionIn {
+    pub(crate) name: String,
+    #[serde(default)]
+    pub(crate) description: Option<String>,
+    /// A JSON Schema of the arguments' object.
+    #[serde(default)]
+    pub(crate) parameters: Option<Value>,
+    /// OpenAI's strict schema adherence; xinf always follows the schema where it constrains.
+    #[serde(default)]
+    pub(crate) strict: Option<bool>,
+}
+
+/// A call in an assistant message's `tool_calls`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ToolCallIn {
+    pub(crate) id: String,
+    #[serde(rename = "type", default)]
+    _kind: FunctionKind,
+    pub(crate) function: CalledFunctionIn,
+}
+
+/// The function of a [`ToolCallIn`].
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CalledFunctionIn {
+    pub(crate) name: String,
+    /// JSON text, as OpenAI sends it (an object is taken too).
+    pub(crate) arguments: Value,
 }
 
 /// `POST /v1/chat/completions`, less the sampling fields: the body is parsed as
@@ -101,11 +153,11 @@ pub(crate) struct ChatCompletionRequest {
     #[serde(default)]
     pub(crate) request_id: Option<String>,
     #[serde(default)]
-    pub(crate) tools: Option<Value>,
+    pub(crate) tools: Option<Vec<ToolIn>>,
     #[serde(default)]
     pub(crate) tool_choice: Option<Value>,
-    #[serde(default, rename = "parallel_tool_calls")]
-    _parallel_tool_calls: Option<IgnoredAny>,
+    #[serde(default)]
+    pub(crate) parallel_tool_calls: Option<bool>,
     #[serde(default)]
     pub(crate) functions: Option<Value>,
     #[serde(default)]
@@ -168,11 +220,49 @@ impl From<xinf_engine::Usage> for UsageOut {
     }
 }
 
-/// The assistant message of a chat response.
+/// The assistant message of a chat response: `content` is null when the answer is only calls.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct OutMessage {
     pub(crate) role: &'static str,
-    pub(crate) content: String,
+    pub(crate) content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) tool_calls: Vec<OutToolCall>,
+}
+
+/// A function call of a chat response.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct OutToolCall {
+    pub(crate) id: String,
+    #[serde(rename = "type")]
+    pub(crate) kind: &'static str,
+    pub(crate) function: OutFunction,
+}
+
+/// The function of an [`OutToolCall`]: `arguments` is JSON text.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct OutFunction {
+    pub(crate) name: String,
+    pub(crate) arguments: String,
+}
+
+/// A piece of a function call in a chat chunk: the first piece of call `index` has its id,
+/// type and name; later pieces add to its arguments.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct DeltaToolCall {
+    pub(crate) index: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub(crate) kind: Option<&'static str>,
+    pub(crate) function: DeltaFunction,
+}
+
+/// The function piece of a [`DeltaToolCall`].
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct DeltaFunction {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) name: Option<String>,
+    pub(crate) arguments: String,
 }
 
 /// One choice of a chat response.
@@ -202,6 +292,8 @@ pub(crate) struct Delta {
     pub(crate) role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) tool_calls: Option<Vec<DeltaToolCall>>,
 }
 
 /// One choice of a chat chunk.

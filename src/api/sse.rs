@@ -17,12 +17,15 @@ use crate::api::choices::{self, ChoiceStream, Registered};
 use crate::api::error::Problem;
 use crate::api::logprobs::{self, ChatLogprobs, TextLogprobs};
 use crate::api::openai::{ChatChunk, ChunkChoice, Completion, Delta, TextChoice, UsageOut};
+use crate::api::tools::{ToolStream, Tools};
 use actix_web::HttpResponse;
 use actix_web::http::header;
 use actix_web::web::Bytes;
 use futures::{Stream, StreamExt};
 use serde::Serialize;
+use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::sync::Arc;
 use xinf_engine::{EngineError, FinishReason, TokenEvent, TokenLogprobs, TokenStream, Usage};
 
 /// Which OpenAI API a stream answers.
@@ -73,6 +76,12 @@ struct EventState {
     usage: Usage,
     /// Keeps a multi-choice request where the abort route finds it while it streams.
     _fanout: Option<Registered>,
+    /// Per choice, the reader of its calls when the request offered tools.
+    tools: Vec<ToolStream>,
+    /// The request's tools, which name each choice's finish.
+    tool_finish: Option<Arc<Tools>>,
+    /// Events made and not sent yet (a choice's last text or calls before its finish).
+    queued: VecDeque<Bytes>,
 }
 
 fn event<T: Serialize>(value: &T) -> Bytes {
@@ -118,23 +127,32 @@ impl EventState {
         })
     }
 
-    /// A chunk of choice `index`'s `text`, with one token's log-probabilities when it has them.
+    /// A chunk of choice `index`'s `text`, with one token's log-probabilities when it has them;
+    /// `None` when there is nothing to send (a call's text held back, no log-probabilities).
     fn content(
         &mut self,
         index: usize,
         text: String,
         token: Option<&TokenLogprobs>,
         finish: Option<&'static str>,
-    ) -> Bytes {
+    ) -> Option<Bytes> {
         match self.flavor {
             Flavor::Chat => {
-                let content = (!text.is_empty()).then_some(text);
+                let delta = match self.tools.get_mut(index) {
+                    Some(reader) if !text.is_empty() => reader.push(&text),
+                    Some(_) => Delta::default(),
+                    None => Delta { content: (!text.is_empty()).then_some(text), ..Delta::default() },
+                };
                 let logprobs = token.map(|t| {
                     let mut l = ChatLogprobs::default();
                     l.push(t);
                     l
                 });
-                self.chat_chunk(index, Delta { role: None, content }, logprobs, finish)
+                let empty = delta.content.is_none() && delta.tool_calls.is_none();
+                if empty && logprobs.is_none() && finish.is_none() {
+                    return None;
+                }
+                Some(self.chat_chunk(index, delta, logprobs, finish))
             }
             Flavor::Completion => {
                 let logprobs = token.map(|t| {
@@ -146,9 +164,27 @@ impl EventState {
                     }
                     l
                 });
-                self.text_chunk(index, text, logprobs, finish)
+                Some(self.text_chunk(index, text, logprobs, finish))
             }
         }
+    }
+
+    /// The finish chunk of choice `index`, after its held text or calls where the request
+    /// offered tools (queued to follow).
+    fn finish(&mut self, index: usize, reason: FinishReason) -> Option<Bytes> {
+        let Some(reader) = self.tools.get_mut(index) else {
+            return self.content(index, String::new(), None, Some(finish_name(reason)));
+        };
+        let rest = reader.finish();
+        let name =
+            self.tool_finish.as_ref().map_or(finish_name(reason), |t| t.finish_name(reason, reader.called()));
+        if rest.content.is_some() || rest.tool_calls.is_some() {
+            let chunk = self.chat_chunk(index, rest, None, None);
+            self.queued.push_back(chunk);
+        }
+        let last = self.chat_chunk(index, Delta::default(), None, Some(name));
+        self.queued.push_back(last);
+        self.queued.pop_front()
     }
 
     fn usage_chunk(&self, usage: Usage) -> Bytes {
@@ -181,20 +217,29 @@ impl EventState {
     /// The next event, or `None` after `[DONE]`.
     async fn next_event(&mut self) -> Option<Bytes> {
         loop {
+            if let Some(queued) = self.queued.pop_front() {
+                return Some(queued);
+            }
             match std::mem::replace(&mut self.phase, Phase::End) {
                 Phase::Role(index) => {
                     self.phase =
                         if index + 1 < self.offsets.len() { Phase::Role(index + 1) } else { Phase::Tokens };
                     if self.flavor == Flavor::Chat {
-                        let delta = Delta { role: Some("assistant"), content: Some(String::new()) };
+                        let delta = Delta {
+                            role: Some("assistant"),
+                            content: Some(String::new()),
+                            ..Delta::default()
+                        };
                         return Some(self.chat_chunk(index, delta, None, None));
                     }
                 }
                 Phase::Tokens => match self.tokens.next().await {
                     Some((index, Ok(TokenEvent::Delta { text, logprobs, .. }))) => {
                         self.phase = Phase::Tokens;
-                        if !text.is_empty() || logprobs.is_some() {
-                            return Some(self.content(index, text, logprobs.as_deref(), None));
+                        if (!text.is_empty() || logprobs.is_some())
+                            && let Some(chunk) = self.content(index, text, logprobs.as_deref(), None)
+                        {
+                            return Some(chunk);
                         }
                     }
                     Some((index, Ok(TokenEvent::Finished { reason, usage }))) => {
@@ -208,7 +253,9 @@ impl EventState {
                             (0, false) => Phase::Done,
                             _ => Phase::Tokens,
                         };
-                        return Some(self.content(index, String::new(), None, Some(finish_name(reason))));
+                        if let Some(chunk) = self.finish(index, reason) {
+                            return Some(chunk);
+                        }
                     }
                     Some((_, Err(e))) => {
                         self.phase = Phase::Done;
@@ -246,6 +293,8 @@ pub(crate) struct Streamed {
     pub(crate) lang: &'static str,
     /// A multi-choice request's entry for the abort route, kept while the response streams.
     pub(crate) fanout: Option<Registered>,
+    /// The chat request's tools, by which each choice's output is read for calls.
+    pub(crate) tools: Option<Arc<Tools>>,
 }
 
 /// The SSE events of a response's token streams.
@@ -263,6 +312,9 @@ pub(crate) fn events(s: Streamed) -> impl Stream<Item = Result<Bytes, Infallible
         per_prompt: s.per_prompt.max(1),
         usage: Usage::default(),
         _fanout: s.fanout,
+        tools: s.tools.iter().flat_map(|t| (0..n).map(|_| ToolStream::new(Arc::clone(t)))).collect(),
+        tool_finish: s.tools,
+        queued: VecDeque::new(),
     };
     futures::stream::unfold(state, |mut state| async move {
         let bytes = state.next_event().await?;

@@ -114,13 +114,26 @@ fn chat_cases() -> Vec<(Value, String)> {
         (json!([{"role": "user", "content": "x", "extra": 1}]), "messages[0].extra"),
         (json!([{"role": "system"}, {"role": "user", "content": "x"}]), "messages[0].content"),
         (
-            json!([{"role": "user", "content": "x"}, {"role": "tool", "content": "1", "tool_call_id": "c"}]),
+            json!([{"role": "user", "content": "x"}, {"role": "function", "content": "1", "name": "f"}]),
             "messages[1].role",
         ),
         (
+            json!([{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "c"}]),
+            "messages[1].content",
+        ),
+        (
             json!([{"role": "assistant", "content": "x", "tool_calls": [{"id": "c"}]}]),
+            "messages[0].tool_calls[0]",
+        ),
+        (
+            json!([{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": 1}}]}]),
+            "messages[0].tool_calls[0].function.arguments",
+        ),
+        (
+            json!([{"role": "user", "content": "x", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}]}]),
             "messages[0].tool_calls",
         ),
+        (json!([{"role": "tool", "content": "1", "tool_call_id": 5}]), "messages[0].tool_call_id"),
         (
             json!([{"role": "assistant", "content": "x", "function_call": {"name": "f"}}]),
             "messages[0].function_call",
@@ -141,10 +154,14 @@ fn chat_cases() -> Vec<(Value, String)> {
         ("response_format", json!({"type": "grammar"})),
         ("response_format", json!({})),
         ("response_format", json!(5)),
-        ("tools", json!([{"type": "function", "function": {"name": "f"}}])),
+        ("tools", json!([{"type": "function", "function": {"name": "f g"}}])),
+        ("tools", json!({"type": "function"})),
+        ("tools", json!([{"type": "retrieval"}])),
+        ("tools", json!([{"type": "function", "function": {"name": "f", "extra": 1}}])),
         ("tool_choice", json!("auto")),
         ("tool_choice", json!("required")),
         ("tool_choice", json!({"type": "function"})),
+        ("parallel_tool_calls", json!("yes")),
         ("functions", json!([{"name": "f"}])),
         ("function_call", json!({"name": "f"})),
         ("logit_bias", json!({"15": 101})),

@@ -2,7 +2,8 @@
 
 Chat and completions, streaming and not, stop strings, max_tokens, seed, usage, several
 choices (`n`), log-probabilities, a batch of prompts, structured output (the client's own
-`parse` with a pydantic model), and the client's error classes for a 404 (unknown model) and
+`parse` with a pydantic model), function calling (a pydantic tool, its call parsed back,
+streamed alike, then answered), and the client's error classes for a 404 (unknown model) and
 400s (bad fields).
 """
 
@@ -152,6 +153,37 @@ def main():
         model=model, messages=ask, temperature=0, max_tokens=200, response_format={"type": "json_object"}
     )
     check(isinstance(json.loads(shaped.choices[0].message.content), dict), shaped)
+
+    # Function calling: a pydantic model as the tool (the client's strict schema), called by
+    # `required`; the arguments parsed back into an instance; streamed, the same call.
+    class GetWeather(pydantic.BaseModel):
+        city: str = pydantic.Field(max_length=20)
+
+    weather_q = [{"role": "user", "content": "What is the weather in Paris?"}]
+    tools = [openai.pydantic_function_tool(GetWeather)]
+    called = client.chat.completions.parse(
+        model=model, messages=weather_q, tools=tools, tool_choice="required", temperature=0, max_tokens=60
+    )
+    msg = called.choices[0].message
+    check(called.choices[0].finish_reason == "tool_calls" and msg.tool_calls, called)
+    call = msg.tool_calls[0]
+    check(call.function.name == "GetWeather" and isinstance(call.function.parsed_arguments, GetWeather), call)
+    deltas = {}
+    for chunk in client.chat.completions.create(
+        model=model, messages=weather_q, tools=tools, tool_choice="required", temperature=0, max_tokens=60, stream=True
+    ):
+        for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            entry = deltas.setdefault(d.index, {"name": "", "arguments": ""})
+            entry["name"] += d.function.name or ""
+            entry["arguments"] += d.function.arguments or ""
+    check(deltas.get(0) == {"name": call.function.name, "arguments": call.function.arguments}, deltas)
+    # The call and its answer go back into the conversation.
+    follow = weather_q + [msg.model_dump(exclude_none=True, exclude={"parsed"}), {"role": "tool", "tool_call_id": call.id, "content": "Sunny"}]
+    for m in follow:
+        for c in m.get("tool_calls", []):
+            c["function"].pop("parsed_arguments", None)
+    answer = client.chat.completions.create(model=model, messages=follow, tools=tools, tool_choice="none", temperature=0, max_tokens=10)
+    check(answer.choices[0].message.content and not answer.choices[0].message.tool_calls, answer)
 
     # Errors come back as the client's classes, naming the model or the field.
     expect_error(

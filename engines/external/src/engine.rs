@@ -150,7 +150,8 @@ impl ServerEngine {
             return Err(EngineError::invalid(
                 "response_format",
                 format!(
-                    "structured output is not followed through prefill/decode with {} replicas yet \
+                    "structured output (`response_format`, `structured_outputs`, a required or named \
+                     `tool_choice`) is not followed through prefill/decode with {} replicas yet \
                      (ordinary replicas and the native engine follow it)",
                     self.flavor
                 ),

@@ -6,8 +6,9 @@ use crate::api::openai::{ChatCompletionRequest, InMessage};
 use crate::api::sampling::WithSampling;
 use crate::api::sse::Flavor;
 use actix_web::HttpRequest;
-use serde_json::Value;
-use xinf_engine::{ChatMessage, GenerateRequest, MAX_TOP_LOGPROBS, Prompt};
+use serde_json::{Map, Value};
+use std::sync::Arc;
+use xinf_engine::{ChatMessage, GenerateRequest, MAX_TOP_LOGPROBS, Prompt, ToolCall};
 
 /// Content part types that carry something other than text.
 const MULTIMODAL_PARTS: &[&str] =
@@ -15,21 +16,33 @@ const MULTIMODAL_PARTS: &[&str] =
 
 impl GenerationRequest for ChatCompletionRequest {
     fn generation(req: &HttpRequest, body: WithSampling<Self>) -> Result<Generation, Problem> {
-        let WithSampling { mut sampling, rest: r } = body;
+        let WithSampling { mut sampling, rest: mut r } = body;
         refuse_unsupported(&r)?;
         let logprobs = logprobs(&r)?;
+        let tools = crate::api::tools::read(r.tools.take(), r.tool_choice.as_ref(), r.parallel_tool_calls)?;
         let messages = messages(r.messages)?;
-        let prompt = match template_args(r.chat_template_kwargs.as_ref())? {
-            Some(template_args) => Prompt::ChatWith { messages, template_args },
+        let mut args = template_args(r.chat_template_kwargs.as_ref())?;
+        if let Some(tools) = &tools {
+            args.get_or_insert_with(Default::default).insert("tools".into(), tools.template_value().clone());
+        }
+        let prompt = match args {
+            Some(args) => Prompt::ChatWith { messages, template_args: Value::Object(args).to_string() },
             None => Prompt::Chat(messages),
         };
         sampling.max_tokens = r.max_completion_tokens.or(sampling.max_tokens);
         let choices = sampling.choices()?;
         let logit_bias = crate::api::sampling::logit_bias(r.logit_bias.as_ref())?;
-        let structured = crate::api::response_format::read_either(
+        let mut structured = crate::api::response_format::read_either(
             r.response_format.as_ref(),
             r.structured_outputs.as_ref(),
         )?;
+        if let Some(grammar) = tools.as_ref().and_then(|t| t.grammar()) {
+            // Both would hold the output to a grammar of their own.
+            if structured.is_some() {
+                return Err(Problem::field("tool_choice", "api-tool-choice-with-format", "invalid_value"));
+            }
+            structured = Some(grammar);
+        }
         let mut sampling = sampling.into_params()?;
         sampling.logprobs = logprobs;
         sampling.logit_bias = logit_bias;
@@ -42,6 +55,7 @@ impl GenerationRequest for ChatCompletionRequest {
             stream: r.stream.unwrap_or(false),
             include_usage: r.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
             flavor: Flavor::Chat,
+            tools: tools.map(Arc::new),
         })
     }
 }
@@ -50,15 +64,13 @@ impl GenerationRequest for ChatCompletionRequest {
 /// prompt of every request that has them.
 const MAX_TEMPLATE_ARGS_BYTES: usize = 16 * 1024;
 
-/// vLLM's `chat_template_kwargs`: an object whose keys become template variables, as its JSON
-/// text; `None` when absent, null or empty.
-fn template_args(value: Option<&Value>) -> Result<Option<String>, Problem> {
+/// vLLM's `chat_template_kwargs`: an object whose keys become template variables; `None` when
+/// absent, null or empty.
+fn template_args(value: Option<&Value>) -> Result<Option<Map<String, Value>>, Problem> {
     match value {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Object(o)) if o.is_empty() => Ok(None),
-        Some(v @ Value::Object(_)) if v.to_string().len() <= MAX_TEMPLATE_ARGS_BYTES => {
-            Ok(Some(v.to_string()))
-        }
+        Some(v @ Value::Object(o)) if v.to_string().len() <= MAX_TEMPLATE_ARGS_BYTES => Ok(Some(o.clone())),
         Some(_) => {
             Err(Problem::field("chat_template_kwargs", "api-template-kwargs-invalid", "invalid_value"))
         }
@@ -82,15 +94,9 @@ fn logprobs(r: &ChatCompletionRequest) -> Result<Option<usize>, Problem> {
     }
 }
 
+/// The legacy function-calling fields (`functions`, `function_call`), which `tools` replaced.
 fn refuse_unsupported(r: &ChatCompletionRequest) -> Result<(), Problem> {
     let auto = |v: &Option<Value>| v.as_ref().and_then(Value::as_str) == Some("auto");
-    if is_set(&r.tools) {
-        return Err(Problem::field("tools", "api-tools-unsupported", "unsupported_parameter"));
-    }
-    // As OpenAI: a tool choice means nothing without tools, and tools are refused above.
-    if is_set(&r.tool_choice) {
-        return Err(Problem::field("tool_choice", "api-tool-choice-without-tools", "invalid_value"));
-    }
     if is_set(&r.functions) {
         return Err(Problem::field("functions", "api-tools-unsupported", "unsupported_parameter"));
     }
@@ -101,7 +107,7 @@ fn refuse_unsupported(r: &ChatCompletionRequest) -> Result<(), Problem> {
 }
 
 /// The request's messages as the engine takes them: `developer` becomes `system`, content
-/// parts are joined with newlines.
+/// parts are joined with newlines, an assistant's calls and a tool's answer keep their ids.
 fn messages(input: Vec<InMessage>) -> Result<Vec<ChatMessage>, Problem> {
     if input.is_empty() {
         return Err(Problem::field("messages", "api-messages-empty", "invalid_value"));
@@ -111,10 +117,10 @@ fn messages(input: Vec<InMessage>) -> Result<Vec<ChatMessage>, Problem> {
         .enumerate()
         .map(|(i, m)| {
             let role = match m.role.as_str() {
-                "system" | "user" | "assistant" => m.role.clone(),
+                "system" | "user" | "assistant" | "tool" => m.role.clone(),
                 "developer" => "system".to_owned(),
-                // A tool message answers a tool call, which xinf never makes.
-                "tool" | "function" => {
+                // The legacy answer to a `function_call`, which `tools` replaced.
+                "function" => {
                     let field = format!("messages[{i}].role");
                     return Err(Problem::field(field, "api-tools-unsupported", "unsupported_parameter"));
                 }
@@ -127,21 +133,38 @@ fn messages(input: Vec<InMessage>) -> Result<Vec<ChatMessage>, Problem> {
                     ));
                 }
             };
-            if is_set(&m.tool_calls) {
-                let field = format!("messages[{i}].tool_calls");
-                return Err(Problem::field(field, "api-tools-unsupported", "unsupported_parameter"));
-            }
             if is_set(&m.function_call) {
                 let field = format!("messages[{i}].function_call");
                 return Err(Problem::field(field, "api-tools-unsupported", "unsupported_parameter"));
             }
+            let calls = m.tool_calls.unwrap_or_default();
+            if !calls.is_empty() && role != "assistant" {
+                let field = format!("messages[{i}].tool_calls");
+                return Err(Problem::field(field, "api-tool-calls-not-assistant", "invalid_value"));
+            }
+            let tool_calls = calls
+                .into_iter()
+                .enumerate()
+                .map(|(j, c)| {
+                    let arguments = match c.function.arguments {
+                        Value::String(s) => s,
+                        v @ Value::Object(_) => v.to_string(),
+                        _ => {
+                            let field = format!("messages[{i}].tool_calls[{j}].function.arguments");
+                            return Err(Problem::field(field, "api-tool-arguments-invalid", "invalid_type"));
+                        }
+                    };
+                    Ok(ToolCall { id: c.id, name: c.function.name, arguments })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
             let field = format!("messages[{i}].content");
             // Only an assistant message may come without content (one that made tool calls).
             if role != "assistant" && matches!(m.content, None | Some(Value::Null)) {
                 return Err(Problem::field(field, "api-content-required", "invalid_value"));
             }
             let content = content_text(m.content, &field)?;
-            Ok(ChatMessage::new(role, content))
+            let tool_call_id = if role == "tool" { m.tool_call_id } else { None };
+            Ok(ChatMessage { tool_calls, tool_call_id, ..ChatMessage::new(role, content) })
         })
         .collect()
 }
@@ -217,9 +240,35 @@ mod tests {
     }
 
     #[test]
-    fn tool_messages_are_refused() {
-        let tool = message(json!({"role": "tool", "content": "42", "tool_call_id": "c1"}));
-        let err = messages(vec![message(json!({"role": "user", "content": "hi"})), tool]).err().map(field_of);
-        assert_eq!(err.as_deref(), Some("messages[1].role api-tools-unsupported"));
+    fn calls_and_answers_keep_their_ids() {
+        let call =
+            json!({"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}});
+        let object_arguments = json!({"id": "c2", "function": {"name": "f", "arguments": {"a": 2}}});
+        let ok = messages(vec![
+            message(json!({"role": "user", "content": "hi"})),
+            message(json!({"role": "assistant", "content": null, "tool_calls": [call, object_arguments]})),
+            message(json!({"role": "tool", "content": "42", "tool_call_id": "c1"})),
+        ])
+        .expect("valid messages");
+        let calls: Vec<_> = ok[1].tool_calls.iter().map(|c| (c.id.as_str(), c.arguments.as_str())).collect();
+        assert_eq!(calls, [("c1", "{\"a\": 1}"), ("c2", "{\"a\":2}")]);
+        assert_eq!((ok[2].role.as_str(), ok[2].tool_call_id.as_deref()), ("tool", Some("c1")));
+        // The legacy function role, calls on a user message, and arguments that are no text.
+        let function = message(json!({"role": "function", "content": "42", "name": "f"}));
+        let err = messages(vec![function]).err().map(field_of);
+        assert_eq!(err.as_deref(), Some("messages[0].role api-tools-unsupported"));
+        let user_call = message(
+            json!({"role": "user", "content": "x", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}]}),
+        );
+        let err = messages(vec![user_call]).err().map(field_of);
+        assert_eq!(err.as_deref(), Some("messages[0].tool_calls api-tool-calls-not-assistant"));
+        let bad = message(
+            json!({"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": 3}}]}),
+        );
+        let err = messages(vec![bad]).err().map(field_of);
+        assert_eq!(
+            err.as_deref(),
+            Some("messages[0].tool_calls[0].function.arguments api-tool-arguments-invalid")
+        );
     }
 }

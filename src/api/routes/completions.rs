@@ -65,6 +65,7 @@ impl GenerationRequest for CompletionRequest {
             stream: r.stream.unwrap_or(false),
             include_usage: r.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
             flavor: Flavor::Completion,
+            tools: None,
         })
     }
 }

@@ -257,6 +257,7 @@ async fn generate(state: &AppState, req: &HttpRequest, job: Generation) -> Resul
             per_prompt,
             lang,
             fanout,
+            tools: job.tools,
         };
         return Ok(sse::response(streamed));
     }
@@ -277,7 +278,7 @@ async fn generate(state: &AppState, req: &HttpRequest, job: Generation) -> Resul
         }
     };
     drop(fanout);
-    Ok(whole_response(meta, job.flavor, outs, per_prompt, asked_logprobs))
+    Ok(whole_response(meta, job.flavor, outs, per_prompt, asked_logprobs, job.tools.as_deref()))
 }
 
 /// The answer of a request that did not stream: every choice's whole output.
@@ -287,6 +288,7 @@ fn whole_response(
     outs: Vec<sse::Collected>,
     per_prompt: usize,
     logprobs: bool,
+    tools: Option<&crate::api::tools::Tools>,
 ) -> HttpResponse {
     // Each prompt counted once (its first choice's count), the outputs of every choice summed.
     let usage = UsageOut::from(xinf_engine::Usage {
@@ -304,11 +306,24 @@ fn whole_response(
             choices: outs
                 .into_iter()
                 .enumerate()
-                .map(|(index, out)| ChatChoice {
-                    index: index as u32,
-                    logprobs: out.chat_logprobs(logprobs),
-                    finish_reason: sse::finish_name(out.finish),
-                    message: OutMessage { role: "assistant", content: out.text },
+                .map(|(index, out)| {
+                    let logprobs = out.chat_logprobs(logprobs);
+                    let (message, finish_reason) = match tools {
+                        Some(tools) => {
+                            let (content, tool_calls) = tools.answer(out.text);
+                            let finish = tools.finish_name(out.finish, !tool_calls.is_empty());
+                            (OutMessage { role: "assistant", content, tool_calls }, finish)
+                        }
+                        None => {
+                            let message = OutMessage {
+                                role: "assistant",
+                                content: Some(out.text),
+                                tool_calls: Vec::new(),
+                            };
+                            (message, sse::finish_name(out.finish))
+                        }
+                    };
+                    ChatChoice { index: index as u32, logprobs, finish_reason, message }
                 })
                 .collect(),
             usage,
@@ -359,6 +374,8 @@ pub(crate) struct Generation {
     pub(crate) stream: bool,
     pub(crate) include_usage: bool,
     pub(crate) flavor: Flavor,
+    /// The chat request's tools, by which each choice's output is read for calls.
+    pub(crate) tools: Option<std::sync::Arc<crate::api::tools::Tools>>,
 }
 
 /// Wraps a handler body: reads the state and language, localizes the failure.
