@@ -369,8 +369,8 @@ pub(crate) struct ModelObject {
     pub(crate) model_type: &'static str,
     /// The registry name, as Xinference describes it.
     pub(crate) model_name: String,
-    /// What the model answers: every model xinf serves takes completions and chats.
-    pub(crate) model_ability: [&'static str; 2],
+    /// What the model answers: every model xinf serves takes completions, chats and tools.
+    pub(crate) model_ability: [&'static str; 3],
     /// The registry's line for the family; empty for a model launched from a path.
     pub(crate) model_description: &'static str,
     /// Longest prompt plus output, in tokens: the model's own, else its family's.
@@ -391,7 +391,7 @@ impl From<crate::api::ModelInfo> for ModelObject {
             owned_by: "xinf",
             model_type: "LLM",
             model_name: info.model_name.clone(),
-            model_ability: ["generate", "chat"],
+            model_ability: ["generate", "chat", "tools"],
             model_description: family.map_or("", |f| f.description),
             context_length: info.context_length.or(family.map(|f| f.context_length as usize)),
             replica: info.replicas,

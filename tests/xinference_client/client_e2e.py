@@ -7,6 +7,7 @@ Usage: client_e2e.py BASE_URL API_KEY PRELOADED_UID
 Prints one `ok <step>` line per step; any failure raises (non-zero exit).
 """
 
+import json
 import sys
 import time
 
@@ -44,6 +45,21 @@ def answer(handle, stream, **config):
     return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
 
 
+WEATHER_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 20}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+
 def check_answers(client, uid):
     handle = client.get_model(uid)
     assert type(handle).__name__ == "RESTfulChatModelHandle", type(handle)
@@ -59,6 +75,16 @@ def check_answers(client, uid):
     )
     streamed = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
     assert streamed == done["choices"][0]["text"], (streamed, done)
+    # Function calling through the client's `tools`, the call required.
+    called = handle.chat(
+        [{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=WEATHER_TOOLS,
+        generate_config={"tool_choice": "required", "temperature": 0, "max_tokens": 60},
+    )
+    choice = called["choices"][0]
+    call = (choice["message"].get("tool_calls") or [{}])[0].get("function", {})
+    assert choice["finish_reason"] == "tool_calls" and call.get("name") == "get_weather", called
+    assert isinstance(json.loads(call["arguments"]).get("city"), str), called
 
 
 def wait_progress(client, uid):

@@ -70,7 +70,7 @@ fn family_json(family: &ModelFamily) -> Value {
         "version": 2,
         "model_type": "LLM",
         "model_name": family.name,
-        "model_ability": ["generate", "chat"],
+        "model_ability": ["generate", "chat", "tools"],
         "model_description": family.description,
         "context_length": family.context_length,
         "model_specs": specs,
