@@ -3,6 +3,7 @@
 
 use crate::util;
 use futures::StreamExt;
+use std::sync::Arc;
 use xinf::engine::{
     Engine, EngineError, FinishReason, GenerateRequest, ImportedKv, Prompt, SamplingParams, TokenEvent,
 };
@@ -166,11 +167,16 @@ fn pinned_prefill_exports_pages_that_another_layout_decodes() {
 fn exported_kv_equals_locally_computed_kv_across_layouts() {
     let rt = util::rt();
     let model = util::smollm2();
+    // Without the prefix cache: each prompt here begins with the one before, and a block taken
+    // from the cache holds the K and V of the chunk that first computed it, which can differ in
+    // the last bits from computing the prompt whole (as a prompt cut into chunks can).
     let prefill = util::engine(
         &model,
-        serde_json::json!({"kv_layout": "paged-kv-first", "kv_order": "HND", "block_size": 16}),
+        serde_json::json!({"kv_layout": "paged-kv-first", "kv_order": "HND", "block_size": 16,
+            "enable_prefix_caching": false}),
     );
-    let decode = util::engine(&model, serde_json::json!({"kv_layout": "token-pool"}));
+    let decode =
+        util::engine(&model, serde_json::json!({"kv_layout": "token-pool", "enable_prefix_caching": false}));
     let text = "The quick brown fox jumps over the lazy dog near the river bank. ".repeat(30);
     let all = prefill.tokenizer().encode(&text, true).expect("encode");
     for len in [2usize, 63, 64, 65, 129, 193] {
@@ -470,4 +476,50 @@ fn a_full_queue_refuses_with_overloaded() {
         util::run(e.as_ref(), "after", Prompt::Text("hi".into()), SamplingParams::greedy(2)).await
     });
     assert_eq!(ok.ids.len(), 2);
+}
+
+/// The prefix cache: a prompt seen before takes its full blocks instead of computing them, and
+/// a conversation's next turn takes the blocks of the last one; the output is that of an engine
+/// without the cache, its log-probabilities too within the last bits (a cached block holds the
+/// K and V of the chunk that first computed it, as a prompt cut into chunks does).
+#[test]
+fn the_prefix_cache_serves_repeated_prefixes_with_the_same_output() {
+    let rt = util::rt();
+    let config = |caching: bool| serde_json::json!({"kv_layout": "paged-block-first", "block_size": 16, "enable_prefix_caching": caching});
+    let (cached, plain) =
+        (util::engine(&util::smollm2(), config(true)), util::engine(&util::smollm2(), config(false)));
+    let turn1 = cached
+        .tokenizer()
+        .encode(&"You are a careful assistant. Answer briefly. ".repeat(8), true)
+        .expect("encode");
+    let mut turn2 = turn1.clone();
+    turn2.extend(cached.tokenizer().encode(" And what about the moon?", false).expect("encode"));
+    let sampling = SamplingParams { ignore_eos: true, logprobs: Some(0), ..SamplingParams::greedy(12) };
+    let run = |e: &Arc<NativeEngine>, id: &str, ids: &Vec<u32>| {
+        rt.block_on(util::run(e.as_ref(), id, Prompt::Tokens(ids.clone()), sampling.clone()))
+    };
+    let logprobs = |o: &util::Output| o.logprobs.iter().map(|l| l.chosen.logprob).collect::<Vec<_>>();
+
+    let first = run(&cached, "a", &turn1);
+    let s = cached.stats();
+    assert_eq!((s.cached_prompt_tokens, s.prompt_tokens), (0, turn1.len() as u64), "{s:?}");
+    // Again: every full block but the one holding the last prompt token comes from the cache.
+    let again = run(&cached, "b", &turn1);
+    let reused = ((turn1.len() - 1) / 16 * 16) as u64;
+    let s = cached.stats();
+    assert_eq!(s.cached_prompt_tokens, reused, "{s:?}");
+    assert_eq!(s.prompt_tokens, 2 * turn1.len() as u64 - reused, "only the rest was computed: {s:?}");
+    // The next turn starts with the first turn's prompt: its blocks are taken too.
+    let next = run(&cached, "c", &turn2);
+    assert!(cached.stats().cached_prompt_tokens >= 2 * reused, "{:?}", cached.stats());
+
+    for (out, id, prompt) in [(&first, "x", &turn1), (&again, "y", &turn1), (&next, "z", &turn2)] {
+        let fresh = run(&plain, id, prompt);
+        assert_eq!(out.ids, fresh.ids, "{id}");
+        let (a, b) = (logprobs(out), logprobs(&fresh));
+        assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() <= 1e-3), "{id}: {a:?} against {b:?}");
+    }
+    assert_eq!(plain.stats().cached_prompt_tokens, 0, "off means off");
+    let s = cached.stats();
+    assert_eq!((s.running, s.used_blocks), (0, 0), "cached blocks nobody holds count as free: {s:?}");
 }

@@ -368,8 +368,14 @@ fn pd_cancellations_leave_nothing_behind_and_roles_round_robin() {
     };
     // p1d2-0 is the prefill replica; p1d2-1 and p1d2-2 decode two requests each.
     assert_eq!(per_replica("p1d2", "requests_served"), vec![0, 2, 2]);
-    // p2d1-0 and p2d1-1 prefill two prompts each; p2d1-2 decodes all four.
-    assert_eq!(per_replica("p2d1", "prompt_tokens"), vec![40, 40, 0]);
+    // p2d1-0 and p2d1-1 prefill two prompts each (the second from the prefix cache as far as
+    // it goes); p2d1-2 decodes all four.
+    let prefilled: Vec<u64> = per_replica("p2d1", "prompt_tokens")
+        .iter()
+        .zip(per_replica("p2d1", "cached_prompt_tokens"))
+        .map(|(computed, cached)| computed + cached)
+        .collect();
+    assert_eq!(prefilled, vec![40, 40, 0]);
     assert_eq!(per_replica("p2d1", "requests_served"), vec![0, 0, 4]);
 }
 

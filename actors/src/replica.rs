@@ -343,6 +343,7 @@ fn stats(state: &ReplicaState) -> ReplicaStats {
         queued: s.queued as u64,
         requests_served: state.served.load(Ordering::Relaxed),
         prompt_tokens: s.prompt_tokens,
+        cached_prompt_tokens: s.cached_prompt_tokens,
         generated_tokens: s.generated_tokens,
         pinned_blocks: s.pinned_blocks as u64,
         handoff: state.handoff.stats(),

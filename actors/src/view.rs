@@ -201,6 +201,9 @@ pub struct ReplicaStats {
     pub requests_served: u64,
     /// Prompt tokens computed since start.
     pub prompt_tokens: u64,
+    /// Prompt tokens taken from the prefix cache instead of computed, since start.
+    #[serde(default)]
+    pub cached_prompt_tokens: u64,
     /// Tokens generated since start.
     pub generated_tokens: u64,
     /// KV blocks held pinned for handoffs.

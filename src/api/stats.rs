@@ -16,6 +16,9 @@ pub struct ModelStats {
     pub queued: u64,
     /// Prompt tokens computed since start.
     pub prompt_tokens: u64,
+    /// Prompt tokens taken from the prefix cache instead of computed, since start.
+    #[serde(default)]
+    pub cached_prompt_tokens: u64,
     /// Tokens generated since start.
     pub generated_tokens: u64,
     /// KV blocks held pinned for handoffs.
@@ -43,6 +46,7 @@ impl From<&EngineStats> for ModelStats {
             running: s.running as u64,
             queued: s.queued as u64,
             prompt_tokens: s.prompt_tokens,
+            cached_prompt_tokens: s.cached_prompt_tokens,
             generated_tokens: s.generated_tokens,
             pinned_blocks: s.pinned_blocks as u64,
             used_blocks: Some(s.used_blocks as u64),
@@ -66,6 +70,7 @@ impl ModelStats {
             running: sum(|r| r.running),
             queued: sum(|r| r.queued),
             prompt_tokens: sum(|r| r.prompt_tokens),
+            cached_prompt_tokens: sum(|r| r.cached_prompt_tokens),
             generated_tokens: sum(|r| r.generated_tokens),
             pinned_blocks: sum(|r| r.pinned_blocks),
             used_blocks: None,
@@ -91,25 +96,26 @@ mod tests {
             pinned_blocks: 4,
             total_blocks: 5,
             prompt_tokens: 6,
+            cached_prompt_tokens: 8,
             generated_tokens: 7,
         };
         let local = serde_json::to_value(ModelStats::from(&engine)).unwrap_or_default();
         let want = json!({"running": 1, "queued": 2, "used_blocks": 3, "pinned_blocks": 4,
-            "total_blocks": 5, "prompt_tokens": 6, "generated_tokens": 7});
+            "total_blocks": 5, "prompt_tokens": 6, "cached_prompt_tokens": 8, "generated_tokens": 7});
         assert_eq!(local, want);
 
         let replica = |uid: &str, n: u64| {
             let handoff = serde_json::to_value(HandoffStats::default()).unwrap_or_default();
             serde_json::from_value::<ReplicaStats>(json!({"replica_uid": uid, "worker_id": "w",
                 "running": n, "queued": n, "requests_served": n, "prompt_tokens": n,
-                "generated_tokens": n, "pinned_blocks": n, "handoff": handoff}))
+                "cached_prompt_tokens": n, "generated_tokens": n, "pinned_blocks": n, "handoff": handoff}))
         };
         let replicas = vec![replica("a", 1), replica("b", 10)];
         let replicas: Vec<ReplicaStats> = replicas.into_iter().collect::<Result<_, _>>().unwrap_or_default();
         assert_eq!(replicas.len(), 2);
         let cluster = serde_json::to_value(ModelStats::from_replicas(replicas.clone())).unwrap_or_default();
         let want = json!({"running": 11, "queued": 11, "requests_served": 11, "prompt_tokens": 11,
-            "generated_tokens": 11, "pinned_blocks": 11, "handoff": HandoffStats::default(),
+            "cached_prompt_tokens": 11, "generated_tokens": 11, "pinned_blocks": 11, "handoff": HandoffStats::default(),
             "replicas": replicas});
         assert_eq!(cluster, want);
         let none = serde_json::to_value(ModelStats::from_replicas(Vec::new())).unwrap_or_default();

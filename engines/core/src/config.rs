@@ -129,6 +129,9 @@ pub struct NativeConfig {
     /// Replay decode steps as CUDA graphs on a GPU.
     #[serde(default)]
     pub cuda_graphs: Option<bool>,
+    /// Keep full KV blocks for later prompts that begin with the same tokens (vLLM's name).
+    #[serde(default)]
+    pub enable_prefix_caching: Option<bool>,
     /// On the CPU, multiply a GGUF file's quantized weights as stored (`false`: dequantize
     /// them to F32 at load).
     #[serde(default)]
@@ -151,6 +154,7 @@ impl NativeConfig {
         "device",
         "gpu_memory_utilization",
         "cuda_graphs",
+        "enable_prefix_caching",
         "quantized_matmul",
     ];
 

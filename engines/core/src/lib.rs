@@ -162,6 +162,8 @@ pub struct EngineStats {
     pub total_blocks: usize,
     /// Prompt tokens computed since start.
     pub prompt_tokens: u64,
+    /// Prompt tokens taken from the prefix cache instead of computed, since start.
+    pub cached_prompt_tokens: u64,
     /// Tokens generated since start.
     pub generated_tokens: u64,
 }

@@ -5,8 +5,10 @@
 //! [`Grammars`] is built once per engine from the tokenizer (each token's bytes in a trie, the
 //! model's end-of-sequence ids as the grammar's end) and compiles each request's schema into a
 //! [`Constraint`]. Compiling happens when the request is submitted, on the caller's thread, so a
-//! bad schema is refused before the request is queued; the compute thread only asks each
-//! constrained sequence for its mask and feeds it the token chosen. llguidance's limits bound
+//! bad schema is refused before the request is queued. Each step, a helper thread asks every
+//! constrained sequence that samples for its mask while the forward pass runs (the mask depends
+//! only on the tokens consumed so far); the compute thread applies it to the row and feeds the
+//! grammar the token chosen. llguidance's limits bound
 //! both the compile and every mask, whatever schema a client sends.
 
 use llguidance::api::TopLevelGrammar;
@@ -113,17 +115,20 @@ pub(crate) struct Constraint {
     matcher: Matcher,
 }
 
+/// The tokens a grammar allows next, one bit each.
+pub(crate) struct Mask(toktrie::SimpleVob);
+
 impl Constraint {
     /// Sets the logits of the tokens the grammar does not allow next to -inf. The grammar
     /// always allows something: once complete, the end-of-sequence tokens.
     pub(crate) fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
-        let allowed = self.matcher.compute_mask().map_err(|e| e.to_string())?;
-        for (id, l) in logits.iter_mut().enumerate() {
-            if !allowed.is_allowed(id as TokenId) {
-                *l = f32::NEG_INFINITY;
-            }
-        }
-        Ok(())
+        self.allowed().map(|m| m.apply(logits))
+    }
+
+    /// The tokens allowed next. It depends only on the tokens consumed so far, so the worker
+    /// computes it while the forward pass runs.
+    pub(crate) fn allowed(&mut self) -> Result<Mask, String> {
+        self.matcher.compute_mask().map(Mask).map_err(|e| e.to_string())
     }
 
     /// Moves past `token`, the sequence's next output token.
@@ -134,5 +139,52 @@ impl Constraint {
     /// Whether the output is a complete document and its end has been consumed.
     pub(crate) fn is_done(&self) -> bool {
         self.matcher.is_stopped()
+    }
+}
+
+impl Mask {
+    /// Sets the logits of the tokens not allowed to -inf, 32 at a time where a word of the
+    /// mask is all one way (most of a vocabulary is, under a grammar); a logit past the mask's
+    /// end is not allowed.
+    pub(crate) fn apply(&self, logits: &mut [f32]) {
+        let words = self.0.as_slice();
+        let mut rows = logits.chunks_mut(32);
+        for (&word, row) in words.iter().zip(rows.by_ref()) {
+            match word {
+                u32::MAX => {}
+                0 => row.fill(f32::NEG_INFINITY),
+                _ => {
+                    for (bit, l) in row.iter_mut().enumerate() {
+                        if word & (1 << bit) == 0 {
+                            *l = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+            }
+        }
+        rows.for_each(|row| row.fill(f32::NEG_INFINITY));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Mask;
+    use toktrie::SimpleVob;
+
+    #[test]
+    fn a_mask_keeps_exactly_the_allowed_logits() {
+        // Words all set, all clear and mixed, a partial last word, and logits past the mask.
+        for (size, logits_len) in [(100usize, 100usize), (100, 130), (64, 64), (33, 40)] {
+            let mut vob = SimpleVob::alloc(size);
+            let allowed: Vec<usize> = (0..size).filter(|i| i < &32 || i % 7 == 3).collect();
+            allowed.iter().for_each(|&i| vob.allow_token(i as u32));
+            let mut logits: Vec<f32> = (0..logits_len).map(|i| i as f32).collect();
+            Mask(vob).apply(&mut logits);
+            for (i, l) in logits.iter().enumerate() {
+                let kept = allowed.contains(&i);
+                assert_eq!(*l == i as f32, kept, "logit {i} of {logits_len} (mask of {size})");
+                assert_eq!(*l == f32::NEG_INFINITY, !kept, "logit {i}");
+            }
+        }
     }
 }

@@ -10,8 +10,8 @@
 //! cache only keeps the block accounting ([`KvCache::accounting_only`]); the backend then does
 //! the reads, writes and page conversions itself.
 
+use blocks::Blocks;
 use half::{bf16, f16, slice::HalfFloatSliceExt};
-use std::collections::VecDeque;
 use xinf_engine::{KvDtype, PAGE_TOKENS};
 use xinf_transfer::{Direction, LayoutDescriptor, copy_pages};
 
@@ -111,7 +111,7 @@ pub(crate) struct KvCache {
     desc: LayoutDescriptor,
     dtype: KvDtype,
     regions: Regions,
-    free: VecDeque<u32>,
+    blocks: Blocks,
 }
 
 impl KvCache {
@@ -123,16 +123,25 @@ impl KvCache {
             KvDtype::F16 => Regions::F16(vec![vec![f16::ZERO; len]; n]),
             KvDtype::Bf16 => Regions::Bf16(vec![vec![bf16::ZERO; len]; n]),
         };
-        let free = (1..desc.num_blocks as u32).collect();
-        Self { desc, dtype, regions, free }
+        let blocks = Blocks::new(desc.num_blocks, desc.layout.block_size, false);
+        Self { desc, dtype, regions, blocks }
     }
 
     /// Block accounting for a cache whose memory a backend holds elsewhere (a GPU): the row
     /// and page methods of this type do nothing on it.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn accounting_only(desc: LayoutDescriptor, dtype: KvDtype) -> Self {
-        let free = (1..desc.num_blocks as u32).collect();
-        Self { desc, dtype, regions: Regions::Elsewhere, free }
+        let blocks = Blocks::new(desc.num_blocks, desc.layout.block_size, false);
+        Self { desc, dtype, regions: Regions::Elsewhere, blocks }
+    }
+
+    /// Keeps full blocks of computed tokens for later prompts that begin with the same tokens
+    /// ([`blocks`]), keyed by their row kinds too where those decide the K and V (quantized
+    /// weights on the CPU); set before the cache is used.
+    pub(crate) fn with_prefix_caching(mut self, on: bool, by_row_kind: bool) -> Self {
+        self.blocks = Blocks::new(self.desc.num_blocks, self.desc.layout.block_size, on);
+        self.blocks.set_by_row_kind(by_row_kind);
+        self
     }
 
     /// Tokens per block.
@@ -145,8 +154,9 @@ impl KvCache {
         self.desc.num_blocks - 1
     }
 
+    /// Blocks that can be handed out now, cached blocks nobody holds included.
     pub(crate) fn free_blocks(&self) -> usize {
-        self.free.len()
+        self.blocks.free_blocks()
     }
 
     /// Blocks needed to hold `tokens` tokens.
@@ -157,16 +167,36 @@ impl KvCache {
     /// Grows `table` to cover `tokens` tokens; `false` (and no change) when memory is short.
     pub(crate) fn ensure(&mut self, table: &mut Vec<u32>, tokens: usize) -> bool {
         let need = self.blocks_for(tokens).saturating_sub(table.len());
-        if need > self.free.len() {
-            return false;
-        }
-        table.extend(self.free.drain(..need));
-        true
+        self.blocks.take(table, need)
     }
 
     /// Returns a sequence's blocks.
     pub(crate) fn release(&mut self, table: &mut Vec<u32>) {
-        self.free.extend(table.drain(..));
+        self.blocks.release(table);
+    }
+
+    /// Gives an empty `table` the cached blocks a prompt of `tokens` begins with (their keys in
+    /// `keys`); the tokens whose K and V they hold.
+    pub(crate) fn reuse(
+        &mut self,
+        tokens: &[u32],
+        prompt_len: usize,
+        table: &mut Vec<u32>,
+        keys: &mut Vec<u64>,
+    ) -> usize {
+        self.blocks.reuse(tokens, prompt_len, table, keys)
+    }
+
+    /// Caches the full blocks among a sequence's first `computed` tokens.
+    pub(crate) fn publish(
+        &mut self,
+        tokens: &[u32],
+        prompt_len: usize,
+        computed: usize,
+        table: &[u32],
+        keys: &mut Vec<u64>,
+    ) {
+        self.blocks.publish(tokens, prompt_len, computed, table, keys);
     }
 
     /// Writes `n` tokens of K (`kv = 0`) or V (`kv = 1`) for `layer`, starting at position
@@ -246,5 +276,6 @@ fn page_elems(desc: &LayoutDescriptor) -> usize {
 }
 
 mod attend;
+mod blocks;
 #[cfg(test)]
 mod tests;

@@ -42,6 +42,13 @@ pub struct EngineOptions {
     /// host takes to launch each step's few hundred kernels, which a graph launches at once;
     /// the results are the same either way. Off is for comparison in benchmarks.
     pub cuda_graphs: bool,
+    /// Keep the KV cache's full blocks after their sequences end, under a key of their tokens
+    /// and all before them, and give them to later prompts that begin with the same tokens
+    /// instead of computing those again (`enable_prefix_caching`, default on, as in vLLM and
+    /// SGLang): a conversation's next turn, a shared system prompt, or `n` choices computed
+    /// one after another. Cached blocks nobody holds count as free and go, oldest first, when
+    /// a new block is needed.
+    pub prefix_caching: bool,
     /// On the CPU, multiply a GGUF file's quantized weights as they are stored, block by block
     /// against activations quantized to 8 bits (`quantized_matmul`, default on), as llama.cpp
     /// does: decoding reads a fraction of the bytes that F32 weights take (Q8_0: 8.5 bits a
@@ -69,6 +76,7 @@ impl Default for EngineOptions {
             device: ComputeDevice::Cpu,
             gpu_memory_utilization: None,
             cuda_graphs: true,
+            prefix_caching: true,
             quantized_matmul: true,
         }
     }
@@ -115,6 +123,7 @@ impl EngineOptions {
             device: c.device.unwrap_or(d.device),
             gpu_memory_utilization: c.gpu_memory_utilization,
             cuda_graphs: c.cuda_graphs.unwrap_or(d.cuda_graphs),
+            prefix_caching: c.enable_prefix_caching.unwrap_or(d.prefix_caching),
             quantized_matmul: c.quantized_matmul.unwrap_or(d.quantized_matmul),
         }
     }

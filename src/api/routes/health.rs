@@ -22,6 +22,12 @@ const FAMILIES: &[Family<ModelStats>] = &[
     ("xinf_requests_queued", "gauge", |s| Some(s.queued), "Requests waiting for admission."),
     ("xinf_prompt_tokens_total", "counter", |s| Some(s.prompt_tokens), "Prompt tokens computed since start."),
     (
+        "xinf_prompt_tokens_cached_total",
+        "counter",
+        |s| Some(s.cached_prompt_tokens),
+        "Prompt tokens taken from the prefix cache instead of computed, since start.",
+    ),
+    (
         "xinf_generation_tokens_total",
         "counter",
         |s| Some(s.generated_tokens),
@@ -292,6 +298,7 @@ mod tests {
             pinned_blocks: 0,
             total_blocks: 1000,
             prompt_tokens: 123,
+            cached_prompt_tokens: 64,
             generated_tokens: 4567,
         };
         let mut handoff = HandoffStats::default();

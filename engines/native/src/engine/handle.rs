@@ -183,6 +183,7 @@ impl NativeEngine {
             logprobs: request.sampling.logprobs,
             first_logprobs: None,
             constraint,
+            block_keys: Vec::new(),
         });
         let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).boxed();
         Ok((seq, stream))
@@ -419,6 +420,7 @@ impl Engine for NativeEngine {
             pinned_blocks: s.pinned_blocks.load(Ordering::Relaxed),
             total_blocks: self.layout.num_blocks - 1,
             prompt_tokens: s.prompt_tokens.load(Ordering::Relaxed),
+            cached_prompt_tokens: s.cached_prompt_tokens.load(Ordering::Relaxed),
             generated_tokens: s.generated_tokens.load(Ordering::Relaxed),
         }
     }

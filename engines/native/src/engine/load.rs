@@ -225,7 +225,12 @@ fn backend(
         ComputeDevice::Cpu => {
             let backend = CpuModel::new(cfg, weights, context_length)
                 .map_err(|e| EngineError::Internal(format!("building the model: {e}")))?;
-            Ok((Box::new(backend), KvCache::new(layout, dtype), None))
+            Ok((
+                Box::new(backend),
+                KvCache::new(layout, dtype)
+                    .with_prefix_caching(options.prefix_caching, options.quantized_matmul),
+                None,
+            ))
         }
         #[cfg(not(feature = "cuda"))]
         ComputeDevice::Cuda(_) => Err(no_gpu_support(options.device)),
@@ -252,7 +257,11 @@ fn backend(
             drop(weights);
             let handoff = backend.handoff();
             let device: Device = Some((handoff.kv_device(), handoff));
-            Ok((Box::new(backend), KvCache::accounting_only(layout, dtype), device))
+            Ok((
+                Box::new(backend),
+                KvCache::accounting_only(layout, dtype).with_prefix_caching(options.prefix_caching, false),
+                device,
+            ))
         }
     }
 }

@@ -22,7 +22,23 @@ pub(super) trait BlockPool {
     fn free_blocks(&self) -> usize;
     /// Blocks there are to hand out.
     fn capacity_blocks(&self) -> usize;
+    /// Gives an empty `table` the cached blocks that `tokens` (a prompt of `prompt_len` and
+    /// what was generated since) begin with, their keys in `keys`; the tokens they hold (0
+    /// without a prefix cache).
+    fn reuse(
+        &mut self,
+        _tokens: &[u32],
+        _prompt_len: usize,
+        _table: &mut Vec<u32>,
+        _keys: &mut Vec<u64>,
+    ) -> usize {
+        0
+    }
 }
+
+/// A sequence that starts from nothing, as [`Schedulable::fresh`] shows it: its tokens, its
+/// prompt's length, its block table and its blocks' keys.
+pub(super) type Fresh<'a> = (&'a [u32], usize, &'a mut Vec<u32>, &'a mut Vec<u64>);
 
 /// What the scheduler reads and changes of a sequence.
 pub(super) trait Schedulable {
@@ -37,6 +53,13 @@ pub(super) trait Schedulable {
     /// Forgets what was in the cache (its blocks were given back): computed again from the
     /// start, imported KV included.
     fn forget(&mut self);
+    /// For a sequence that starts from nothing (no KV computed, none imported): its tokens,
+    /// its prompt's length, its block table and its blocks' keys, to take cached blocks with.
+    fn fresh(&mut self) -> Option<Fresh<'_>> {
+        None
+    }
+    /// Sets the tokens whose K and V are in the cache (cached blocks it took).
+    fn set_computed(&mut self, _tokens: usize) {}
 }
 
 impl<T: Schedulable + ?Sized> Schedulable for Box<T> {
@@ -58,6 +81,14 @@ impl<T: Schedulable + ?Sized> Schedulable for Box<T> {
 
     fn forget(&mut self) {
         (**self).forget()
+    }
+
+    fn fresh(&mut self) -> Option<Fresh<'_>> {
+        (**self).fresh()
+    }
+
+    fn set_computed(&mut self, tokens: usize) {
+        (**self).set_computed(tokens)
     }
 }
 
@@ -91,9 +122,19 @@ pub(super) fn admit_next<S: Schedulable>(
         return None;
     }
     let mut s = waiting.pop_front()?;
-    let need = s.import_need().unwrap_or_else(|| s.len().min(limits.max_batch_tokens));
+    // Cached blocks first: the first chunk starts after them.
+    let cached = s
+        .fresh()
+        .map_or(0, |(tokens, prompt_len, table, keys)| blocks.reuse(tokens, prompt_len, table, keys));
+    s.set_computed(cached);
+    let need = s.import_need().unwrap_or_else(|| cached + (s.len() - cached).min(limits.max_batch_tokens));
     if blocks.ensure(s.table(), need) {
         return Some(Admission::Admitted(s));
+    }
+    // Not now: the cached blocks go back, to be taken again next time.
+    if cached > 0 {
+        blocks.release(s.table());
+        s.forget();
     }
     // Nothing will ever free more blocks than an idle, empty cache has.
     if running.is_empty() && blocks.free_blocks() == blocks.capacity_blocks() {

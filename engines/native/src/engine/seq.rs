@@ -1,7 +1,7 @@
 //! A request inside the engine: its tokens, the KV blocks that hold them, and where its output
 //! goes.
 
-use super::scheduler::Schedulable;
+use super::scheduler::{Fresh, Schedulable};
 use crate::detok::Detokenizer;
 use crate::grammar::Constraint;
 use crate::sampler::Sampler;
@@ -52,6 +52,8 @@ pub(super) struct Seq {
     pub(super) first_logprobs: Option<Box<TokenLogprobs>>,
     /// The shape the output must take (`response_format`), where the request gave one.
     pub(super) constraint: Option<Constraint>,
+    /// The prefix-cache keys of the table's first full blocks, as far as they are known.
+    pub(super) block_keys: Vec<u64>,
 }
 
 /// Prompt KV given to a sequence instead of computed.
@@ -91,5 +93,15 @@ impl Schedulable for Seq {
     fn forget(&mut self) {
         self.computed = 0;
         self.import = None;
+        self.block_keys.clear();
+    }
+
+    fn fresh(&mut self) -> Option<Fresh<'_>> {
+        let fresh = self.computed == 0 && self.import.is_none() && self.table.is_empty();
+        fresh.then_some((&self.tokens, self.prompt_len, &mut self.table, &mut self.block_keys))
+    }
+
+    fn set_computed(&mut self, tokens: usize) {
+        self.computed = tokens;
     }
 }

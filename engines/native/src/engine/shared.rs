@@ -41,6 +41,8 @@ pub(super) struct Shared {
     pub(super) used_blocks: AtomicUsize,
     pub(super) pinned_blocks: AtomicUsize,
     pub(super) prompt_tokens: AtomicU64,
+    /// Prompt tokens taken from the prefix cache instead of computed, since start.
+    pub(super) cached_prompt_tokens: AtomicU64,
     pub(super) generated_tokens: AtomicU64,
     /// Ids of requests submitted and not finished (duplicate detection, abort answers).
     pub(super) active: Mutex<HashSet<String>>,

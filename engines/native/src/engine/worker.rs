@@ -6,6 +6,7 @@
 use super::scheduler::{self, Admission, BlockPool, Limits, Plan, Work};
 use super::seq::{Mode, PinnedReply, Seq};
 use super::shared::{Command, Shared, dequeued};
+use crate::grammar::{Constraint, Mask};
 use crate::kv_cache::KvCache;
 use crate::model::{Chunk, ComputeBackend, Row};
 use crate::options::EngineOptions;
@@ -20,6 +21,10 @@ use xinf_engine::{
 use xinf_models::TextTokenizer;
 use xinf_transfer::device::{DeviceLease, DeviceRoute};
 use xinf_transfer::sync::lock;
+
+/// A planned part's grammar mask, computed beside the forward pass; `None` for a part without
+/// a grammar or that samples nothing this step.
+type StepMask = Option<Result<Mask, String>>;
 
 impl BlockPool for KvCache {
     fn ensure(&mut self, table: &mut Vec<u32>, tokens: usize) -> bool {
@@ -36,6 +41,16 @@ impl BlockPool for KvCache {
 
     fn capacity_blocks(&self) -> usize {
         KvCache::capacity_blocks(self)
+    }
+
+    fn reuse(
+        &mut self,
+        tokens: &[u32],
+        prompt_len: usize,
+        table: &mut Vec<u32>,
+        keys: &mut Vec<u64>,
+    ) -> usize {
+        KvCache::reuse(self, tokens, prompt_len, table, keys)
     }
 }
 
@@ -317,6 +332,8 @@ impl Worker {
                 return;
             }
             s.computed = import.tokens;
+        } else if s.computed > 0 {
+            self.shared.cached_prompt_tokens.fetch_add(s.computed as u64, Ordering::Relaxed);
         }
         self.running.push(s);
     }
@@ -339,8 +356,8 @@ impl Worker {
                 return self.finish(s, None, Some(e));
             }
         };
-        if let Some(logits) = self.forward(&work) {
-            self.sample(&work, logits);
+        if let Some((logits, masks)) = self.forward(&work) {
+            self.sample(&work, logits, masks);
         }
     }
 
@@ -359,13 +376,27 @@ impl Worker {
         }
     }
 
-    /// Computes the planned chunks in one forward; `None` (every planned sequence failed)
-    /// when it fails.
-    fn forward(&mut self, work: &[Work]) -> Option<Vec<Row>> {
+    /// Computes the planned chunks in one forward, and the grammar masks of the rows it samples
+    /// (aligned with `work`) beside it; `None` (every planned sequence failed) when it fails.
+    fn forward(&mut self, work: &[Work]) -> Option<(Vec<Row>, Vec<StepMask>)> {
+        // The grammars of the rows this step samples leave their sequences for the step: a
+        // mask depends only on the tokens consumed so far, so another thread computes them
+        // while the forward pass runs instead of after it.
+        let mut grammars: Vec<(usize, Constraint)> = Vec::new();
+        for (k, w) in work.iter().enumerate() {
+            let s = &mut self.running[w.seq];
+            if s.computed + w.tokens == s.tokens.len()
+                && let Some(c) = s.constraint.take()
+            {
+                grammars.push((k, c));
+            }
+        }
         let chunks: Vec<Chunk<'_>> = work
             .iter()
-            .map(|w| {
+            .enumerate()
+            .map(|(k, w)| {
                 let s = &self.running[w.seq];
+                let constrained = s.constraint.is_some() || grammars.iter().any(|(j, _)| *j == k);
                 Chunk {
                     tokens: &s.tokens[s.computed..s.computed + w.tokens],
                     start: s.computed,
@@ -373,17 +404,31 @@ impl Worker {
                     want_logits: s.computed + w.tokens == s.tokens.len(),
                     prompt_len: s.prompt_len,
                     // Log-probabilities and structured output need the whole row.
-                    argmax: s.sampler.is_argmax()
-                        && s.logprobs.is_none()
-                        && s.constraint.is_none()
-                        && !s.holds_stops(),
+                    argmax: s.sampler.is_argmax() && s.logprobs.is_none() && !constrained && !s.holds_stops(),
                 }
             })
             .collect();
-        let result = self.backend.forward_step(&chunks, &mut self.cache);
+        let (backend, cache) = (&mut self.backend, &mut self.cache);
+        let (result, computed) = std::thread::scope(|scope| {
+            let masks = (!grammars.is_empty())
+                .then(|| scope.spawn(|| grammars.iter_mut().map(|(_, c)| c.allowed()).collect::<Vec<_>>()));
+            let result = backend.forward_step(&chunks, cache);
+            (result, masks.map(|h| h.join()))
+        });
         drop(chunks);
+        let mut masks: Vec<StepMask> = (0..work.len()).map(|_| None).collect();
+        // A grammar that panicked leaves no masks: its sequences fail, not the engine.
+        let mut computed = match computed {
+            Some(Ok(list)) => list,
+            _ => Vec::new(),
+        }
+        .into_iter();
+        for (k, c) in grammars {
+            masks[k] = Some(computed.next().unwrap_or_else(|| Err("the grammar failed".to_owned())));
+            self.running[work[k].seq].constraint = Some(c);
+        }
         match result {
-            Ok(logits) => Some(logits),
+            Ok(logits) => Some((logits, masks)),
             Err(e) => {
                 let msg = format!("forward pass failed: {e}");
                 tracing::error!("{msg}");
@@ -403,13 +448,14 @@ impl Worker {
 
     /// Advances every planned sequence past what the step computed, and samples the next
     /// token of those whose last known token was computed.
-    fn sample(&mut self, work: &[Work], logits: Vec<Row>) {
+    fn sample(&mut self, work: &[Work], logits: Vec<Row>, mut masks: Vec<StepMask>) {
         let mut logits = logits.into_iter();
         let mut finished = Vec::new();
-        for w in work {
+        for (k, w) in work.iter().enumerate() {
             let s = &mut self.running[w.seq];
             let was_prompt = s.computed < s.prompt_len;
             s.computed += w.tokens;
+            self.cache.publish(&s.tokens, s.prompt_len, s.computed, &s.table, &mut s.block_keys);
             if was_prompt {
                 self.shared.prompt_tokens.fetch_add(w.tokens.min(s.prompt_len) as u64, Ordering::Relaxed);
             }
@@ -428,7 +474,12 @@ impl Worker {
                             }
                         }
                     }
-                    if let Some(Err(e)) = s.constraint.as_mut().map(|c| c.mask(&mut row)) {
+                    let masked = match (masks.get_mut(k).and_then(Option::take), s.constraint.as_mut()) {
+                        (Some(mask), _) => mask.map(|m| m.apply(&mut row)),
+                        (None, Some(c)) => c.mask(&mut row),
+                        (None, None) => Ok(()),
+                    };
+                    if let Err(e) = masked {
                         finished.push((w.seq, Err(grammar_failed(e))));
                         continue;
                     }
