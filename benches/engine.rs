@@ -5,6 +5,11 @@
 //!
 //! `cargo bench --bench engine`. Prefill: 8 × 128-token prompts (or one), time to every first
 //! token. Decode: 32 tokens per sequence after the prompts, timed from the last first token.
+//! These run without the prefix cache, since every iteration repeats the prompts.
+//!
+//! `prefix-cache`: the time to first token of a 512-token prompt whose first 448 tokens every
+//! iteration shares (a system prompt) and whose last 64 differ (the question), with the prefix
+//! cache and without.
 
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 
@@ -83,7 +88,7 @@ fn bench(c: &mut Criterion) {
     };
     let mut round = 0u64;
     for (name, quantized_matmul) in [("quantized", true), ("dequantized", false)] {
-        let options = EngineOptions { quantized_matmul, ..EngineOptions::default() };
+        let options = EngineOptions { quantized_matmul, prefix_caching: false, ..EngineOptions::default() };
         let Ok(engine) = NativeEngine::load(&model, options) else {
             eprintln!("SKIPPED: the default model does not load");
             return;
@@ -117,6 +122,52 @@ fn bench(c: &mut Criterion) {
         }
         g.finish();
     }
+    let mut g = c.benchmark_group("smollm2-135m/prefix-cache");
+    g.sample_size(10).warm_up_time(Duration::from_secs(2)).measurement_time(Duration::from_secs(20));
+    for (name, prefix_caching) in [("cached", true), ("uncached", false)] {
+        let options = EngineOptions { prefix_caching, ..EngineOptions::default() };
+        let Ok(engine) = NativeEngine::load(&model, options) else { return };
+        let engine = Arc::new(engine);
+        g.bench_function(format!("ttft-448-shared-of-512/{name}"), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    round += 1;
+                    total += rt.block_on(first_token(&engine, shared_prefix_prompt(&engine, round), round));
+                }
+                total
+            })
+        });
+    }
+    g.finish();
+}
+
+/// 448 tokens every call shares, then 64 that depend on `round`.
+fn shared_prefix_prompt(engine: &NativeEngine, round: u64) -> Vec<u32> {
+    let ids = &prompts(engine, 1)[0];
+    let text = "Answer the question in one sentence, kindly and precisely. ".repeat(60);
+    let shared = engine.tokenizer().encode(&text, true).unwrap_or_default();
+    let mut p: Vec<u32> = shared.into_iter().take(448).collect();
+    p.extend((0..64).map(|i| ids[(round as usize * 7 + i) % ids.len()]));
+    p
+}
+
+/// The time to the first token of one greedy request.
+async fn first_token(engine: &Arc<NativeEngine>, prompt: Vec<u32>, round: u64) -> Duration {
+    let start = Instant::now();
+    let req = GenerateRequest {
+        request_id: format!("p{round}"),
+        prompt: Prompt::Tokens(prompt),
+        sampling: SamplingParams::greedy(1),
+    };
+    let Ok(mut s) = engine.submit(req) else { return Duration::ZERO };
+    let mut first = None;
+    while let Some(Ok(ev)) = s.next().await {
+        if let TokenEvent::Delta { .. } = ev {
+            first.get_or_insert_with(|| start.elapsed());
+        }
+    }
+    first.unwrap_or_else(|| start.elapsed())
 }
 
 criterion_group!(benches, bench);

@@ -398,6 +398,8 @@ impl Engine for MockEngine {
             pinned_blocks: inner.pinned_blocks,
             total_blocks: inner.cache.total_blocks(),
             prompt_tokens: inner.prompt_tokens,
+            // The mock engine keeps no prefix cache.
+            cached_prompt_tokens: 0,
             generated_tokens: inner.generated_tokens,
         }
     }
