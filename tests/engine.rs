@@ -523,3 +523,36 @@ fn the_prefix_cache_serves_repeated_prefixes_with_the_same_output() {
     let s = cached.stats();
     assert_eq!((s.running, s.used_blocks), (0, 0), "cached blocks nobody holds count as free: {s:?}");
 }
+
+/// Requests that come together with one prompt (`n` choices, a shared system prompt): one
+/// computes the prompt, the others wait a step and take its blocks from the prefix cache.
+#[test]
+fn requests_that_come_together_compute_a_shared_prompt_once() {
+    let rt = util::rt();
+    let e = util::engine(
+        &util::smollm2(),
+        serde_json::json!({"kv_layout": "paged-block-first", "block_size": 16}),
+    );
+    let prompt = e
+        .tokenizer()
+        .encode(&"Tell me about the sea and the ships upon it. ".repeat(10), true)
+        .expect("encode");
+    let outs = rt.block_on(async {
+        let tasks: Vec<_> = (0..4)
+            .map(|i| {
+                let (e, prompt) = (e.clone(), prompt.clone());
+                tokio::spawn(async move { util::greedy_ids(e.as_ref(), &format!("n{i}"), prompt, 8).await })
+            })
+            .collect();
+        let mut outs = Vec::new();
+        for t in tasks {
+            outs.push(t.await.expect("task"));
+        }
+        outs
+    });
+    assert!(outs.iter().all(|o| *o == outs[0]), "{outs:?}");
+    let reusable = ((prompt.len() - 1) / 16 * 16) as u64;
+    let s = e.stats();
+    assert_eq!(s.cached_prompt_tokens, 3 * reusable, "three took the first one's blocks: {s:?}");
+    assert_eq!(s.prompt_tokens, 4 * prompt.len() as u64 - 3 * reusable, "{s:?}");
+}

@@ -175,6 +175,11 @@ impl KvCache {
         self.blocks.release(table);
     }
 
+    /// Whether full blocks are kept for later prompts.
+    pub(crate) fn caches_prefixes(&self) -> bool {
+        self.blocks.caching()
+    }
+
     /// Gives an empty `table` the cached blocks a prompt of `tokens` begins with (their keys in
     /// `keys`); the tokens whose K and V they hold.
     pub(crate) fn reuse(

@@ -45,9 +45,9 @@ pub struct EngineOptions {
     /// Keep the KV cache's full blocks after their sequences end, under a key of their tokens
     /// and all before them, and give them to later prompts that begin with the same tokens
     /// instead of computing those again (`enable_prefix_caching`, default on, as in vLLM and
-    /// SGLang): a conversation's next turn, a shared system prompt, or `n` choices computed
-    /// one after another. Cached blocks nobody holds count as free and go, oldest first, when
-    /// a new block is needed.
+    /// SGLang): a conversation's next turn, a shared system prompt, `n` choices. Requests that
+    /// come together with one prompt wait a step for the first of them to compute it. Cached
+    /// blocks nobody holds count as free and go, oldest first, when a new block is needed.
     pub prefix_caching: bool,
     /// On the CPU, multiply a GGUF file's quantized weights as they are stored, block by block
     /// against activations quantized to 8 bits (`quantized_matmul`, default on), as llama.cpp

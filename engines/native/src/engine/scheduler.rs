@@ -34,6 +34,10 @@ pub(super) trait BlockPool {
     ) -> usize {
         0
     }
+    /// The block size when full blocks are cached for later prompts; `None` when they are not.
+    fn caching_blocks_of(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// A sequence that starts from nothing, as [`Schedulable::fresh`] shows it: its tokens, its
@@ -60,6 +64,10 @@ pub(super) trait Schedulable {
     }
     /// Sets the tokens whose K and V are in the cache (cached blocks it took).
     fn set_computed(&mut self, _tokens: usize) {}
+    /// Its tokens and its prompt's length.
+    fn known(&self) -> (&[u32], usize) {
+        (&[], 0)
+    }
 }
 
 impl<T: Schedulable + ?Sized> Schedulable for Box<T> {
@@ -89,6 +97,10 @@ impl<T: Schedulable + ?Sized> Schedulable for Box<T> {
 
     fn set_computed(&mut self, tokens: usize) {
         (**self).set_computed(tokens)
+    }
+
+    fn known(&self) -> (&[u32], usize) {
+        (**self).known()
     }
 }
 
@@ -127,6 +139,20 @@ pub(super) fn admit_next<S: Schedulable>(
         .fresh()
         .map_or(0, |(tokens, prompt_len, table, keys)| blocks.reuse(tokens, prompt_len, table, keys));
     s.set_computed(cached);
+    // Another sequence is computing the prompt block this one needs next (`n` choices, or
+    // requests with one system prompt that came together): this one waits a step for it and
+    // then takes it from the cache, instead of computing it as well.
+    if let Some(bs) = blocks.caching_blocks_of()
+        && s.import_need().is_none()
+        && waits_for_block(&s, running, cached, bs)
+    {
+        if cached > 0 {
+            blocks.release(s.table());
+            s.forget();
+        }
+        waiting.push_front(s);
+        return None;
+    }
     let need = s.import_need().unwrap_or_else(|| cached + (s.len() - cached).min(limits.max_batch_tokens));
     if blocks.ensure(s.table(), need) {
         return Some(Admission::Admitted(s));
@@ -142,6 +168,21 @@ pub(super) fn admit_next<S: Schedulable>(
     }
     waiting.push_front(s);
     None
+}
+
+/// Whether a running sequence is computing the block of `s`'s prompt after its first `cached`
+/// tokens: the same tokens up to its end, not computed yet, within that sequence's prompt, and
+/// a block `s` could take (not the one holding its last token).
+fn waits_for_block<S: Schedulable>(s: &S, running: &[S], cached: usize, block_size: usize) -> bool {
+    let (tokens, _) = s.known();
+    let end = cached + block_size;
+    if end > tokens.len().saturating_sub(1) {
+        return false;
+    }
+    running.iter().any(|r| {
+        let (theirs, prompt_len) = r.known();
+        r.computed() < end && end <= prompt_len && theirs.get(..end) == tokens.get(..end)
+    })
 }
 
 /// One running sequence's part of a step.

@@ -104,4 +104,8 @@ impl Schedulable for Seq {
     fn set_computed(&mut self, tokens: usize) {
         self.computed = tokens;
     }
+
+    fn known(&self) -> (&[u32], usize) {
+        (&self.tokens, self.prompt_len)
+    }
 }

@@ -52,6 +52,10 @@ impl BlockPool for KvCache {
     ) -> usize {
         KvCache::reuse(self, tokens, prompt_len, table, keys)
     }
+
+    fn caching_blocks_of(&self) -> Option<usize> {
+        self.caches_prefixes().then(|| self.block_size())
+    }
 }
 
 /// The compute thread's state.

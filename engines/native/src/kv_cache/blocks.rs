@@ -69,6 +69,11 @@ impl Blocks {
         self.by_row_kind = on;
     }
 
+    /// Whether full blocks are cached.
+    pub(crate) fn caching(&self) -> bool {
+        self.caching
+    }
+
     /// Blocks a sequence may be given now: the free ones and the cached ones nobody holds.
     pub(crate) fn free_blocks(&self) -> usize {
         self.free.len() + self.idle.len()
