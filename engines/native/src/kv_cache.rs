@@ -10,7 +10,7 @@
 //! cache only keeps the block accounting ([`KvCache::accounting_only`]); the backend then does
 //! the reads, writes and page conversions itself.
 
-use blocks::Blocks;
+pub(crate) use blocks::Blocks;
 use half::{bf16, f16, slice::HalfFloatSliceExt};
 use xinf_engine::{KvDtype, PAGE_TOKENS};
 use xinf_transfer::{Direction, LayoutDescriptor, copy_pages};
@@ -175,33 +175,15 @@ impl KvCache {
         self.blocks.release(table);
     }
 
-    /// Whether full blocks are kept for later prompts.
-    pub(crate) fn caches_prefixes(&self) -> bool {
-        self.blocks.caching()
+    /// The allocator, for what the prefix cache does beyond handing out and taking back
+    /// blocks (taking cached blocks, caching computed ones).
+    pub(crate) fn blocks(&mut self) -> &mut Blocks {
+        &mut self.blocks
     }
 
-    /// Gives an empty `table` the cached blocks a prompt of `tokens` begins with (their keys in
-    /// `keys`); the tokens whose K and V they hold.
-    pub(crate) fn reuse(
-        &mut self,
-        tokens: &[u32],
-        prompt_len: usize,
-        table: &mut Vec<u32>,
-        keys: &mut Vec<u64>,
-    ) -> usize {
-        self.blocks.reuse(tokens, prompt_len, table, keys)
-    }
-
-    /// Caches the full blocks among a sequence's first `computed` tokens.
-    pub(crate) fn publish(
-        &mut self,
-        tokens: &[u32],
-        prompt_len: usize,
-        computed: usize,
-        table: &[u32],
-        keys: &mut Vec<u64>,
-    ) {
-        self.blocks.publish(tokens, prompt_len, computed, table, keys);
+    /// The block size when full blocks are kept for later prompts; `None` when they are not.
+    pub(crate) fn prefix_block_size(&self) -> Option<usize> {
+        self.blocks.caching().then(|| self.block_size())
     }
 
     /// Writes `n` tokens of K (`kv = 0`) or V (`kv = 1`) for `layer`, starting at position

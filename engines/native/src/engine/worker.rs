@@ -50,11 +50,11 @@ impl BlockPool for KvCache {
         table: &mut Vec<u32>,
         keys: &mut Vec<u64>,
     ) -> usize {
-        KvCache::reuse(self, tokens, prompt_len, table, keys)
+        self.blocks().reuse(tokens, prompt_len, table, keys)
     }
 
     fn caching_blocks_of(&self) -> Option<usize> {
-        self.caches_prefixes().then(|| self.block_size())
+        self.prefix_block_size()
     }
 }
 
@@ -459,7 +459,7 @@ impl Worker {
             let s = &mut self.running[w.seq];
             let was_prompt = s.computed < s.prompt_len;
             s.computed += w.tokens;
-            self.cache.publish(&s.tokens, s.prompt_len, s.computed, &s.table, &mut s.block_keys);
+            self.cache.blocks().publish(&s.tokens, s.prompt_len, s.computed, &s.table, &mut s.block_keys);
             if was_prompt {
                 self.shared.prompt_tokens.fetch_add(w.tokens.min(s.prompt_len) as u64, Ordering::Relaxed);
             }
