@@ -76,6 +76,29 @@ fn bench_measures_a_served_model_and_counts_errors() {
     assert!(messages.contains("nosuch"), "{messages}");
     assert!(stderr.contains("TTFT p50 of `nosuch` / `m` at concurrency 1: -"), "{stderr}");
 
+    // A shared prefix: every prompt begins with the same 96 tokens, which the server's prefix
+    // cache computes once; the lengths still count them. A prefix that leaves no room is
+    // refused by name.
+    let stats = |s: &str| -> u64 {
+        let body = util::http::get(addr, "/v1/models/m/stats").json();
+        body[s].as_u64().unwrap_or(0)
+    };
+    let cached_before = stats("cached_prompt_tokens");
+    let out = bench(
+        &endpoint,
+        "-u m --concurrency 2 --requests 4 --prompt-tokens 173 --output-tokens 4 --warmup 0 \
+         --shared-prefix-tokens 96 --json -",
+    );
+    let json = report(&out);
+    assert_eq!(json["shared_prefix_tokens"], 96, "{json:#}");
+    let length = json["prompt_tokens"][0].as_u64().unwrap_or(0) as f64;
+    assert!((0.8..=1.2).contains(&(length / 173.0)), "{json:#}");
+    assert_eq!(json["results"][0]["errors"], 0, "{json:#}");
+    assert!(stats("cached_prompt_tokens") >= cached_before + 3 * 64, "the prefix was computed once");
+    let out = bench(&endpoint, "-u m --requests 1 --prompt-tokens 40 --shared-prefix-tokens 96 --warmup 0");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("--shared-prefix-tokens 96"), "{stderr}");
+
     // Only unknown uids: nothing to size the prompts with, a clear failure naming the model.
     let out = bench(&endpoint, "-u nosuch --requests 2 --warmup 0");
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -58,6 +58,7 @@ pub(crate) fn bench(args: BenchArgs, cat: &Catalog) -> Result<(), String> {
         "endpoint": args.endpoint.endpoint,
         "output_tokens": args.output_tokens,
         "prompt_tokens": prompts.iter().map(|p| p.tokens).collect::<Vec<_>>(),
+        "shared_prefix_tokens": args.shared_prefix_tokens,
         "results": levels.iter().map(Level::json).collect::<Vec<_>>(),
     });
     let json = format!("{json:#}\n");

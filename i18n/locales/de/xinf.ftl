@@ -105,6 +105,7 @@ cli-bench-sizing = Prompt-Längen werden mit `{ $uid }` bestimmt…
 cli-bench-no-usage = die Antwort enthielt kein usage.prompt_tokens
 cli-bench-measure-failed = die Prompts können mit dem Modell `{ $uid }` nicht gemessen werden: { $detail }
 cli-bench-no-room = --output-tokens { $output } lässt in einem Kontext von { $context } Tokens keinen Platz für einen Prompt
+cli-bench-prefix-too-long = --shared-prefix-tokens { $prefix } lässt in einem Prompt von { $length } Tokens keinen Platz für eine Anfragenummer und eine Frage
 cli-bench-capped = Prompts werden auf den Kontext von { $context } Tokens gekürzt
 cli-bench-prompts = Prompts mit { $lengths } Tokens, gezählt von `{ $uid }`
 cli-bench-warmup = `{ $uid }` wird mit { $count } Anfragen aufgewärmt…

@@ -105,6 +105,7 @@ cli-bench-sizing = Sizing the prompts with `{ $uid }`…
 cli-bench-no-usage = the answer carried no usage.prompt_tokens
 cli-bench-measure-failed = cannot measure the prompts with model `{ $uid }`: { $detail }
 cli-bench-no-room = --output-tokens { $output } leaves no room for a prompt in a context of { $context } tokens
+cli-bench-prefix-too-long = --shared-prefix-tokens { $prefix } leaves no room for a request number and a question in a { $length }-token prompt
 cli-bench-capped = Prompts are capped to fit the context of { $context } tokens
 cli-bench-prompts = Prompts of { $lengths } tokens, as `{ $uid }` counts them
 cli-bench-warmup = Warming up `{ $uid }` with { $count } requests…

@@ -105,6 +105,7 @@ cli-bench-sizing = Ajustando los prompts con `{ $uid }`…
 cli-bench-no-usage = la respuesta no incluía usage.prompt_tokens
 cli-bench-measure-failed = no se pueden medir los prompts con el modelo `{ $uid }`: { $detail }
 cli-bench-no-room = --output-tokens { $output } no deja espacio para un prompt en un contexto de { $context } tokens
+cli-bench-prefix-too-long = --shared-prefix-tokens { $prefix } no deja espacio para un número de petición y una pregunta en un prompt de { $length } tokens
 cli-bench-capped = Los prompts se recortan para caber en el contexto de { $context } tokens
 cli-bench-prompts = Prompts de { $lengths } tokens, según los cuenta `{ $uid }`
 cli-bench-warmup = Calentando `{ $uid }` con { $count } solicitudes…

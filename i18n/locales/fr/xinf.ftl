@@ -105,6 +105,7 @@ cli-bench-sizing = Calibrage des prompts avec `{ $uid }`…
 cli-bench-no-usage = la réponse ne contenait pas usage.prompt_tokens
 cli-bench-measure-failed = impossible de mesurer les prompts avec le modèle `{ $uid }` : { $detail }
 cli-bench-no-room = avec --output-tokens { $output }, il ne reste aucune place pour un prompt dans un contexte de { $context } tokens
+cli-bench-prefix-too-long = avec --shared-prefix-tokens { $prefix }, il ne reste aucune place pour un numéro de requête et une question dans un prompt de { $length } tokens
 cli-bench-capped = Les prompts sont tronqués pour tenir dans le contexte de { $context } tokens
 cli-bench-prompts = Prompts de { $lengths } tokens, selon le décompte de `{ $uid }`
 cli-bench-warmup = Préchauffage de `{ $uid }` avec { $count } requêtes…

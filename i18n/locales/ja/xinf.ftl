@@ -105,6 +105,7 @@ cli-bench-sizing = `{ $uid }` でプロンプトの長さを調整していま�
 cli-bench-no-usage = 応答に usage.prompt_tokens がありません
 cli-bench-measure-failed = モデル `{ $uid }` でプロンプトの長さを測定できません：{ $detail }
 cli-bench-no-room = --output-tokens { $output } では、{ $context } トークンのコンテキストにプロンプトを入れる余地がありません
+cli-bench-prefix-too-long = --shared-prefix-tokens { $prefix } では、{ $length } トークンのプロンプトにリクエスト番号と質問を入れる余地がありません
 cli-bench-capped = プロンプトは { $context } トークンのコンテキストに収まるよう切り詰められます
 cli-bench-prompts = プロンプトの長さ：{ $lengths } トークン（`{ $uid }` での数え方）
 cli-bench-warmup = `{ $uid }` を { $count } 件のリクエストでウォームアップしています…

@@ -105,6 +105,7 @@ cli-bench-sizing = `{ $uid }`(으)로 프롬프트 길이를 맞추는 중…
 cli-bench-no-usage = 응답에 usage.prompt_tokens가 없습니다
 cli-bench-measure-failed = 모델 `{ $uid }`(으)로 프롬프트 길이를 측정할 수 없습니다: { $detail }
 cli-bench-no-room = --output-tokens { $output }(으)로는 { $context }토큰 컨텍스트에 프롬프트가 들어갈 자리가 없습니다
+cli-bench-prefix-too-long = --shared-prefix-tokens { $prefix }(으)로는 { $length }토큰 프롬프트에 요청 번호와 질문이 들어갈 자리가 없습니다
 cli-bench-capped = 프롬프트를 { $context }토큰 컨텍스트에 맞게 잘랐습니다
 cli-bench-prompts = 프롬프트 길이: { $lengths }토큰(`{ $uid }` 기준)
 cli-bench-warmup = 요청 { $count }개로 `{ $uid }` 워밍업 중…

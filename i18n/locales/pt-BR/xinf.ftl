@@ -105,6 +105,7 @@ cli-bench-sizing = Ajustando os prompts com `{ $uid }`…
 cli-bench-no-usage = a resposta não trouxe usage.prompt_tokens
 cli-bench-measure-failed = não foi possível medir os prompts com o modelo `{ $uid }`: { $detail }
 cli-bench-no-room = --output-tokens { $output } não deixa espaço para um prompt em um contexto de { $context } tokens
+cli-bench-prefix-too-long = --shared-prefix-tokens { $prefix } não deixa espaço para um número de requisição e uma pergunta em um prompt de { $length } tokens
 cli-bench-capped = Os prompts são cortados para caber no contexto de { $context } tokens
 cli-bench-prompts = Prompts de { $lengths } tokens, conforme a contagem de `{ $uid }`
 cli-bench-warmup = Aquecendo `{ $uid }` com { $count } requisições…

@@ -105,6 +105,7 @@ cli-bench-sizing = Подбор длины промптов с помощью `{
 cli-bench-no-usage = в ответе нет usage.prompt_tokens
 cli-bench-measure-failed = не удаётся измерить промпты с моделью `{ $uid }`: { $detail }
 cli-bench-no-room = при --output-tokens { $output } в контексте из { $context } токенов не остаётся места для промпта
+cli-bench-prefix-too-long = при --shared-prefix-tokens { $prefix } в промпте из { $length } токенов не остаётся места для номера запроса и вопроса
 cli-bench-capped = Промпты укорочены, чтобы поместиться в контекст из { $context } токенов
 cli-bench-prompts = Длины промптов в токенах по подсчёту `{ $uid }`: { $lengths }
 cli-bench-warmup = Прогрев `{ $uid }` (запросов: { $count })…

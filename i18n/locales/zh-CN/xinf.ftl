@@ -105,6 +105,7 @@ cli-bench-sizing = 正在用 `{ $uid }` 确定提示词长度…
 cli-bench-no-usage = 响应中没有 usage.prompt_tokens
 cli-bench-measure-failed = 无法用模型 `{ $uid }` 测量提示词长度：{ $detail }
 cli-bench-no-room = --output-tokens { $output } 使 { $context } 个词元的上下文中没有提示词的空间
+cli-bench-prefix-too-long = --shared-prefix-tokens { $prefix } 使 { $length } 个词元的提示词中没有请求编号和问题的空间
 cli-bench-capped = 提示词已截短以适应 { $context } 个词元的上下文
 cli-bench-prompts = 提示词长度为 { $lengths } 个词元（按 `{ $uid }` 计数）
 cli-bench-warmup = 正在用 { $count } 个请求预热 `{ $uid }`…

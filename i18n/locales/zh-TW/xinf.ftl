@@ -105,6 +105,7 @@ cli-bench-sizing = 正在用 `{ $uid }` 計算提示詞長度…
 cli-bench-no-usage = 回應中沒有 usage.prompt_tokens
 cli-bench-measure-failed = 無法用模型 `{ $uid }` 測量提示詞長度：{ $detail }
 cli-bench-no-room = --output-tokens { $output } 讓 { $context } 個 token 的上下文中沒有容納提示詞的空間
+cli-bench-prefix-too-long = --shared-prefix-tokens { $prefix } 讓 { $length } 個 token 的提示詞中沒有容納請求編號與問題的空間
 cli-bench-capped = 提示詞已截短，以符合 { $context } 個 token 的上下文
 cli-bench-prompts = 提示詞長度為 { $lengths } 個 token（依 `{ $uid }` 計算）
 cli-bench-warmup = 正在用 { $count } 個請求預熱 `{ $uid }`…

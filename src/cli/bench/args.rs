@@ -40,6 +40,11 @@ pub(crate) struct BenchArgs {
     /// Seed of the prompt text: the same seed gives the same prompts, run after run.
     #[arg(long, default_value_t = 0)]
     pub(super) seed: u64,
+    /// Tokens of text every prompt begins with, before its request number: a system prompt
+    /// that all requests share, which a server with a prefix cache computes once. Counted in
+    /// the prompt lengths; 0 (the default) shares nothing.
+    #[arg(long, default_value_t = 0)]
+    pub(super) shared_prefix_tokens: usize,
 }
 
 /// A parser of counts that must be at least one (zero requests or tokens measure nothing).

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use xinf_i18n::Catalog;
 
 use super::args::BenchArgs;
-use super::prompts::{Prompt, tagged};
+use super::prompts::Prompt;
 use super::stats::{Level, Sample, summarize};
 use crate::cli::client::Client;
 
@@ -93,7 +93,7 @@ pub(super) fn run_level(
                             break;
                         }
                         let Some(prompt) = prompts.get(i % prompts.len().max(1)) else { break };
-                        let text = tagged(first_number + i, &prompt.body);
+                        let text = prompt.text(first_number + i);
                         let body = request_body(uid, &text, args.output_tokens);
                         mine.push(one_request(&client, &body, &cat));
                         bar.inc(1);
@@ -141,7 +141,7 @@ pub(super) fn warm_up(
     eprintln!("{}", cat.text("cli-bench-warmup", &[("uid", uid), ("count", &args.warmup.to_string())]));
     for i in 0..args.warmup {
         let Some(prompt) = prompts.get(i % prompts.len()) else { break };
-        let body = request_body(uid, &tagged(first_number + i, &prompt.body), args.output_tokens);
+        let body = request_body(uid, &prompt.text(first_number + i), args.output_tokens);
         if let Err(detail) = one_request(client, &body, cat) {
             eprintln!("{}", cat.text("cli-bench-warmup-failed", &[("uid", uid), ("detail", &detail)]));
             break;

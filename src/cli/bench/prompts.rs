@@ -130,10 +130,22 @@ fn fit_words(
 
 /// A prompt of one of the wanted lengths, without its request number.
 pub(super) struct Prompt {
+    /// The text every prompt begins with (`--shared-prefix-tokens`), empty when none.
+    pub(super) prefix: String,
     pub(super) body: String,
     /// Its length as the server counts it, request number included.
     pub(super) tokens: usize,
 }
+
+impl Prompt {
+    /// The text of request `number`: the shared prefix, the request number, the body.
+    pub(super) fn text(&self, number: usize) -> String {
+        format!("{}{}", self.prefix, tagged(number, &self.body))
+    }
+}
+
+/// The prompt-text class of the shared prefix, apart from every prompt length's.
+const PREFIX_CLASS: usize = usize::MAX;
 
 /// The prompt length, as the server counts it.
 fn measure(client: &Client, uid: &str, prompt: &str, cat: &Catalog) -> Result<usize, String> {
@@ -169,17 +181,31 @@ pub(super) fn size_prompts(
     context: Option<usize>,
     cat: &Catalog,
 ) -> Result<Vec<Prompt>, String> {
+    let failed = |detail: String| cat.text("cli-bench-measure-failed", &[("uid", uid), ("detail", &detail)]);
+    let prefix = match args.shared_prefix_tokens {
+        0 => String::new(),
+        n => {
+            let (words, _) =
+                fit_words(n, |words| measure(client, uid, &prompt_text(args.seed, PREFIX_CLASS, words), cat))
+                    .map_err(failed)?;
+            format!("{} ", prompt_text(args.seed, PREFIX_CLASS, words))
+        }
+    };
     let mut prompts = Vec::with_capacity(args.prompt_tokens.len());
     for (class, &requested) in args.prompt_tokens.iter().enumerate() {
         let target = capped_length(requested, context, args.output_tokens).ok_or_else(|| {
             let (output, context) = (args.output_tokens.to_string(), context.unwrap_or(0).to_string());
             cat.text("cli-bench-no-room", &[("output", &output), ("context", &context)])
         })?;
-        let (words, tokens) = fit_words(target, |words| {
-            measure(client, uid, &tagged(0, &prompt_text(args.seed, class, words)), cat)
-        })
-        .map_err(|detail| cat.text("cli-bench-measure-failed", &[("uid", uid), ("detail", &detail)]))?;
-        prompts.push(Prompt { body: prompt_text(args.seed, class, words), tokens });
+        // The request number and a word at least follow the shared prefix.
+        if args.shared_prefix_tokens > 0 && target <= args.shared_prefix_tokens + TAG_SLACK + 4 {
+            let (prefix, length) = (args.shared_prefix_tokens.to_string(), target.to_string());
+            return Err(cat.text("cli-bench-prefix-too-long", &[("prefix", &prefix), ("length", &length)]));
+        }
+        let text = |words| format!("{prefix}{}", tagged(0, &prompt_text(args.seed, class, words)));
+        let (words, tokens) =
+            fit_words(target, |words| measure(client, uid, &text(words), cat)).map_err(failed)?;
+        prompts.push(Prompt { prefix: prefix.clone(), body: prompt_text(args.seed, class, words), tokens });
     }
     Ok(prompts)
 }
