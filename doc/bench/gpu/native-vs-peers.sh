@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The native engine against vLLM and SGLang on one GPU: an ordinary replica of each (`no`, `vo`,
 # `so`) on the same Qwen2.5-0.5B-shaped random FP16 model under one `xinf bench` run (prompts of
-# 40/173/733/2833 tokens, 32 output tokens, C1/C16/C64, prefix caching off in the peers), then
-# one table with the native engine's ratios to the better peer in each column.
+# 40/173/733/2833 tokens, 32 output tokens, C1/C16/C64, prefix caching off in all three), then
+# one table with the native engine's ratios to the better peer in each column. With
+# PREFIX_CACHE=1 SHARED_PREFIX=N (see pd-engines.sh) the three compare their prefix caches on
+# prompts that share N tokens.
 #
 # Other shapes with pd-engines.sh's MODEL_ARGS, MEM and MODEL_NAME (the real vocabulary:
 # MODEL_ARGS="--qwen05 --vocab 151936"; the Llama-3.1-8B shape: MODEL_ARGS="--llama8b --device

@@ -21,6 +21,10 @@
 # connectors' load and publish times, in the engine servers' logs under ~/.xinf/logs).
 # VLLM_EXTRA and SGLANG_EXTRA add keys to every vLLM or SGLang replica's engine_config, e.g.
 # SGLANG_EXTRA='"enable_request_time_stats_logging":true' (SGLang's per-request stage times).
+# Prefix caching is off in every engine; PREFIX_CACHE=1 turns it on in all of them (vLLM's
+# enable_prefix_caching, SGLang's radix cache, the native engine's enable_prefix_caching), and
+# SHARED_PREFIX=N makes every prompt begin with the same N tokens (`xinf bench
+# --shared-prefix-tokens`), a shared system prompt.
 # MPS=1 runs xinf with --mps (the servers on the GPU under NVIDIA's Multi-Process Service).
 # `pd-engines.sh add` launches MODELS into the running xinf, e.g. an `svb` (any suffix after the
 # two engine letters) with another SGLANG_PYTHONPATH, to compare two connector builds in one run.
@@ -38,14 +42,16 @@ NAME=${MODEL_NAME:-qwen2.5-instruct}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 mkdir -p "$W" "$OUT"
 
+CACHE=$([ "${PREFIX_CACHE:-0}" = 1 ] && echo true || echo false)
+NO_CACHE=$([ "$CACHE" = true ] && echo false || echo true)
 vllm() {  # engine_config of a vLLM replica
-    echo "{\"env\":{\"PYTHONPATH\":\"${VLLM_PYTHONPATH:-}\",\"XINF_KV_LOG\":\"${XINF_KV_LOG:-}\",\"VLLM_USE_FLASHINFER_SAMPLER\":\"0\"},\"gpu_memory_utilization\":$MEM,\"enable_prefix_caching\":false,\"context_length\":4096${VLLM_EXTRA:+,$VLLM_EXTRA}}"
+    echo "{\"env\":{\"PYTHONPATH\":\"${VLLM_PYTHONPATH:-}\",\"XINF_KV_LOG\":\"${XINF_KV_LOG:-}\",\"VLLM_USE_FLASHINFER_SAMPLER\":\"0\"},\"gpu_memory_utilization\":$MEM,\"enable_prefix_caching\":$CACHE,\"context_length\":4096${VLLM_EXTRA:+,$VLLM_EXTRA}}"
 }
 sglang() {
-    echo "{\"env\":{\"PYTHONPATH\":\"${SGLANG_PYTHONPATH:-}\",\"XINF_KV_LOG\":\"${XINF_KV_LOG:-}\"},\"gpu_memory_utilization\":$MEM,\"attention_backend\":\"triton\",\"sampling_backend\":\"pytorch\",\"disable_radix_cache\":true,\"context_length\":4096${SGLANG_EXTRA:+,$SGLANG_EXTRA}}"
+    echo "{\"env\":{\"PYTHONPATH\":\"${SGLANG_PYTHONPATH:-}\",\"XINF_KV_LOG\":\"${XINF_KV_LOG:-}\"},\"gpu_memory_utilization\":$MEM,\"attention_backend\":\"triton\",\"sampling_backend\":\"pytorch\",\"disable_radix_cache\":$NO_CACHE,\"context_length\":4096${SGLANG_EXTRA:+,$SGLANG_EXTRA}}"
 }
 native() {  # NATIVE_CONFIG replaces it
-    echo "${NATIVE_CONFIG:-{\"gpu_memory_utilization\":$MEM,\"context_length\":4096\}}"
+    echo "${NATIVE_CONFIG:-{\"gpu_memory_utilization\":$MEM,\"enable_prefix_caching\":$CACHE,\"context_length\":4096\}}"
 }
 engine() { case $1 in v) echo vllm ;; s) echo sglang ;; n) echo native ;; esac; }
 
@@ -77,7 +83,7 @@ bench_models() {  # bench_models JSON UID...: one `xinf bench` run over the mode
     shift
     for uid in "$@"; do args+=(-u "$uid"); done
     "$X" bench -e "$E" "${args[@]}" --concurrency "${CONC:-1,16}" --requests "${REQ:-128}" --prompt-tokens "${PROMPTS:-40,173,733,2833}" \
-        --output-tokens 32 --warmup 4 --json "$json" 2>&1 | grep -v "^\s*$" | tail -20
+        --output-tokens 32 --warmup 4 ${SHARED_PREFIX:+--shared-prefix-tokens "$SHARED_PREFIX"} --json "$json" 2>&1 | grep -v "^\s*$" | tail -20
 }
 
 stop_xinf() {  # ends xinf (it stops its engine servers) and waits for the GPU's memory
