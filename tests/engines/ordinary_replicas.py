@@ -12,6 +12,8 @@ model_engine spelled as Xinference spells it (vLLM, SGLang), and checks:
   - `logit_bias` (+100 on one token): the same text through xinf as from the engine's own;
   - `response_format` (a JSON Schema of an integer): the output is an integer; vLLM's
     `structured_outputs.choice`: the output is one of the choices;
+  - `tools` with a named function: the answer is that function's call, its arguments a
+    document of the function's schema;
   - an engine server killed with SIGKILL: the replica is marked dead at once, requests fail
     with an error, and xinf keeps answering (vLLM);
   - terminate: the server's processes are gone (SGLang);
@@ -219,6 +221,23 @@ def run_engine(name, log_path):
     sx, x = post(f"{API}/v1/completions", dict(req, model=uid))
     tx = (x.get("choices") or [{}])[0].get("text")
     check(f"{name}: structured_outputs choice is followed", sx == 200 and tx in options, (sx, tx, x))
+    # tools with a named function: xinf writes the tools into the prompt ids and sends the
+    # function's parameters as the engine's JSON Schema; the answer is that function's call.
+    tool = {"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["n"], "additionalProperties": False}}}
+    req = {"messages": [{"role": "user", "content": "Pick a digit."}], "max_tokens": 60, "temperature": 0,
+           "tools": [tool], "tool_choice": {"type": "function", "function": {"name": "pick"}}}
+    sx, x = post(f"{API}/v1/chat/completions", dict(req, model=uid))
+    choice = (x.get("choices") or [{}])[0]
+    calls = (choice.get("message") or {}).get("tool_calls") or [{}]
+    fn = calls[0].get("function") or {}
+    try:
+        args = json.loads(fn.get("arguments") or "") if choice.get("finish_reason") == "stop" else {"n": 0}
+    except ValueError:
+        args = None
+    called = sx == 200 and fn.get("name") == "pick" and isinstance(args, dict) and isinstance(args.get("n"), int)
+    check(f"{name}: a named tool is called with arguments of its schema", called, (sx, x))
     pids = engine_pids(port)
     pgid = os.getpgid(pids[0]) if pids else -1
     report[f"{name}_group_size"] = len(group_pids(pgid))
