@@ -45,6 +45,8 @@ struct S {
     computed: usize,
     table: Vec<u32>,
     import: Option<usize>,
+    /// Its tokens, where a test looks at them (all prompt).
+    tokens: Vec<u32>,
 }
 
 impl Schedulable for S {
@@ -63,6 +65,9 @@ impl Schedulable for S {
     fn forget(&mut self) {
         self.computed = 0;
         self.import = None;
+    }
+    fn known(&self) -> (&[u32], usize) {
+        (&self.tokens, self.tokens.len())
     }
 }
 
@@ -84,7 +89,7 @@ const LIMITS: Limits = Limits { max_num_seqs: 4, max_batch_tokens: 64 };
 fn admit_all(
     waiting: &mut VecDeque<S>,
     run: &mut Vec<S>,
-    pool: &mut Pool,
+    pool: &mut impl BlockPool,
     limits: Limits,
 ) -> Vec<&'static str> {
     let mut refused = Vec::new();
@@ -263,4 +268,60 @@ fn preemption_needs_another_sequence() {
     assert!(!preempt(&mut run, &mut waiting, &mut pool, 0));
     assert_eq!(names(&run), ["only"]);
     assert_eq!(pool.free_blocks(), 3);
+}
+
+/// [`Pool`] with a prefix cache that holds nothing yet.
+struct Caching(Pool);
+
+impl BlockPool for Caching {
+    fn ensure(&mut self, table: &mut Vec<u32>, tokens: usize) -> bool {
+        self.0.ensure(table, tokens)
+    }
+    fn release(&mut self, table: &mut Vec<u32>) {
+        self.0.release(table)
+    }
+    fn free_blocks(&self) -> usize {
+        self.0.free_blocks()
+    }
+    fn capacity_blocks(&self) -> usize {
+        self.0.capacity_blocks()
+    }
+    fn caching_blocks_of(&self) -> Option<usize> {
+        Some(BLOCK)
+    }
+}
+
+#[test]
+fn a_sequence_waits_for_the_prompt_block_another_is_computing() {
+    let prompt: Vec<u32> = (0..40).collect();
+    let with = |name, tokens: Vec<u32>| S { name, len: tokens.len(), tokens, ..S::default() };
+    let mut pool = Caching(Pool::new(16));
+    let mut first = with("first", prompt.clone());
+    assert!(pool.ensure(&mut first.table, 40));
+    let mut run = vec![first];
+    // The same prompt waits while `first` computes its first block, and stays first in line.
+    let mut waiting: VecDeque<S> = [with("same", prompt.clone()), with("other", (100..140).collect())].into();
+    assert!(admit_all(&mut waiting, &mut run, &mut pool, LIMITS).is_empty());
+    assert_eq!((names(&run), names(&waiting)), (vec!["first"], vec!["same", "other"]));
+    // Computed, the block is there to take: both start.
+    run[0].computed = 40;
+    admit_all(&mut waiting, &mut run, &mut pool, LIMITS);
+    assert_eq!(names(&run), ["first", "same", "other"]);
+
+    // A different first block, a prompt too short to take a block, or no prefix cache: no wait.
+    let mut pool = Caching(Pool::new(16));
+    let mut busy = with("busy", prompt.clone());
+    assert!(pool.ensure(&mut busy.table, 40));
+    let mut run = vec![busy];
+    let short = prompt[..BLOCK].to_vec();
+    let mut waiting: VecDeque<S> = [with("other", (100..140).collect()), with("short", short)].into();
+    admit_all(&mut waiting, &mut run, &mut pool, LIMITS);
+    assert_eq!(names(&run), ["busy", "other", "short"]);
+    let mut plain = Pool::new(16);
+    let mut busy = with("busy", prompt.clone());
+    assert!(plain.ensure(&mut busy.table, 40));
+    let mut run = vec![busy];
+    let mut waiting: VecDeque<S> = [with("same", prompt)].into();
+    admit_all(&mut waiting, &mut run, &mut plain, LIMITS);
+    assert_eq!(names(&run), ["busy", "same"]);
 }
