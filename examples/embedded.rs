@@ -33,6 +33,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut out = std::io::stdout().lock();
     while let Some(event) = stream.next().await {
         match event? {
+            TokenEvent::Prompt(_) => {}
             TokenEvent::Delta { text, .. } => {
                 out.write_all(text.as_bytes())?;
                 out.flush()?;

@@ -252,7 +252,12 @@ fn bad_requests_are_refused_naming_the_field() {
             Some("model"),
             "model",
         ),
-        ("/v1/completions", completion(json!({"echo": true})), Some("echo"), "echo"),
+        (
+            "/v1/completions",
+            completion(json!({"prompt_logprobs": 2, "stream": true})),
+            Some("prompt_logprobs"),
+            "stream",
+        ),
         ("/v1/completions", completion(json!({"suffix": "end"})), Some("suffix"), "suffix"),
         ("/v1/completions", json!({"model": UID, "prompt": vec!["a"; 129]}), Some("prompt"), "129 prompts"),
         (

@@ -109,6 +109,63 @@ fn check_logprobs(
     assert!(worst <= tol, "{key}: log-probabilities differ by {worst} (tolerance {tol})");
 }
 
+/// Every prompt token's log-probability (`prompt_logprobs`), its rank and the 5 most likely
+/// tokens at its position against the reference's log-softmax, each within `tol`; the rank
+/// may differ by the reference's near-ties (tokens within 1e-3 of it).
+fn check_prompt_logprobs(
+    rt: &tokio::runtime::Runtime,
+    engine: &xinf::native::NativeEngine,
+    reference: &serde_json::Value,
+    prompt_ids: Vec<u32>,
+    tol: f32,
+    key: &str,
+) {
+    let sampling =
+        xinf::engine::SamplingParams { prompt_logprobs: Some(5), ..xinf::engine::SamplingParams::greedy(1) };
+    let out = rt.block_on(util::run(
+        engine,
+        "golden-prompt-logprobs",
+        xinf::engine::Prompt::Tokens(prompt_ids.clone()),
+        sampling,
+    ));
+    let report = out.prompt.unwrap_or_else(|| panic!("{key}: no prompt report"));
+    assert_eq!(report.token_ids, prompt_ids, "{key}: the prompt's ids");
+    let logprobs = report.logprobs.unwrap_or_else(|| panic!("{key}: no prompt log-probabilities"));
+    let first = engine.tokenizer().decode(&prompt_ids[..1], false).expect("decode");
+    assert_eq!(logprobs.first, first, "{key}: the first token's text");
+    let want = reference["prompt_logprobs"].as_array().expect("prompt_logprobs");
+    assert_eq!(logprobs.rest.len(), want.len(), "{key}: one per prompt token after the first");
+    assert_eq!(want.len(), prompt_ids.len() - 1, "{key}: the reference's count");
+    let value = |v: &serde_json::Value| v.as_f64().expect("logprob") as f32;
+    let mut worst = 0.0f32;
+    for (j, (ours, want)) in (1..).zip(logprobs.rest.iter().zip(want)) {
+        assert_eq!(ours.chosen.token_id, prompt_ids[j], "{key} position {j}: the prompt's token");
+        worst = worst.max((ours.chosen.logprob - value(&want["chosen"])).abs());
+        let (rank, ties) = (want["rank"].as_u64().expect("rank"), want["ties"].as_u64().expect("ties"));
+        let ours_rank = u64::from(ours.rank.expect("a rank"));
+        assert!(
+            ours_rank.abs_diff(rank) <= ties,
+            "{key} position {j}: rank {ours_rank}, reference {rank} ({ties} ties)"
+        );
+        let top: Vec<(u32, f32)> = want["top"]
+            .as_array()
+            .expect("top")
+            .iter()
+            .map(|p| (p[0].as_u64().expect("id") as u32, value(&p[1])))
+            .collect();
+        assert_eq!(ours.top.len(), 5, "{key} position {j}: alternatives");
+        for (i, (o, &(id, lp))) in ours.top.iter().zip(&top).enumerate() {
+            worst = worst.max((o.logprob - lp).abs());
+            let tied = |k: usize| top.get(k).is_some_and(|&(_, v)| (v - lp).abs() <= tol);
+            if !(i > 0 && tied(i - 1)) && !tied(i + 1) {
+                assert_eq!(o.token_id, id, "{key} position {j}: alternative {i}");
+            }
+        }
+    }
+    eprintln!("{key}: max |Δlogprob| over {} prompt positions and their top 5 = {worst:.3e}", want.len());
+    assert!(worst <= tol, "{key}: prompt log-probabilities differ by {worst} (tolerance {tol})");
+}
+
 fn check_model_with(model: &ResolvedModel, key: &str, config: serde_json::Value) {
     let reference = util::reference(model, key);
     let engine = util::engine(model, config);
@@ -134,7 +191,8 @@ fn check_model_with(model: &ResolvedModel, key: &str, config: serde_json::Value)
     assert_eq!(greedy, ids(&reference["greedy_ids"]), "{key}: greedy tokens differ from transformers");
 
     // Their log-probabilities.
-    check_logprobs(&rt, engine.as_ref(), &reference, prompt_ids, LOGPROB_TOL, key);
+    check_logprobs(&rt, engine.as_ref(), &reference, prompt_ids.clone(), LOGPROB_TOL, key);
+    check_prompt_logprobs(&rt, engine.as_ref(), &reference, prompt_ids, LOGPROB_TOL, key);
 
     // Chat template and chat greedy output (stops at EOS like transformers).
     for variant in ["chat", "chat_no_system"] {

@@ -12,3 +12,4 @@ mod engine;
 mod golden;
 mod gpu;
 mod pd;
+mod prompt;

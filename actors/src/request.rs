@@ -18,10 +18,12 @@ use xinf_engine::{GenerateRequest, TokenEvent, TokenStream};
 
 /// How far a request got when its caller gets its stream.
 enum Started {
-    /// It runs on the replica that generates it.
-    Now,
-    /// The prefill's first token, shown at once; the decode leg, which starts the rest.
-    Later { first: TokenEvent, leg: futures::future::BoxFuture<'static, Result<(), ActorError>> },
+    /// It runs on the replica that generates it, whose events follow `lead` (the prompt's
+    /// report from a prefill replica, where the request asked for one).
+    Now { lead: Option<TokenEvent> },
+    /// The prefill's first token (after the prompt's report, where asked for), shown at once;
+    /// the decode leg, which starts the rest.
+    Later { first: Vec<TokenEvent>, leg: futures::future::BoxFuture<'static, Result<(), ActorError>> },
 }
 
 /// A request id for a request that came without one.
@@ -67,12 +69,18 @@ impl Cluster {
                     request: Wire::ok(request),
                     reply,
                 });
-                return generate.await.map(|()| Started::Now);
+                return generate.await.map(|()| Started::Now { lead: None });
             };
             let mut handoff = self.prefill_leg(&prefill, &request).await?;
             if !handoff::shows_first(&request.sampling, handoff.first_text.as_deref()) {
                 handoff.first_text = None;
             }
+            // The prefill side computed the prompt: its report goes out here, and the decode
+            // side, which imports the prompt's KV, is not asked for one.
+            let lead = handoff.prompt.take().map(TokenEvent::Prompt);
+            let mut request = request;
+            request.sampling.prompt_logprobs = None;
+            request.sampling.echo = false;
             let first = handoff.first_text.clone().map(|text| TokenEvent::Delta {
                 token_id: handoff.first_token,
                 text,
@@ -80,8 +88,11 @@ impl Cluster {
             });
             let leg = handoff::decode_leg(times, prefill, decode, request, handoff);
             match first {
-                Some(first) => Ok(Started::Later { first, leg: Box::pin(leg) }),
-                None => leg.await.map(|()| Started::Now),
+                Some(first) => Ok(Started::Later {
+                    first: lead.into_iter().chain([first]).collect(),
+                    leg: Box::pin(leg),
+                }),
+                None => leg.await.map(|()| Started::Now { lead }),
             }
         };
         // A replica lost while the request starts ends it at once (a frozen worker would
@@ -92,12 +103,16 @@ impl Cluster {
             started = start => started,
         };
         let settings = PullSettings { long_poll: self.inner.options.long_poll, call: t };
-        if let Ok(Started::Later { first, leg }) = started {
-            return Ok(pull::open_after_first(first, leg, guard, routed, actors.router, settings));
-        }
+        let lead = match started {
+            Ok(Started::Later { first, leg }) => {
+                return Ok(pull::open_after_first(first, leg, guard, routed, actors.router, settings));
+            }
+            Ok(Started::Now { lead }) => Ok(lead),
+            Err(e) => Err(e),
+        };
         guard.disarm();
-        pull::started(&actors.router, &request_id, routed.prefill.is_some(), started.map(|_| ()))?;
-        Ok(pull::open(routed, actors.router, settings))
+        let lead = pull::started(&actors.router, &request_id, routed.prefill.is_some(), lead)?;
+        Ok(pull::open(routed, actors.router, settings, lead))
     }
 
     /// Aborts a request on every replica of the model; `true` when one was running it.

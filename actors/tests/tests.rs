@@ -88,6 +88,7 @@ async fn collect(mut stream: TokenStream) -> (String, Option<FinishReason>, Opti
             match event {
                 Ok(TokenEvent::Delta { text: t, .. }) => text.push_str(&t),
                 Ok(TokenEvent::Finished { reason, .. }) => return (Some(reason), None),
+                Ok(TokenEvent::Prompt(_)) => {}
                 Err(e) => return (None, Some(e)),
             }
         }

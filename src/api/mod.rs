@@ -48,6 +48,7 @@
 mod auth;
 mod choices;
 mod cluster;
+mod echo;
 mod error;
 mod logprobs;
 mod openai;

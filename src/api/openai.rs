@@ -3,7 +3,7 @@
 //! Fields that OpenAI defines and xinf does not support yet are still declared, so that a
 //! request using them gets "not supported" naming the field rather than "unknown field".
 
-use crate::api::logprobs::{ChatLogprobs, TextLogprobs};
+use crate::api::logprobs::{ChatLogprobs, PromptLogprobsOut, TextLogprobs};
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -143,6 +143,9 @@ pub(crate) struct ChatCompletionRequest {
     pub(crate) logprobs: Option<bool>,
     #[serde(default)]
     pub(crate) top_logprobs: Option<u64>,
+    /// vLLM's extension: every prompt token's log-probability, with this many alternatives.
+    #[serde(default)]
+    pub(crate) prompt_logprobs: Option<u64>,
     #[serde(default)]
     pub(crate) response_format: Option<Value>,
     /// vLLM's structured-output extension.
@@ -187,6 +190,9 @@ pub(crate) struct CompletionRequest {
     pub(crate) logprobs: Option<u64>,
     #[serde(default)]
     pub(crate) echo: Option<bool>,
+    /// vLLM's extension: every prompt token's log-probability, with this many alternatives.
+    #[serde(default)]
+    pub(crate) prompt_logprobs: Option<u64>,
     #[serde(default)]
     pub(crate) suffix: Option<String>,
     #[serde(default)]
@@ -283,6 +289,9 @@ pub(crate) struct ChatCompletion {
     pub(crate) model: String,
     pub(crate) choices: Vec<ChatChoice>,
     pub(crate) usage: UsageOut,
+    /// vLLM's `prompt_logprobs`, where the request asked for them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) prompt_logprobs: Option<PromptLogprobsOut>,
 }
 
 /// What a chat chunk adds.
@@ -324,6 +333,9 @@ pub(crate) struct TextChoice {
     pub(crate) text: String,
     pub(crate) logprobs: Option<TextLogprobs>,
     pub(crate) finish_reason: Option<&'static str>,
+    /// vLLM's `prompt_logprobs`, where the request asked for them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) prompt_logprobs: Option<PromptLogprobsOut>,
 }
 
 /// A completion response or streamed chunk (`object: "text_completion"`).

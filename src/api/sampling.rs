@@ -62,6 +62,9 @@ impl SamplingFields {
             repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
             // Each API spells it its own way (a switch and a count, or a count): set by its route.
             logprobs: None,
+            // Set by the route from `echo`, `logprobs` and `prompt_logprobs`.
+            prompt_logprobs: None,
+            echo: false,
             // Read with the request's other fields by its route (see [`logit_bias`]).
             logit_bias: Vec::new(),
             // Read from `response_format` by its route.

@@ -14,6 +14,7 @@
 //! started is sent as `data: {"error": {...}}` followed by `data: [DONE]`.
 
 use crate::api::choices::{self, ChoiceStream, Registered};
+use crate::api::echo::PromptShown;
 use crate::api::error::Problem;
 use crate::api::logprobs::{self, ChatLogprobs, TextLogprobs};
 use crate::api::openai::{ChatChunk, ChunkChoice, Completion, Delta, TextChoice, UsageOut};
@@ -26,7 +27,7 @@ use serde::Serialize;
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
-use xinf_engine::{EngineError, FinishReason, TokenEvent, TokenLogprobs, TokenStream, Usage};
+use xinf_engine::{EngineError, FinishReason, PromptReport, TokenEvent, TokenLogprobs, TokenStream, Usage};
 
 /// Which OpenAI API a stream answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,6 +83,8 @@ struct EventState {
     tool_finish: Option<Arc<Tools>>,
     /// Events made and not sent yet (a choice's last text or calls before its finish).
     queued: VecDeque<Bytes>,
+    /// What the stream shows of the prompt (`echo`).
+    shown: PromptShown,
 }
 
 fn event<T: Serialize>(value: &T) -> Bytes {
@@ -122,7 +125,13 @@ impl EventState {
             object: "text_completion",
             created: self.meta.created,
             model: self.meta.model.clone(),
-            choices: vec![TextChoice { index: index as u32, text, logprobs, finish_reason: finish }],
+            choices: vec![TextChoice {
+                index: index as u32,
+                text,
+                logprobs,
+                finish_reason: finish,
+                prompt_logprobs: None,
+            }],
             usage: None,
         })
     }
@@ -167,6 +176,22 @@ impl EventState {
                 Some(self.text_chunk(index, text, logprobs, finish))
             }
         }
+    }
+
+    /// The echo of choice `index`'s prompt (completions' `echo`): its text, and its tokens'
+    /// log-probabilities when asked for; `None` when the request did not ask for an echo.
+    fn echo(&mut self, index: usize, report: &PromptReport) -> Option<Bytes> {
+        if self.flavor != Flavor::Completion {
+            return None;
+        }
+        let text = self.shown.text(index, self.per_prompt, Some(report))?;
+        let logprobs = self.shown.text_logprobs(Some(report)).map(|(l, width)| {
+            if let Some(o) = self.offsets.get_mut(index) {
+                *o = width;
+            }
+            l
+        });
+        Some(self.text_chunk(index, text, logprobs, None))
     }
 
     /// The finish chunk of choice `index`, after its held text or calls where the request
@@ -234,6 +259,12 @@ impl EventState {
                     }
                 }
                 Phase::Tokens => match self.tokens.next().await {
+                    Some((index, Ok(TokenEvent::Prompt(report)))) => {
+                        self.phase = Phase::Tokens;
+                        if let Some(chunk) = self.echo(index, &report) {
+                            return Some(chunk);
+                        }
+                    }
                     Some((index, Ok(TokenEvent::Delta { text, logprobs, .. }))) => {
                         self.phase = Phase::Tokens;
                         if (!text.is_empty() || logprobs.is_some())
@@ -295,6 +326,8 @@ pub(crate) struct Streamed {
     pub(crate) fanout: Option<Registered>,
     /// The chat request's tools, by which each choice's output is read for calls.
     pub(crate) tools: Option<Arc<Tools>>,
+    /// What the stream shows of the prompt (`echo`).
+    pub(crate) shown: PromptShown,
 }
 
 /// The SSE events of a response's token streams.
@@ -315,6 +348,7 @@ pub(crate) fn events(s: Streamed) -> impl Stream<Item = Result<Bytes, Infallible
         tools: s.tools.iter().flat_map(|t| (0..n).map(|_| ToolStream::new(Arc::clone(t)))).collect(),
         tool_finish: s.tools,
         queued: VecDeque::new(),
+        shown: s.shown,
     };
     futures::stream::unfold(state, |mut state| async move {
         let bytes = state.next_event().await?;
@@ -341,6 +375,8 @@ pub(crate) struct Collected {
     pub(crate) usage: Usage,
     /// Each token's log-probabilities, when the request asked for them.
     pub(crate) logprobs: Vec<TokenLogprobs>,
+    /// The prompt as the engine reported it, when the request asked for it.
+    pub(crate) prompt: Option<Box<PromptReport>>,
 }
 
 impl Collected {
@@ -353,10 +389,11 @@ impl Collected {
         })
     }
 
-    /// The completions API's `logprobs` of the choice: `None` when the request did not ask.
-    pub(crate) fn text_logprobs(&self, asked: bool) -> Option<TextLogprobs> {
+    /// The completions API's `logprobs` of the choice, the first token's text starting at
+    /// character `start` of the choice's text: `None` when the request did not ask.
+    pub(crate) fn text_logprobs(&self, asked: bool, start: usize) -> Option<TextLogprobs> {
         asked.then(|| {
-            let (mut l, mut offset) = (TextLogprobs::default(), 0);
+            let (mut l, mut offset) = (TextLogprobs::default(), start);
             for t in &self.logprobs {
                 l.push(t, offset);
                 offset += logprobs::width(t);
@@ -373,15 +410,16 @@ pub(crate) async fn collect_all(choices: Vec<TokenStream>) -> Result<Vec<Collect
 
 /// Runs a token stream to its end.
 async fn collect(mut tokens: TokenStream) -> Result<Collected, EngineError> {
-    let (mut text, mut logprobs) = (String::new(), Vec::new());
+    let (mut text, mut logprobs, mut prompt) = (String::new(), Vec::new(), None);
     while let Some(event) = tokens.next().await {
         match event? {
+            TokenEvent::Prompt(report) => prompt = Some(report),
             TokenEvent::Delta { text: t, logprobs: l, .. } => {
                 text.push_str(&t);
                 logprobs.extend(l.map(|l| *l));
             }
             TokenEvent::Finished { reason, usage } => {
-                return Ok(Collected { text, finish: reason, usage, logprobs });
+                return Ok(Collected { text, finish: reason, usage, logprobs, prompt });
             }
         }
     }

@@ -209,6 +209,7 @@ pub(crate) async fn generate(args: GenerateArgs, cat: &Catalog) -> Result<(), En
     let mut out = std::io::stdout().lock();
     while let Some(event) = stream.next().await {
         match event? {
+            TokenEvent::Prompt(_) => {}
             TokenEvent::Delta { text, .. } => {
                 let _ = out.write_all(text.as_bytes());
                 let _ = out.flush();

@@ -206,8 +206,10 @@ fn completion_cases() -> Vec<(Value, String)> {
     }
     cases.push((json!({"model": UID}), "prompt".to_owned()));
     let refused = [
-        ("echo", json!(true)),
         ("echo", json!("yes")),
+        ("prompt_logprobs", json!(21)),
+        ("prompt_logprobs", json!(-1)),
+        ("prompt_logprobs", json!("x")),
         ("suffix", json!("end")),
         ("suffix", json!(5)),
         ("logprobs", json!(21)),

@@ -136,6 +136,14 @@ def main():
     check(all(t.top_logprobs[0].token == t.token for t in content), "greedy takes the most likely")
     c = client.completions.create(model=model, prompt="The capital of France is", temperature=0, max_tokens=4, logprobs=1)
     check(len(c.choices[0].logprobs.token_logprobs) == 4 and "".join(c.choices[0].logprobs.tokens) == c.choices[0].text, c)
+    # A text scored as lm-evaluation-harness scores it: the prompt echoed with its tokens'
+    # log-probabilities (the first None), then one output token.
+    e = client.completions.create(model=model, prompt="The capital of France is", temperature=0, max_tokens=1,
+                                  logprobs=1, echo=True)
+    lp = e.choices[0].logprobs
+    check(e.choices[0].text.startswith("The capital of France is"), e)
+    check(len(lp.tokens) == e.usage.prompt_tokens + 1 and lp.token_logprobs[0] is None, lp)
+    check(all(x <= 0 for x in lp.token_logprobs[1:]) and lp.top_logprobs[0] is None, lp)
 
     # Structured output through the client's own parsing: a pydantic model as the response format
     # (sent as a strict JSON Schema), its instance back.

@@ -12,6 +12,10 @@ Output JSON:
   greedy_logprobs              at each of those steps, the log-softmax (float64) of the logits:
                                {"chosen": logprob of the greedy token, "top": [[id, logprob]]
                                of the 5 most likely}
+  prompt_logprobs              for each prompt token after the first, the log-softmax (float64)
+                               at the position before it: {"chosen": the token's, "rank": 1 +
+                               how many are larger, "ties": how many others are within 1e-3 of
+                               it, "top": [[id, logprob]] of the 5 most likely}
   chat / chat_no_system        chat_text, chat_ids, chat_greedy_ids (<=24 tokens, stops at
                                eos, eos included if produced), chat_greedy_text
                                (skip_special_tokens), chat_greedy_margins
@@ -102,7 +106,15 @@ def main():
     prompt_ids = [int(i) for i in tok(PROMPT)["input_ids"]]
     assert len(prompt_ids) >= 100, len(prompt_ids)
     with torch.no_grad():
-        last_logits = model(input_ids=torch.tensor([prompt_ids])).logits[0, -1]
+        all_logits = model(input_ids=torch.tensor([prompt_ids])).logits[0]
+    last_logits = all_logits[-1]
+    prompt_logprobs = []
+    for j, row in enumerate(torch.log_softmax(all_logits[:-1].double(), -1), start=1):
+        chosen = row[prompt_ids[j]]
+        top5 = torch.topk(row, 5)
+        prompt_logprobs.append({"chosen": float(chosen), "rank": int((row > chosen).sum()) + 1,
+                                "ties": int(((row - chosen).abs() <= 1e-3).sum()) - 1,
+                                "top": [[int(i), float(v)] for v, i in zip(top5.values, top5.indices)]})
     greedy_ids, greedy_margins, greedy_logprobs = greedy(model, prompt_ids, 32)
 
     res = {
@@ -114,6 +126,7 @@ def main():
         "greedy_text": tok.decode(greedy_ids),
         "greedy_margins": greedy_margins,
         "greedy_logprobs": greedy_logprobs,
+        "prompt_logprobs": prompt_logprobs,
         "chat": chat(model, tok, [SYSTEM, USER]),
         "chat_no_system": chat(model, tok, [USER]),
         "config": {

@@ -1,5 +1,6 @@
-//! What a P/D deployment reports besides text: each token's log-probabilities (the first
-//! token's from the prefill side, the rest from the decode side) and output under a grammar
+//! What a P/D deployment reports besides text: each token's log-probabilities (the echoed
+//! prompt's and the first token's from the prefill side, the rest from the decode side) and
+//! output under a grammar
 //! (the decode side goes on from the prefill side's first token); both as the ordinary
 //! replica `hybrid` gives them.
 
@@ -13,16 +14,16 @@ pub(crate) const LOGPROB_LENGTHS: &[usize] = &[65, 130];
 /// Prompt lengths asked for an integer under a JSON Schema (one handoff each).
 pub(crate) const SHAPED_LENGTHS: &[usize] = &[65, 130];
 
-/// One token of a completion's `logprobs`: its text, log-probability and alternatives (most
-/// likely first).
-type ScoredToken = (String, f64, Vec<(String, f64)>);
+/// One token of a completion's `logprobs`: its text, log-probability (none for the echoed
+/// prompt's first token) and alternatives (most likely first).
+type ScoredToken = (String, Option<f64>, Vec<(String, f64)>);
 
-/// The completions API's `logprobs` of a greedy completion of `ids` with 3 alternatives, as
-/// `(token, logprob, alternatives)` per token, streamed or not.
+/// The completions API's `logprobs` of a greedy completion of `ids` with 3 alternatives, the
+/// prompt echoed first, as `(token, logprob, alternatives)` per token, streamed or not.
 fn logprobs(addr: SocketAddr, model: &str, ids: &[u32], stream: bool) -> Vec<ScoredToken> {
     let body = json!({
         "model": model, "prompt": ids, "max_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": true,
-        "stream": stream, "logprobs": 3,
+        "stream": stream, "logprobs": 3, "echo": true,
     });
     let res = http::post(addr, "/v1/completions", &body);
     assert_eq!(res.status, 200, "{model}, {} tokens: {}", ids.len(), res.text());
@@ -37,15 +38,11 @@ fn logprobs(addr: SocketAddr, model: &str, ids: &[u32], stream: bool) -> Vec<Sco
         let l = &v["choices"][0]["logprobs"];
         let Some(tokens) = l["tokens"].as_array() else { continue };
         for (i, t) in tokens.iter().enumerate() {
-            let top = l["top_logprobs"][i].as_object().expect("top_logprobs");
+            let top = l["top_logprobs"][i].as_object().into_iter().flatten();
             let mut top: Vec<(String, f64)> =
-                top.iter().map(|(k, v)| (k.clone(), v.as_f64().expect("logprob"))).collect();
+                top.map(|(k, v)| (k.clone(), v.as_f64().expect("logprob"))).collect();
             top.sort_by(|a, b| b.1.total_cmp(&a.1));
-            out.push((
-                t.as_str().expect("token").to_owned(),
-                l["token_logprobs"][i].as_f64().expect("logprob"),
-                top,
-            ));
+            out.push((t.as_str().expect("token").to_owned(), l["token_logprobs"][i].as_f64(), top));
         }
     }
     out
@@ -58,14 +55,19 @@ pub(crate) fn check(addr: SocketAddr, uids: &[&str]) {
     for &n in LOGPROB_LENGTHS {
         let ids = prompt(n);
         let want = logprobs(addr, "hybrid", &ids, false);
-        assert_eq!(want.len(), NEW_TOKENS, "{n} tokens: {want:?}");
+        assert_eq!(want.len(), n + NEW_TOKENS, "{n} tokens: {want:?}");
+        assert!(want[0].1.is_none() && want[1..].iter().all(|t| t.1.is_some()), "{n} tokens: {want:?}");
         for uid in uids {
             for stream in [false, true] {
                 let got = logprobs(addr, uid, &ids, stream);
                 assert_eq!(got.len(), want.len(), "{uid}, {n} tokens: {got:?}");
                 for ((t, lp, top), (wt, wlp, wtop)) in got.iter().zip(&want) {
                     let close = |a: f64, b: f64| (a - b).abs() <= 1e-4;
-                    assert!(t == wt && close(*lp, *wlp), "{uid}, {n} tokens: {got:?} against {want:?}");
+                    let same = match (lp, wlp) {
+                        (Some(a), Some(b)) => close(*a, *b),
+                        (a, b) => a == b,
+                    };
+                    assert!(t == wt && same, "{uid}, {n} tokens: {got:?} against {want:?}");
                     assert_eq!(top.len(), wtop.len(), "{uid}, {n} tokens: {got:?} against {want:?}");
                     assert!(
                         top.iter().zip(wtop).all(|(a, b)| a.0 == b.0 && close(a.1, b.1)),

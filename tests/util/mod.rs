@@ -159,6 +159,8 @@ pub struct Output {
     pub finish: Option<xinf::engine::FinishReason>,
     /// Each token's log-probabilities, when the request asked for them.
     pub logprobs: Vec<xinf::engine::TokenLogprobs>,
+    /// The prompt's report, when the request asked for it.
+    pub prompt: Option<Box<xinf::engine::PromptReport>>,
 }
 
 /// Runs a request to the end.
@@ -167,7 +169,8 @@ pub async fn run(engine: &dyn Engine, id: &str, prompt: Prompt, sampling: Sampli
     let mut s = engine
         .submit(GenerateRequest { request_id: id.into(), prompt, sampling })
         .unwrap_or_else(|e| panic!("submit {id}: {e:?}"));
-    let mut out = Output { ids: Vec::new(), text: String::new(), finish: None, logprobs: Vec::new() };
+    let mut out =
+        Output { ids: Vec::new(), text: String::new(), finish: None, logprobs: Vec::new(), prompt: None };
     while let Some(ev) = s.next().await {
         match ev.unwrap_or_else(|e| panic!("request {id}: {e:?}")) {
             TokenEvent::Delta { token_id, text, logprobs } => {
@@ -176,6 +179,10 @@ pub async fn run(engine: &dyn Engine, id: &str, prompt: Prompt, sampling: Sampli
                 out.logprobs.extend(logprobs.map(|l| *l));
             }
             TokenEvent::Finished { reason, .. } => out.finish = Some(reason),
+            TokenEvent::Prompt(report) => {
+                assert!(out.ids.is_empty() && out.prompt.is_none(), "{id}: one report, before the output");
+                out.prompt = Some(report);
+            }
         }
     }
     out

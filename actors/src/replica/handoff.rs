@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::OnceCell;
-use xinf_engine::{Engine, EngineError, ModelContract, TokenLogprobs};
+use xinf_engine::{Engine, EngineError, ModelContract, PromptReport, TokenLogprobs};
 use xinf_transfer::device::{DeviceLease, DeviceRoute, KvDevice};
 use xinf_transfer::sync::lock;
 use xinf_transfer::transport::{self, Endpoint, PageProvider, PageServer, TransferError};
@@ -47,6 +47,9 @@ pub(crate) struct Handoff {
     pub(crate) first_text: Option<String>,
     /// The first token's log-probabilities, when the request asked for them.
     pub(crate) first_logprobs: Option<Box<TokenLogprobs>>,
+    /// The prompt as the prefill engine took it, when the request asked for it: the caller
+    /// shows it and clears it.
+    pub(crate) prompt: Option<Box<PromptReport>>,
     /// Canonical pages in the room: `ceil(prompt / 64)`.
     pub(crate) pages: u32,
     /// Where the pages are fetched from.
@@ -397,7 +400,9 @@ impl HandoffSide {
             let mut keys: Arc<[u64]> = Arc::default();
             let mut leased = Vec::new();
             let computed = async {
-                let Some(snapshots) = &snapshots else { return engine.prefill_pinned(request).await };
+                // Prompt log-probabilities need every prompt position computed: no prefix.
+                let usable_snapshots = snapshots.as_ref().filter(|_| request.sampling.prompt_logprobs.is_none());
+                let Some(snapshots) = usable_snapshots else { return engine.prefill_pinned(request).await };
                 let ids = engine.prompt_token_ids(&request.prompt)?;
                 keys = chain_keys(engine.contract(), &ids, ids.len() / xinf_engine::PAGE_TOKENS).into();
                 // At least one prompt token is computed: the first output token comes from it.
@@ -441,6 +446,7 @@ impl HandoffSide {
                 first_token: pinned.first_token,
                 first_text: pinned.first_text,
                 first_logprobs: pinned.first_logprobs,
+                prompt: pinned.prompt,
                 pages,
                 endpoint,
                 contract: engine.contract().clone(),

@@ -97,6 +97,7 @@ impl Timeline {
                 self.tokens += 1;
             }
             Ok(TokenEvent::Finished { reason, .. }) => self.end = End::Finished(*reason),
+            Ok(TokenEvent::Prompt(_)) => {}
             Err(_) => self.end = End::Failed,
         }
     }

@@ -37,20 +37,33 @@ enum Ending {
     Failed,
 }
 
-/// Starts pulling a routed request's events; returns the local stream.
-pub(crate) fn open(routed: Routed, router: ActorRef<RouterMsg>, settings: PullSettings) -> TokenStream {
+/// Starts pulling a routed request's events, after `lead` where given; returns the local
+/// stream.
+pub(crate) fn open(
+    routed: Routed,
+    router: ActorRef<RouterMsg>,
+    settings: PullSettings,
+    lead: Option<TokenEvent>,
+) -> TokenStream {
     // A small buffer: the consumer's pace limits how fast we pull.
     let (tx, rx) = mpsc::channel::<Result<TokenEvent, EngineError>>(64);
-    tokio::spawn(pump(routed, router, settings, tx, None));
+    tokio::spawn(async move {
+        if let Some(lead) = lead
+            && tx.send(Ok(lead)).await.is_err()
+        {
+            tracing::debug!("the stream was dropped before it started");
+        }
+        pump(routed, router, settings, tx, None).await
+    });
     tokio_stream::wrappers::ReceiverStream::new(rx).boxed()
 }
 
 /// The stream of a P/D request whose prefill's first token is shown before its decode leg
-/// ran: `first` at once, then (once `leg` started the decode replica) the decode replica's
+/// ran: `first` at once (the first token, after the prompt's report where asked for), then (once `leg` started the decode replica) the decode replica's
 /// events, less its own copy of the first token. Until the leg started, `guard` cleans up
 /// after a caller that goes away.
 pub(super) fn open_after_first(
-    first: TokenEvent,
+    first: Vec<TokenEvent>,
     leg: BoxFuture<'static, Result<(), ActorError>>,
     mut guard: RequestGuard,
     mut routed: Routed,
@@ -58,13 +71,15 @@ pub(super) fn open_after_first(
     settings: PullSettings,
 ) -> TokenStream {
     let (tx, rx) = mpsc::channel::<Result<TokenEvent, EngineError>>(64);
-    let shown = match &first {
+    let shown = first.iter().find_map(|event| match event {
         TokenEvent::Delta { token_id, text, .. } => Some((*token_id, text.clone())),
-        TokenEvent::Finished { .. } => None,
-    };
+        TokenEvent::Prompt(_) | TokenEvent::Finished { .. } => None,
+    });
     tokio::spawn(async move {
-        if tx.send(Ok(first)).await.is_err() {
-            return;
+        for event in first {
+            if tx.send(Ok(event)).await.is_err() {
+                return;
+            }
         }
         let started = tokio::select! {
             biased;
@@ -87,17 +102,17 @@ pub(super) fn open_after_first(
 
 /// Tells the router how a request's start went: a failed one is finished, a P/D one no longer
 /// depends on its prefill replica. Returns the outcome.
-pub(super) fn started(
+pub(super) fn started<T>(
     router: &ActorRef<RouterMsg>,
     request_id: &str,
     pd: bool,
-    outcome: Result<(), ActorError>,
-) -> Result<(), ActorError> {
+    outcome: Result<T, ActorError>,
+) -> Result<T, ActorError> {
     let request_id = request_id.to_owned();
     let message = match &outcome {
         Err(_) => RouterMsg::Finished { request_id },
-        Ok(()) if pd => RouterMsg::PrefillDone { request_id },
-        Ok(()) => return outcome,
+        Ok(_) if pd => RouterMsg::PrefillDone { request_id },
+        Ok(_) => return outcome,
     };
     if router.cast(message).is_err() {
         tracing::debug!("the router is gone");

@@ -22,7 +22,8 @@ pub use error::{EngineError, ErrorClass};
 pub use loader::{EngineLoader, Engines, ModelSource};
 pub use request::{
     ChatMessage, FinishReason, GenerateRequest, Logprob, MAX_CHOICES_TEXTS, MAX_LOGIT_BIAS, MAX_SCHEMA_BYTES,
-    MAX_TOP_LOGPROBS, Prompt, SamplingParams, StructuredOutput, TokenEvent, TokenLogprobs, ToolCall, Usage,
+    MAX_TOP_LOGPROBS, Prompt, PromptLogprobs, PromptReport, SamplingParams, StructuredOutput, TokenEvent,
+    TokenLogprobs, ToolCall, Usage,
 };
 
 use futures::future::BoxFuture;
@@ -53,6 +54,9 @@ pub struct PinnedPrefill {
     pub first_text: Option<String>,
     /// The first token's log-probabilities, when the request asked for them.
     pub first_logprobs: Option<Box<TokenLogprobs>>,
+    /// The prompt as the engine took it, when the request asked for it
+    /// ([`SamplingParams::reports_prompt`]): shown before the first token.
+    pub prompt: Option<Box<PromptReport>>,
     /// Set by an engine that publishes the room itself, in its own process (an engine server
     /// through xinf's KV connector): where decode sides fetch the pages. `None`: the replica
     /// publishes the room and serves the pages out of [`Engine::export_pages`].

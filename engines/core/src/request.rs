@@ -93,6 +93,15 @@ pub struct SamplingParams {
     /// reports none. They are the model's own distribution (a log-softmax of its logits), before
     /// penalties, temperature or any filter, as vLLM reports them.
     pub logprobs: Option<usize>,
+    /// Log-probabilities of the prompt's tokens (vLLM's `prompt_logprobs`): `Some(n)` reports,
+    /// for every prompt token after the first, its log-probability given the tokens before it
+    /// and the `n` most likely tokens' there (`n` at most [`MAX_TOP_LOGPROBS`]), in a
+    /// [`TokenEvent::Prompt`] before the output. Computing them needs the logits of every
+    /// prompt position, so such a prompt is computed whole, never taken from a prefix cache.
+    pub prompt_logprobs: Option<usize>,
+    /// Report the prompt itself (its token ids and text) in a [`TokenEvent::Prompt`] before
+    /// the output, as OpenAI's `echo` shows it.
+    pub echo: bool,
     /// Added to these tokens' logits before anything else samples from them (OpenAI's
     /// `logit_bias`), at most [`MAX_LOGIT_BIAS`] entries, each within [-100, 100].
     pub logit_bias: Vec<(u32, f32)>,
@@ -191,6 +200,8 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
             logprobs: None,
+            prompt_logprobs: None,
+            echo: false,
             logit_bias: Vec::new(),
             structured: None,
         }
@@ -201,6 +212,11 @@ impl SamplingParams {
     /// Greedy decoding of at most `max_tokens` tokens.
     pub fn greedy(max_tokens: usize) -> Self {
         Self { max_tokens: Some(max_tokens), temperature: 0.0, ..Self::default() }
+    }
+
+    /// Whether the request asked for a [`TokenEvent::Prompt`].
+    pub fn reports_prompt(&self) -> bool {
+        self.echo || self.prompt_logprobs.is_some()
     }
 
     /// Whether sampling reduces to argmax.
@@ -285,6 +301,12 @@ impl SamplingParams {
         if self.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
             return Err(EngineError::invalid("logprobs", format!("must be at most {MAX_TOP_LOGPROBS}")));
         }
+        if self.prompt_logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
+            return Err(EngineError::invalid(
+                "prompt_logprobs",
+                format!("must be at most {MAX_TOP_LOGPROBS}"),
+            ));
+        }
         Ok(())
     }
 }
@@ -351,11 +373,40 @@ pub struct TokenLogprobs {
     pub chosen: Logprob,
     /// The most likely tokens', most likely first (ties by token id), as many as were asked.
     pub top: Vec<Logprob>,
+    /// The chosen token's rank among all tokens (1: the most likely; equal values share the
+    /// better rank), where the engine reports it (vLLM's `prompt_logprobs` show it).
+    #[serde(default)]
+    pub rank: Option<u32>,
+}
+
+/// The log-probabilities of a prompt's tokens ([`SamplingParams::prompt_logprobs`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PromptLogprobs {
+    /// The first prompt token decoded alone: nothing comes before it, so it has no
+    /// log-probability.
+    pub first: String,
+    /// Each later prompt token's, in order: the token given the ones before it (`chosen`), and
+    /// the most likely tokens at its position.
+    pub rest: Vec<TokenLogprobs>,
+}
+
+/// The prompt as an engine took it ([`TokenEvent::Prompt`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PromptReport {
+    /// The prompt's token ids.
+    pub token_ids: Vec<u32>,
+    /// The ids decoded (special tokens kept).
+    pub text: String,
+    /// With [`SamplingParams::prompt_logprobs`], the prompt tokens' log-probabilities.
+    pub logprobs: Option<PromptLogprobs>,
 }
 
 /// What a running request reports.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum TokenEvent {
+    /// The prompt as the engine took it, once, before any output, when the request asked for
+    /// it ([`SamplingParams::reports_prompt`]).
+    Prompt(Box<PromptReport>),
     /// A new token and the text it completes (possibly empty while a multi-byte character or a
     /// possible stop string is pending).
     Delta {

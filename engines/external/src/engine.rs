@@ -136,6 +136,16 @@ impl ServerEngine {
     /// the decode engine's grammar would not see the first token (vLLM takes it as part of the
     /// prompt, SGLang is handed it outside its sampler).
     fn plain_leg(&self, request: &GenerateRequest) -> Result<(), EngineError> {
+        if request.sampling.prompt_logprobs.is_some() {
+            return Err(EngineError::invalid(
+                "prompt_logprobs",
+                format!(
+                    "prompt log-probabilities are not reported through prefill/decode with {} replicas yet \
+                     (ordinary replicas and the native engine report them)",
+                    self.flavor
+                ),
+            ));
+        }
         if request.sampling.logprobs.is_some() {
             return Err(EngineError::invalid(
                 "logprobs",
@@ -209,6 +219,13 @@ impl ServerEngine {
                 .sampling
                 .logprobs
                 .map(|top| crate::stream::Scoring { top, tokenizer: self.tokenizer.clone() }),
+            prompt: request.sampling.reports_prompt().then(|| crate::stream::PromptCall {
+                ids: ids.clone(),
+                tokenizer: self.tokenizer.clone(),
+                score: request.sampling.prompt_logprobs.map(|top| {
+                    (top, crate::prompt::score_body(self.flavor, &self.served_name, &id, &ids, top))
+                }),
+            }),
         };
         let (tx, mut rx) = mpsc::channel(256);
         let prompt_len = ids.len();
@@ -327,6 +344,7 @@ impl Engine for ServerEngine {
                 return Err(self.process.death(&how));
             }
             let ids = self.prompt_ids(&request.prompt)?;
+            let echo = request.sampling.echo.then(|| crate::prompt::report(&ids, &self.tokenizer, None));
             let mut one = request.clone();
             one.sampling.max_tokens = Some(1);
             let max_new = self.check(&one, ids.len())?;
@@ -344,9 +362,9 @@ impl Engine for ServerEngine {
                 o.remove("stream_options");
             }
             merge(&mut body, Some(self.prefill_fields(room)));
-            Ok((ids, room, body))
+            Ok((ids, room, body, echo))
         })();
-        let (ids, room, body) = match prepared {
+        let (ids, room, body, echo) = match prepared {
             Ok(p) => p,
             Err(e) => return Box::pin(async move { Err(e) }),
         };
@@ -370,7 +388,7 @@ impl Engine for ServerEngine {
         Box::pin(async move {
             let _guard = guard;
             match task.await {
-                Ok(result) => result,
+                Ok(result) => result.map(|pinned| PinnedPrefill { prompt: echo, ..pinned }),
                 Err(e) if e.is_cancelled() => Err(EngineError::Aborted),
                 Err(e) => Err(EngineError::Internal(format!("the prefill task failed: {e}"))),
             }
@@ -517,6 +535,7 @@ impl PrefillLeg {
             first_token: answer.first_token,
             first_text: answer.first_text,
             first_logprobs: None,
+            prompt: None,
             remote: Some(remote),
         })
     }

@@ -15,6 +15,7 @@ mod handoff;
 mod lead;
 mod loader;
 mod process;
+mod prompt;
 mod protocol;
 mod sse;
 mod stream;

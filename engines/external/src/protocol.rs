@@ -37,6 +37,8 @@ pub(crate) struct Scored {
     pub(crate) logprob: f32,
     /// `(id, logprob)`, most likely first (equal ones by id).
     pub(crate) top: Vec<(u32, f32)>,
+    /// The token's rank among all, where the engine gave it.
+    pub(crate) rank: Option<u32>,
 }
 
 /// The path a generation request goes to.
@@ -232,13 +234,13 @@ fn sglang_chunk(v: &Value) -> Chunk {
 }
 
 /// `(id, logprob)` pairs most likely first, equal ones by id.
-fn by_likelihood(mut top: Vec<(u32, f32)>) -> Vec<(u32, f32)> {
+pub(crate) fn by_likelihood(mut top: Vec<(u32, f32)>) -> Vec<(u32, f32)> {
     top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     top
 }
 
 /// A log-probability as sent: a number, or null (minus infinity).
-fn logprob(v: Option<&Value>) -> f32 {
+pub(crate) fn logprob(v: Option<&Value>) -> f32 {
     v.and_then(Value::as_f64).map_or(f32::NEG_INFINITY, |x| x as f32)
 }
 
@@ -254,7 +256,7 @@ fn scored(
     chosen
         .iter()
         .enumerate()
-        .map(|(i, c)| Scored { logprob: logprob_of(c), top: by_likelihood(top(i)) })
+        .map(|(i, c)| Scored { logprob: logprob_of(c), top: by_likelihood(top(i)), rank: None })
         .collect()
 }
 

@@ -44,6 +44,17 @@ pub(crate) struct Call {
     /// When the request asked for log-probabilities: how many alternatives, and the tokenizer
     /// that gives each token its text.
     pub(crate) scoring: Option<Scoring>,
+    /// When the request asked for its prompt's report ([`crate::prompt`]).
+    pub(crate) prompt: Option<PromptCall>,
+}
+
+/// What a request asked to be told of its prompt.
+pub(crate) struct PromptCall {
+    pub(crate) ids: Vec<u32>,
+    pub(crate) tokenizer: Arc<TextTokenizer>,
+    /// With prompt log-probabilities: how many alternatives, and the body of the call that
+    /// scores the prompt.
+    pub(crate) score: Option<(usize, serde_json::Value)>,
 }
 
 /// How a request's log-probabilities are reported.
@@ -55,7 +66,7 @@ pub(crate) struct Scoring {
 impl Scoring {
     /// Token `token_id`'s log-probabilities as xinf reports them: the engine's alternatives
     /// cut to the count asked for (vLLM adds the sampled token when it is not among them).
-    fn of(&self, token_id: u32, scored: &Scored) -> Box<TokenLogprobs> {
+    pub(crate) fn of(&self, token_id: u32, scored: &Scored) -> Box<TokenLogprobs> {
         let entry = |id: u32, logprob: f32| Logprob {
             token_id: id,
             token: self.tokenizer.decode(&[id], false).unwrap_or_default(),
@@ -64,6 +75,7 @@ impl Scoring {
         Box::new(TokenLogprobs {
             chosen: entry(token_id, scored.logprob),
             top: scored.top.iter().take(self.top).map(|&(id, lp)| entry(id, lp)).collect(),
+            rank: scored.rank,
         })
     }
 }
@@ -71,7 +83,14 @@ impl Scoring {
 type Tx = mpsc::Sender<Result<TokenEvent, EngineError>>;
 
 /// Runs the request, sending its events; the last is `Finished` or an error.
-pub(crate) async fn run(call: Call, tx: Tx) {
+pub(crate) async fn run(mut call: Call, tx: Tx) {
+    if let Some(prompt) = call.prompt.take() {
+        let event = prompt_report(&call, prompt).await.map(TokenEvent::Prompt);
+        let failed = event.is_err();
+        if tx.send(event).await.is_err() || failed {
+            return;
+        }
+    }
     let prompt_len = call.prompt_len;
     let counters = call.counters.clone();
     let emitted = call.emitted.clone();
@@ -86,6 +105,28 @@ pub(crate) async fn run(call: Call, tx: Tx) {
             let _ = tx.send(Err(e)).await;
         }
     }
+}
+
+/// The prompt's report: its decoding, and its log-probabilities from a call of their own
+/// where asked for.
+async fn prompt_report(call: &Call, p: PromptCall) -> Result<Box<xinf_engine::PromptReport>, EngineError> {
+    let Some((top, body)) = p.score else { return Ok(crate::prompt::report(&p.ids, &p.tokenizer, None)) };
+    let flavor = call.flavor;
+    let send = call.client.post(&call.url).json(&body).send();
+    let response = tokio::time::timeout(call.idle_timeout, send)
+        .await
+        .map_err(|_| EngineError::Process(format!("the {flavor} server did not score the prompt in time")))?
+        .map_err(|e| EngineError::Process(format!("the {flavor} server could not be reached: {e}")))?;
+    let status = response.status();
+    if !status.is_success() {
+        return Err(refusal(flavor, status, response).await);
+    }
+    let v: serde_json::Value = response
+        .json()
+        .await
+        .map_err(|e| EngineError::Process(format!("the {flavor} server's prompt scores: {e}")))?;
+    let scores = crate::prompt::parse_scores(flavor, &v, &p.ids)?;
+    Ok(crate::prompt::report(&p.ids, &p.tokenizer, Some((top, scores))))
 }
 
 /// Posts the request and forwards its tokens; returns how it finished.

@@ -6,7 +6,10 @@ xinf uses (vLLM `/v1/completions`, SGLang `/generate`, both streamed) and `/heal
 Output token i of a prompt is (sum(prompt) + 7 * i) % 40 + 3, its text "t<id> ". Asked for
 log-probabilities (vLLM's `logprobs`, SGLang's `return_logprob`), token i has -(i + 1) / 4 and
 the k alternatives asked for are itself and the ids after it, each 1 less likely than the last,
-in each engine's shape. What it is asked to do is set by FAKE_ENGINE_MODE:
+in each engine's shape. Asked for prompt log-probabilities (vLLM's `prompt_logprobs`, SGLang's
+`logprob_start_len: 0`, in an answer that is not streamed), prompt token j (j >= 1) has -j / 8 - 1
+and rank k + j, and the k alternatives at each position are ids 1000, 1001, ... with -0.1, -0.2,
+... What it is asked to do is set by FAKE_ENGINE_MODE:
   ok              serve (the default)
   exit-at-start   print an error and exit 3 before listening
   never-healthy   listen, but answer /health with 503
@@ -56,6 +59,11 @@ def vllm_logprobs(t, i, k):
     lp, top = scored(t, i, k + 1)
     return {"tokens": [f"token_id:{t}"], "token_logprobs": [lp], "text_offset": [0],
             "top_logprobs": [{f"token_id:{a}": b for a, b in top}]}
+
+
+def prompt_scores(prompt, k):
+    """Per prompt position j >= 1: (the prompt token's logprob, its rank, the k alternatives)."""
+    return [(-j / 8 - 1, k + j, [(1000 + m, -(m + 1) / 10) for m in range(k)]) for j in range(1, len(prompt))]
 
 
 def sglang_meta(meta, body, t, i):
@@ -161,7 +169,20 @@ class Handler(BaseHTTPRequestHandler):
                 return
             time.sleep(0.01)
         t = token(prompt, 0)
-        if flavor == "vllm":
+        if flavor == "vllm" and body.get("prompt_logprobs") is not None:
+            scores = [None] + [
+                {str(p): {"logprob": lp, "rank": rank, "decoded_token": f"t{p} "},
+                 **{str(a): {"logprob": b, "rank": m + 1, "decoded_token": f"t{a} "} for m, (a, b) in enumerate(top)}}
+                for p, (lp, rank, top) in zip(prompt[1:], prompt_scores(prompt, body["prompt_logprobs"]))]
+            self.reply(200, {"choices": [{"index": 0, "text": f"t{t} ", "token_ids": [t], "finish_reason": "length",
+                                          "prompt_logprobs": scores}]})
+        elif flavor == "sglang" and body.get("logprob_start_len") == 0:
+            scores = prompt_scores(prompt, body.get("top_logprobs_num") or 0)
+            meta = {"id": rid, "input_token_logprobs": [[None, prompt[0], None]] + [
+                        [lp, p, None] for p, (lp, _, _) in zip(prompt[1:], scores)],
+                    "input_top_logprobs": [None] + [[[b, a, None] for a, b in top] for _, _, top in scores]}
+            self.reply(200, {"text": f"t{t} ", "output_ids": [t], "meta_info": meta})
+        elif flavor == "vllm":
             room = ((body.get("kv_transfer_params") or {}).get("xinf") or {}).get("room")
             endpoint = {"process": 1, "provider": 1, "tcp": "127.0.0.1:9"}
             self.reply(200, {"choices": [{"index": 0, "text": f"t{t} ", "token_ids": [t], "finish_reason": "length"}],

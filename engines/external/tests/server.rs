@@ -110,6 +110,7 @@ async fn collect(engine: &dyn Engine, req: GenerateRequest) -> (Vec<u32>, String
                 assert_eq!(usage.completion_tokens, ids.len());
                 reason = Some(r);
             }
+            TokenEvent::Prompt(_) => {}
         }
     }
     (ids, text, reason)
@@ -148,6 +149,59 @@ fn log_probabilities_come_through_either_engine() {
         }
         let log = log_of(&engine);
         assert_eq!(log.contains("SGLANG_RETURN_ORIGINAL_LOGPROB=1"), flavor == Flavor::Sglang, "{log}");
+        drop(engine);
+    }
+}
+
+/// A prompt's report comes before the output: with `echo` alone, xinf's decoding of the ids it
+/// sent; with `prompt_logprobs`, each later prompt token's log-probability and rank and the
+/// alternatives, from a scoring call of their own (the fake's: token j at -j / 8 - 1, rank
+/// k + j, alternatives 1000, 1001, ... at -0.1, -0.2, ...; SGLang gives no rank).
+#[test]
+fn prompt_log_probabilities_come_through_either_engine() {
+    let rt = xinf_test_util::runtime();
+    let _in_runtime = rt.enter();
+    let f = fixture();
+    for flavor in Flavor::ALL {
+        let engine = load(&f, flavor, json!({})).expect("load");
+        for top in [None, Some(2)] {
+            let mut req = request("p", "hello world the cat", 2);
+            req.sampling.echo = true;
+            req.sampling.prompt_logprobs = top;
+            let ids = engine.prompt_token_ids(&req.prompt).expect("ids");
+            let events: Vec<TokenEvent> =
+                rt.block_on(engine.submit(req).expect("submit").map(|e| e.expect("event")).collect());
+            let TokenEvent::Prompt(report) = &events[0] else {
+                panic!("{flavor}: the prompt first: {events:?}")
+            };
+            assert_eq!(report.token_ids, ids, "{flavor}");
+            assert_eq!(report.text, "hello world the cat", "{flavor}");
+            let deltas: Vec<u32> = events
+                .iter()
+                .filter_map(
+                    |e| if let TokenEvent::Delta { token_id, .. } = e { Some(*token_id) } else { None },
+                )
+                .collect();
+            assert_eq!(deltas, expected(&ids, 2), "{flavor}: the output follows");
+            let Some(k) = top else {
+                assert!(report.logprobs.is_none(), "{flavor}");
+                continue;
+            };
+            let lp = report.logprobs.as_ref().expect("prompt log-probabilities");
+            assert_eq!(lp.rest.len(), ids.len() - 1, "{flavor}");
+            for (j, t) in (1..).zip(&lp.rest) {
+                assert_eq!(
+                    (t.chosen.token_id, t.chosen.logprob),
+                    (ids[j], -(j as f32) / 8.0 - 1.0),
+                    "{flavor}"
+                );
+                let want_rank = (flavor == Flavor::Vllm).then_some((k + j) as u32);
+                assert_eq!(t.rank, want_rank, "{flavor}");
+                let alternatives: Vec<(u32, f32)> = t.top.iter().map(|l| (l.token_id, l.logprob)).collect();
+                assert_eq!(alternatives, [(1000, -0.1), (1001, -0.2)], "{flavor} position {j}");
+            }
+        }
+        assert!(log_of(&engine).contains("request p-prompt"), "{flavor}: the scoring call");
         drop(engine);
     }
 }

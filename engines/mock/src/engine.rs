@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use xinf_engine::{
     Engine, EngineError, EngineStats, FinishReason, GenerateRequest, ImportedKv, KvDtype, KvPages, Logprob,
-    MockConfig, MockFaults, ModelContract, PinnedPrefill, Prompt, RemoteKv, TokenEvent, TokenLogprobs,
-    TokenStream, Usage,
+    MockConfig, MockFaults, ModelContract, PinnedPrefill, Prompt, PromptReport, RemoteKv, TokenEvent,
+    TokenLogprobs, TokenStream, Usage,
 };
 use xinf_transfer::sync::lock;
 use xinf_transfer::{LayoutDescriptor, pages_for};
@@ -50,7 +50,7 @@ fn token_text(id: u32) -> String {
 /// other token is possible, so it is also the only alternative listed.
 fn certain(id: u32) -> Box<TokenLogprobs> {
     let chosen = Logprob { token_id: id, token: token_text(id), logprob: 0.0 };
-    Box::new(TokenLogprobs { top: vec![chosen.clone()], chosen })
+    Box::new(TokenLogprobs { top: vec![chosen.clone()], chosen, rank: Some(1) })
 }
 
 /// A prompt held for export.
@@ -99,6 +99,8 @@ struct Run {
     table: Vec<u32>,
     /// Whether each token comes with its log-probabilities.
     logprobs: bool,
+    /// Whether the prompt is reported before the output (`echo`).
+    echo: bool,
 }
 
 /// The host memory a mock engine's KV cache takes: f16 K and V of every layer per token.
@@ -170,6 +172,12 @@ impl MockEngine {
             return Err(fault("admission refused"));
         }
         request.sampling.validate()?;
+        if request.sampling.prompt_logprobs.is_some() {
+            return Err(EngineError::invalid(
+                "prompt_logprobs",
+                "the mock engine has no model to compute them",
+            ));
+        }
         let prompt = self.tokens(&request.prompt)?;
         let context = self.contract.context_length;
         let max_tokens = request.sampling.max_tokens.unwrap_or(context.saturating_sub(prompt.len()));
@@ -193,6 +201,7 @@ impl MockEngine {
             max_tokens,
             table,
             logprobs: request.sampling.logprobs.is_some(),
+            echo: request.sampling.echo,
         })
     }
 
@@ -210,7 +219,8 @@ impl MockEngine {
         let (hash, prompt_tokens) = (prompt_hash(&run.prompt), run.prompt.len());
         let (max_tokens, inner, logprobs) = (run.max_tokens, self.inner.clone(), run.logprobs);
         let state = (0usize, false, guard);
-        Box::pin(futures::stream::unfold(state, move |(i, done, guard)| {
+        let lead = run.echo.then(|| Ok(TokenEvent::Prompt(report(&run.prompt))));
+        let tokens = futures::stream::unfold(state, move |(i, done, guard)| {
             let (cancel, inner) = (cancel.clone(), inner.clone());
             async move {
                 if done {
@@ -236,8 +246,15 @@ impl MockEngine {
                 let delta = TokenEvent::Delta { token_id, text: token_text(token_id), logprobs };
                 Some((Ok(delta), (i + 1, false, guard)))
             }
-        }))
+        });
+        Box::pin(futures::stream::iter(lead).chain(tokens))
     }
+}
+
+/// The report of a prompt (`echo`): its ids, decoded as mock tokens.
+fn report(prompt: &[u32]) -> Box<PromptReport> {
+    let text = prompt.iter().map(|&t| token_text(t)).collect();
+    Box::new(PromptReport { token_ids: prompt.to_vec(), text, logprobs: None })
 }
 
 /// Frees a stream's blocks and its abort flag, however the stream ends.
@@ -438,12 +455,14 @@ impl MockEngine {
         let first_token = output_token(&run.prompt, 0);
         inner.pinned.insert(run.request_id.clone(), Pinned { table: run.table, ids: run.prompt.clone() });
         let first_text = request.sampling.stop.is_empty().then(|| token_text(first_token));
+        let prompt = request.sampling.echo.then(|| report(&run.prompt));
         Ok(PinnedPrefill {
             request_id: run.request_id,
             prompt_ids: run.prompt,
             first_token,
             first_text,
             first_logprobs: request.sampling.logprobs.map(|_| certain(first_token)),
+            prompt,
             remote: None,
         })
     }

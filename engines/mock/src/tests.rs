@@ -23,7 +23,7 @@ async fn collect(mut stream: xinf_engine::TokenStream) -> (String, Option<Engine
     while let Some(event) = stream.next().await {
         match event {
             Ok(TokenEvent::Delta { text: t, .. }) => text.push_str(&t),
-            Ok(TokenEvent::Finished { .. }) => {}
+            Ok(TokenEvent::Finished { .. } | TokenEvent::Prompt(_)) => {}
             Err(e) => return (text, Some(e)),
         }
     }

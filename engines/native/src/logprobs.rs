@@ -23,7 +23,15 @@ pub(crate) fn token_logprobs(
         token: tokenizer.decode(&[id], false).unwrap_or_default(),
         logprob: (f64::from(value(id as usize)) - lse) as f32,
     };
-    TokenLogprobs { chosen: entry(chosen), top: most_likely(logits, top).into_iter().map(entry).collect() }
+    let top = most_likely(logits, top).into_iter().map(entry).collect();
+    TokenLogprobs { chosen: entry(chosen), top, rank: Some(rank(logits, value(chosen as usize))) }
+}
+
+/// The rank of `value` among `logits`: 1 plus how many are larger (NaN counts as minus
+/// infinity), so equal values share the better rank.
+fn rank(logits: &[f32], value: f32) -> u32 {
+    let larger = logits.iter().filter(|&&x| finite_or_min(x) > value).count();
+    u32::try_from(larger).unwrap_or(u32::MAX).saturating_add(1)
 }
 
 /// NaN as minus infinity; everything else as it is.
@@ -87,5 +95,14 @@ mod tests {
         let big = [1000.0f32, 1000.0];
         assert!((log_sum_exp(&big) - (1000.0 + 2f64.ln())).abs() < 1e-6);
         assert_eq!(log_sum_exp(&[f32::NAN, f32::NEG_INFINITY]), f64::NEG_INFINITY);
+    }
+
+    #[test]
+    fn ranks_count_the_larger_values() {
+        let logits = [1.0, 3.0, f32::NAN, 3.0, -2.0, 2.5];
+        assert_eq!(rank(&logits, 3.0), 1);
+        assert_eq!(rank(&logits, 2.5), 3);
+        assert_eq!(rank(&logits, -2.0), 5);
+        assert_eq!(rank(&logits, f32::NEG_INFINITY), 6);
     }
 }

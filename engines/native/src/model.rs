@@ -25,6 +25,9 @@ pub(crate) struct Chunk<'a> {
     pub(crate) block_table: &'a [u32],
     /// Whether the logits of the last token are wanted.
     pub(crate) want_logits: bool,
+    /// Whether the logits of every token are wanted, one row each in order (a prompt's
+    /// log-probabilities): the last row is then also the one `want_logits` asks for.
+    pub(crate) all_logits: bool,
     /// The length of the sequence's prompt: positions from here on are generated tokens, which
     /// quantized weights multiply block by block ([`RowKinds`]).
     pub(crate) prompt_len: usize,
@@ -389,10 +392,18 @@ impl CpuModel {
         let (mut last, mut last_kinds) = (Vec::new(), Vec::new());
         let mut end = 0;
         for c in chunks {
+            let start = end;
             end += c.tokens.len();
-            if c.want_logits {
-                last.push((end - 1) as u32);
-                last_kinds.push(kinds[end - 1]);
+            let wanted = if c.all_logits {
+                start..end
+            } else if c.want_logits {
+                end - 1..end
+            } else {
+                end..end
+            };
+            for row in wanted {
+                last.push(row as u32);
+                last_kinds.push(kinds[row]);
             }
         }
         if last.is_empty() {

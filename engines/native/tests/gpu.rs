@@ -204,6 +204,7 @@ async fn generate(engine: &NativeEngine, id: String, ids: Vec<u32>, n: usize) ->
         match ev.expect("event") {
             TokenEvent::Delta { token_id, .. } => out.push(token_id),
             TokenEvent::Finished { .. } => break,
+            TokenEvent::Prompt(_) => {}
         }
     }
     out

@@ -1,6 +1,7 @@
 //! `POST /v1/chat/completions`.
 
 use super::{Generation, GenerationRequest, is_set, request_id};
+use crate::api::echo::PromptShown;
 use crate::api::error::Problem;
 use crate::api::openai::{ChatCompletionRequest, InMessage};
 use crate::api::sampling::WithSampling;
@@ -47,15 +48,22 @@ impl GenerationRequest for ChatCompletionRequest {
         sampling.logprobs = logprobs;
         sampling.logit_bias = logit_bias;
         sampling.structured = structured;
+        let stream = r.stream.unwrap_or(false);
+        let shown = PromptShown {
+            prompt_logprobs: crate::api::echo::read_prompt_logprobs(r.prompt_logprobs, stream)?,
+            ..PromptShown::default()
+        };
+        sampling.prompt_logprobs = shown.engine_count();
         let request_id = request_id(req, r.request_id, "chatcmpl")?;
         Ok(Generation {
             model: r.model,
             requests: vec![GenerateRequest { request_id, prompt, sampling }],
             choices,
-            stream: r.stream.unwrap_or(false),
+            stream,
             include_usage: r.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
             flavor: Flavor::Chat,
             tools: tools.map(Arc::new),
+            shown,
         })
     }
 }

@@ -2,6 +2,7 @@
 
 use super::{Generation, GenerationRequest, request_id};
 use crate::api::choices::MAX_FANOUT;
+use crate::api::echo::PromptShown;
 use crate::api::error::Problem;
 use crate::api::openai::CompletionRequest;
 use crate::api::sampling::WithSampling;
@@ -16,9 +17,6 @@ const DEFAULT_MAX_TOKENS: usize = 16;
 impl GenerationRequest for CompletionRequest {
     fn generation(req: &HttpRequest, body: WithSampling<Self>) -> Result<Generation, Problem> {
         let WithSampling { mut sampling, rest: r } = body;
-        if r.echo == Some(true) {
-            return Err(Problem::field("echo", "api-echo-unsupported", "unsupported_parameter"));
-        }
         if r.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
             return Err(Problem::field("suffix", "api-suffix-unsupported", "unsupported_parameter"));
         }
@@ -50,6 +48,18 @@ impl GenerationRequest for CompletionRequest {
         // The count was checked above.
         sampling.logprobs = r.logprobs.map(|n| n as usize);
         sampling.logit_bias = logit_bias;
+        let stream = r.stream.unwrap_or(false);
+        let echo = r.echo == Some(true);
+        let shown = PromptShown {
+            // The client's text is shown as given; token ids as the engine decodes them.
+            echo: echo.then(|| {
+                prompts.iter().map(|p| if let Prompt::Text(t) = p { Some(t.clone()) } else { None }).collect()
+            }),
+            echo_logprobs: if echo { sampling.logprobs } else { None },
+            prompt_logprobs: crate::api::echo::read_prompt_logprobs(r.prompt_logprobs, stream)?,
+        };
+        sampling.prompt_logprobs = shown.engine_count();
+        sampling.echo = echo;
         let request_id = request_id(req, r.request_id, "cmpl")?;
         Ok(Generation {
             model: r.model,
@@ -62,10 +72,11 @@ impl GenerationRequest for CompletionRequest {
                 })
                 .collect(),
             choices,
-            stream: r.stream.unwrap_or(false),
+            stream,
             include_usage: r.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
             flavor: Flavor::Completion,
             tools: None,
+            shown,
         })
     }
 }

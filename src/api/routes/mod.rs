@@ -258,6 +258,7 @@ async fn generate(state: &AppState, req: &HttpRequest, job: Generation) -> Resul
             lang,
             fanout,
             tools: job.tools,
+            shown: job.shown,
         };
         return Ok(sse::response(streamed));
     }
@@ -278,7 +279,21 @@ async fn generate(state: &AppState, req: &HttpRequest, job: Generation) -> Resul
         }
     };
     drop(fanout);
-    Ok(whole_response(meta, job.flavor, outs, per_prompt, asked_logprobs, job.tools.as_deref()))
+    let answer =
+        Answer { per_prompt, logprobs: asked_logprobs, tools: job.tools.as_deref(), shown: &job.shown };
+    Ok(whole_response(meta, job.flavor, outs, answer))
+}
+
+/// How the choices of a request that did not stream are answered.
+struct Answer<'a> {
+    /// Choices per prompt (`n`).
+    per_prompt: usize,
+    /// Whether the request asked for the output tokens' log-probabilities.
+    logprobs: bool,
+    /// The chat request's tools, by which each choice's output is read for calls.
+    tools: Option<&'a crate::api::tools::Tools>,
+    /// What the answer shows of the prompt.
+    shown: &'a crate::api::echo::PromptShown,
 }
 
 /// The answer of a request that did not stream: every choice's whole output.
@@ -286,10 +301,9 @@ fn whole_response(
     meta: ResponseMeta,
     flavor: Flavor,
     outs: Vec<sse::Collected>,
-    per_prompt: usize,
-    logprobs: bool,
-    tools: Option<&crate::api::tools::Tools>,
+    a: Answer<'_>,
 ) -> HttpResponse {
+    let Answer { per_prompt, logprobs, tools, shown } = a;
     // Each prompt counted once (its first choice's count), the outputs of every choice summed.
     let usage = UsageOut::from(xinf_engine::Usage {
         prompt_tokens: outs.iter().step_by(per_prompt.max(1)).map(|o| o.usage.prompt_tokens).sum(),
@@ -303,6 +317,8 @@ fn whole_response(
             object: "chat.completion",
             created: meta.created,
             model: meta.model,
+            // One prompt, which every choice computed alike: the first choice's.
+            prompt_logprobs: outs.first().and_then(|o| shown.vllm(o.prompt.as_deref())),
             choices: outs
                 .into_iter()
                 .enumerate()
@@ -336,11 +352,25 @@ fn whole_response(
             choices: outs
                 .into_iter()
                 .enumerate()
-                .map(|(index, out)| TextChoice {
-                    index: index as u32,
-                    logprobs: out.text_logprobs(logprobs),
-                    finish_reason: Some(sse::finish_name(out.finish)),
-                    text: out.text,
+                .map(|(index, out)| {
+                    let report = out.prompt.as_deref();
+                    let echoed = shown.text_logprobs(report);
+                    let start = echoed.as_ref().map_or(0, |(_, width)| *width);
+                    let output = out.text_logprobs(logprobs, start);
+                    let logprobs = match (echoed, output) {
+                        (Some((mut prompt, _)), Some(output)) => {
+                            prompt.extend(output);
+                            Some(prompt)
+                        }
+                        (_, output) => output,
+                    };
+                    let text = match shown.text(index, per_prompt, report) {
+                        Some(echo) => echo + &out.text,
+                        None => out.text,
+                    };
+                    let finish_reason = Some(sse::finish_name(out.finish));
+                    let prompt_logprobs = shown.vllm(report);
+                    TextChoice { index: index as u32, logprobs, finish_reason, text, prompt_logprobs }
                 })
                 .collect(),
             usage: Some(usage),
@@ -376,6 +406,8 @@ pub(crate) struct Generation {
     pub(crate) flavor: Flavor,
     /// The chat request's tools, by which each choice's output is read for calls.
     pub(crate) tools: Option<std::sync::Arc<crate::api::tools::Tools>>,
+    /// What the answer shows of the prompt (`echo`, `prompt_logprobs`).
+    pub(crate) shown: crate::api::echo::PromptShown,
 }
 
 /// Wraps a handler body: reads the state and language, localizes the failure.

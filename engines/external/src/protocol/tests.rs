@@ -109,8 +109,8 @@ fn log_probabilities_are_read_in_either_engines_shape() {
     assert_eq!(
         c.logprobs,
         [
-            Scored { logprob: -0.5, top: vec![(9, -0.25), (5, -0.5)] },
-            Scored { logprob: f32::NEG_INFINITY, top: vec![(6, -3.0)] },
+            Scored { logprob: -0.5, top: vec![(9, -0.25), (5, -0.5)], rank: None },
+            Scored { logprob: f32::NEG_INFINITY, top: vec![(6, -3.0)], rank: None },
         ]
     );
     let c = parse_chunk(
@@ -121,7 +121,10 @@ fn log_probabilities_are_read_in_either_engines_shape() {
     )
     .expect("parse")
     .expect("chunk");
-    assert_eq!(c.logprobs, [Scored { logprob: -0.125, top: vec![(7, -0.125), (1, -2.0), (3, -2.0)] }]);
+    assert_eq!(
+        c.logprobs,
+        [Scored { logprob: -0.125, top: vec![(7, -0.125), (1, -2.0), (3, -2.0)], rank: None }]
+    );
     // Asked for nothing, nothing is read.
     let c = parse_chunk(Flavor::Sglang, r#"{"text":"a","output_ids":[7],"meta_info":{}}"#).expect("parse");
     assert!(c.is_some_and(|c| c.logprobs.is_empty()));

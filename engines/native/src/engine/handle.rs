@@ -2,7 +2,7 @@
 //! it can from the shared counters, and sends everything else to the compute thread.
 
 use super::load::{self, Device};
-use super::seq::{Import, Mode, Seq};
+use super::seq::{Import, Mode, PromptTally, Seq};
 use super::shared::{Command, Shared, dequeued};
 use super::worker::Worker;
 use crate::detok::Detokenizer;
@@ -184,6 +184,10 @@ impl NativeEngine {
             first_logprobs: None,
             constraint,
             block_keys: Vec::new(),
+            prompt: request
+                .sampling
+                .reports_prompt()
+                .then(|| PromptTally::new(request.sampling.prompt_logprobs, self.contract.vocab_size)),
         });
         let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).boxed();
         Ok((seq, stream))
@@ -300,7 +304,8 @@ impl Engine for NativeEngine {
                     seq.prompt_len
                 )));
             }
-            if tokens > 0 {
+            // Prompt log-probabilities need every position's logits: the prefix is computed too.
+            if tokens > 0 && !seq.wants_prompt_logits() {
                 let need = (tokens + max_batch).min(seq.prompt_len);
                 seq.import = Some(Import { pages: KvPages::Host(prefix_pages), tokens, need });
             }
@@ -370,6 +375,12 @@ impl Engine for NativeEngine {
     }
 
     fn submit_imported(&self, request: GenerateRequest, kv: ImportedKv) -> Result<TokenStream, EngineError> {
+        if request.sampling.prompt_logprobs.is_some() {
+            return Err(EngineError::invalid(
+                "prompt_logprobs",
+                "a decode side imports the prompt's KV and has no logits for it: the prefill side reports them",
+            ));
+        }
         let (mut seq, stream) = self.build_seq(request, Mode::Generate)?;
         if seq.tokens != kv.prompt_ids {
             return Err(EngineError::Import("the prompt token ids differ from the prefill side's".into()));

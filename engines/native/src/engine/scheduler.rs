@@ -22,6 +22,8 @@ pub(super) trait BlockPool {
     fn free_blocks(&self) -> usize;
     /// Blocks there are to hand out.
     fn capacity_blocks(&self) -> usize;
+    /// Tokens a block holds.
+    fn block_size(&self) -> usize;
     /// Gives an empty `table` the cached blocks that `tokens` (a prompt of `prompt_len` and
     /// what was generated since) begin with, their keys in `keys`; the tokens they hold (0
     /// without a prefix cache).
@@ -52,6 +54,8 @@ pub(super) trait Schedulable {
     fn computed(&self) -> usize;
     /// The blocks holding the sequence's K and V.
     fn table(&mut self) -> &mut Vec<u32>;
+    /// How many blocks it holds.
+    fn held_blocks(&self) -> usize;
     /// Tokens of cache to hold on admission when the prompt's KV is imported, not computed.
     fn import_need(&self) -> Option<usize>;
     /// Forgets what was in the cache (its blocks were given back): computed again from the
@@ -68,6 +72,10 @@ pub(super) trait Schedulable {
     fn known(&self) -> (&[u32], usize) {
         (&[], 0)
     }
+    /// The most tokens it computes in one step (besides the step's budget).
+    fn chunk_limit(&self) -> usize {
+        usize::MAX
+    }
 }
 
 impl<T: Schedulable + ?Sized> Schedulable for Box<T> {
@@ -81,6 +89,10 @@ impl<T: Schedulable + ?Sized> Schedulable for Box<T> {
 
     fn table(&mut self) -> &mut Vec<u32> {
         (**self).table()
+    }
+
+    fn held_blocks(&self) -> usize {
+        (**self).held_blocks()
     }
 
     fn import_need(&self) -> Option<usize> {
@@ -101,6 +113,10 @@ impl<T: Schedulable + ?Sized> Schedulable for Box<T> {
 
     fn known(&self) -> (&[u32], usize) {
         (**self).known()
+    }
+
+    fn chunk_limit(&self) -> usize {
+        (**self).chunk_limit()
     }
 }
 
@@ -135,15 +151,15 @@ pub(super) fn admit_next<S: Schedulable>(
     }
     let mut s = waiting.pop_front()?;
     // Cached blocks first: the first chunk starts after them.
-    let cached = s
-        .fresh()
-        .map_or(0, |(tokens, prompt_len, table, keys)| blocks.reuse(tokens, prompt_len, table, keys));
+    let reused =
+        s.fresh().map(|(tokens, prompt_len, table, keys)| blocks.reuse(tokens, prompt_len, table, keys));
+    let cached = reused.unwrap_or(0);
     s.set_computed(cached);
     // Another sequence is computing the prompt block this one needs next (`n` choices, or
     // requests with one system prompt that came together): this one waits a step for it and
     // then takes it from the cache, instead of computing it as well.
     if let Some(bs) = blocks.caching_blocks_of()
-        && s.import_need().is_none()
+        && reused.is_some()
         && waits_for_block(&s, running, cached, bs)
     {
         if cached > 0 {
@@ -154,7 +170,12 @@ pub(super) fn admit_next<S: Schedulable>(
         return None;
     }
     let need = s.import_need().unwrap_or_else(|| cached + (s.len() - cached).min(limits.max_batch_tokens));
-    if blocks.ensure(s.table(), need) {
+    // The room the running sequences grow into next is theirs: a sequence admitted into it
+    // would be preempted for it, and admitted again, for ever.
+    let bs = blocks.block_size().max(1);
+    let reserve = growth(running, bs, limits.max_batch_tokens);
+    let fits = blocks.free_blocks() >= reserve + need.div_ceil(bs).saturating_sub(s.held_blocks());
+    if fits && blocks.ensure(s.table(), need) {
         return Some(Admission::Admitted(s));
     }
     // Not now: the cached blocks go back, to be taken again next time.
@@ -168,6 +189,21 @@ pub(super) fn admit_next<S: Schedulable>(
     }
     waiting.push_front(s);
     None
+}
+
+/// The blocks the running sequences take in their next step beyond those they hold, as
+/// [`plan`] hands out the step's tokens: one to each decoding sequence, then the rest of the
+/// budget to prompt chunks in admission order.
+fn growth<S: Schedulable>(running: &[S], block_size: usize, max_batch_tokens: usize) -> usize {
+    let mut budget = max_batch_tokens.max(running.len());
+    let (decodes, prompts): (Vec<&S>, Vec<&S>) = running.iter().partition(|s| s.len() - s.computed() <= 1);
+    let mut blocks = 0;
+    for s in decodes.into_iter().chain(prompts) {
+        let next = (s.len() - s.computed()).min(budget).min(s.chunk_limit());
+        budget -= next;
+        blocks += (s.computed() + next).div_ceil(block_size).saturating_sub(s.held_blocks());
+    }
+    blocks
 }
 
 /// Whether a running sequence is computing the block of `s`'s prompt after its first `cached`
@@ -222,7 +258,7 @@ pub(super) fn plan<S: Schedulable>(
     let mut work = Vec::new();
     for seq in order {
         let s = &mut running[seq];
-        let tokens = (s.len() - s.computed()).min(budget);
+        let tokens = (s.len() - s.computed()).min(budget).min(s.chunk_limit());
         if tokens == 0 {
             continue;
         }

@@ -54,6 +54,38 @@ pub(super) struct Seq {
     pub(super) constraint: Option<Constraint>,
     /// The prefix-cache keys of the table's first full blocks, as far as they are known.
     pub(super) block_keys: Vec<u64>,
+    /// What the request asked to be told of its prompt, gathered as the prompt is computed.
+    pub(super) prompt: Option<PromptTally>,
+}
+
+/// A prompt's report ([`xinf_engine::TokenEvent::Prompt`]) as it is gathered: the prompt
+/// tokens' log-probabilities come from the logits of every prompt position, one chunk at a
+/// time.
+pub(super) struct PromptTally {
+    /// Alternatives reported at each position; `None`: the prompt is reported without
+    /// log-probabilities (`echo` alone).
+    pub(super) top: Option<usize>,
+    /// The log-probabilities of prompt tokens `1..`, as far as computed.
+    pub(super) rest: Vec<TokenLogprobs>,
+    /// Whether the report went out: a sequence recomputed after preemption reports nothing
+    /// again.
+    pub(super) sent: bool,
+    /// The most tokens of a chunk that returns every position's logits: each is a row of the
+    /// vocabulary's size.
+    pub(super) chunk_rows: usize,
+}
+
+/// The most bytes of logits a chunk that returns every position's logits may make (F32 rows
+/// of the vocabulary's size): 64 MiB, about 340 positions of a 49k vocabulary.
+const PROMPT_LOGIT_BYTES: usize = 64 << 20;
+
+impl PromptTally {
+    /// The tally of a request that asks for its prompt with `top` alternatives (if any), for
+    /// a vocabulary of `vocab` tokens.
+    pub(super) fn new(top: Option<usize>, vocab: usize) -> Self {
+        let chunk_rows = (PROMPT_LOGIT_BYTES / (4 * vocab.max(1))).max(16);
+        Self { top, rest: Vec::new(), sent: false, chunk_rows }
+    }
 }
 
 /// Prompt KV given to a sequence instead of computed.
@@ -67,6 +99,12 @@ pub(super) struct Import {
 }
 
 impl Seq {
+    /// Whether the next chunk must return the logits of every position: prompt
+    /// log-probabilities are asked for and not all of them are known yet.
+    pub(super) fn wants_prompt_logits(&self) -> bool {
+        self.prompt.as_ref().is_some_and(|t| t.top.is_some() && !t.sent && t.rest.len() + 1 < self.prompt_len)
+    }
+
     /// Whether the next token may not be a stop id yet (`min_tokens` not reached).
     pub(super) fn holds_stops(&self) -> bool {
         self.tokens.len() - self.prompt_len < self.min_tokens && !self.stop_ids.is_empty()
@@ -86,6 +124,10 @@ impl Schedulable for Seq {
         &mut self.table
     }
 
+    fn held_blocks(&self) -> usize {
+        self.table.len()
+    }
+
     fn import_need(&self) -> Option<usize> {
         self.import.as_ref().map(|i| i.need)
     }
@@ -97,7 +139,11 @@ impl Schedulable for Seq {
     }
 
     fn fresh(&mut self) -> Option<Fresh<'_>> {
-        let fresh = self.computed == 0 && self.import.is_none() && self.table.is_empty();
+        // Prompt log-probabilities need every position's logits: nothing comes from the cache.
+        let fresh = self.computed == 0
+            && self.import.is_none()
+            && self.table.is_empty()
+            && !self.wants_prompt_logits();
         fresh.then_some((&self.tokens, self.prompt_len, &mut self.table, &mut self.block_keys))
     }
 
@@ -107,5 +153,12 @@ impl Schedulable for Seq {
 
     fn known(&self) -> (&[u32], usize) {
         (&self.tokens, self.prompt_len)
+    }
+
+    fn chunk_limit(&self) -> usize {
+        match &self.prompt {
+            Some(t) if self.wants_prompt_logits() => t.chunk_rows,
+            _ => usize::MAX,
+        }
     }
 }

@@ -16,7 +16,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc as std_mpsc;
 use xinf_engine::{
-    EngineError, FinishReason, KvPages, PAGE_TOKENS, PinnedPrefill, TokenEvent, TokenLogprobs, Usage,
+    EngineError, FinishReason, KvPages, PAGE_TOKENS, PinnedPrefill, PromptLogprobs, PromptReport, TokenEvent,
+    TokenLogprobs, Usage,
 };
 use xinf_models::TextTokenizer;
 use xinf_transfer::device::{DeviceLease, DeviceRoute};
@@ -41,6 +42,10 @@ impl BlockPool for KvCache {
 
     fn capacity_blocks(&self) -> usize {
         KvCache::capacity_blocks(self)
+    }
+
+    fn block_size(&self) -> usize {
+        KvCache::block_size(self)
     }
 
     fn reuse(
@@ -204,6 +209,7 @@ impl Worker {
                 start: 0,
                 block_table: &table,
                 want_logits: true,
+                all_logits: false,
                 prompt_len: ids.len(),
                 argmax: false,
             };
@@ -287,6 +293,7 @@ impl Worker {
             first_token,
             first_text,
             first_logprobs: s.first_logprobs.take(),
+            prompt: prompt_report(s, &self.tokenizer),
             remote: None,
         };
         let table = std::mem::take(&mut s.table);
@@ -406,6 +413,7 @@ impl Worker {
                     start: s.computed,
                     block_table: &s.table,
                     want_logits: s.computed + w.tokens == s.tokens.len(),
+                    all_logits: s.wants_prompt_logits(),
                     prompt_len: s.prompt_len,
                     // Log-probabilities and structured output need the whole row.
                     argmax: s.sampler.is_argmax() && s.logprobs.is_none() && !constrained && !s.holds_stops(),
@@ -458,15 +466,24 @@ impl Worker {
         for (k, w) in work.iter().enumerate() {
             let s = &mut self.running[w.seq];
             let was_prompt = s.computed < s.prompt_len;
+            // Such a chunk's rows are every position's, the last one the row to sample from.
+            let every_row =
+                s.wants_prompt_logits().then(|| logits.by_ref().take(w.tokens).collect::<Vec<_>>());
+            let start = s.computed;
             s.computed += w.tokens;
             self.cache.blocks().publish(&s.tokens, s.prompt_len, s.computed, &s.table, &mut s.block_keys);
             if was_prompt {
                 self.shared.prompt_tokens.fetch_add(w.tokens.min(s.prompt_len) as u64, Ordering::Relaxed);
             }
+            let mut last = every_row.map(|rows| tally_prompt(s, start, rows, &self.tokenizer));
             if s.computed < s.tokens.len() {
                 continue;
             }
-            let (token, logprobs) = match logits.next() {
+            let row = match last.as_mut() {
+                Some(last) => last.take(),
+                None => logits.next(),
+            };
+            let (token, logprobs) = match row {
                 Some(Row::Logits(mut row)) => {
                     // The raw row, before the grammar, penalties and temperature change it.
                     let raw = s.logprobs.map(|top| (row.clone(), top));
@@ -538,6 +555,11 @@ impl Worker {
             s.first_logprobs = logprobs;
             return Some(Ok(FinishReason::Length));
         }
+        if let Some(report) = prompt_report(s, &self.tokenizer)
+            && s.tx.send(Ok(TokenEvent::Prompt(report))).is_err()
+        {
+            return Some(Ok(FinishReason::Abort));
+        }
         let is_stop_token = s.stop_ids.contains(&token);
         let text = if is_stop_token { String::new() } else { s.detok.step(&self.tokenizer, &s.tokens) };
         let (emit, stopped) = match s.stop.push(&text) {
@@ -555,6 +577,45 @@ impl Worker {
             None
         }
     }
+}
+
+/// The report of `s`'s prompt, once, when the request asked for one and it was not sent yet.
+fn prompt_report(s: &mut Seq, tokenizer: &TextTokenizer) -> Option<Box<PromptReport>> {
+    let tally = s.prompt.as_mut().filter(|t| !t.sent)?;
+    tally.sent = true;
+    let prompt = &s.tokens[..s.prompt_len];
+    let logprobs = tally.top.map(|_| PromptLogprobs {
+        first: prompt.first().and_then(|&t| tokenizer.decode(&[t], false).ok()).unwrap_or_default(),
+        rest: std::mem::take(&mut tally.rest),
+    });
+    let text = tokenizer.decode(prompt, false).unwrap_or_default();
+    Some(Box::new(PromptReport { token_ids: prompt.to_vec(), text, logprobs }))
+}
+
+/// Adds the log-probabilities of the prompt tokens that `rows` (the logits of every position
+/// from `start` on) give to `s`'s tally, and returns the last row: the one to sample from when
+/// the chunk ended the known tokens.
+fn tally_prompt(s: &mut Seq, start: usize, rows: Vec<Row>, tokenizer: &TextTokenizer) -> Option<Row> {
+    let mut rows = rows;
+    let last = rows.pop();
+    let Some(tally) = s.prompt.as_mut() else { return last };
+    let top = tally.top.unwrap_or(0);
+    // Row `i` holds position `start + i`'s logits, which give the next token's probability.
+    let positions = (start..).zip(rows.iter().chain(last.as_ref()));
+    for (p, row) in positions {
+        let Some(&next) = s.tokens.get(p + 1) else { break };
+        if p + 1 >= s.prompt_len {
+            break;
+        }
+        // Positions tallied before a preemption are computed again but counted once.
+        if p != tally.rest.len() {
+            continue;
+        }
+        if let Row::Logits(row) = row {
+            tally.rest.push(crate::logprobs::token_logprobs(row, next, top, tokenizer));
+        }
+    }
+    last
 }
 
 /// A grammar that could not go on (its limits reached, or a token it did not allow).

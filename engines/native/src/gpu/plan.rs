@@ -290,7 +290,8 @@ pub(super) struct StepPlan {
     pub(super) tab_off: Vec<i32>,
     /// The chunks' block tables (the blocks they reach), back to back.
     pub(super) tables: Vec<u32>,
-    /// Token rows whose logits are wanted, in chunk order.
+    /// Token rows whose logits are wanted, in chunk order (every row of a chunk that asks for
+    /// all of them).
     pub(super) rows: Vec<i32>,
     /// For each of `rows`, whether its chunk asked for the argmax alone.
     pub(super) row_argmax: Vec<bool>,
@@ -383,7 +384,10 @@ pub(super) fn plan_step(
             p.pos.push((c.start + i) as i32);
             p.tab_off.push(off);
         }
-        if c.want_logits && !c.tokens.is_empty() {
+        if c.all_logits {
+            p.rows.extend(first as i32..p.ids.len() as i32);
+            p.row_argmax.resize(p.rows.len(), false);
+        } else if c.want_logits && !c.tokens.is_empty() {
             p.rows.push(p.ids.len() as i32 - 1);
             p.row_argmax.push(c.argmax);
         }

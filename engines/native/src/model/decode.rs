@@ -165,7 +165,7 @@ impl CpuModel {
             lw.w_down.forward_generated(&b.act, t, &mut b.proj)?;
             add(&mut b.x, &b.proj);
         }
-        let wanted: Vec<usize> = (0..t).filter(|&i| chunks[i].want_logits).collect();
+        let wanted: Vec<usize> = (0..t).filter(|&i| chunks[i].want_logits || chunks[i].all_logits).collect();
         if wanted.is_empty() {
             return Ok(Vec::new());
         }

@@ -97,6 +97,7 @@ fn decode_on_slices_is_the_general_pass_bit_for_bit() {
                 start: 0,
                 block_table: t,
                 want_logits: true,
+                all_logits: false,
                 prompt_len: p.len(),
                 argmax: false,
             })
@@ -110,6 +111,7 @@ fn decode_on_slices_is_the_general_pass_bit_for_bit() {
                     start: lens[s] + step,
                     block_table: &tables[s],
                     want_logits: s != 1,
+                    all_logits: false,
                     prompt_len: lens[s],
                     argmax: false,
                 })

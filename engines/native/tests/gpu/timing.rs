@@ -127,6 +127,7 @@ fn decode_step_time_at_batch_1() {
                             tokens.push(token_id);
                         }
                         TokenEvent::Finished { .. } => break,
+                        TokenEvent::Prompt(_) => {}
                     }
                 }
                 (times, tokens)
@@ -193,6 +194,7 @@ fn decode_gap_ms(
             match ev.expect("event") {
                 TokenEvent::Delta { .. } => times.push(std::time::Instant::now()),
                 TokenEvent::Finished { .. } => break,
+                TokenEvent::Prompt(_) => {}
             }
             if window && times.len() == 5 && started.fetch_add(1, Ordering::SeqCst) + 1 == n {
                 profiler(true);

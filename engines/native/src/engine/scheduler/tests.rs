@@ -36,6 +36,10 @@ impl BlockPool for Pool {
     fn capacity_blocks(&self) -> usize {
         self.capacity
     }
+
+    fn block_size(&self) -> usize {
+        BLOCK
+    }
 }
 
 #[derive(Debug, Default, PartialEq)]
@@ -47,6 +51,9 @@ struct S {
     import: Option<usize>,
     /// Its tokens, where a test looks at them (all prompt).
     tokens: Vec<u32>,
+    keys: Vec<u64>,
+    /// The most tokens it computes a step, where limited.
+    limit: Option<usize>,
 }
 
 impl Schedulable for S {
@@ -59,6 +66,9 @@ impl Schedulable for S {
     fn table(&mut self) -> &mut Vec<u32> {
         &mut self.table
     }
+    fn held_blocks(&self) -> usize {
+        self.table.len()
+    }
     fn import_need(&self) -> Option<usize> {
         self.import
     }
@@ -68,6 +78,13 @@ impl Schedulable for S {
     }
     fn known(&self) -> (&[u32], usize) {
         (&self.tokens, self.tokens.len())
+    }
+    fn chunk_limit(&self) -> usize {
+        self.limit.unwrap_or(usize::MAX)
+    }
+    fn fresh(&mut self) -> Option<Fresh<'_>> {
+        let fresh = self.computed == 0 && self.import.is_none() && self.table.is_empty();
+        fresh.then_some((&self.tokens, self.tokens.len(), &mut self.table, &mut self.keys))
     }
 }
 
@@ -217,6 +234,17 @@ fn chunked_prefill_resumes_where_the_last_chunk_ended() {
     assert_eq!(run[0].table.len(), 128usize.div_ceil(BLOCK));
 }
 
+/// A prompt whose every position's logits are wanted computes at most its limit a step; the
+/// budget it leaves goes to the next prompt.
+#[test]
+fn a_limited_chunk_leaves_the_rest_of_the_budget_to_others() {
+    let mut pool = Pool::new(100);
+    let mut run = vec![running("scored", 150, 0, &mut pool), running("plain", 150, 0, &mut pool)];
+    run[0].limit = Some(16);
+    let Plan::Run(work) = plan(&mut run, &mut VecDeque::new(), &mut pool, LIMITS) else { panic!("a plan") };
+    assert_eq!(work, [Work { seq: 0, tokens: 16 }, Work { seq: 1, tokens: 48 }]);
+}
+
 #[test]
 fn running_out_preempts_the_most_recently_admitted_other_sequence() {
     let mut pool = Pool::new(4);
@@ -286,6 +314,9 @@ impl BlockPool for Caching {
     fn capacity_blocks(&self) -> usize {
         self.0.capacity_blocks()
     }
+    fn block_size(&self) -> usize {
+        BLOCK
+    }
     fn caching_blocks_of(&self) -> Option<usize> {
         Some(BLOCK)
     }
@@ -324,4 +355,37 @@ fn a_sequence_waits_for_the_prompt_block_another_is_computing() {
     let mut waiting: VecDeque<S> = [with("same", prompt)].into();
     admit_all(&mut waiting, &mut run, &mut plain, LIMITS);
     assert_eq!(names(&run), ["busy", "same"]);
+}
+
+/// Prompts that together outgrow the cache all finish: a sequence preempted to make room is
+/// not admitted again while the sequence it made room for still grows into that room.
+#[test]
+fn preempted_sequences_are_not_readmitted_into_the_room_they_gave_up() {
+    let mut pool = Pool::new(10);
+    let limits = Limits { max_num_seqs: 8, max_batch_tokens: 48 };
+    let mut waiting: VecDeque<S> = ["a", "b", "c", "d"].into_iter().map(|n| seq(n, 87)).collect();
+    let mut run: Vec<S> = Vec::new();
+    let mut done = Vec::new();
+    for _ in 0..200 {
+        assert!(admit_all(&mut waiting, &mut run, &mut pool, limits).is_empty());
+        let Plan::Run(work) = plan(&mut run, &mut waiting, &mut pool, limits) else { continue };
+        for w in &work {
+            let s = &mut run[w.seq];
+            s.computed += w.tokens;
+            // Two output tokens each, then the sequence ends.
+            if s.computed == s.len && s.len < 89 {
+                s.len += 1;
+            }
+        }
+        let (finished, rest): (Vec<S>, Vec<S>) = run.drain(..).partition(|s| s.computed == 89);
+        run = rest;
+        for mut s in finished {
+            pool.release(&mut s.table);
+            done.push(s.name);
+        }
+        if done.len() == 4 {
+            return;
+        }
+    }
+    panic!("not all finished in 200 steps: done {done:?}, running {:?}", names(&run));
 }

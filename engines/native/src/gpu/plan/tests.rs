@@ -2,7 +2,15 @@ use super::*;
 use xinf_transfer::KvLayout;
 
 fn chunk<'a>(tokens: &'a [u32], start: usize, table: &'a [u32], want: bool) -> Chunk<'a> {
-    Chunk { tokens, start, block_table: table, want_logits: want, prompt_len: tokens.len(), argmax: false }
+    Chunk {
+        tokens,
+        start,
+        block_table: table,
+        want_logits: want,
+        all_logits: false,
+        prompt_len: tokens.len(),
+        argmax: false,
+    }
 }
 
 #[test]
