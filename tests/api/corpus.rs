@@ -57,6 +57,9 @@ fn sampling_cases() -> Vec<(&'static str, Value)> {
         ("repetition_penalty", json!(-1)),
         ("n", json!(17)),
         ("n", json!(0)),
+        ("prompt_logprobs", json!(21)),
+        ("prompt_logprobs", json!(-1)),
+        ("prompt_logprobs", json!("x")),
         ("stop", json!(5)),
         ("stop", json!([1])),
         ("stop", json!(["a", 1])),
@@ -81,7 +84,7 @@ fn sampling_cases() -> Vec<(&'static str, Value)> {
     for field in ["stream", "ignore_eos"] {
         cases.extend(not_booleans().into_iter().map(|v| (field, v)));
     }
-    for unknown in ["foo", "temprature", "Max_tokens", "max-tokens", "prompt_logprobs", "guided_json"] {
+    for unknown in ["foo", "temprature", "Max_tokens", "max-tokens", "use_beam_search", "guided_json"] {
         cases.push((unknown, json!(1)));
     }
     cases
@@ -207,9 +210,6 @@ fn completion_cases() -> Vec<(Value, String)> {
     cases.push((json!({"model": UID}), "prompt".to_owned()));
     let refused = [
         ("echo", json!("yes")),
-        ("prompt_logprobs", json!(21)),
-        ("prompt_logprobs", json!(-1)),
-        ("prompt_logprobs", json!("x")),
         ("suffix", json!("end")),
         ("suffix", json!(5)),
         ("logprobs", json!(21)),
