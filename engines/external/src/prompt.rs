@@ -36,6 +36,7 @@ pub(crate) fn score_body(
             "model": served_name,
             "prompt": ids,
             "request_id": rid,
+            "stream": false,
             "max_tokens": 1,
             "temperature": 0.0,
             "prompt_logprobs": top,
@@ -43,6 +44,7 @@ pub(crate) fn score_body(
         Flavor::Sglang => json!({
             "input_ids": ids,
             "rid": rid,
+            "stream": false,
             "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
             "return_logprob": true,
             "logprob_start_len": 0,

@@ -546,5 +546,7 @@ fn a_missing_gpu_is_an_error_not_a_panic() {
     }
 }
 
+#[path = "gpu/prompt.rs"]
+mod prompt_logprobs;
 #[path = "gpu/timing.rs"]
 mod timing;
