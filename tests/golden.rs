@@ -157,7 +157,8 @@ fn check_prompt_logprobs(
         for (i, (o, &(id, lp))) in ours.top.iter().zip(&top).enumerate() {
             worst = worst.max((o.logprob - lp).abs());
             let tied = |k: usize| top.get(k).is_some_and(|&(_, v)| (v - lp).abs() <= tol);
-            if !(i > 0 && tied(i - 1)) && !tied(i + 1) {
+            let tied_before = i > 0 && tied(i - 1);
+            if !tied_before && !tied(i + 1) {
                 assert_eq!(o.token_id, id, "{key} position {j}: alternative {i}");
             }
         }

@@ -17,9 +17,8 @@
 
 use crate::Flavor;
 use crate::protocol::{Scored, by_likelihood, logprob};
-use crate::stream::Scoring;
 use serde_json::{Value, json};
-use xinf_engine::{EngineError, PromptLogprobs, PromptReport};
+use xinf_engine::{EngineError, PromptLogprobs, PromptReport, TokenLogprobs};
 use xinf_models::TextTokenizer;
 
 /// The body of the call that scores the prompt `ids` with `top` alternatives per position.
@@ -110,20 +109,17 @@ fn sglang_scores(v: &Value) -> Option<Vec<Scored>> {
     Some(out)
 }
 
-/// The report of prompt `ids`: their decoding, and with `scores` (from [`parse_scores`]) their
-/// log-probabilities with `top` alternatives each.
+/// The report of prompt `ids`: their decoding, and with `rest` the log-probabilities of every
+/// token after the first.
 pub(crate) fn report(
     ids: &[u32],
-    tokenizer: &std::sync::Arc<TextTokenizer>,
-    scores: Option<(usize, Vec<Scored>)>,
+    tokenizer: &TextTokenizer,
+    rest: Option<Vec<TokenLogprobs>>,
 ) -> Box<PromptReport> {
     let text = tokenizer.decode(ids, false).unwrap_or_default();
-    let logprobs = scores.map(|(top, scores)| {
-        let scoring = Scoring { top, tokenizer: tokenizer.clone() };
-        PromptLogprobs {
-            first: ids.first().and_then(|&t| tokenizer.decode(&[t], false).ok()).unwrap_or_default(),
-            rest: ids.iter().skip(1).zip(&scores).map(|(&id, s)| *scoring.of(id, s)).collect(),
-        }
+    let logprobs = rest.map(|rest| PromptLogprobs {
+        first: ids.first().and_then(|&t| tokenizer.decode(&[t], false).ok()).unwrap_or_default(),
+        rest,
     });
     Box::new(PromptReport { token_ids: ids.to_vec(), text, logprobs })
 }

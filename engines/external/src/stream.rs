@@ -66,7 +66,7 @@ pub(crate) struct Scoring {
 impl Scoring {
     /// Token `token_id`'s log-probabilities as xinf reports them: the engine's alternatives
     /// cut to the count asked for (vLLM adds the sampled token when it is not among them).
-    pub(crate) fn of(&self, token_id: u32, scored: &Scored) -> Box<TokenLogprobs> {
+    fn of(&self, token_id: u32, scored: &Scored) -> Box<TokenLogprobs> {
         let entry = |id: u32, logprob: f32| Logprob {
             token_id: id,
             token: self.tokenizer.decode(&[id], false).unwrap_or_default(),
@@ -126,7 +126,9 @@ async fn prompt_report(call: &Call, p: PromptCall) -> Result<Box<xinf_engine::Pr
         .await
         .map_err(|e| EngineError::Process(format!("the {flavor} server's prompt scores: {e}")))?;
     let scores = crate::prompt::parse_scores(flavor, &v, &p.ids)?;
-    Ok(crate::prompt::report(&p.ids, &p.tokenizer, Some((top, scores))))
+    let scoring = Scoring { top, tokenizer: p.tokenizer.clone() };
+    let rest = p.ids.iter().skip(1).zip(&scores).map(|(&id, s)| *scoring.of(id, s)).collect();
+    Ok(crate::prompt::report(&p.ids, &p.tokenizer, Some(rest)))
 }
 
 /// Posts the request and forwards its tokens; returns how it finished.

@@ -10,14 +10,18 @@
 //!
 //! - `handle`: [`NativeEngine`], what callers hold, and its [`xinf_engine::Engine`] impl;
 //! - `load`: building the parts of an engine from a resolved model and its options;
+//! - `pool`: the KV cache's block accounting, as the scheduler reads it;
 //! - `scheduler`: the step's decisions (admission, the step's token plan, preemption) over
 //!   block counts alone, with no model and no memory;
 //! - `worker`: the compute thread, which carries out those decisions on the model and cache;
+//! - `prompt`: a prompt's report (`echo`, `prompt_logprobs`), gathered as the prompt is computed;
 //! - `seq` and `shared`: a request inside the engine, and what the handle and the thread share.
 
 mod handle;
 mod load;
 pub(crate) use load::cpu_weights;
+mod pool;
+mod prompt;
 mod scheduler;
 mod seq;
 mod shared;

@@ -2,7 +2,8 @@
 //! it can from the shared counters, and sends everything else to the compute thread.
 
 use super::load::{self, Device};
-use super::seq::{Import, Mode, PromptTally, Seq};
+use super::prompt::PromptTally;
+use super::seq::{Import, Mode, Seq};
 use super::shared::{Command, Shared, dequeued};
 use super::worker::Worker;
 use crate::detok::Detokenizer;

@@ -1,6 +1,7 @@
 //! A request inside the engine: its tokens, the KV blocks that hold them, and where its output
 //! goes.
 
+use super::prompt::PromptTally;
 use super::scheduler::{Fresh, Schedulable};
 use crate::detok::Detokenizer;
 use crate::grammar::Constraint;
@@ -58,36 +59,6 @@ pub(super) struct Seq {
     pub(super) prompt: Option<PromptTally>,
 }
 
-/// A prompt's report ([`xinf_engine::TokenEvent::Prompt`]) as it is gathered: the prompt
-/// tokens' log-probabilities come from the logits of every prompt position, one chunk at a
-/// time.
-pub(super) struct PromptTally {
-    /// Alternatives reported at each position; `None`: the prompt is reported without
-    /// log-probabilities (`echo` alone).
-    pub(super) top: Option<usize>,
-    /// The log-probabilities of prompt tokens `1..`, as far as computed.
-    pub(super) rest: Vec<TokenLogprobs>,
-    /// Whether the report went out: a sequence recomputed after preemption reports nothing
-    /// again.
-    pub(super) sent: bool,
-    /// The most tokens of a chunk that returns every position's logits: each is a row of the
-    /// vocabulary's size.
-    pub(super) chunk_rows: usize,
-}
-
-/// The most bytes of logits a chunk that returns every position's logits may make (F32 rows
-/// of the vocabulary's size): 64 MiB, about 340 positions of a 49k vocabulary.
-const PROMPT_LOGIT_BYTES: usize = 64 << 20;
-
-impl PromptTally {
-    /// The tally of a request that asks for its prompt with `top` alternatives (if any), for
-    /// a vocabulary of `vocab` tokens.
-    pub(super) fn new(top: Option<usize>, vocab: usize) -> Self {
-        let chunk_rows = (PROMPT_LOGIT_BYTES / (4 * vocab.max(1))).max(16);
-        Self { top, rest: Vec::new(), sent: false, chunk_rows }
-    }
-}
-
 /// Prompt KV given to a sequence instead of computed.
 pub(super) struct Import {
     /// Canonical pages, back to back (host memory, or received into this engine's GPU).
@@ -99,10 +70,10 @@ pub(super) struct Import {
 }
 
 impl Seq {
-    /// Whether the next chunk must return the logits of every position: prompt
-    /// log-probabilities are asked for and not all of them are known yet.
+    /// Whether the next chunk must return the logits of every position (prompt
+    /// log-probabilities not all known yet).
     pub(super) fn wants_prompt_logits(&self) -> bool {
-        self.prompt.as_ref().is_some_and(|t| t.top.is_some() && !t.sent && t.rest.len() + 1 < self.prompt_len)
+        self.prompt.as_ref().is_some_and(|t| t.wants_logits(self.prompt_len))
     }
 
     /// Whether the next token may not be a stop id yet (`min_tokens` not reached).

@@ -3,7 +3,7 @@
 //! through the model, samples, and streams every token to its request. It stops once every
 //! handle is gone and no request is left.
 
-use super::scheduler::{self, Admission, BlockPool, Limits, Plan, Work};
+use super::scheduler::{self, Admission, Limits, Plan, Work};
 use super::seq::{Mode, PinnedReply, Seq};
 use super::shared::{Command, Shared, dequeued};
 use crate::grammar::{Constraint, Mask};
@@ -16,8 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc as std_mpsc;
 use xinf_engine::{
-    EngineError, FinishReason, KvPages, PAGE_TOKENS, PinnedPrefill, PromptLogprobs, PromptReport, TokenEvent,
-    TokenLogprobs, Usage,
+    EngineError, FinishReason, KvPages, PAGE_TOKENS, PinnedPrefill, TokenEvent, TokenLogprobs, Usage,
 };
 use xinf_models::TextTokenizer;
 use xinf_transfer::device::{DeviceLease, DeviceRoute};
@@ -26,42 +25,6 @@ use xinf_transfer::sync::lock;
 /// A planned part's grammar mask, computed beside the forward pass; `None` for a part without
 /// a grammar or that samples nothing this step.
 type StepMask = Option<Result<Mask, String>>;
-
-impl BlockPool for KvCache {
-    fn ensure(&mut self, table: &mut Vec<u32>, tokens: usize) -> bool {
-        KvCache::ensure(self, table, tokens)
-    }
-
-    fn release(&mut self, table: &mut Vec<u32>) {
-        KvCache::release(self, table)
-    }
-
-    fn free_blocks(&self) -> usize {
-        KvCache::free_blocks(self)
-    }
-
-    fn capacity_blocks(&self) -> usize {
-        KvCache::capacity_blocks(self)
-    }
-
-    fn block_size(&self) -> usize {
-        KvCache::block_size(self)
-    }
-
-    fn reuse(
-        &mut self,
-        tokens: &[u32],
-        prompt_len: usize,
-        table: &mut Vec<u32>,
-        keys: &mut Vec<u64>,
-    ) -> usize {
-        self.blocks().reuse(tokens, prompt_len, table, keys)
-    }
-
-    fn caching_blocks_of(&self) -> Option<usize> {
-        self.prefix_block_size()
-    }
-}
 
 /// The compute thread's state.
 pub(super) struct Worker {
@@ -293,7 +256,7 @@ impl Worker {
             first_token,
             first_text,
             first_logprobs: s.first_logprobs.take(),
-            prompt: prompt_report(s, &self.tokenizer),
+            prompt: s.prompt.as_mut().and_then(|t| t.report(&s.tokens[..s.prompt_len], &self.tokenizer)),
             remote: None,
         };
         let table = std::mem::take(&mut s.table);
@@ -466,21 +429,25 @@ impl Worker {
         for (k, w) in work.iter().enumerate() {
             let s = &mut self.running[w.seq];
             let was_prompt = s.computed < s.prompt_len;
-            // Such a chunk's rows are every position's, the last one the row to sample from.
-            let every_row =
-                s.wants_prompt_logits().then(|| logits.by_ref().take(w.tokens).collect::<Vec<_>>());
             let start = s.computed;
+            // Such a chunk's rows are every position's, the last one the row to sample from.
+            let every_row = s.wants_prompt_logits().then(|| {
+                let rows: Vec<Row> = logits.by_ref().take(w.tokens).collect();
+                if let Some(t) = s.prompt.as_mut() {
+                    t.tally(&s.tokens, s.prompt_len, start, &rows, &self.tokenizer);
+                }
+                rows
+            });
             s.computed += w.tokens;
             self.cache.blocks().publish(&s.tokens, s.prompt_len, s.computed, &s.table, &mut s.block_keys);
             if was_prompt {
                 self.shared.prompt_tokens.fetch_add(w.tokens.min(s.prompt_len) as u64, Ordering::Relaxed);
             }
-            let mut last = every_row.map(|rows| tally_prompt(s, start, rows, &self.tokenizer));
             if s.computed < s.tokens.len() {
                 continue;
             }
-            let row = match last.as_mut() {
-                Some(last) => last.take(),
+            let row = match every_row {
+                Some(mut rows) => rows.pop(),
                 None => logits.next(),
             };
             let (token, logprobs) = match row {
@@ -555,7 +522,8 @@ impl Worker {
             s.first_logprobs = logprobs;
             return Some(Ok(FinishReason::Length));
         }
-        if let Some(report) = prompt_report(s, &self.tokenizer)
+        if let Some(report) =
+            s.prompt.as_mut().and_then(|t| t.report(&s.tokens[..s.prompt_len], &self.tokenizer))
             && s.tx.send(Ok(TokenEvent::Prompt(report))).is_err()
         {
             return Some(Ok(FinishReason::Abort));
@@ -577,45 +545,6 @@ impl Worker {
             None
         }
     }
-}
-
-/// The report of `s`'s prompt, once, when the request asked for one and it was not sent yet.
-fn prompt_report(s: &mut Seq, tokenizer: &TextTokenizer) -> Option<Box<PromptReport>> {
-    let tally = s.prompt.as_mut().filter(|t| !t.sent)?;
-    tally.sent = true;
-    let prompt = &s.tokens[..s.prompt_len];
-    let logprobs = tally.top.map(|_| PromptLogprobs {
-        first: prompt.first().and_then(|&t| tokenizer.decode(&[t], false).ok()).unwrap_or_default(),
-        rest: std::mem::take(&mut tally.rest),
-    });
-    let text = tokenizer.decode(prompt, false).unwrap_or_default();
-    Some(Box::new(PromptReport { token_ids: prompt.to_vec(), text, logprobs }))
-}
-
-/// Adds the log-probabilities of the prompt tokens that `rows` (the logits of every position
-/// from `start` on) give to `s`'s tally, and returns the last row: the one to sample from when
-/// the chunk ended the known tokens.
-fn tally_prompt(s: &mut Seq, start: usize, rows: Vec<Row>, tokenizer: &TextTokenizer) -> Option<Row> {
-    let mut rows = rows;
-    let last = rows.pop();
-    let Some(tally) = s.prompt.as_mut() else { return last };
-    let top = tally.top.unwrap_or(0);
-    // Row `i` holds position `start + i`'s logits, which give the next token's probability.
-    let positions = (start..).zip(rows.iter().chain(last.as_ref()));
-    for (p, row) in positions {
-        let Some(&next) = s.tokens.get(p + 1) else { break };
-        if p + 1 >= s.prompt_len {
-            break;
-        }
-        // Positions tallied before a preemption are computed again but counted once.
-        if p != tally.rest.len() {
-            continue;
-        }
-        if let Row::Logits(row) = row {
-            tally.rest.push(crate::logprobs::token_logprobs(row, next, top, tokenizer));
-        }
-    }
-    last
 }
 
 /// A grammar that could not go on (its limits reached, or a token it did not allow).
