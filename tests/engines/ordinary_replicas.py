@@ -10,6 +10,9 @@ model_engine spelled as Xinference spells it (vLLM, SGLang), and checks:
   - a completion's log-probabilities (`logprobs: 3`): the same per-token values through xinf
     as from the engine's own server, three alternatives each, the chosen token's first;
   - `logit_bias` (+100 on one token): the same text through xinf as from the engine's own;
+  - prompt log-probabilities (vLLM's `prompt_logprobs: 2`; `echo` with `logprobs: 1`): every
+    prompt token's value through xinf as the engine's own server scores the prompt (vLLM's
+    `prompt_logprobs`, SGLang's `input_token_logprobs`), the echoed lists the same values;
   - `response_format` (a JSON Schema of an integer): the output is an integer; vLLM's
     `structured_outputs.choice`: the output is one of the choices;
   - `tools` with a named function: the answer is that function's call, its arguments a
@@ -203,6 +206,7 @@ def run_engine(name, log_path):
     sd, d = post(f"{base}/v1/completions", dict(req, model=served))
     tx, td = (x.get("choices") or [{}])[0].get("text"), (d.get("choices") or [{}])[0].get("text")
     check(f"{name}: logit_bias gives the engine's own text", sx == sd == 200 and tx == td, f"{tx!r} vs {td!r}")
+    check_prompt_logprobs(name, uid, base, served)
     # response_format: the engine's own grammar (xgrammar) keeps the random model's output an
     # integer.
     fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer"}}}
@@ -270,6 +274,39 @@ def run_engine(name, log_path):
         time.sleep(1)
         left = group_pids(pgid)
         check(f"{name}: terminate stops every process of the server", pgid > 0 and not left, (pgid, left))
+
+
+def check_prompt_logprobs(name, uid, base, served):
+    """Every prompt token's log-probability through xinf against the engine's own scoring."""
+    req = {"prompt": PROMPTS[0], "max_tokens": 1, "temperature": 0, "prompt_logprobs": 2}
+    sx, x = post(f"{API}/v1/completions", dict(req, model=uid))
+    listed = (x.get("choices") or [{}])[0].get("prompt_logprobs") or []
+    # The prompt's own token at each position: the entry whose rank is not among the top 2, or
+    # the one the echoed list names (below); kept by id here.
+    se, e = post(f"{API}/v1/completions", {"model": uid, "prompt": PROMPTS[0], "max_tokens": 1,
+                                          "temperature": 0, "logprobs": 1, "echo": True})
+    echoed = ((e.get("choices") or [{}])[0].get("logprobs") or {}).get("token_logprobs") or []
+    n = (x.get("usage") or {}).get("prompt_tokens") or 0
+    if name == "vllm":
+        sd, d = post(f"{base}/v1/completions", dict(req, model=served))
+        own = [None] + [None] * (n - 1)
+        for i, pos in enumerate((d.get("choices") or [{}])[0].get("prompt_logprobs") or []):
+            if pos and i < n:
+                # vLLM lists the prompt's token first.
+                own[i] = float(next(iter(pos.values()))["logprob"])
+    else:
+        sd, d = post(f"{base}/generate", {"text": PROMPTS[0], "sampling_params": {"max_new_tokens": 1},
+                                         "return_logprob": True, "logprob_start_len": 0})
+        own = [t[0] for t in (d.get("meta_info") or {}).get("input_token_logprobs") or []]
+    mine = [None] + [None] * (n - 1)
+    for i, pos in enumerate(listed):
+        if pos:
+            mine[i] = float(next(iter(pos.values()))["logprob"])
+    close = lambda a, b: a is None and b is None or (a is not None and b is not None and abs(a - b) <= 1e-3)
+    same = n > 1 and len(own) == n and all(close(a, b) for a, b in zip(mine, own))
+    check(f"{name}: prompt log-probabilities equal the engine's own", sx == sd == 200 and same, (mine, own))
+    check(f"{name}: the echoed prompt carries the same values", se == 200 and len(echoed) == n + 1
+          and all(close(a, b) for a, b in zip(echoed[:n], mine)), (echoed, mine))
 
 
 def xinf_killed(xinf):
