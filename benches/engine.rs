@@ -10,6 +10,10 @@
 //! `prefix-cache`: the time to first token of a 512-token prompt whose first 448 tokens every
 //! iteration shares (a system prompt) and whose last 64 differ (the question), with the prefix
 //! cache and without.
+//!
+//! `prompt-logprobs`: the time to first token of a 512-token prompt without and with every
+//! prompt token's log-probability and its 5 likeliest alternatives (`prompt_logprobs: 5`), which
+//! takes every position's logits (chunks of at most 341 positions of this vocabulary).
 
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 
@@ -133,7 +137,28 @@ fn bench(c: &mut Criterion) {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
                     round += 1;
-                    total += rt.block_on(first_token(&engine, shared_prefix_prompt(&engine, round), round));
+                    let prompt = shared_prefix_prompt(&engine, round);
+                    total += rt.block_on(first_token(&engine, prompt, SamplingParams::greedy(1), round));
+                }
+                total
+            })
+        });
+    }
+    g.finish();
+    let mut g = c.benchmark_group("smollm2-135m/prompt-logprobs");
+    g.sample_size(10).warm_up_time(Duration::from_secs(2)).measurement_time(Duration::from_secs(20));
+    let options = EngineOptions { prefix_caching: false, ..EngineOptions::default() };
+    let Ok(engine) = NativeEngine::load(&model, options) else { return };
+    let engine = Arc::new(engine);
+    for (name, top) in [("without", None), ("top5", Some(5))] {
+        let sampling = SamplingParams { prompt_logprobs: top, ..SamplingParams::greedy(1) };
+        g.bench_function(format!("ttft-512/{name}"), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    round += 1;
+                    let prompt = shared_prefix_prompt(&engine, round);
+                    total += rt.block_on(first_token(&engine, prompt, sampling.clone(), round));
                 }
                 total
             })
@@ -152,14 +177,15 @@ fn shared_prefix_prompt(engine: &NativeEngine, round: u64) -> Vec<u32> {
     p
 }
 
-/// The time to the first token of one greedy request.
-async fn first_token(engine: &Arc<NativeEngine>, prompt: Vec<u32>, round: u64) -> Duration {
+/// The time to the first token of one request.
+async fn first_token(
+    engine: &Arc<NativeEngine>,
+    prompt: Vec<u32>,
+    sampling: SamplingParams,
+    round: u64,
+) -> Duration {
     let start = Instant::now();
-    let req = GenerateRequest {
-        request_id: format!("p{round}"),
-        prompt: Prompt::Tokens(prompt),
-        sampling: SamplingParams::greedy(1),
-    };
+    let req = GenerateRequest { request_id: format!("p{round}"), prompt: Prompt::Tokens(prompt), sampling };
     let Ok(mut s) = engine.submit(req) else { return Duration::ZERO };
     let mut first = None;
     while let Some(Ok(ev)) = s.next().await {

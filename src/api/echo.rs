@@ -7,7 +7,8 @@
 
 use crate::api::error::Problem;
 use crate::api::logprobs::{PromptLogprobsOut, TextLogprobs};
-use xinf_engine::{MAX_TOP_LOGPROBS, PromptReport};
+use futures::StreamExt;
+use xinf_engine::{FinishReason, MAX_TOP_LOGPROBS, PromptReport, TokenEvent, TokenStream, Usage};
 
 /// vLLM's `prompt_logprobs` as a request gives it: at most [`MAX_TOP_LOGPROBS`] alternatives,
 /// and, as vLLM has it, none to list in a stream (whose chunks have no place for them).
@@ -36,6 +37,26 @@ pub(crate) struct PromptShown {
     pub(crate) echo_logprobs: Option<usize>,
     /// vLLM's `prompt_logprobs`: the alternatives listed at each prompt position.
     pub(crate) prompt_logprobs: Option<usize>,
+    /// `echo` with `max_tokens: 0`: the answer shows the prompt alone (see [`prompt_only`]).
+    pub(crate) prompt_only: bool,
+}
+
+/// A choice's events with its output left out, for `echo` with `max_tokens: 0`: the engine
+/// generates one token (no engine takes a request for none), which nobody sees; the choice
+/// ends by its length, having generated nothing.
+pub(crate) fn prompt_only(tokens: TokenStream) -> TokenStream {
+    tokens
+        .filter_map(|event| async move {
+            match event {
+                Ok(TokenEvent::Delta { .. }) => None,
+                Ok(TokenEvent::Finished { usage, .. }) => Some(Ok(TokenEvent::Finished {
+                    reason: FinishReason::Length,
+                    usage: Usage { completion_tokens: 0, ..usage },
+                })),
+                other => Some(other),
+            }
+        })
+        .boxed()
 }
 
 impl PromptShown {

@@ -196,3 +196,24 @@ fn chat_reports_prompt_log_probabilities() {
     let plain = http::post(a, "/v1/chat/completions", &chat(json!({"max_tokens": 2}))).json();
     assert!(plain.get("prompt_logprobs").is_none(), "{plain}");
 }
+
+/// `echo` with `max_tokens: 0` answers the prompt alone, as vLLM does: its text, its tokens'
+/// log-probabilities, no output; without `echo`, 0 tokens is refused.
+#[test]
+fn an_echo_of_no_tokens_is_the_prompt_alone() {
+    let a = shared().addr();
+    let prompt = "The capital of France is";
+    let req = json!({"model": super::UID, "prompt": prompt, "max_tokens": 0, "echo": true, "logprobs": 1});
+    let whole = http::post(a, "/v1/completions", &req).json();
+    let choice = &whole["choices"][0];
+    assert_eq!(choice["text"], prompt, "{whole}");
+    assert_eq!(choice["finish_reason"], "length", "{whole}");
+    assert_eq!(whole["usage"]["completion_tokens"], 0, "{whole}");
+    let tokens = choice["logprobs"]["tokens"].as_array().expect("tokens");
+    assert_eq!(Some(tokens.len() as u64), whole["usage"]["prompt_tokens"].as_u64(), "{whole}");
+    let events = chunks(&http::post(a, "/v1/completions", &merged(req, json!({"stream": true}))));
+    let streamed: String = events.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
+    assert_eq!(streamed, prompt);
+    let bare = completion(json!({"max_tokens": 0}));
+    assert_error(&http::post(a, "/v1/completions", &bare), 400, Some("max_tokens"), "");
+}

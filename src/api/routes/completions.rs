@@ -36,6 +36,13 @@ impl GenerationRequest for CompletionRequest {
                 ("count", prompts.len().to_string()),
             ));
         }
+        let echo = r.echo == Some(true);
+        // `echo` with `max_tokens: 0` (as vLLM takes it) shows the prompt alone: the engine
+        // generates one token, which the answer leaves out.
+        let prompt_only = echo && sampling.max_tokens == Some(0);
+        if prompt_only {
+            sampling.max_tokens = Some(1);
+        }
         sampling.max_tokens.get_or_insert(DEFAULT_MAX_TOKENS);
         let logit_bias = crate::api::sampling::logit_bias(r.logit_bias.as_ref())?;
         // Not in OpenAI's completions API; vLLM takes it there too.
@@ -49,8 +56,8 @@ impl GenerationRequest for CompletionRequest {
         sampling.logprobs = r.logprobs.map(|n| n as usize);
         sampling.logit_bias = logit_bias;
         let stream = r.stream.unwrap_or(false);
-        let echo = r.echo == Some(true);
         let shown = PromptShown {
+            prompt_only,
             // The client's text is shown as given; token ids as the engine decodes them.
             echo: echo.then(|| {
                 prompts.iter().map(|p| if let Prompt::Text(t) = p { Some(t.clone()) } else { None }).collect()

@@ -247,7 +247,11 @@ async fn generate(state: &AppState, req: &HttpRequest, job: Generation) -> Resul
     let starts =
         engine_requests.into_iter().map(|r| state.service.generate(&job.model, r).instrument(span.clone()));
     // One choice refused stops the others (dropping their streams aborts them).
-    let streams = futures::future::try_join_all(starts).await.map_err(|e| blame_context(e, job.flavor))?;
+    let mut streams =
+        futures::future::try_join_all(starts).await.map_err(|e| blame_context(e, job.flavor))?;
+    if job.shown.prompt_only {
+        streams = streams.into_iter().map(crate::api::echo::prompt_only).collect();
+    }
     if job.stream {
         let streamed = sse::Streamed {
             choices: streams,
