@@ -54,6 +54,34 @@ fn logit_gap(
     LogitGap { logits, want, max_diff, spread }
 }
 
+/// A log-probability the reference wrote.
+fn value(v: &serde_json::Value) -> f32 {
+    v.as_f64().expect("logprob") as f32
+}
+
+/// Our 5 most likely tokens against the reference's `want["top"]` (`[[id, logprob]]`): the
+/// same token at each rank, unless the reference's neighbours are within `tol` of each other
+/// (then either order is right); returns the largest |difference| of their log-probabilities.
+fn compare_top(ours: &[xinf::engine::Logprob], want: &serde_json::Value, tol: f32, what: &str) -> f32 {
+    let top: Vec<(u32, f32)> = want["top"]
+        .as_array()
+        .expect("top")
+        .iter()
+        .map(|p| (p[0].as_u64().expect("id") as u32, value(&p[1])))
+        .collect();
+    assert_eq!(ours.len(), 5, "{what}: alternatives");
+    let mut worst = 0.0f32;
+    for (i, (o, &(id, lp))) in ours.iter().zip(&top).enumerate() {
+        worst = worst.max((o.logprob - lp).abs());
+        let tied = |k: usize| top.get(k).is_some_and(|&(_, v)| (v - lp).abs() <= tol);
+        let tied_before = i > 0 && tied(i - 1);
+        if !tied_before && !tied(i + 1) {
+            assert_eq!(o.token_id, id, "{what}: alternative {i}");
+        }
+    }
+    worst
+}
+
 /// The greedy tokens' log-probabilities and their 5 most likely alternatives (the API's
 /// `logprobs`) against the reference's log-softmax, each within `tol`.
 fn check_logprobs(
@@ -76,28 +104,11 @@ fn check_logprobs(
     assert_eq!(out.logprobs.len(), steps.len(), "{key}: one set of log-probabilities per token");
     let mut worst = 0.0f32;
     for (i, (ours, want)) in out.logprobs.iter().zip(steps).enumerate() {
-        let value = |v: &serde_json::Value| v.as_f64().expect("logprob") as f32;
-        let top: Vec<(u32, f32)> = want["top"]
-            .as_array()
-            .expect("top")
-            .iter()
-            .map(|p| (p[0].as_u64().expect("id") as u32, value(&p[1])))
-            .collect();
         assert_eq!(ours.chosen.token_id, out.ids[i], "{key} step {i}: the chosen token");
         let text = engine.tokenizer().decode(&[ours.chosen.token_id], false).expect("decode");
         assert_eq!(ours.chosen.token, text, "{key} step {i}: the chosen token's text");
         worst = worst.max((ours.chosen.logprob - value(&want["chosen"])).abs());
-        assert_eq!(ours.top.len(), 5, "{key} step {i}: alternatives");
-        for (j, (o, &(id, lp))) in ours.top.iter().zip(&top).enumerate() {
-            worst = worst.max((o.logprob - lp).abs());
-            // The same token at each rank, unless the reference's neighbours are within the
-            // tolerance of each other (then either order is right).
-            let tied = |k: usize| top.get(k).is_some_and(|&(_, v)| (v - lp).abs() <= tol);
-            let tied_before = j > 0 && tied(j - 1);
-            if !tied_before && !tied(j + 1) {
-                assert_eq!(o.token_id, id, "{key} step {i}: alternative {j}");
-            }
-        }
+        worst = worst.max(compare_top(&ours.top, want, tol, &format!("{key} step {i}")));
         assert!(
             ours.top.windows(2).all(|w| w[0].logprob >= w[1].logprob),
             "{key} step {i}: most likely first"
@@ -136,7 +147,6 @@ fn check_prompt_logprobs(
     let want = reference["prompt_logprobs"].as_array().expect("prompt_logprobs");
     assert_eq!(logprobs.rest.len(), want.len(), "{key}: one per prompt token after the first");
     assert_eq!(want.len(), prompt_ids.len() - 1, "{key}: the reference's count");
-    let value = |v: &serde_json::Value| v.as_f64().expect("logprob") as f32;
     let mut worst = 0.0f32;
     for (j, (ours, want)) in (1..).zip(logprobs.rest.iter().zip(want)) {
         assert_eq!(ours.chosen.token_id, prompt_ids[j], "{key} position {j}: the prompt's token");
@@ -147,21 +157,7 @@ fn check_prompt_logprobs(
             ours_rank.abs_diff(rank) <= ties,
             "{key} position {j}: rank {ours_rank}, reference {rank} ({ties} ties)"
         );
-        let top: Vec<(u32, f32)> = want["top"]
-            .as_array()
-            .expect("top")
-            .iter()
-            .map(|p| (p[0].as_u64().expect("id") as u32, value(&p[1])))
-            .collect();
-        assert_eq!(ours.top.len(), 5, "{key} position {j}: alternatives");
-        for (i, (o, &(id, lp))) in ours.top.iter().zip(&top).enumerate() {
-            worst = worst.max((o.logprob - lp).abs());
-            let tied = |k: usize| top.get(k).is_some_and(|&(_, v)| (v - lp).abs() <= tol);
-            let tied_before = i > 0 && tied(i - 1);
-            if !tied_before && !tied(i + 1) {
-                assert_eq!(o.token_id, id, "{key} position {j}: alternative {i}");
-            }
-        }
+        worst = worst.max(compare_top(&ours.top, want, tol, &format!("{key} position {j}")));
     }
     eprintln!("{key}: max |Δlogprob| over {} prompt positions and their top 5 = {worst:.3e}", want.len());
     assert!(worst <= tol, "{key}: prompt log-probabilities differ by {worst} (tolerance {tol})");
