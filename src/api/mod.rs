@@ -23,10 +23,9 @@
 //! | `GET /metrics` | Prometheus text: running/queued requests, token counters, KV blocks |
 //!
 //! Requests are strict: an unknown field, a field of the wrong type, or a parameter xinf does
-//! not support yet (tools, image content, `echo`) is refused with 400 and the field in
-//! `param`. Errors use
-//! OpenAI's shape, in the language of `Accept-Language` (see the `error` module for the
-//! status table), with the message also under `detail`, where Xinference's client reads it.
+//! not support yet (image content, `suffix`) is refused with 400 and the field in `param`.
+//! Errors use OpenAI's shape, in the language of `Accept-Language` (see the `error` module for
+//! the status table), with the message also under `detail`, where Xinference's client reads it.
 //! When an API key is configured, every `/v1` route but `/v1/cluster/auth` needs
 //! `Authorization: Bearer <key>`; `/health` and `/metrics` stay open.
 //!
