@@ -520,10 +520,8 @@ impl PrefillLeg {
         if !status.is_success() {
             return Err(stream::refusal(flavor, status, response).await);
         }
-        let v: serde_json::Value = response
-            .json()
-            .await
-            .map_err(|e| EngineError::Process(format!("the {flavor} server's prefill answer: {e}")))?;
+        // One token and the handoff's fields: a few hundred bytes.
+        let v = stream::json_body(flavor, response, 1 << 20, "prefill answer").await?;
         let answer = crate::handoff::prefill_answer(flavor, &v, room, self.host.as_ref(), self.stops)?;
         let remote = answer.room;
         tracing::debug!(%flavor, request_id = %self.request_id, ms = started.elapsed().as_secs_f64() * 1e3, prompt_len = ids.len(), "prefill leg answered");

@@ -121,10 +121,13 @@ async fn prompt_report(call: &Call, p: PromptCall) -> Result<Box<xinf_engine::Pr
     if !status.is_success() {
         return Err(refusal(flavor, status, response).await);
     }
-    let v: serde_json::Value = response
-        .json()
+    // Each position lists the prompt's token and `top` others, a few dozen bytes each.
+    let limit = (p.ids.len() * (top + 2)).saturating_mul(256).saturating_add(1 << 20);
+    let v = tokio::time::timeout(call.idle_timeout, json_body(flavor, response, limit, "prompt scores"))
         .await
-        .map_err(|e| EngineError::Process(format!("the {flavor} server's prompt scores: {e}")))?;
+        .map_err(|_| {
+            EngineError::Process(format!("the {flavor} server did not send the prompt scores in time"))
+        })??;
     let scores = crate::prompt::parse_scores(flavor, &v, &p.ids)?;
     let scoring = Scoring { top, tokenizer: p.tokenizer.clone() };
     let rest = p.ids.iter().skip(1).zip(&scores).map(|(&id, s)| *scoring.of(id, s)).collect();
@@ -239,6 +242,27 @@ impl Progress {
     }
 }
 
+/// A whole JSON answer of at most `limit` bytes: a server that sends more, or something that
+/// is not JSON, fails the request instead of filling memory.
+pub(crate) async fn json_body(
+    flavor: Flavor,
+    response: reqwest::Response,
+    limit: usize,
+    what: &str,
+) -> Result<serde_json::Value, EngineError> {
+    let mut body = Vec::new();
+    let mut stream = response.bytes_stream();
+    while let Some(bytes) = stream.next().await {
+        let bytes = bytes.map_err(|e| EngineError::Process(format!("the {flavor} server's {what}: {e}")))?;
+        if body.len() + bytes.len() > limit {
+            return Err(EngineError::Process(format!("the {flavor} server's {what} is over {limit} bytes")));
+        }
+        body.extend_from_slice(&bytes);
+    }
+    serde_json::from_slice(&body)
+        .map_err(|e| EngineError::Process(format!("the {flavor} server's {what}: {e}")))
+}
+
 /// The error of a non-success answer: the engine's own message, as a refusal of the request
 /// for a 4xx status and as a failure of the engine otherwise.
 pub(crate) async fn refusal(
@@ -261,5 +285,40 @@ pub(crate) async fn refusal(
         EngineError::Rejected(message)
     } else {
         EngineError::Process(format!("the {flavor} server answered {status}: {message}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// The answer of a one-shot HTTP server on a real socket that sends `body`.
+    async fn answer(body: &'static str) -> reqwest::Response {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.expect("accept");
+            let mut request = [0u8; 1024];
+            let _ = socket.read(&mut request).await;
+            let head =
+                format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+            socket.write_all(head.as_bytes()).await.expect("head");
+            socket.write_all(body.as_bytes()).await.expect("body");
+        });
+        reqwest::get(format!("http://{addr}/")).await.expect("answer")
+    }
+
+    #[test]
+    fn a_whole_answer_is_read_within_its_bound() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        rt.block_on(async {
+            let v = json_body(Flavor::Vllm, answer(r#"{"a": [1, 2]}"#).await, 64, "answer").await;
+            assert_eq!(v.expect("read"), serde_json::json!({"a": [1, 2]}));
+            let over = json_body(Flavor::Vllm, answer(r#"{"a": "0123456789"}"#).await, 8, "answer").await;
+            assert!(over.expect_err("refused").to_string().contains("over 8 bytes"));
+            let broken = json_body(Flavor::Sglang, answer("{\"a\":").await, 64, "answer").await;
+            assert!(broken.expect_err("refused").to_string().contains("sglang server's answer"));
+        });
     }
 }
