@@ -196,9 +196,11 @@ pub(super) fn admit_next<S: Schedulable>(
 /// budget to prompt chunks in admission order.
 fn growth<S: Schedulable>(running: &[S], block_size: usize, max_batch_tokens: usize) -> usize {
     let mut budget = max_batch_tokens.max(running.len());
-    let (decodes, prompts): (Vec<&S>, Vec<&S>) = running.iter().partition(|s| s.len() - s.computed() <= 1);
+    // Two passes, not a partition: this runs for every admission, and allocates nothing.
+    let decodes = running.iter().filter(|s| s.len() - s.computed() <= 1);
+    let prompts = running.iter().filter(|s| s.len() - s.computed() > 1);
     let mut blocks = 0;
-    for s in decodes.into_iter().chain(prompts) {
+    for s in decodes.chain(prompts) {
         let next = (s.len() - s.computed()).min(budget).min(s.chunk_limit());
         budget -= next;
         blocks += (s.computed() + next).div_ceil(block_size).saturating_sub(s.held_blocks());
