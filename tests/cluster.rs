@@ -7,6 +7,7 @@ mod corpus;
 mod faults;
 mod garbage;
 mod nodes;
+mod reasoning;
 
 pub(crate) use nodes::{supervisor, supervisor_on, worker, worker_with_env};
 

@@ -162,6 +162,12 @@ impl Cluster {
         })
     }
 
+    /// The chat settings of a serving model's launch (`reasoning_content`, `enable_thinking`);
+    /// read locally, without a call.
+    pub async fn chat_defaults(&self, model_uid: &str) -> Result<crate::ChatDefaults, ActorError> {
+        self.serving(model_uid).await.map(|actors| actors.chat)
+    }
+
     /// Load figures of every alive replica of the model, by replica uid.
     pub async fn stats(&self, model_uid: &str) -> Result<Vec<ReplicaStats>, ActorError> {
         let actors = self.serving(model_uid).await?;

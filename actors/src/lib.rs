@@ -67,6 +67,7 @@
 //!   terminate stops the router and tracker first (no new requests), then the replicas.
 
 mod block_tracker;
+mod chat;
 mod cluster;
 mod error;
 mod launch;
@@ -85,6 +86,7 @@ mod worker;
 
 pub use block_tracker::BlockTrackerHandle;
 pub use block_tracker::state::BlockLocation;
+pub use chat::ChatDefaults;
 pub use cluster::{Cluster, ClusterOptions, WorkerNode};
 pub use error::{ActorError, LaunchRule};
 pub use launch::{

@@ -39,6 +39,8 @@ pub(crate) struct HeldReplica {
 pub(crate) struct ModelCommon {
     pub(crate) source: ModelSource,
     pub(crate) handoff: ModelHandoff,
+    /// How the model's chat answers are made and read.
+    pub(crate) chat: crate::ChatDefaults,
     /// The launch request as JSON (see [`ReplicaSpec::launch`]).
     pub(crate) launch: String,
 }

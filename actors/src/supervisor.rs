@@ -35,6 +35,8 @@ use xinf_transfer::sync::lock;
 pub(crate) struct ModelActors {
     pub(crate) router: ActorRef<RouterMsg>,
     pub(crate) tracker: ActorRef<BlockTrackerMsg>,
+    /// The launch's chat settings, which every chat answer reads.
+    pub(crate) chat: crate::ChatDefaults,
 }
 
 /// Serving models' local actors, shared by the supervisor and the [`crate::Cluster`] handle
@@ -280,10 +282,10 @@ impl Supervisor {
             });
         }
         for (model_uid, specs) in unknown_models {
-            let Some(adopt) = self.adoption(state, worker_id, &model_uid, &specs) else { continue };
+            let Some((adopt, chat)) = self.adoption(state, worker_id, &model_uid, &specs) else { continue };
             let ctx = ctx.clone();
             tokio::spawn(async move {
-                let outcome = run_adopt(&ctx, &model_uid, &adopt).await;
+                let outcome = run_adopt(&ctx, &model_uid, &adopt, chat).await;
                 adopt_done(&ctx, model_uid, adopt, outcome).await;
             });
         }
@@ -298,18 +300,19 @@ impl Supervisor {
         worker_id: &str,
         model_uid: &str,
         specs: &[ReplicaSpec],
-    ) -> Option<Vec<(String, Role)>> {
+    ) -> Option<(Vec<(String, Role)>, crate::ChatDefaults)> {
         let first = specs.first()?;
         let adopted = serde_json::from_str::<LaunchRequest>(&first.launch)
             .map_err(|e| ActorError::Wire(format!("the replica's launch request does not parse: {e}")))
             .and_then(|req| {
                 let spec = launch::validate(&req, self.local_mode, &self.engines)?;
-                state.begin_adopt(model_uid, &req.model_name, spec, worker_id, specs)
+                let chat = spec.chat.clone();
+                state.begin_adopt(model_uid, &req.model_name, spec, worker_id, specs).map(|()| chat)
             });
         match adopted {
-            Ok(()) => {
+            Ok(chat) => {
                 tracing::info!(%model_uid, %worker_id, replicas = specs.len(), "adopting a model its worker serves");
-                Some(specs.iter().map(|s| (s.replica_uid.clone(), s.role)).collect())
+                Some((specs.iter().map(|s| (s.replica_uid.clone(), s.role)).collect(), chat))
             }
             Err(e) => {
                 tracing::error!(%model_uid, %worker_id, error = %e, "cannot adopt the replicas a worker serves");

@@ -62,6 +62,11 @@ impl ModelService for ClusterService {
         async move { service(c.generate(&uid, req).await) }.boxed()
     }
 
+    fn chat_defaults(&self, uid: &str) -> ServiceFuture<xinf_actors::ChatDefaults> {
+        let (c, uid) = (self.cluster.clone(), uid.to_owned());
+        async move { service(c.chat_defaults(&uid).await) }.boxed()
+    }
+
     fn abort(&self, uid: &str, request_id: &str) -> ServiceFuture<bool> {
         let (c, uid, rid) = (self.cluster.clone(), uid.to_owned(), request_id.to_owned());
         async move { service(c.abort(&uid, &rid).await) }.boxed()

@@ -53,6 +53,7 @@ mod logprobs;
 mod openai;
 mod panics;
 mod peer;
+mod reasoning;
 mod response_format;
 mod routes;
 mod sampling;

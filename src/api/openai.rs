@@ -231,6 +231,10 @@ impl From<xinf_engine::Usage> for UsageOut {
 pub(crate) struct OutMessage {
     pub(crate) role: &'static str,
     pub(crate) content: Option<String>,
+    /// The model's reasoning, apart from its answer (a model launched with
+    /// `reasoning_content: true`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) reasoning_content: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) tool_calls: Vec<OutToolCall>,
 }
@@ -301,6 +305,9 @@ pub(crate) struct Delta {
     pub(crate) role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) content: Option<String>,
+    /// A piece of the model's reasoning (see [`OutMessage::reasoning_content`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) reasoning_content: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) tool_calls: Option<Vec<DeltaToolCall>>,
 }

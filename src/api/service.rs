@@ -269,6 +269,14 @@ pub trait ModelService: Send + Sync + 'static {
         let _ = (uid, request);
         unsupported("scaling models")
     }
+
+    /// How model `uid`'s chat answers are made and read (its launch's `reasoning_content` and
+    /// `enable_thinking`); asked once per chat request, so it must answer without a remote
+    /// call. The default: nothing set, as for models that were not launched.
+    fn chat_defaults(&self, uid: &str) -> ServiceFuture<xinf_actors::ChatDefaults> {
+        let _ = uid;
+        ready(Ok(xinf_actors::ChatDefaults::default()))
+    }
 }
 
 fn unsupported<T: Send + 'static>(what: &'static str) -> ServiceFuture<T> {

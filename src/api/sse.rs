@@ -9,7 +9,8 @@
 //! start with a chunk per choice whose delta is `{"role": "assistant", "content": ""}`. Empty text deltas (a multi-byte character or a
 //! possible stop string still pending) are not sent, unless they carry a token's
 //! log-probabilities (the request asked for them: one token per chunk). The last chunk of each
-//! choice carries its `finish_reason`; with `stream_options.include_usage` a chunk with
+//! choice carries its `finish_reason`; a model whose answers show its reasoning apart sends it
+//! as `delta.reasoning_content` (see the `reasoning` module); with `stream_options.include_usage` a chunk with
 //! `choices: []` and the token counts of all choices follows the last. An error after the stream
 //! started is sent as `data: {"error": {...}}` followed by `data: [DONE]`.
 
@@ -18,6 +19,7 @@ use crate::api::echo::PromptShown;
 use crate::api::error::Problem;
 use crate::api::logprobs::{self, ChatLogprobs, TextLogprobs};
 use crate::api::openai::{ChatChunk, ChunkChoice, Completion, Delta, TextChoice, UsageOut};
+use crate::api::reasoning::ReasoningStream;
 use crate::api::tools::{ToolStream, Tools};
 use actix_web::HttpResponse;
 use actix_web::http::header;
@@ -28,6 +30,7 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
 use xinf_engine::{EngineError, FinishReason, PromptReport, TokenEvent, TokenLogprobs, TokenStream, Usage};
+use xinf_models::ReasoningMarks;
 
 /// Which OpenAI API a stream answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +84,8 @@ struct EventState {
     tools: Vec<ToolStream>,
     /// The request's tools, which name each choice's finish.
     tool_finish: Option<Arc<Tools>>,
+    /// Per choice, the reader of its reasoning when the model's answers show it apart.
+    reasoning: Vec<ReasoningStream>,
     /// Events made and not sent yet (a choice's last text or calls before its finish).
     queued: VecDeque<Bytes>,
     /// What the stream shows of the prompt (`echo`).
@@ -147,17 +152,27 @@ impl EventState {
     ) -> Option<Bytes> {
         match self.flavor {
             Flavor::Chat => {
-                let delta = match self.tools.get_mut(index) {
+                let (reasoning, text) = match self.reasoning.get_mut(index) {
+                    Some(reader) => {
+                        let split = reader.push(&text);
+                        (split.reasoning, split.content)
+                    }
+                    None => (String::new(), text),
+                };
+                let mut delta = match self.tools.get_mut(index) {
                     Some(reader) if !text.is_empty() => reader.push(&text),
                     Some(_) => Delta::default(),
                     None => Delta { content: (!text.is_empty()).then_some(text), ..Delta::default() },
                 };
+                delta.reasoning_content = (!reasoning.is_empty()).then_some(reasoning);
                 let logprobs = token.map(|t| {
                     let mut l = ChatLogprobs::default();
                     l.push(t);
                     l
                 });
-                let empty = delta.content.is_none() && delta.tool_calls.is_none();
+                let empty = delta.content.is_none()
+                    && delta.tool_calls.is_none()
+                    && delta.reasoning_content.is_none();
                 if empty && logprobs.is_none() && finish.is_none() {
                     return None;
                 }
@@ -197,8 +212,17 @@ impl EventState {
     /// The finish chunk of choice `index`, after its held text or calls where the request
     /// offered tools (queued to follow).
     fn finish(&mut self, index: usize, reason: FinishReason) -> Option<Bytes> {
+        // An unclosed reasoning's last characters, held back in case they began its mark.
+        let reasoning = self.reasoning.get_mut(index).map(|r| r.finish().reasoning).unwrap_or_default();
+        if !reasoning.is_empty() {
+            let delta = Delta { reasoning_content: Some(reasoning), ..Delta::default() };
+            let chunk = self.chat_chunk(index, delta, None, None);
+            self.queued.push_back(chunk);
+        }
         let Some(reader) = self.tools.get_mut(index) else {
-            return self.content(index, String::new(), None, Some(finish_name(reason)));
+            let last = self.content(index, String::new(), None, Some(finish_name(reason)));
+            self.queued.extend(last);
+            return self.queued.pop_front();
         };
         let rest = reader.finish();
         let name =
@@ -328,6 +352,8 @@ pub(crate) struct Streamed {
     pub(crate) tools: Option<Arc<Tools>>,
     /// What the stream shows of the prompt (`echo`).
     pub(crate) shown: PromptShown,
+    /// The marks of the model's reasoning, when the answer shows it apart.
+    pub(crate) reasoning: Option<ReasoningMarks>,
 }
 
 /// The SSE events of a response's token streams.
@@ -347,6 +373,7 @@ pub(crate) fn events(s: Streamed) -> impl Stream<Item = Result<Bytes, Infallible
         _fanout: s.fanout,
         tools: s.tools.iter().flat_map(|t| (0..n).map(|_| ToolStream::new(Arc::clone(t)))).collect(),
         tool_finish: s.tools,
+        reasoning: s.reasoning.iter().flat_map(|m| (0..n).map(|_| ReasoningStream::new(*m))).collect(),
         queued: VecDeque::new(),
         shown: s.shown,
     };

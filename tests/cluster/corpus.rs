@@ -38,6 +38,8 @@ fn cases() -> Vec<(Value, &'static str)> {
     each("quantization", vec![json!(5), json!({})]);
     each("model_size_in_billions", vec![json!([]), json!({}), json!(true)]);
     each("transfer_backend_type", vec![json!("carrier-pigeon"), json!(5)]);
+    each("reasoning_content", vec![json!("yes"), json!(1), json!(true)]);
+    each("enable_thinking", vec![json!("no"), json!(0), json!([true])]);
     each("enable_xavier", vec![json!("yes"), json!(1)]);
     each("xavier_cache_bytes", vec![json!(-1), json!(0), json!("x"), json!(1.5)]);
     each("xavier_gpu_cache_bytes", vec![json!(-1), json!("x")]);

@@ -87,6 +87,10 @@ pub(super) struct LaunchKeywords {
     xavier_cache_bytes: Keyword<u64>,
     /// Xavier's GPU cache budget, in bytes (0 turns it off).
     xavier_gpu_cache_bytes: Keyword<u64>,
+    /// Chat answers show the model's reasoning apart (Xinference's launch key).
+    reasoning_content: Keyword<bool>,
+    /// The chat template's `enable_thinking` for requests that leave it out.
+    enable_thinking: Keyword<bool>,
 }
 
 /// A request's extra keys, split in one pass: the fields of [`LaunchKeywords`] are taken out
@@ -158,5 +162,20 @@ impl LaunchKeywords {
             _ => Err(invalid(LaunchRule::CacheBudget, "xavier_cache_bytes must be a positive integer")
                 .at("xavier_cache_bytes")),
         }
+    }
+
+    /// The chat settings: `reasoning_content` (false when absent) and `enable_thinking`, each a
+    /// boolean or `null`.
+    pub(super) fn chat(&self, model_name: &str) -> Result<crate::ChatDefaults, ActorError> {
+        let flag = |k: &Keyword<bool>, name: &str| {
+            k.get()
+                .map(Option::<&bool>::copied)
+                .map_err(|_| invalid(LaunchRule::InvalidField, format!("{name} must be a boolean")).at(name))
+        };
+        Ok(crate::ChatDefaults {
+            model_name: model_name.to_owned(),
+            reasoning_content: flag(&self.reasoning_content, "reasoning_content")?.unwrap_or_default(),
+            enable_thinking: flag(&self.enable_thinking, "enable_thinking")?,
+        })
     }
 }

@@ -43,6 +43,8 @@ pub(crate) struct LaunchSpec {
     pub(super) transfer: Option<TransferBackend>,
     /// `xavier_cache_bytes`: the snapshot cache of each prefill replica.
     pub(super) snapshot_cache_bytes: Option<u64>,
+    /// `reasoning_content` and `enable_thinking`.
+    pub(crate) chat: crate::ChatDefaults,
     /// The launch request as JSON, which every replica carries (see
     /// [`ReplicaSpec::launch`](crate::spec::ReplicaSpec)).
     pub(crate) launch: String,
@@ -62,6 +64,7 @@ impl LaunchSpec {
         crate::spec::ModelCommon {
             source: self.source.clone(),
             handoff: self.handoff(),
+            chat: self.chat.clone(),
             launch: self.launch.clone(),
         }
     }

@@ -71,6 +71,7 @@ pub(crate) fn validate(
     let (transfer, snapshot_cache_bytes) = check_transfers(&keywords, pd, replica_count)?;
     let (base, base_checked) = engine_options(req, engine_kwargs, launch_engine)?;
     let source = check_model(req, launch_engine)?;
+    let chat = keywords.chat(&req.model_name)?;
 
     let replicas = if drafts.is_empty() {
         legacy_drafts(req, replica_count, launch_engine, &base_checked)
@@ -87,6 +88,7 @@ pub(crate) fn validate(
         pd,
         transfer,
         snapshot_cache_bytes,
+        chat,
         launch,
     })
 }
@@ -525,7 +527,7 @@ fn is_reserved_replica_uid(uid: &str) -> bool {
 /// as `null`, with every launch. Null asks for nothing, so the key is dropped; any other value
 /// is refused by name like every reserved key.
 const OPTIONAL_XINFERENCE_KEYS: &[&str] =
-    &["peft_model_config", "request_limits", "enable_thinking", "enable_virtual_env", "envs"];
+    &["peft_model_config", "request_limits", "enable_virtual_env", "envs"];
 
 fn is_optional_xinference_key(key: &str) -> bool {
     OPTIONAL_XINFERENCE_KEYS.contains(&key) || key.starts_with("virtual_env_")

@@ -40,7 +40,7 @@ pub(super) async fn run_launch(
 ) -> Result<(), ActorError> {
     let replicas: Vec<(String, Role)> = placements.iter().map(|p| (p.replica_uid.clone(), p.role)).collect();
     let starts = placements.iter().map(|p| start_replica(ctx, uid, common, p));
-    let result = build(ctx, uid, &replicas, starts).await;
+    let result = build(ctx, uid, &replicas, starts, common.chat.clone()).await;
     if result.is_err() {
         rollback(ctx, uid, placements).await;
     }
@@ -58,9 +58,10 @@ pub(super) async fn run_adopt(
     ctx: &TaskCtx,
     uid: &str,
     replicas: &[(String, Role)],
+    chat: crate::ChatDefaults,
 ) -> Result<(), ActorError> {
     let finds = replicas.iter().map(|(r, _)| find_replica(ctx, r));
-    build(ctx, uid, replicas, finds).await
+    build(ctx, uid, replicas, finds, chat).await
 }
 
 /// Adds replicas that already serve (a worker that came back with them, or the rest of an
@@ -106,6 +107,7 @@ async fn build<F>(
     uid: &str,
     roles: &[(String, Role)],
     starts: impl Iterator<Item = F>,
+    chat: crate::ChatDefaults,
 ) -> Result<(), ActorError>
 where
     F: std::future::Future<Output = Result<ActorRef<ReplicaMsg>, ActorError>>,
@@ -146,7 +148,7 @@ where
     let router = Router { model_uid: uid.to_owned(), call_timeout: ctx.times.call };
     match Actor::spawn_linked(Some(ctx.ns.router_name(uid)), router, RouterArgs { replicas }, sup).await {
         Ok((router, _)) => {
-            ctx.models.insert(uid, ModelActors { router, tracker });
+            ctx.models.insert(uid, ModelActors { router, tracker, chat });
             Ok(())
         }
         Err(e) => {

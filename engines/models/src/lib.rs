@@ -17,5 +17,5 @@ pub use digest::{safetensors_files, weights_digest, xinf_home};
 pub use error::ModelError;
 pub use hub::{ModelRequest, ResolvedModel, WeightsFormat, resolve};
 pub use random::{RandomCheckpoint, RandomDtype, SplitMix64, write_random_checkpoint};
-pub use registry::{ModelFamily, ModelSpec, families, find_family};
+pub use registry::{ModelFamily, ModelSpec, ReasoningMarks, THINK_MARKS, families, find_family};
 pub use tokenizer::TextTokenizer;

@@ -19,7 +19,22 @@ pub struct ModelFamily {
     pub specs: &'static [ModelSpec],
     /// The context length (in tokens) the family was trained for.
     pub context_length: u32,
+    /// The marks around the reasoning its models write before answering; `None` for models
+    /// that do not reason.
+    pub reasoning: Option<ReasoningMarks>,
 }
+
+/// The marks a model writes around its reasoning, in its output text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReasoningMarks {
+    /// Opens the reasoning (a chat template may write it into the prompt instead).
+    pub start: &'static str,
+    /// Closes it: what follows is the answer.
+    pub end: &'static str,
+}
+
+/// `<think>` … `</think>`: the marks of Qwen3, QwQ and DeepSeek-R1 and its distillations.
+pub const THINK_MARKS: ReasoningMarks = ReasoningMarks { start: "<think>", end: "</think>" };
 
 /// One variant of a family: a size in one weight format and quantization, and where it lives.
 ///
@@ -130,24 +145,28 @@ static FAMILIES: &[ModelFamily] = &[
         description: "SmolLM2 instruct (Llama architecture), 135M to 1.7B parameters",
         specs: SMOLLM2_INSTRUCT,
         context_length: 8192,
+        reasoning: None,
     },
     ModelFamily {
         name: "qwen2.5-instruct",
         description: "Qwen2.5 instruct, 0.5B to 7B parameters",
         specs: QWEN2_5_INSTRUCT,
         context_length: 32768,
+        reasoning: None,
     },
     ModelFamily {
         name: "qwen3",
         description: "Qwen3 (hybrid thinking), 0.6B to 8B parameters",
         specs: QWEN3,
         context_length: 40960,
+        reasoning: Some(THINK_MARKS),
     },
     ModelFamily {
         name: "llama-3.2-instruct",
         description: "Llama 3.2 instruct, 1B and 3B parameters (gated on Hugging Face: needs HF_TOKEN)",
         specs: LLAMA_3_2_INSTRUCT,
         context_length: 131072,
+        reasoning: None,
     },
 ];
 

@@ -54,6 +54,7 @@ api-structured-outputs-unsupported = `{ $field }` wird nicht unterstützt; mögl
 api-structured-outputs-twice = `{ $field }` und `response_format` verlangen beide eine Form; geben Sie nur eines an
 api-response-format-invalid = `{ $field }` muss ein Objekt mit `type` sein
 api-template-kwargs-invalid = `{ $field }` muss ein Objekt mit Template-Variablen sein, höchstens 16 KiB
+api-reasoning-unsupported = `{ $field }`: { $model } schreibt kein Reasoning (seine Familie hat keine Reasoning-Marken); starten Sie ein Reasoning-Modell wie qwen3 oder ein Modell aus model_path unter eigenem Namen
 api-tools-unsupported = `{ $field }`: die alten Felder für Funktionsaufrufe werden nicht unterstützt; verwenden Sie `tools` und `tool_choice`
 api-logit-bias-invalid = `{ $field }`: muss Token-IDs auf Zahlen zwischen -100 und 100 abbilden (höchstens 1024 Tokens)
 api-messages-empty = `{ $field }` muss mindestens eine Nachricht enthalten

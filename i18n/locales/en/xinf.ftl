@@ -54,6 +54,7 @@ api-structured-outputs-unsupported = `{ $field }` is not supported; `json`, `jso
 api-structured-outputs-twice = `{ $field }` and `response_format` both ask for a shape; give one of them
 api-response-format-invalid = `{ $field }` must be an object with a `type`
 api-template-kwargs-invalid = `{ $field }` must be an object of template variables, at most 16 KiB
+api-reasoning-unsupported = `{ $field }`: { $model } writes no reasoning (its family has no reasoning marks); launch a reasoning model such as qwen3, or a model from model_path under a name of its own
 api-tools-unsupported = `{ $field }`: the legacy function-calling fields are not supported; use `tools` and `tool_choice`
 api-logit-bias-invalid = `{ $field }`: must map token ids to numbers between -100 and 100 (at most 1024 tokens)
 api-messages-empty = `{ $field }` must hold at least one message

@@ -54,6 +54,7 @@ api-structured-outputs-unsupported = `{ $field }` no se admite; se admiten `json
 api-structured-outputs-twice = `{ $field }` y `response_format` piden ambos una forma; indique solo uno
 api-response-format-invalid = `{ $field }` debe ser un objeto con `type`
 api-template-kwargs-invalid = `{ $field }` debe ser un objeto de variables de plantilla, de 16 KiB como máximo
+api-reasoning-unsupported = `{ $field }`: { $model } no escribe razonamiento (su familia no tiene marcas de razonamiento); lance un modelo de razonamiento como qwen3, o un modelo de model_path con un nombre propio
 api-tools-unsupported = `{ $field }`: no se admiten los campos antiguos de llamada a funciones; use `tools` y `tool_choice`
 api-logit-bias-invalid = `{ $field }`: debe asignar a ids de token números entre -100 y 100 (como máximo 1024 tokens)
 api-messages-empty = `{ $field }` debe contener al menos un mensaje

@@ -54,6 +54,7 @@ api-structured-outputs-unsupported = `{ $field }` n'est pas pris en charge ; `js
 api-structured-outputs-twice = `{ $field }` et `response_format` demandent tous deux une forme ; n'en donnez qu'un
 api-response-format-invalid = `{ $field }` doit être un objet avec un `type`
 api-template-kwargs-invalid = `{ $field }` doit être un objet de variables de modèle, d'au plus 16 Kio
+api-reasoning-unsupported = `{ $field }` : { $model } n'écrit pas de raisonnement (sa famille n'a pas de marques de raisonnement) ; lancez un modèle de raisonnement comme qwen3, ou un modèle de model_path sous un nom à lui
 api-tools-unsupported = `{ $field }` : les anciens champs d'appel de fonctions ne sont pas pris en charge ; utilisez `tools` et `tool_choice`
 api-logit-bias-invalid = `{ $field }` : doit associer des identifiants de jeton à des nombres entre -100 et 100 (au plus 1024 jetons)
 api-messages-empty = `{ $field }` doit contenir au moins un message

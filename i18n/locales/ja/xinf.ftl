@@ -54,6 +54,7 @@ api-structured-outputs-unsupported = `{ $field }` には対応していません
 api-structured-outputs-twice = `{ $field }` と `response_format` の両方が形式を指定しています。どちらか一方にしてください
 api-response-format-invalid = `{ $field }` は `type` を持つオブジェクトでなければなりません
 api-template-kwargs-invalid = `{ $field }` はテンプレート変数のオブジェクト（最大 16 KiB）でなければなりません
+api-reasoning-unsupported = `{ $field }`: { $model } は推論を書きません（そのファミリーには推論マークがありません）。qwen3 のような推論モデルか、独自の名前で model_path のモデルを起動してください
 api-tools-unsupported = `{ $field }`：旧形式の関数呼び出しフィールドには対応していません。`tools` と `tool_choice` を使用してください
 api-logit-bias-invalid = `{ $field }`：トークン ID を -100 から 100 の数値に対応付ける必要があります（最大 1024 トークン）
 api-messages-empty = `{ $field }` には少なくとも 1 つのメッセージが必要です

@@ -54,6 +54,7 @@ api-structured-outputs-unsupported = `{ $field }`는 지원하지 않습니다. 
 api-structured-outputs-twice = `{ $field }`와 `response_format`이 둘 다 형식을 요청합니다. 하나만 주세요
 api-response-format-invalid = `{ $field }`은(는) `type`이 있는 객체여야 합니다
 api-template-kwargs-invalid = `{ $field }`는 템플릿 변수 객체(최대 16 KiB)여야 합니다
+api-reasoning-unsupported = `{ $field }`: { $model }은(는) 추론을 쓰지 않습니다(해당 계열에 추론 표시가 없습니다). qwen3 같은 추론 모델이나, 고유한 이름의 model_path 모델을 실행하세요
 api-tools-unsupported = `{ $field }`: 이전 방식의 함수 호출 필드는 지원하지 않습니다. `tools`와 `tool_choice`를 사용하세요
 api-logit-bias-invalid = `{ $field }`: 토큰 ID를 -100에서 100 사이의 숫자에 대응시켜야 합니다(최대 1024개 토큰)
 api-messages-empty = `{ $field }`에는 메시지가 하나 이상 있어야 합니다

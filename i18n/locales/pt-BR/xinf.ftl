@@ -54,6 +54,7 @@ api-structured-outputs-unsupported = `{ $field }` não é suportado; são suport
 api-structured-outputs-twice = `{ $field }` e `response_format` pedem ambos um formato; informe apenas um
 api-response-format-invalid = `{ $field }` deve ser um objeto com `type`
 api-template-kwargs-invalid = `{ $field }` deve ser um objeto de variáveis de template, de no máximo 16 KiB
+api-reasoning-unsupported = `{ $field }`: { $model } não escreve raciocínio (sua família não tem marcas de raciocínio); lance um modelo de raciocínio como qwen3, ou um modelo de model_path com um nome próprio
 api-tools-unsupported = `{ $field }`: os campos antigos de chamada de função não são suportados; use `tools` e `tool_choice`
 api-logit-bias-invalid = `{ $field }`: deve mapear ids de token para números entre -100 e 100 (no máximo 1024 tokens)
 api-messages-empty = `{ $field }` deve conter pelo menos uma mensagem

@@ -54,6 +54,7 @@ api-structured-outputs-unsupported = `{ $field }` не поддерживает�
 api-structured-outputs-twice = `{ $field }` и `response_format` оба задают форму; укажите только одно
 api-response-format-invalid = `{ $field }` должно быть объектом с полем `type`
 api-template-kwargs-invalid = `{ $field }` должно быть объектом переменных шаблона, не более 16 КиБ
+api-reasoning-unsupported = `{ $field }`: { $model } не пишет рассуждений (у его семейства нет меток рассуждения); запустите модель с рассуждениями, например qwen3, или модель из model_path под собственным именем
 api-tools-unsupported = `{ $field }`: устаревшие поля вызова функций не поддерживаются; используйте `tools` и `tool_choice`
 api-logit-bias-invalid = `{ $field }`: должно сопоставлять id токенов числам от -100 до 100 (не более 1024 токенов)
 api-messages-empty = `{ $field }` должно содержать хотя бы одно сообщение

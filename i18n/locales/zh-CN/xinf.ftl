@@ -54,6 +54,7 @@ api-structured-outputs-unsupported = 不支持 `{ $field }`；支持 `json`、`j
 api-structured-outputs-twice = `{ $field }` 与 `response_format` 都指定了输出形式；只能给出其一
 api-response-format-invalid = `{ $field }` 必须是带有 `type` 的对象
 api-template-kwargs-invalid = `{ $field }` 必须是模板变量组成的对象，最多 16 KiB
+api-reasoning-unsupported = `{ $field }`：{ $model } 不输出推理内容（其模型系列没有推理标记）；请启动 qwen3 等推理模型，或以自定义名称从 model_path 启动模型
 api-tools-unsupported = `{ $field }`：不支持旧式的函数调用字段，请使用 `tools` 和 `tool_choice`
 api-logit-bias-invalid = `{ $field }`：必须把词元 id 映射到 -100 到 100 之间的数（最多 1024 个词元）
 api-messages-empty = `{ $field }` 至少要有一条消息

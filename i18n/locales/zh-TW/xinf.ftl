@@ -54,6 +54,7 @@ api-structured-outputs-unsupported = 不支援 `{ $field }`；支援 `json`、`j
 api-structured-outputs-twice = `{ $field }` 與 `response_format` 都指定了輸出形式；只能給出其一
 api-response-format-invalid = `{ $field }` 必須是帶有 `type` 的物件
 api-template-kwargs-invalid = `{ $field }` 必須是範本變數組成的物件，最多 16 KiB
+api-reasoning-unsupported = `{ $field }`：{ $model } 不輸出推理內容（其模型系列沒有推理標記）；請啟動 qwen3 等推理模型，或以自訂名稱從 model_path 啟動模型
 api-tools-unsupported = `{ $field }`：不支援舊式的函式呼叫欄位，請使用 `tools` 與 `tool_choice`
 api-logit-bias-invalid = `{ $field }`：必須把詞元 id 對應到 -100 到 100 之間的數（最多 1024 個詞元）
 api-messages-empty = `{ $field }` 至少要包含一則訊息

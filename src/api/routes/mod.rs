@@ -231,8 +231,15 @@ async fn create<R: GenerationRequest>(
 }
 
 /// Runs a generation request: the common part of both APIs once the prompt is built.
-async fn generate(state: &AppState, req: &HttpRequest, job: Generation) -> Result<HttpResponse, Problem> {
+async fn generate(state: &AppState, req: &HttpRequest, mut job: Generation) -> Result<HttpResponse, Problem> {
     let lang = request_lang(req);
+    let mut reasoning = None;
+    if job.flavor == Flavor::Chat {
+        let defaults = state.service.chat_defaults(&job.model).await?;
+        for request in &mut job.requests {
+            reasoning = crate::api::reasoning::apply(&defaults, &mut request.prompt);
+        }
+    }
     let first =
         job.requests.first().ok_or_else(|| Problem::field("prompt", "api-prompt-empty", "invalid_value"))?;
     let meta = ResponseMeta { id: first.request_id.clone(), model: job.model.clone(), created: now() };
@@ -263,6 +270,7 @@ async fn generate(state: &AppState, req: &HttpRequest, job: Generation) -> Resul
             fanout,
             tools: job.tools,
             shown: job.shown,
+            reasoning,
         };
         return Ok(sse::response(streamed));
     }
@@ -283,8 +291,13 @@ async fn generate(state: &AppState, req: &HttpRequest, job: Generation) -> Resul
         }
     };
     drop(fanout);
-    let answer =
-        Answer { per_prompt, logprobs: asked_logprobs, tools: job.tools.as_deref(), shown: &job.shown };
+    let answer = Answer {
+        per_prompt,
+        logprobs: asked_logprobs,
+        tools: job.tools.as_deref(),
+        shown: &job.shown,
+        reasoning,
+    };
     Ok(whole_response(meta, job.flavor, outs, answer))
 }
 
@@ -298,6 +311,8 @@ struct Answer<'a> {
     tools: Option<&'a crate::api::tools::Tools>,
     /// What the answer shows of the prompt.
     shown: &'a crate::api::echo::PromptShown,
+    /// The marks of the model's reasoning, when the answer shows it apart.
+    reasoning: Option<xinf_models::ReasoningMarks>,
 }
 
 /// The answer of a request that did not stream: every choice's whole output.
@@ -307,7 +322,7 @@ fn whole_response(
     outs: Vec<sse::Collected>,
     a: Answer<'_>,
 ) -> HttpResponse {
-    let Answer { per_prompt, logprobs, tools, shown } = a;
+    let Answer { per_prompt, logprobs, tools, shown, reasoning } = a;
     // Each prompt counted once (its first choice's count), the outputs of every choice summed.
     let usage = UsageOut::from(xinf_engine::Usage {
         prompt_tokens: outs.iter().step_by(per_prompt.max(1)).map(|o| o.usage.prompt_tokens).sum(),
@@ -328,16 +343,24 @@ fn whole_response(
                 .enumerate()
                 .map(|(index, out)| {
                     let logprobs = out.chat_logprobs(logprobs);
+                    let (reasoning_content, text) = match reasoning {
+                        Some(marks) => {
+                            let split = crate::api::reasoning::ReasoningStream::split_whole(marks, &out.text);
+                            ((!split.reasoning.is_empty()).then_some(split.reasoning), split.content)
+                        }
+                        None => (None, out.text),
+                    };
                     let (message, finish_reason) = match tools {
                         Some(tools) => {
-                            let (content, tool_calls) = tools.answer(out.text);
+                            let (content, tool_calls) = tools.answer(text);
                             let finish = tools.finish_name(out.finish, !tool_calls.is_empty());
-                            (OutMessage { role: "assistant", content, tool_calls }, finish)
+                            (OutMessage { role: "assistant", content, reasoning_content, tool_calls }, finish)
                         }
                         None => {
                             let message = OutMessage {
                                 role: "assistant",
-                                content: Some(out.text),
+                                content: Some(text),
+                                reasoning_content,
                                 tool_calls: Vec::new(),
                             };
                             (message, sse::finish_name(out.finish))

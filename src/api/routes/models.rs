@@ -56,6 +56,16 @@ pub(crate) async fn launch(
         let body = read_body(&req, payload, state.max_body_bytes).await?;
         let request: LaunchRequest = parse_json(&body)?;
         let name = request.model_name.clone();
+        // Answers are read for the marks of the model's family (the engines never see them).
+        let reasoning = request.extra.get("reasoning_content") == Some(&serde_json::Value::Bool(true));
+        if reasoning && xinf_models::find_family(&name).is_some_and(|f| f.reasoning.is_none()) {
+            return Err(Problem::field_with(
+                "reasoning_content",
+                "api-reasoning-unsupported",
+                "invalid_value",
+                ("model", name),
+            ));
+        }
         // Model files that do not load are the fault of the field that named them.
         let model_field = if request.model_path.is_some() { "model_path" } else { "model_name" };
         tracing::info!(target: "xinf::api", model_name = %name, wait_ready = wait, "launch");

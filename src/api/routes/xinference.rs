@@ -66,7 +66,7 @@ fn family_json(family: &ModelFamily) -> Value {
             })
         })
         .collect();
-    json!({
+    let mut out = json!({
         "version": 2,
         "model_type": "LLM",
         "model_name": family.name,
@@ -75,7 +75,14 @@ fn family_json(family: &ModelFamily) -> Value {
         "context_length": family.context_length,
         "model_specs": specs,
         "is_builtin": true,
-    })
+    });
+    // As Xinference describes a reasoning family: the ability and its marks.
+    if let (Some(marks), Some(o)) = (family.reasoning, out.as_object_mut()) {
+        o.insert("model_ability".into(), json!(["generate", "chat", "tools", "reasoning"]));
+        o.insert("reasoning_start_tag".into(), json!(marks.start));
+        o.insert("reasoning_end_tag".into(), json!(marks.end));
+    }
+    out
 }
 
 /// Whether `detailed` of the query string is true (Xinference's client sends `true`/`false`).

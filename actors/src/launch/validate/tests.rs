@@ -340,8 +340,34 @@ fn null_xinference_keys_are_dropped_and_set_ones_refused() {
     assert_eq!(json_of(&spec.replicas[0].engine_config), json!({}));
     let e = validate_err(json!({"model_name": "smollm2-instruct", "envs": {"A": "1"}}), true);
     assert_rule(&e, LaunchRule::InvalidField, "`envs` is not a supported launch key");
-    let e = validate_err(json!({"model_name": "smollm2-instruct", "enable_thinking": true}), true);
-    assert_rule(&e, LaunchRule::EngineConfig, "enable_thinking");
+    assert_eq!(
+        spec.chat,
+        crate::ChatDefaults { model_name: "smollm2-instruct".into(), ..Default::default() }
+    );
+}
+
+#[test]
+fn chat_keys_are_booleans_kept_for_the_model() {
+    let spec = validate(
+        &parse(
+            json!({"model_name": "smollm2-instruct", "reasoning_content": true, "enable_thinking": false}),
+        ),
+        true,
+        &engines(),
+    )
+    .expect("valid");
+    let want = crate::ChatDefaults {
+        model_name: "smollm2-instruct".into(),
+        reasoning_content: true,
+        enable_thinking: Some(false),
+    };
+    assert_eq!(spec.chat, want);
+    // Neither reaches the engine's options.
+    assert_eq!(json_of(&spec.replicas[0].engine_config), json!({}));
+    for key in ["reasoning_content", "enable_thinking"] {
+        let e = validate_err(json!({"model_name": "smollm2-instruct", key: "yes"}), true);
+        assert_rule(&e, LaunchRule::InvalidField, &format!("{key} must be a boolean"));
+    }
 }
 
 #[test]
