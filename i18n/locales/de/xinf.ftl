@@ -212,4 +212,5 @@ ui-new-chat = Neuer Chat
 ui-chat-placeholder = Nachricht eingeben; Enter sendet, Umschalt+Enter fügt eine Zeile ein
 ui-send = Senden
 ui-stop = Stopp
+ui-thinking = Denkt nach
 ui-api-key = API-Schlüssel

@@ -212,4 +212,5 @@ ui-new-chat = New chat
 ui-chat-placeholder = Type a message; Enter sends, Shift+Enter adds a line
 ui-send = Send
 ui-stop = Stop
+ui-thinking = Thinking
 ui-api-key = API key

@@ -212,4 +212,5 @@ ui-new-chat = Nuevo chat
 ui-chat-placeholder = Escribe un mensaje; Enter envía, Mayús+Enter añade una línea
 ui-send = Enviar
 ui-stop = Detener
+ui-thinking = Razonamiento
 ui-api-key = Clave de API

@@ -212,4 +212,5 @@ ui-new-chat = Nouvelle discussion
 ui-chat-placeholder = Tapez un message ; Entrée envoie, Maj+Entrée ajoute une ligne
 ui-send = Envoyer
 ui-stop = Arrêter
+ui-thinking = Réflexion
 ui-api-key = Clé d’API

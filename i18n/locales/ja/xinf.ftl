@@ -212,4 +212,5 @@ ui-new-chat = 新しいチャット
 ui-chat-placeholder = メッセージを入力（Enter で送信、Shift+Enter で改行）
 ui-send = 送信
 ui-stop = 停止
+ui-thinking = 思考
 ui-api-key = API キー

@@ -212,4 +212,5 @@ ui-new-chat = 새 채팅
 ui-chat-placeholder = 메시지를 입력하세요. Enter로 보내고 Shift+Enter로 줄을 바꿉니다
 ui-send = 보내기
 ui-stop = 중지
+ui-thinking = 생각
 ui-api-key = API 키

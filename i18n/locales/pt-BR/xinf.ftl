@@ -212,4 +212,5 @@ ui-new-chat = Novo chat
 ui-chat-placeholder = Digite uma mensagem; Enter envia, Shift+Enter adiciona uma linha
 ui-send = Enviar
 ui-stop = Parar
+ui-thinking = Raciocínio
 ui-api-key = Chave da API

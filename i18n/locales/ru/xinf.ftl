@@ -212,4 +212,5 @@ ui-new-chat = Новый чат
 ui-chat-placeholder = Введите сообщение; Enter отправляет, Shift+Enter — новая строка
 ui-send = Отправить
 ui-stop = Стоп
+ui-thinking = Рассуждение
 ui-api-key = Ключ API

@@ -212,4 +212,5 @@ ui-new-chat = 新对话
 ui-chat-placeholder = 输入消息；Enter 发送，Shift+Enter 换行
 ui-send = 发送
 ui-stop = 停止
+ui-thinking = 思考过程
 ui-api-key = API 密钥

@@ -212,4 +212,5 @@ ui-new-chat = 新對話
 ui-chat-placeholder = 輸入訊息；Enter 送出，Shift+Enter 換行
 ui-send = 送出
 ui-stop = 停止
+ui-thinking = 思考過程
 ui-api-key = API 金鑰

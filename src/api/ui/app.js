@@ -289,7 +289,22 @@ async function send(ev) {
   aborter = new AbortController();
   $("#chat-stop").disabled = false;
   $("#chat-send").disabled = true;
-  let answer = "";
+  let answer = "", thinking = "", thought = null;
+  // A reasoning model's thinking goes into a foldable box above its answer.
+  const think = (piece) => {
+    if (!thought) {
+      const box = document.createElement("details");
+      box.className = "thinking";
+      box.open = true;
+      const summary = document.createElement("summary");
+      summary.textContent = t("ui-thinking", "Thinking");
+      thought = document.createElement("div");
+      box.append(summary, thought);
+      out.before(box);
+    }
+    thinking += piece;
+    thought.textContent = thinking;
+  };
   try {
     const headers = { "Content-Type": "application/json" };
     if (apiKey) headers.Authorization = "Bearer " + apiKey;
@@ -321,8 +336,10 @@ async function send(ev) {
         if (data === "[DONE]") continue;
         const ev = JSON.parse(data);
         if (ev.error) throw new Error(ev.error.message);
-        const delta = ev.choices && ev.choices[0] && ev.choices[0].delta && ev.choices[0].delta.content;
-        if (delta) { answer += delta; out.textContent = answer; $("#chat-log").scrollTop = $("#chat-log").scrollHeight; }
+        const delta = (ev.choices && ev.choices[0] && ev.choices[0].delta) || {};
+        if (delta.reasoning_content) think(delta.reasoning_content);
+        if (delta.content) { answer += delta.content; out.textContent = answer; }
+        $("#chat-log").scrollTop = $("#chat-log").scrollHeight;
       }
     }
   } catch (e) {
