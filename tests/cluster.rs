@@ -6,6 +6,7 @@ mod chat;
 mod corpus;
 mod faults;
 mod garbage;
+mod limits;
 mod nodes;
 mod reasoning;
 

@@ -186,6 +186,15 @@ pub enum ActorError {
     /// A request with this id is running already.
     #[error("Request {0} is already running")]
     DuplicateRequest(String),
+    /// The model runs as many requests as its launch's `request_limits` allows (Xinference's
+    /// words).
+    #[error("Rate limit reached for the model. Request limit {limit} for the model: {model_uid}")]
+    RateLimited {
+        /// The model.
+        model_uid: String,
+        /// Its `request_limits`.
+        limit: u32,
+    },
     /// The launch asks for the NIXL transfer backend and a worker cannot load NIXL.
     #[error("{0}; or use transfer_backend_type \"xavier\" (pages move in process or over TCP)")]
     NixlNotAvailable(String),
@@ -282,6 +291,7 @@ impl ActorError {
             Self::InvalidLaunch { .. } | Self::InvalidConfig { .. } => ErrorClass::InvalidInput,
             Self::ModelNotFound(_) => ErrorClass::NotFound,
             Self::ModelExists(_) | Self::DuplicateRequest(_) => ErrorClass::Conflict,
+            Self::RateLimited { .. } => ErrorClass::Overloaded,
             Self::NixlNotAvailable(_) => ErrorClass::InvalidInput,
             Self::NotReady { .. }
             | Self::NoReplica { .. }
@@ -304,6 +314,7 @@ impl ActorError {
             Self::NotReady { .. } => "model_not_ready",
             Self::NoReplica { .. } => "no_replica",
             Self::DuplicateRequest(_) => "duplicate_request_id",
+            Self::RateLimited { .. } => "rate_limited",
             Self::NixlNotAvailable(_) => "nixl_not_available",
             Self::Engine(e) => e.code(),
             Self::Timeout { .. } => "timeout",

@@ -71,6 +71,7 @@ mod chat;
 mod cluster;
 mod error;
 mod launch;
+mod limit;
 mod node;
 mod protocol;
 mod replica;

@@ -12,6 +12,7 @@ use crate::error::ActorError;
 use crate::replica::ReplicaMsg;
 use crate::router::RouterMsg;
 use crate::wire::{Wire, call, call_local};
+use futures::StreamExt;
 use guard::RequestGuard;
 use pull::PullSettings;
 use xinf_engine::{GenerateRequest, TokenEvent, TokenStream};
@@ -38,9 +39,33 @@ impl Cluster {
     pub async fn generate(
         &self,
         model_uid: &str,
-        mut request: GenerateRequest,
+        request: GenerateRequest,
     ) -> Result<TokenStream, ActorError> {
         let actors = self.serving(model_uid).await?;
+        // Held by the stream the caller gets, so the place is given back when it ends.
+        let permit = match &actors.limit {
+            Some(limit) => Some(limit.try_acquire().ok_or_else(|| ActorError::RateLimited {
+                model_uid: model_uid.to_owned(),
+                limit: limit.limit(),
+            })?),
+            None => None,
+        };
+        let stream = self.start(actors, request).await?;
+        Ok(match permit {
+            Some(permit) => Box::pin(stream.map(move |event| {
+                let _held = &permit;
+                event
+            })),
+            None => stream,
+        })
+    }
+
+    /// [`generate`](Self::generate) once the request has its place.
+    async fn start(
+        &self,
+        actors: crate::supervisor::ModelActors,
+        mut request: GenerateRequest,
+    ) -> Result<TokenStream, ActorError> {
         if request.request_id.trim().is_empty() {
             request.request_id = new_request_id();
         }

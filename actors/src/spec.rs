@@ -39,10 +39,20 @@ pub(crate) struct HeldReplica {
 pub(crate) struct ModelCommon {
     pub(crate) source: ModelSource,
     pub(crate) handoff: ModelHandoff,
-    /// How the model's chat answers are made and read.
-    pub(crate) chat: crate::ChatDefaults,
+    /// What the serving node applies in front of the replicas.
+    pub(crate) front: ModelFront,
     /// The launch request as JSON (see [`ReplicaSpec::launch`]).
     pub(crate) launch: String,
+}
+
+/// What the node that serves a model's requests applies in front of its replicas, from its
+/// launch; the replicas never see it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct ModelFront {
+    /// How chat answers are made and read.
+    pub(crate) chat: crate::ChatDefaults,
+    /// `request_limits`: the most requests served at once.
+    pub(crate) request_limit: Option<u32>,
 }
 
 /// A model's handoff settings from its launch, carried to every replica.

@@ -37,6 +37,8 @@ pub(crate) struct ModelActors {
     pub(crate) tracker: ActorRef<BlockTrackerMsg>,
     /// The launch's chat settings, which every chat answer reads.
     pub(crate) chat: crate::ChatDefaults,
+    /// The launch's `request_limits`, counted for every request.
+    pub(crate) limit: Option<std::sync::Arc<crate::limit::RequestLimit>>,
 }
 
 /// Serving models' local actors, shared by the supervisor and the [`crate::Cluster`] handle
@@ -282,10 +284,10 @@ impl Supervisor {
             });
         }
         for (model_uid, specs) in unknown_models {
-            let Some((adopt, chat)) = self.adoption(state, worker_id, &model_uid, &specs) else { continue };
+            let Some((adopt, front)) = self.adoption(state, worker_id, &model_uid, &specs) else { continue };
             let ctx = ctx.clone();
             tokio::spawn(async move {
-                let outcome = run_adopt(&ctx, &model_uid, &adopt, chat).await;
+                let outcome = run_adopt(&ctx, &model_uid, &adopt, front).await;
                 adopt_done(&ctx, model_uid, adopt, outcome).await;
             });
         }
@@ -300,19 +302,19 @@ impl Supervisor {
         worker_id: &str,
         model_uid: &str,
         specs: &[ReplicaSpec],
-    ) -> Option<(Vec<(String, Role)>, crate::ChatDefaults)> {
+    ) -> Option<(Vec<(String, Role)>, crate::spec::ModelFront)> {
         let first = specs.first()?;
         let adopted = serde_json::from_str::<LaunchRequest>(&first.launch)
             .map_err(|e| ActorError::Wire(format!("the replica's launch request does not parse: {e}")))
             .and_then(|req| {
                 let spec = launch::validate(&req, self.local_mode, &self.engines)?;
-                let chat = spec.chat.clone();
-                state.begin_adopt(model_uid, &req.model_name, spec, worker_id, specs).map(|()| chat)
+                let front = spec.front();
+                state.begin_adopt(model_uid, &req.model_name, spec, worker_id, specs).map(|()| front)
             });
         match adopted {
-            Ok(chat) => {
+            Ok(front) => {
                 tracing::info!(%model_uid, %worker_id, replicas = specs.len(), "adopting a model its worker serves");
-                Some((specs.iter().map(|s| (s.replica_uid.clone(), s.role)).collect(), chat))
+                Some((specs.iter().map(|s| (s.replica_uid.clone(), s.role)).collect(), front))
             }
             Err(e) => {
                 tracing::error!(%model_uid, %worker_id, error = %e, "cannot adopt the replicas a worker serves");

@@ -91,6 +91,8 @@ pub(super) struct LaunchKeywords {
     reasoning_content: Keyword<bool>,
     /// The chat template's `enable_thinking` for requests that leave it out.
     enable_thinking: Keyword<bool>,
+    /// The most requests the model serves at once.
+    request_limits: Keyword<u64>,
 }
 
 /// A request's extra keys, split in one pass: the fields of [`LaunchKeywords`] are taken out
@@ -164,6 +166,15 @@ impl LaunchKeywords {
         }
     }
 
+    /// `request_limits`, when given: an integer from 1 to 2³² − 1.
+    pub(super) fn request_limit(&self) -> Result<Option<u32>, ActorError> {
+        match self.request_limits.get() {
+            Ok(None) => Ok(None),
+            Ok(Some(n)) if *n > 0 => u32::try_from(*n).map(Some).map_err(|_| request_limits_invalid()),
+            _ => Err(request_limits_invalid()),
+        }
+    }
+
     /// The chat settings: `reasoning_content` (false when absent) and `enable_thinking`, each a
     /// boolean or `null`.
     pub(super) fn chat(&self, model_name: &str) -> Result<crate::ChatDefaults, ActorError> {
@@ -178,4 +189,8 @@ impl LaunchKeywords {
             enable_thinking: flag(&self.enable_thinking, "enable_thinking")?,
         })
     }
+}
+
+fn request_limits_invalid() -> ActorError {
+    invalid(LaunchRule::InvalidField, "request_limits must be a positive integer").at("request_limits")
 }

@@ -45,6 +45,8 @@ pub(crate) struct LaunchSpec {
     pub(super) snapshot_cache_bytes: Option<u64>,
     /// `reasoning_content` and `enable_thinking`.
     pub(crate) chat: crate::ChatDefaults,
+    /// `request_limits`.
+    pub(crate) request_limit: Option<u32>,
     /// The launch request as JSON, which every replica carries (see
     /// [`ReplicaSpec::launch`](crate::spec::ReplicaSpec)).
     pub(crate) launch: String,
@@ -59,12 +61,17 @@ impl LaunchSpec {
         }
     }
 
+    /// What the serving node applies in front of the replicas.
+    pub(crate) fn front(&self) -> crate::spec::ModelFront {
+        crate::spec::ModelFront { chat: self.chat.clone(), request_limit: self.request_limit }
+    }
+
     /// What every replica of this launch is started with.
     pub(crate) fn common(&self) -> crate::spec::ModelCommon {
         crate::spec::ModelCommon {
             source: self.source.clone(),
             handoff: self.handoff(),
-            chat: self.chat.clone(),
+            front: self.front(),
             launch: self.launch.clone(),
         }
     }

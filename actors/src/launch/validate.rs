@@ -72,6 +72,7 @@ pub(crate) fn validate(
     let (base, base_checked) = engine_options(req, engine_kwargs, launch_engine)?;
     let source = check_model(req, launch_engine)?;
     let chat = keywords.chat(&req.model_name)?;
+    let request_limit = keywords.request_limit()?;
 
     let replicas = if drafts.is_empty() {
         legacy_drafts(req, replica_count, launch_engine, &base_checked)
@@ -89,6 +90,7 @@ pub(crate) fn validate(
         transfer,
         snapshot_cache_bytes,
         chat,
+        request_limit,
         launch,
     })
 }
@@ -526,8 +528,7 @@ fn is_reserved_replica_uid(uid: &str) -> bool {
 /// Launch keys of Xinference that xinf does not implement and that Xinference's client sends,
 /// as `null`, with every launch. Null asks for nothing, so the key is dropped; any other value
 /// is refused by name like every reserved key.
-const OPTIONAL_XINFERENCE_KEYS: &[&str] =
-    &["peft_model_config", "request_limits", "enable_virtual_env", "envs"];
+const OPTIONAL_XINFERENCE_KEYS: &[&str] = &["peft_model_config", "enable_virtual_env", "envs"];
 
 fn is_optional_xinference_key(key: &str) -> bool {
     OPTIONAL_XINFERENCE_KEYS.contains(&key) || key.starts_with("virtual_env_")

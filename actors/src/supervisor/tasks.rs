@@ -9,7 +9,7 @@ use crate::node::{Namespace, wait_for_member};
 use crate::protocol::WorkerMsg;
 use crate::replica::ReplicaMsg;
 use crate::router::{Router, RouterArgs, RouterMsg};
-use crate::spec::{ModelCommon, Role};
+use crate::spec::{ModelCommon, ModelFront, Role};
 use crate::supervisor::state::ScalePlan;
 use crate::wire::{Wire, call, call_local};
 use ractor::{Actor, ActorCell, ActorRef};
@@ -40,7 +40,7 @@ pub(super) async fn run_launch(
 ) -> Result<(), ActorError> {
     let replicas: Vec<(String, Role)> = placements.iter().map(|p| (p.replica_uid.clone(), p.role)).collect();
     let starts = placements.iter().map(|p| start_replica(ctx, uid, common, p));
-    let result = build(ctx, uid, &replicas, starts, common.chat.clone()).await;
+    let result = build(ctx, uid, &replicas, starts, common.front.clone()).await;
     if result.is_err() {
         rollback(ctx, uid, placements).await;
     }
@@ -58,10 +58,10 @@ pub(super) async fn run_adopt(
     ctx: &TaskCtx,
     uid: &str,
     replicas: &[(String, Role)],
-    chat: crate::ChatDefaults,
+    front: ModelFront,
 ) -> Result<(), ActorError> {
     let finds = replicas.iter().map(|(r, _)| find_replica(ctx, r));
-    build(ctx, uid, replicas, finds, chat).await
+    build(ctx, uid, replicas, finds, front).await
 }
 
 /// Adds replicas that already serve (a worker that came back with them, or the rest of an
@@ -107,7 +107,7 @@ async fn build<F>(
     uid: &str,
     roles: &[(String, Role)],
     starts: impl Iterator<Item = F>,
-    chat: crate::ChatDefaults,
+    front: ModelFront,
 ) -> Result<(), ActorError>
 where
     F: std::future::Future<Output = Result<ActorRef<ReplicaMsg>, ActorError>>,
@@ -148,7 +148,8 @@ where
     let router = Router { model_uid: uid.to_owned(), call_timeout: ctx.times.call };
     match Actor::spawn_linked(Some(ctx.ns.router_name(uid)), router, RouterArgs { replicas }, sup).await {
         Ok((router, _)) => {
-            ctx.models.insert(uid, ModelActors { router, tracker, chat });
+            let limit = front.request_limit.map(crate::limit::RequestLimit::new);
+            ctx.models.insert(uid, ModelActors { router, tracker, chat: front.chat, limit });
             Ok(())
         }
         Err(e) => {

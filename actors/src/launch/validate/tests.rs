@@ -320,8 +320,19 @@ fn engine_options_are_checked_before_launch() {
         true,
     );
     assert_rule(&e, LaunchRule::EngineConfig, "given both at the top level and in engine_config");
-    let e = validate_err(json!({"model_name": "smollm2-instruct", "request_limits": 4}), true);
-    assert_rule(&e, LaunchRule::InvalidField, "`request_limits` is not a supported launch key");
+}
+
+#[test]
+fn request_limits_is_a_positive_count_kept_for_the_model() {
+    let spec =
+        validate(&parse(json!({"model_name": "smollm2-instruct", "request_limits": 4})), true, &engines())
+            .expect("valid");
+    assert_eq!(spec.request_limit, Some(4));
+    assert_eq!(json_of(&spec.replicas[0].engine_config), json!({}));
+    for bad in [json!(0), json!(-2), json!("4"), json!(2.5), json!(1u64 << 33)] {
+        let e = validate_err(json!({"model_name": "smollm2-instruct", "request_limits": bad}), true);
+        assert_rule(&e, LaunchRule::InvalidField, "request_limits must be a positive integer");
+    }
 }
 
 #[test]
@@ -398,7 +409,7 @@ fn refusals_name_their_field() {
         ),
         (json!({"model_name": "smollm2-instruct", "kv_cache_tokens": 1}), "engine_config.kv_cache_tokens"),
         (json!({"model_name": "smollm2-instruct", "colour": "red"}), "engine_config.colour"),
-        (json!({"model_name": "smollm2-instruct", "request_limits": 4}), "request_limits"),
+        (json!({"model_name": "smollm2-instruct", "request_limits": 0}), "request_limits"),
         (json!({"model_name": "smollm2-instruct", "n_worker": 0}), "n_worker"),
         (json!({"model_name": "smollm2-instruct", "n_worker": 2}), "n_worker"),
         (json!({"model_name": "smollm2-instruct", "gpu_idx": [0, 0]}), "gpu_idx"),
