@@ -69,6 +69,7 @@ impl SamplingFields {
             logit_bias: Vec::new(),
             // Read from `response_format` by its route.
             structured: None,
+            structured_after: None,
         };
         params.validate()?;
         Ok(params)

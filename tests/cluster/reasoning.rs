@@ -1,6 +1,6 @@
 //! Reasoning apart from the answer (`reasoning_content`), on the real default model launched
 //! under a name of its own with Xinference's `reasoning_content` and `enable_thinking` launch
-//! keys. SmolLM2 does not reason by itself, so a regular expression holds its output to a
+//! keys. SmolLM2 does not reason by itself, so earlier turns of the conversation teach it a
 //! reasoning model's shape; the same request to an ordinary launch of the same weights gives
 //! the text the reasoning and the answer must add up to.
 
@@ -59,33 +59,67 @@ fn answers_show_the_reasoning_apart_where_the_launch_asks() {
     assert_eq!(res.status, 200, "{}", res.text());
     let on = json!({"chat_template_kwargs": {"enable_thinking": true}});
 
-    // Qwen3's shape (both marks) and DeepSeek-R1's (the template opened the reasoning).
-    for regex in
-        [r"<think>[a-z ]{8,40}</think>[A-Z][a-z ]{4,30}\.", r"[a-z ]{8,40}</think>[A-Z][a-z ]{4,30}\."]
-    {
-        let format = json!({"structured_outputs": {"regex": regex}});
-        let (none, whole) = parts(&ask(addr, "plain", &format));
+    // Qwen3's shape (both marks) and DeepSeek-R1's (the template opened the reasoning), which
+    // two earlier turns teach SmolLM2 to write.
+    for opening in ["<think>", ""] {
+        let turn = |q: &str, a: &str| {
+            [
+                json!({"role": "user", "content": q}),
+                json!({"role": "assistant", "content": format!("{opening}Let me think.</think>{a}")}),
+            ]
+        };
+        let mut turns: Vec<Value> =
+            [turn("Is Paris in France?", "Yes"), turn("Is Rome in Spain?", "No")].concat();
+        turns.push(json!({"role": "user", "content": "Is Berlin in Germany?"}));
+        let taught = json!({"messages": turns});
+        let (none, whole) = parts(&ask(addr, "plain", &taught));
         assert_eq!(none, None, "an ordinary launch shows no reasoning");
         let (before, answer) = whole.split_once("</think>").expect("the closing mark");
         let thought = before.strip_prefix("<think>").unwrap_or(before);
         assert!(!thought.is_empty() && !answer.is_empty(), "{whole}");
+        assert_eq!(whole.starts_with("<think>"), !opening.is_empty(), "{whole}");
 
-        let read = merged(format.clone(), &on);
+        let read = merged(taught.clone(), &on);
         let (reasoning, content) = parts(&ask(addr, "thinker", &read));
         assert_eq!((reasoning.as_deref(), content.as_str()), (Some(thought), answer), "{whole}");
         let stream = streamed(&ask(addr, "thinker", &merged(read, &json!({"stream": true}))));
         assert_eq!(stream, (thought.to_owned(), answer.to_owned()), "{whole}");
 
         // Thinking off (the launch's default here): the output is all content.
-        assert_eq!(parts(&ask(addr, "thinker", &format)), (None, whole.clone()));
-        let stream = merged(format, &json!({"stream": true}));
+        assert_eq!(parts(&ask(addr, "thinker", &taught)), (None, whole.clone()));
+        let stream = merged(taught, &json!({"stream": true}));
         assert_eq!(streamed(&ask(addr, "thinker", &stream)), (String::new(), whole.clone()));
     }
 
-    // An answer cut short inside its reasoning is all reasoning.
-    let cut = json!({"structured_outputs": {"regex": r"<think>[a-z ]{30,60}</think>OK"}, "max_tokens": 4});
-    let (reasoning, content) = parts(&ask(addr, "thinker", &merged(cut, &on)));
-    assert!(reasoning.is_some_and(|r| !r.is_empty() && !r.contains("<think>")));
+    // A shape asked of a reasoning answer holds after the reasoning: the model thinks freely,
+    // then answers in the shape. Two earlier turns teach SmolLM2 to think before it answers.
+    let turns = json!([
+        {"role": "user", "content": "Is Paris in France?"},
+        {"role": "assistant", "content": "Let me think.</think>{\"answer\": \"yes\"}"},
+        {"role": "user", "content": "Is Rome in Spain?"},
+        {"role": "assistant", "content": "Let me think.</think>{\"answer\": \"no\"}"},
+        {"role": "user", "content": "Is Berlin in Germany?"},
+    ]);
+    let schema = json!({"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}},
+                        "required": ["answer"], "additionalProperties": false});
+    let shaped = json!({"messages": turns, "response_format": {"type": "json_schema",
+                        "json_schema": {"name": "answer", "schema": schema}}});
+    let is_answer = |text: &str| {
+        serde_json::from_str::<Value>(text).is_ok_and(|v| v["answer"] == "yes" || v["answer"] == "no")
+    };
+    let read = merged(shaped.clone(), &on);
+    let (reasoning, content) = parts(&ask(addr, "thinker", &read));
+    assert_eq!(reasoning.as_deref(), Some("Let me think."), "{content}");
+    assert!(is_answer(&content), "{content}");
+    let (r, c) = streamed(&ask(addr, "thinker", &merged(read, &json!({"stream": true}))));
+    assert_eq!((Some(r), c), (reasoning, content));
+    // Thinking off: the shape holds from the first token, so the answer is all shape.
+    let (none, content) = parts(&ask(addr, "thinker", &shaped));
+    assert!(none.is_none() && is_answer(&content), "{content}");
+
+    // An answer cut short inside its reasoning (no closing mark yet) is all reasoning.
+    let (reasoning, content) = parts(&ask(addr, "thinker", &merged(json!({"max_tokens": 4}), &on)));
+    assert!(reasoning.is_some_and(|r| !r.is_empty()));
     assert_eq!(content, "");
 
     // A registry family that does not reason is refused the key, naming it.

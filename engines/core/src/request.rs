@@ -107,6 +107,10 @@ pub struct SamplingParams {
     pub logit_bias: Vec<(u32, f32)>,
     /// A shape the output must take (OpenAI's `response_format`); `None`: any text.
     pub structured: Option<StructuredOutput>,
+    /// A reasoning model's closing mark (`</think>`): the output is free text up to the first
+    /// one and takes the shape of `structured` after it, so that the model thinks before it
+    /// answers in the shape. `None`: the shape holds from the first token.
+    pub structured_after: Option<String>,
 }
 
 /// A shape the output must take: the engine samples only tokens that keep the output a prefix
@@ -204,6 +208,7 @@ impl Default for SamplingParams {
             echo: false,
             logit_bias: Vec::new(),
             structured: None,
+            structured_after: None,
         }
     }
 }
@@ -281,6 +286,9 @@ impl SamplingParams {
         }
         if self.logit_bias.iter().any(|&(_, b)| !(-100.0..=100.0).contains(&b)) {
             return Err(EngineError::invalid("logit_bias", "biases must be between -100 and 100"));
+        }
+        if self.structured_after.as_ref().is_some_and(|m| m.is_empty() || m.len() > 64) {
+            return Err(EngineError::invalid("response_format", "a reasoning mark is 1 to 64 bytes"));
         }
         if let Some(shape) = &self.structured {
             if shape.text_len() > MAX_SCHEMA_BYTES {

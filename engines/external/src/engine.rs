@@ -112,6 +112,18 @@ impl ServerEngine {
     fn check(&self, request: &GenerateRequest, prompt_len: usize) -> Result<usize, EngineError> {
         request.sampling.validate()?;
         request.sampling.check_bias_tokens(self.contract.vocab_size)?;
+        if request.sampling.structured.is_some() && request.sampling.structured_after.is_some() {
+            return Err(EngineError::invalid(
+                "response_format",
+                format!(
+                    "a {} server holds the output to the shape from its first token, so a reasoning model \
+                     could not think before it answers; turn thinking off for this request \
+                     (chat_template_kwargs: {{\"enable_thinking\": false}}) or serve the model with the \
+                     native engine, which applies the shape after the reasoning",
+                    self.flavor
+                ),
+            ));
+        }
         if let Some(schema) = request.sampling.structured.as_ref().and_then(|s| s.schema()) {
             // Sent as JSON (vLLM) or as text the engine parses (SGLang): parsed here so that both
             // refuse a broken schema alike, in xinf's words.

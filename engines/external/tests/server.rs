@@ -149,6 +149,18 @@ fn log_probabilities_come_through_either_engine() {
         }
         let log = log_of(&engine);
         assert_eq!(log.contains("SGLANG_RETURN_ORIGINAL_LOGPROB=1"), flavor == Flavor::Sglang, "{log}");
+        // A shape that holds only after a reasoning model's thinking is the native engine's:
+        // the server would hold it from the first token.
+        let mut after = request("r", "hello", 3);
+        after.sampling.structured = Some(xinf_engine::StructuredOutput::Regex("(yes|no)".into()));
+        after.sampling.structured_after = Some("</think>".into());
+        match engine.submit(after) {
+            Err(xinf_engine::EngineError::InvalidRequest { field, reason }) => {
+                assert_eq!(field, "response_format", "{flavor}");
+                assert!(reason.contains("enable_thinking"), "{flavor}: {reason}");
+            }
+            other => panic!("{flavor}: {:?}", other.map(|_| "a stream")),
+        }
         drop(engine);
     }
 }

@@ -12,7 +12,7 @@
 //! both the compile and every mask, whatever schema a client sends.
 
 use llguidance::api::TopLevelGrammar;
-use llguidance::{Matcher, ParserFactory};
+use llguidance::{Matcher, ParserFactory, regex_to_lark};
 use std::sync::Arc;
 use toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use xinf_engine::{EngineError, StructuredOutput};
@@ -67,17 +67,28 @@ impl Grammars {
         while words.len() < vocab_size {
             words.push(special(words.len()));
         }
+        Self::from_words(&words, eos)
+    }
+
+    /// The vocabulary of these tokens' bytes, ending at `eos`.
+    fn from_words(words: &[Vec<u8>], eos: &[u32]) -> Result<Self, String> {
+        let vocab_size = words.len();
         let first_eos = eos.first().copied().ok_or("the model has no end-of-sequence token")?;
         let info = TokRxInfo::new(vocab_size as u32, first_eos);
-        let trie = TokTrie::from(&info, &words).with_eos_tokens(eos);
+        let trie = TokTrie::from(&info, words).with_eos_tokens(eos);
         let env: TokEnv = Arc::new(Vocabulary { trie });
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
         factory.quiet();
         Ok(Self { factory })
     }
 
-    /// The constraint of a request asking for `shape`; the error names `response_format`.
-    pub(crate) fn constraint(&self, shape: &StructuredOutput) -> Result<Constraint, EngineError> {
+    /// The constraint of a request asking for `shape`, from the first token or after the
+    /// reasoning mark `after`; the error names `response_format`.
+    pub(crate) fn constraint(
+        &self,
+        shape: &StructuredOutput,
+        after: Option<&str>,
+    ) -> Result<Constraint, EngineError> {
         let invalid = |e: String| EngineError::invalid("response_format", e);
         let (what, grammar) = match (shape.schema(), shape.regex()) {
             (Some(text), _) => {
@@ -88,9 +99,24 @@ impl Grammars {
                     o.entry("x-guidance")
                         .or_insert_with(|| serde_json::json!({"whitespace_pattern": WHITESPACE}));
                 }
-                ("JSON Schema", TopLevelGrammar::from_json_schema(schema))
+                let grammar = match after {
+                    Some(mark) => {
+                        TopLevelGrammar::from_lark(after_reasoning(mark, &format!("%json {schema}")))
+                    }
+                    None => TopLevelGrammar::from_json_schema(schema),
+                };
+                ("JSON Schema", grammar)
             }
-            (None, Some(rx)) => ("regular expression", TopLevelGrammar::from_regex(&rx)),
+            (None, Some(rx)) => {
+                let grammar = match after {
+                    Some(mark) => TopLevelGrammar::from_lark(after_reasoning(
+                        mark,
+                        &format!("/{}/", regex_to_lark(&rx, "")),
+                    )),
+                    None => TopLevelGrammar::from_regex(&rx),
+                };
+                ("regular expression", grammar)
+            }
             (None, None) => return Err(invalid("no shape was given".into())),
         };
         // llguidance guards its matcher against its own panics but not the compile: a client's
@@ -101,6 +127,16 @@ impl Grammars {
         let parser = compiled.map_err(|e| invalid(format!("the {what} cannot be followed: {e}")))?;
         Ok(Constraint { matcher: Matcher::new(Ok(parser)) })
     }
+}
+
+/// A Lark grammar of free text up to the first `mark` (a reasoning model's thinking, whatever
+/// it writes, its opening mark included), a little whitespace, then `answer`.
+fn after_reasoning(mark: &str, answer: &str) -> String {
+    // A JSON string's escapes are those of a Lark string.
+    let mark = serde_json::Value::from(mark).to_string();
+    format!(
+        "start: thinking SPACE answer\nthinking[suffix={mark}]: /(.|\\n)*/\nSPACE: /[ \\t\\r\\n]{{0,8}}/\nanswer: {answer}\n"
+    )
 }
 
 /// The name of a token that spells no text (special, or past the tokenizer's vocabulary).
@@ -168,8 +204,63 @@ impl Mask {
 
 #[cfg(test)]
 mod tests {
-    use super::Mask;
+    use super::{Constraint, Grammars, Mask, special};
     use toktrie::SimpleVob;
+    use xinf_engine::StructuredOutput;
+
+    /// Every byte a token, then `<think>`, `</think>` and an end-of-sequence token.
+    fn grammars() -> Grammars {
+        let mut words: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        words.push(b"<think>".to_vec());
+        words.push(b"</think>".to_vec());
+        words.push(special(words.len()));
+        Grammars::from_words(&words, &[258]).expect("grammars")
+    }
+
+    /// Feeds `text` byte by byte (the marks as their own tokens); `Err` at the first byte the
+    /// grammar refuses, else whether the output may end there.
+    fn feed(c: &mut Constraint, text: &str) -> Result<bool, usize> {
+        let mut at = 0;
+        while at < text.len() {
+            let (token, len) = match &text[at..] {
+                t if t.starts_with("</think>") => (257, 8),
+                t if t.starts_with("<think>") => (256, 7),
+                t => (u32::from(t.as_bytes()[0]), 1),
+            };
+            let allowed = c.allowed().map_err(|_| at)?;
+            if !allowed.0.is_allowed(token) {
+                return Err(at);
+            }
+            c.advance(token).map_err(|_| at)?;
+            at += len;
+        }
+        // A grammar with nothing left to add stops by itself; else the end must be allowed.
+        Ok(c.is_done() || c.allowed().is_ok_and(|m| m.0.is_allowed(258)))
+    }
+
+    #[test]
+    fn after_a_reasoning_mark_the_shape_holds() {
+        let g = grammars();
+        let schema = StructuredOutput::JsonSchema(
+            r#"{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}"#.into(),
+        );
+        let regex = StructuredOutput::Regex("(yes|no)".into());
+        let json = |text: &str| feed(&mut g.constraint(&schema, Some("</think>")).expect("compiles"), text);
+        // Anything while it thinks, marks of its own and a lone `<` included; then the shape.
+        assert_eq!(json("<think>\nhm: 2 < 3, {not json}\n</think>\n\n{\"a\": 1}"), Ok(true));
+        assert_eq!(json("no opening mark</think>{\"a\": 7}"), Ok(true));
+        // Still thinking: not an answer yet, and not an error.
+        assert_eq!(json("<think>{\"a\": 1}"), Ok(false));
+        // The first closing mark ends the thinking: what follows must be the shape.
+        assert_eq!(json("x</think>prose"), Err(9));
+        assert_eq!(json("x</think>y</think>{\"a\": 1}"), Err(9));
+        let answer = |text: &str| feed(&mut g.constraint(&regex, Some("</think>")).expect("compiles"), text);
+        assert_eq!(answer("<think>maybe</think> yes"), Ok(true));
+        assert_eq!(answer("<think>maybe</think>perhaps"), Err(20));
+        // Without a mark the shape holds from the first token, as before.
+        assert_eq!(feed(&mut g.constraint(&regex, None).expect("compiles"), "yes"), Ok(true));
+        assert!(feed(&mut g.constraint(&regex, None).expect("compiles"), "<think>").is_err());
+    }
 
     #[test]
     fn a_mask_keeps_exactly_the_allowed_logits() {

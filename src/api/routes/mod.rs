@@ -238,6 +238,10 @@ async fn generate(state: &AppState, req: &HttpRequest, mut job: Generation) -> R
         let defaults = state.service.chat_defaults(&job.model).await?;
         for request in &mut job.requests {
             reasoning = crate::api::reasoning::apply(&defaults, &mut request.prompt);
+            // A shape asked of a reasoning model's answer holds after its reasoning.
+            if let (Some(marks), Some(_)) = (reasoning, &request.sampling.structured) {
+                request.sampling.structured_after = Some(marks.end.to_owned());
+            }
         }
     }
     let first =

@@ -146,7 +146,9 @@ impl NativeEngine {
         if request.request_id.is_empty() {
             return Err(EngineError::invalid("request_id", "must not be empty"));
         }
-        let constraint = request.sampling.structured.as_ref().map(|s| self.constraint(s)).transpose()?;
+        let after = request.sampling.structured_after.as_deref();
+        let constraint =
+            request.sampling.structured.as_ref().map(|s| self.constraint(s, after)).transpose()?;
         let prompt = self.prompt_ids(&request.prompt)?;
         let room = self.max_seq_len.saturating_sub(prompt.len());
         let max_tokens = match request.sampling.max_tokens {
@@ -196,7 +198,11 @@ impl NativeEngine {
 
     /// The constraint of a request asking for `shape`, compiled here so that a bad schema is
     /// refused before the request is queued.
-    fn constraint(&self, shape: &xinf_engine::StructuredOutput) -> Result<Constraint, EngineError> {
+    fn constraint(
+        &self,
+        shape: &xinf_engine::StructuredOutput,
+        after: Option<&str>,
+    ) -> Result<Constraint, EngineError> {
         let grammars = self
             .grammars
             .get_or_init(|| {
@@ -214,7 +220,7 @@ impl NativeEngine {
                     format!("structured output is unavailable for this model: {e}"),
                 )
             })?;
-        grammars.constraint(shape)
+        grammars.constraint(shape, after)
     }
 
     /// Hands a sequence to the compute thread, unless the queue is full or its id is in use

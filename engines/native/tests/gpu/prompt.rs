@@ -20,8 +20,10 @@ fn prompt_log_probabilities_match_the_cpu() {
         let ids = prompt(len, 300 + i as u32, VOCAB);
         let run = |engine: &NativeEngine, tag: &str| {
             let sampling = SamplingParams { prompt_logprobs: Some(3), ..SamplingParams::greedy(2) };
-            let request =
-                GenerateRequest { request_id: tag.into(), prompt: Prompt::Tokens(ids.clone()), sampling };
+            // An id per prompt: the stream is dropped at the report, and the abort that follows
+            // may not have reached the engine when the next prompt is submitted.
+            let request_id = format!("{tag}-{len}");
+            let request = GenerateRequest { request_id, prompt: Prompt::Tokens(ids.clone()), sampling };
             let mut stream = engine.submit(request).expect("submit");
             rt.block_on(async {
                 while let Some(ev) = stream.next().await {
