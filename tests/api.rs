@@ -8,6 +8,7 @@ mod completions;
 mod corpus;
 mod logit_bias;
 mod logprobs;
+mod reasoning;
 mod structured;
 mod tools;
 mod web_ui;

@@ -290,6 +290,7 @@ fn ready<T: Send + 'static>(result: Result<T, ServiceError>) -> ServiceFuture<T>
 struct LocalModel {
     info: ModelInfo,
     engine: Arc<dyn Engine>,
+    chat: xinf_actors::ChatDefaults,
 }
 
 /// A [`ModelService`] over engines held in this process: one engine (replica) per model uid.
@@ -323,9 +324,11 @@ impl LocalService {
     /// that uid.
     pub fn insert(&self, uid: impl Into<String>, model_name: impl Into<String>, engine: Arc<dyn Engine>) {
         let uid = uid.into();
+        let model_name = model_name.into();
+        let chat = xinf_actors::ChatDefaults { model_name: model_name.clone(), ..Default::default() };
         let info = ModelInfo {
             uid: uid.clone(),
-            model_name: model_name.into(),
+            model_name,
             status: ModelStatus::Ready,
             replicas: 1,
             replica_details: Vec::new(),
@@ -334,7 +337,14 @@ impl LocalService {
             created: now_secs(),
             weights: WeightsInfo::default(),
         };
-        self.models.write().unwrap_or_else(|p| p.into_inner()).insert(uid, LocalModel { info, engine });
+        self.models.write().unwrap_or_else(|p| p.into_inner()).insert(uid, LocalModel { info, engine, chat });
+    }
+
+    /// Sets how model `uid`'s chat answers are made and read (`reasoning_content`,
+    /// `enable_thinking`, as a launch gives them); `false` when there is no such model.
+    pub fn set_chat_defaults(&self, uid: &str, chat: xinf_actors::ChatDefaults) -> bool {
+        let mut models = self.models.write().unwrap_or_else(|p| p.into_inner());
+        models.get_mut(uid).map(|m| m.chat = chat).is_some()
     }
 
     /// Like [`insert`](Self::insert), for building a service in one expression.
@@ -382,6 +392,11 @@ impl ModelService for LocalService {
 
     fn stats(&self, uid: &str) -> ServiceFuture<ModelStats> {
         ready(self.engine(uid).map(|e| ModelStats::from(&e.stats())))
+    }
+
+    fn chat_defaults(&self, uid: &str) -> ServiceFuture<xinf_actors::ChatDefaults> {
+        let found = self.read().get(uid).map(|m| m.chat.clone());
+        ready(found.ok_or_else(|| ServiceError::NotFound(uid.to_owned())))
     }
 }
 

@@ -63,6 +63,16 @@ pub(crate) struct LaunchSource {
     /// parses, else as a string), for example --engine-option kv_cache_tokens=16384.
     #[arg(long = "engine-option", value_name = "KEY=VALUE")]
     pub(crate) engine_option: Vec<String>,
+    /// Chat answers show a reasoning model's thinking apart, as `reasoning_content`
+    /// (`--reasoning-content` alone means true).
+    #[arg(long, visible_alias = "reasoning_content", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub(crate) reasoning_content: Option<bool>,
+    /// The chat template's `enable_thinking` for requests that leave it out.
+    #[arg(long, visible_alias = "enable_thinking", value_name = "BOOL")]
+    pub(crate) enable_thinking: Option<bool>,
+    /// The most requests the model serves at once; one more is refused (429), not queued.
+    #[arg(long, visible_alias = "request_limits", value_name = "N")]
+    pub(crate) request_limits: Option<u32>,
 }
 
 /// `xinf launch`.
@@ -249,6 +259,21 @@ pub(crate) fn extra_engine_options(args: Vec<OsString>, cli: &clap::Command) -> 
 }
 
 impl LaunchSource {
+    /// The launch keys of the flags that are neither placement nor engine options.
+    fn launch_keys(&self) -> Map<String, Value> {
+        let mut keys = Map::new();
+        if let Some(on) = self.reasoning_content {
+            keys.insert("reasoning_content".into(), Value::Bool(on));
+        }
+        if let Some(on) = self.enable_thinking {
+            keys.insert("enable_thinking".into(), Value::Bool(on));
+        }
+        if let Some(n) = self.request_limits {
+            keys.insert("request_limits".into(), Value::from(n));
+        }
+        keys
+    }
+
     /// The launch request these flags describe, checked as far as a client can (the same
     /// rules and messages as the server's, without the cluster's state).
     pub(crate) fn request(&self, cat: &Catalog) -> Result<LaunchRequest, String> {
@@ -282,6 +307,7 @@ impl LaunchSource {
             model_path: self.model_path.clone(),
             replica_config,
             engine_config: (!options.is_empty()).then_some(options),
+            extra: self.launch_keys(),
             ..LaunchRequest::default()
         };
         request.check(&crate::engines()).map_err(|e| e.to_string())?;

@@ -43,7 +43,7 @@ fn cases() -> Vec<(Value, &'static str)> {
     each("enable_xavier", vec![json!("yes"), json!(1)]);
     each("xavier_cache_bytes", vec![json!(-1), json!(0), json!("x"), json!(1.5)]);
     each("xavier_gpu_cache_bytes", vec![json!(-1), json!("x")]);
-    each("request_limits", vec![json!(4)]);
+    each("request_limits", vec![json!(0), json!(-4), json!("4"), json!(1.5)]);
     each("engine_config", vec![json!("x"), json!(5), json!([1])]);
     let engine_configs = [
         json!({"colour": "red"}),

@@ -128,9 +128,11 @@ def main():
     fails(lambda: client.query_engine_by_model_name("no-such-model"), "no-such-model")
     ok("engines")
 
-    # Unsupported Xinference keys are refused by name; the ones it sends as null are not.
+    # Unsupported Xinference keys are refused by name; the ones it sends as null are not. Bad
+    # values of the launch keys xinf takes are refused by name too.
     fails(lambda: client.launch_model(MODEL, model_uid="xc-bad", envs={"A": "1"}), "envs")
-    fails(lambda: client.launch_model(MODEL, model_uid="xc-bad", request_limits=4), "request_limits")
+    fails(lambda: client.launch_model(MODEL, model_uid="xc-bad", request_limits=0), "request_limits")
+    fails(lambda: client.launch_model(MODEL, model_uid="xc-bad", reasoning_content=True), "reasoning_content")
     fails(lambda: client.launch_model("no-such-model", model_uid="xc-bad"), "no-such-model")
     assert "xc-bad" not in client.list_models()
     ok("launch refusals carry the server's message")

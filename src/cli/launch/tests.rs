@@ -127,6 +127,34 @@ fn the_launch_body_carries_the_extra_options() {
 }
 
 #[test]
+fn launch_keys_go_to_the_top_of_the_body_in_either_spelling() {
+    let en = Catalog::new("en");
+    let line = [
+        "xinf",
+        "launch",
+        "-n",
+        "qwen3",
+        "--reasoning_content",
+        "--enable-thinking",
+        "false",
+        "--request_limits",
+        "8",
+    ];
+    let args = launch_args(&line);
+    let Ok(args) = args else { panic!("{args:?}") };
+    let body = args.source.request(&en).and_then(|r| serde_json::to_value(&r).map_err(|e| e.to_string()));
+    let Ok(body) = body else { panic!("{body:?}") };
+    assert_eq!(
+        (&body["reasoning_content"], &body["enable_thinking"], &body["request_limits"]),
+        (&json!(true), &json!(false), &json!(8))
+    );
+    assert!(body.get("engine_config").is_none_or(Value::is_null), "{body}");
+    let args = launch_args(&["xinf", "launch", "-n", "qwen3", "--reasoning-content", "false"]);
+    assert!(args.is_ok_and(|a| a.source.reasoning_content == Some(false)));
+    assert!(launch_args(&["xinf", "launch", "-n", "qwen3", "--request-limits", "many"]).is_err());
+}
+
+#[test]
 fn a_launch_without_waiting_says_it_is_loading() {
     for lang in xinf_i18n::languages() {
         let cat = Catalog::new(lang);
