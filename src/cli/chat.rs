@@ -124,15 +124,44 @@ struct ChunkChoice {
     delta: Delta,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 struct Delta {
     content: Option<String>,
+    /// A reasoning model's thinking (a model launched with `reasoning_content`).
+    reasoning_content: Option<String>,
 }
 
-/// The text a chunk adds, if any (the usage chunk has no choices).
-fn delta_text(event: &Value) -> Option<String> {
-    let chunk = Chunk::deserialize(event).ok()?;
-    chunk.choices.into_iter().next()?.delta.content
+/// What a chunk adds, if anything (the usage chunk has no choices).
+fn delta_of(event: &Value) -> Delta {
+    let chunk = Chunk::deserialize(event).ok();
+    chunk.and_then(|c| c.choices.into_iter().next()).map(|c| c.delta).unwrap_or_default()
+}
+
+/// Where a reasoning model's thinking goes: standard error, so that standard output holds the
+/// answers alone; faint on a terminal.
+struct Thinking {
+    faint: bool,
+    shown: bool,
+}
+
+impl Thinking {
+    fn new() -> Self {
+        Self { faint: std::io::stderr().is_terminal(), shown: false }
+    }
+
+    fn show(&mut self, text: &str) {
+        let mut err = std::io::stderr().lock();
+        let _ = if self.faint { write!(err, "\x1b[2m{text}\x1b[0m") } else { write!(err, "{text}") };
+        let _ = err.flush();
+        self.shown = true;
+    }
+
+    /// Ends the thinking's line before the answer starts.
+    fn end(&mut self) {
+        if std::mem::take(&mut self.shown) {
+            eprintln!();
+        }
+    }
 }
 
 /// Checks that the server serves the model, then reads a message per line from stdin and
@@ -192,6 +221,7 @@ fn converse(
             body["seed"] = seed.into();
         }
         let mut answer = String::new();
+        let mut thinking = Thinking::new();
         let mut out = std::io::stdout().lock();
         STOP.store(false, Ordering::SeqCst);
         STREAMING.store(true, Ordering::SeqCst);
@@ -199,14 +229,20 @@ fn converse(
             if STOP.load(Ordering::SeqCst) {
                 return ControlFlow::Break(());
             }
-            if let Some(delta) = delta_text(event) {
-                answer.push_str(&delta);
-                let _ = out.write_all(delta.as_bytes());
+            let delta = delta_of(event);
+            if let Some(thought) = delta.reasoning_content {
+                thinking.show(&thought);
+            }
+            if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
+                thinking.end();
+                answer.push_str(&text);
+                let _ = out.write_all(text.as_bytes());
                 let _ = out.flush();
             }
             ControlFlow::Continue(())
         });
         STREAMING.store(false, Ordering::SeqCst);
+        thinking.end();
         let _ = writeln!(out);
         drop(out);
         match streamed {

@@ -28,15 +28,7 @@ fn an_embedded_model_shows_each_choices_reasoning_apart() {
     let server = server.expect("serve");
     let addr = server.local_addr();
 
-    let turn = |q: &str, a: &str| {
-        [
-            json!({"role": "user", "content": q}),
-            json!({"role": "assistant", "content": format!("Let me think.</think>{a}")}),
-        ]
-    };
-    let mut messages: Vec<Value> =
-        [turn("Is Paris in France?", "Yes"), turn("Is Rome in Spain?", "No")].concat();
-    messages.push(json!({"role": "user", "content": "Is Berlin in Germany?"}));
+    let messages = util::thinking_lesson("", ["Yes", "No"]);
     let ask = |model: &str, stream: bool| {
         let body = json!({"model": model, "messages": messages, "temperature": 0, "max_tokens": 30,
                           "n": 2, "stream": stream});

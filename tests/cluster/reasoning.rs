@@ -62,16 +62,7 @@ fn answers_show_the_reasoning_apart_where_the_launch_asks() {
     // Qwen3's shape (both marks) and DeepSeek-R1's (the template opened the reasoning), which
     // two earlier turns teach SmolLM2 to write.
     for opening in ["<think>", ""] {
-        let turn = |q: &str, a: &str| {
-            [
-                json!({"role": "user", "content": q}),
-                json!({"role": "assistant", "content": format!("{opening}Let me think.</think>{a}")}),
-            ]
-        };
-        let mut turns: Vec<Value> =
-            [turn("Is Paris in France?", "Yes"), turn("Is Rome in Spain?", "No")].concat();
-        turns.push(json!({"role": "user", "content": "Is Berlin in Germany?"}));
-        let taught = json!({"messages": turns});
+        let taught = json!({"messages": util::thinking_lesson(opening, ["Yes", "No"])});
         let (none, whole) = parts(&ask(addr, "plain", &taught));
         assert_eq!(none, None, "an ordinary launch shows no reasoning");
         let (before, answer) = whole.split_once("</think>").expect("the closing mark");
@@ -93,13 +84,7 @@ fn answers_show_the_reasoning_apart_where_the_launch_asks() {
 
     // A shape asked of a reasoning answer holds after the reasoning: the model thinks freely,
     // then answers in the shape. Two earlier turns teach SmolLM2 to think before it answers.
-    let turns = json!([
-        {"role": "user", "content": "Is Paris in France?"},
-        {"role": "assistant", "content": "Let me think.</think>{\"answer\": \"yes\"}"},
-        {"role": "user", "content": "Is Rome in Spain?"},
-        {"role": "assistant", "content": "Let me think.</think>{\"answer\": \"no\"}"},
-        {"role": "user", "content": "Is Berlin in Germany?"},
-    ]);
+    let turns = util::thinking_lesson("", [r#"{"answer": "yes"}"#, r#"{"answer": "no"}"#]);
     let schema = json!({"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}},
                         "required": ["answer"], "additionalProperties": false});
     let shaped = json!({"messages": turns, "response_format": {"type": "json_schema",
@@ -121,6 +106,23 @@ fn answers_show_the_reasoning_apart_where_the_launch_asks() {
     let (reasoning, content) = parts(&ask(addr, "thinker", &merged(json!({"max_tokens": 4}), &on)));
     assert!(reasoning.is_some_and(|r| !r.is_empty()));
     assert_eq!(content, "");
+
+    // `xinf chat` shows the thinking on standard error and keeps standard output for answers:
+    // a model that thinks by default (this one never closes its reasoning, so all of its
+    // output is thinking).
+    let deep = json!({"model_name": "smollm2-thinker", "model_uid": "deep", "model_path": path,
+                      "reasoning_content": true});
+    let res = http::post(addr, "/v1/models", &deep);
+    assert_eq!(res.status, 200, "{}", res.text());
+    let (thought, content) = parts(&ask(addr, "deep", &json!({"max_tokens": 24})));
+    let thought = thought.expect("reasoning");
+    assert_eq!(content, "");
+    let out =
+        crate::util::procs::xinf_chat(&format!("http://{addr}"), "deep", "What is the capital of France?\n");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.trim().is_empty(), "the answer is empty: {stdout:?}");
+    assert!(stderr.contains(thought.trim()), "{stderr:?} should show {thought:?}");
 
     // A registry family that does not reason is refused the key, naming it.
     let res =

@@ -200,3 +200,17 @@ pub use xinf_test_util::runtime as rt;
 pub fn exists(p: &Path) -> bool {
     p.exists()
 }
+
+/// Chat messages that teach a model which does not reason the shape of one that does: two
+/// earlier questions answered `{opening}Let me think.</think>{answer}`, then a third question.
+/// SmolLM2 answers it greedily in that shape.
+pub fn thinking_lesson(opening: &str, answers: [&str; 2]) -> Vec<serde_json::Value> {
+    let mut messages = Vec::new();
+    for (q, a) in ["Is Paris in France?", "Is Rome in Spain?"].into_iter().zip(answers) {
+        messages.push(serde_json::json!({"role": "user", "content": q}));
+        let content = format!("{opening}Let me think.</think>{a}");
+        messages.push(serde_json::json!({"role": "assistant", "content": content}));
+    }
+    messages.push(serde_json::json!({"role": "user", "content": "Is Berlin in Germany?"}));
+    messages
+}
