@@ -5,7 +5,7 @@
 
 use super::{UID, chunks};
 use crate::util::{self, http};
-use serde_json::{Value, json};
+use serde_json::json;
 use std::sync::Arc;
 use xinf::actors::ChatDefaults;
 use xinf::api::{self, ApiConfig, LocalService};
