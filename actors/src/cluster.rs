@@ -168,6 +168,14 @@ impl Cluster {
         self.serving(model_uid).await.map(|actors| actors.chat)
     }
 
+    /// The model's `request_limits` and how it is used; `None` for a model without one.
+    pub async fn request_limit(
+        &self,
+        model_uid: &str,
+    ) -> Result<Option<crate::RequestLimitStats>, ActorError> {
+        self.serving(model_uid).await.map(|actors| actors.limit.map(|l| l.stats()))
+    }
+
     /// Load figures of every alive replica of the model, by replica uid.
     pub async fn stats(&self, model_uid: &str) -> Result<Vec<ReplicaStats>, ActorError> {
         let actors = self.serving(model_uid).await?;

@@ -94,6 +94,7 @@ pub use launch::{
     DeviceConfig, GpuCount, GpuIdx, LaunchRequest, MAX_SCALE, ModelSize, RESERVED_ENGINE_CONFIG_KEYS,
     ReplicaConfig, Role, ScaleRequest, scale_refused_key,
 };
+pub use limit::RequestLimitStats;
 pub use view::{
     FinishCounts, GpuInfo, GpuUsage, HANDOFF_LATENCY_BOUNDS, HandoffStats, LatencyHistogram, ModelInfo,
     ModelStatus, REQUEST_LATENCY_BOUNDS, ReplicaInfo, ReplicaStats, ReplicaStatus, RequestHistogram,

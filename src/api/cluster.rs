@@ -75,7 +75,12 @@ impl ModelService for ClusterService {
     /// The sum over alive replicas, and each replica.
     fn stats(&self, uid: &str) -> ServiceFuture<ModelStats> {
         let (c, uid) = (self.cluster.clone(), uid.to_owned());
-        async move { service(c.stats(&uid).await).map(ModelStats::from_replicas) }.boxed()
+        async move {
+            let mut stats = service(c.stats(&uid).await).map(ModelStats::from_replicas)?;
+            stats.request_limit = service(c.request_limit(&uid).await)?;
+            Ok(stats)
+        }
+        .boxed()
     }
 
     fn launch(&self, request: LaunchRequest, wait_ready: bool) -> ServiceFuture<String> {

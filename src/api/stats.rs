@@ -38,6 +38,9 @@ pub struct ModelStats {
     /// Each replica's own figures (a cluster).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<Vec<ReplicaStats>>,
+    /// The launch's `request_limits` and how it is used (a cluster model launched with one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_limit: Option<xinf_actors::RequestLimitStats>,
 }
 
 impl From<&EngineStats> for ModelStats {
@@ -54,6 +57,7 @@ impl From<&EngineStats> for ModelStats {
             requests_served: None,
             handoff: None,
             replicas: None,
+            request_limit: None,
         }
     }
 }
@@ -78,6 +82,7 @@ impl ModelStats {
             requests_served: Some(sum(|r| r.requests_served)),
             handoff: Some(handoff),
             replicas: Some(replicas),
+            request_limit: None,
         }
     }
 }

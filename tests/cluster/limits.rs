@@ -42,6 +42,15 @@ fn requests_over_the_launch_limit_are_refused_until_a_place_frees() {
         );
         assert_eq!(res.header("retry-after"), Some("1"));
     }
+    // The model's figures show the limit, the place taken and the two refusals.
+    let stats = http::get(addr, "/v1/models/limited/stats").json();
+    assert_eq!(stats["request_limit"], json!({"limit": 1, "running": 1, "refused": 2}), "{stats}");
+    let metrics = http::get(addr, "/metrics").text();
+    let labels = r#"{model_uid="limited",model_name="smollm2-instruct"}"#;
+    for line in [format!("xinf_request_limit{labels} 1"), format!("xinf_requests_refused_total{labels} 2")] {
+        assert!(metrics.lines().any(|l| l == line), "{line} not in\n{metrics}");
+    }
+    assert!(!metrics.contains(r#"xinf_request_limit{model_uid="unlimited""#), "{metrics}");
     // Another model of the cluster is not limited by it.
     let other = json!({"model": "unlimited", "prompt": "Hi", "max_tokens": 2});
     assert_eq!(http::post(addr, "/v1/completions", &other).status, 200);

@@ -215,7 +215,39 @@ fn render(models: &[ModelMetrics]) -> String {
         let _ = writeln!(out, "{name}_count{{{labels}}} {}", h.count);
     }
     serving(&mut out, models);
+    limits(&mut out, models);
     out
+}
+
+/// A `request_limits` family: name, type, help, and its value of a model's figures.
+type LimitFamily = (&'static str, &'static str, &'static str, fn(&xinf_actors::RequestLimitStats) -> u64);
+
+/// Writes each model's `request_limits`, the places taken and the requests it refused.
+fn limits(out: &mut String, models: &[ModelMetrics]) {
+    let of = |m: &ModelMetrics| m.stats.as_ref().and_then(|s| s.request_limit);
+    let families: [LimitFamily; 3] = [
+        (
+            "xinf_request_limit",
+            "gauge",
+            "The most requests the model serves at once (`request_limits`).",
+            |l| u64::from(l.limit),
+        ),
+        ("xinf_request_limit_running", "gauge", "Requests holding one of the model's places.", |l| {
+            u64::from(l.running)
+        }),
+        ("xinf_requests_refused_total", "counter", "Requests refused (429) over the model's limit.", |l| {
+            l.refused
+        }),
+    ];
+    for (name, kind, help, value) in families {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for m in models {
+            if let Some(l) = of(m) {
+                let _ = writeln!(out, "{name}{{{}}} {}", m.labels, value(&l));
+            }
+        }
+    }
 }
 
 /// Writes the replicas' per-request histograms and finish counts, labelled `model`, `replica`
@@ -333,7 +365,10 @@ mod tests {
                 uid: "pd".into(),
                 labels: "model_uid=\"pd\",model_name=\"qwen3\"".into(),
                 ready: false,
-                stats: Some(ModelStats::from_replicas(replicas)),
+                stats: Some(ModelStats {
+                    request_limit: Some(xinf_actors::RequestLimitStats { limit: 8, running: 2, refused: 5 }),
+                    ..ModelStats::from_replicas(replicas)
+                }),
             },
             ModelMetrics {
                 uid: "gone".into(),
