@@ -388,8 +388,8 @@ pub(crate) struct ModelObject {
     pub(crate) model_type: &'static str,
     /// The registry name, as Xinference describes it.
     pub(crate) model_name: String,
-    /// What the model answers: every model xinf serves takes completions, chats and tools.
-    pub(crate) model_ability: [&'static str; 3],
+    /// What the model answers (see [`model_ability`]).
+    pub(crate) model_ability: &'static [&'static str],
     /// The registry's line for the family; empty for a model launched from a path.
     pub(crate) model_description: &'static str,
     /// Longest prompt plus output, in tokens: the model's own, else its family's.
@@ -398,6 +398,15 @@ pub(crate) struct ModelObject {
     pub(crate) replica: usize,
     /// xinf's own description of the model.
     pub(crate) xinf: crate::api::ModelInfo,
+}
+
+/// What a model answers, as Xinference lists it: every model xinf serves takes completions,
+/// chats and tools; a family that reasons says so.
+pub(crate) fn model_ability(family: Option<&xinf_models::ModelFamily>) -> &'static [&'static str] {
+    match family.and_then(|f| f.reasoning) {
+        Some(_) => &["generate", "chat", "tools", "reasoning"],
+        None => &["generate", "chat", "tools"],
+    }
 }
 
 impl From<crate::api::ModelInfo> for ModelObject {
@@ -410,7 +419,7 @@ impl From<crate::api::ModelInfo> for ModelObject {
             owned_by: "xinf",
             model_type: "LLM",
             model_name: info.model_name.clone(),
-            model_ability: ["generate", "chat", "tools"],
+            model_ability: model_ability(family),
             model_description: family.map_or("", |f| f.description),
             context_length: info.context_length.or(family.map(|f| f.context_length as usize)),
             replica: info.replicas,
@@ -424,4 +433,17 @@ impl From<crate::api::ModelInfo> for ModelObject {
 pub(crate) struct ModelList {
     pub(crate) object: &'static str,
     pub(crate) data: Vec<ModelObject>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::model_ability;
+
+    #[test]
+    fn reasoning_families_say_so() {
+        let of = |name: &str| model_ability(xinf_models::find_family(name));
+        assert_eq!(of("qwen3"), ["generate", "chat", "tools", "reasoning"]);
+        assert_eq!(of("smollm2-instruct"), ["generate", "chat", "tools"]);
+        assert_eq!(of("a-model-from-a-path"), ["generate", "chat", "tools"]);
+    }
 }

@@ -70,15 +70,14 @@ fn family_json(family: &ModelFamily) -> Value {
         "version": 2,
         "model_type": "LLM",
         "model_name": family.name,
-        "model_ability": ["generate", "chat", "tools"],
+        "model_ability": crate::api::openai::model_ability(Some(family)),
         "model_description": family.description,
         "context_length": family.context_length,
         "model_specs": specs,
         "is_builtin": true,
     });
-    // As Xinference describes a reasoning family: the ability and its marks.
+    // As Xinference describes a reasoning family: its marks.
     if let (Some(marks), Some(o)) = (family.reasoning, out.as_object_mut()) {
-        o.insert("model_ability".into(), json!(["generate", "chat", "tools", "reasoning"]));
         o.insert("reasoning_start_tag".into(), json!(marks.start));
         o.insert("reasoning_end_tag".into(), json!(marks.end));
     }
