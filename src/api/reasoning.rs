@@ -22,21 +22,29 @@ use xinf_models::{ReasoningMarks, THINK_MARKS};
 /// when it is not read (no `reasoning_content` at launch, a registry family that does not
 /// reason, or thinking turned off for this request).
 pub(crate) fn apply(defaults: &ChatDefaults, prompt: &mut Prompt) -> Option<ReasoningMarks> {
-    let asked = match prompt {
-        Prompt::ChatWith { template_args, .. } => serde_json::from_str::<Map<String, Value>>(template_args)
-            .ok()
-            .and_then(|mut args| args.remove("enable_thinking"))
-            .filter(|v| !v.is_null()),
-        _ => None,
-    };
-    if let (None, Some(on)) = (&asked, defaults.enable_thinking) {
-        set_template_arg(prompt, "enable_thinking", Value::Bool(on));
+    // A model launched with neither key, the common case: nothing to set or read, and no
+    // request's template variables parsed for it.
+    if !defaults.reasoning_content && defaults.enable_thinking.is_none() {
+        return None;
     }
+    let mut args: Map<String, Value> = match prompt {
+        Prompt::Chat(_) => Map::new(),
+        Prompt::ChatWith { template_args, .. } => serde_json::from_str(template_args).unwrap_or_default(),
+        Prompt::Text(_) | Prompt::Tokens(_) => return None,
+    };
+    let asked = args.get("enable_thinking").filter(|v| !v.is_null()).cloned();
     // As the templates read it: anything but `false` leaves thinking on.
-    let thinking = match asked {
-        Some(v) => v != Value::Bool(false),
+    let thinking = match &asked {
+        Some(v) => *v != Value::Bool(false),
         None => defaults.enable_thinking != Some(false),
     };
+    if let (None, Some(on), Prompt::Chat(messages) | Prompt::ChatWith { messages, .. }) =
+        (asked, defaults.enable_thinking, &mut *prompt)
+    {
+        args.insert("enable_thinking".to_owned(), Value::Bool(on));
+        let messages = std::mem::take(messages);
+        *prompt = Prompt::ChatWith { messages, template_args: Value::Object(args).to_string() };
+    }
     if !defaults.reasoning_content || !thinking {
         return None;
     }
@@ -46,19 +54,6 @@ pub(crate) fn apply(defaults: &ChatDefaults, prompt: &mut Prompt) -> Option<Reas
         // model writes.
         None => Some(THINK_MARKS),
     }
-}
-
-/// Sets one chat template variable of a chat prompt (other prompts have none).
-fn set_template_arg(prompt: &mut Prompt, key: &str, value: Value) {
-    let (messages, mut args) = match prompt {
-        Prompt::Chat(messages) => (std::mem::take(messages), Map::new()),
-        Prompt::ChatWith { messages, template_args } => {
-            (std::mem::take(messages), serde_json::from_str(template_args).unwrap_or_default())
-        }
-        Prompt::Text(_) | Prompt::Tokens(_) => return,
-    };
-    args.insert(key.to_owned(), value);
-    *prompt = Prompt::ChatWith { messages, template_args: Value::Object(args).to_string() };
 }
 
 /// Where an output stands.
