@@ -308,7 +308,7 @@ impl Supervisor {
             .map_err(|e| ActorError::Wire(format!("the replica's launch request does not parse: {e}")))
             .and_then(|req| {
                 let spec = launch::validate(&req, self.local_mode, &self.engines)?;
-                let front = spec.front();
+                let front = spec.front.clone();
                 state.begin_adopt(model_uid, &req.model_name, spec, worker_id, specs).map(|()| front)
             });
         match adopted {

@@ -43,10 +43,8 @@ pub(crate) struct LaunchSpec {
     pub(super) transfer: Option<TransferBackend>,
     /// `xavier_cache_bytes`: the snapshot cache of each prefill replica.
     pub(super) snapshot_cache_bytes: Option<u64>,
-    /// `reasoning_content` and `enable_thinking`.
-    pub(crate) chat: crate::ChatDefaults,
-    /// `request_limits`.
-    pub(crate) request_limit: Option<u32>,
+    /// `reasoning_content`, `enable_thinking` and `request_limits`.
+    pub(crate) front: crate::spec::ModelFront,
     /// The launch request as JSON, which every replica carries (see
     /// [`ReplicaSpec::launch`](crate::spec::ReplicaSpec)).
     pub(crate) launch: String,
@@ -61,17 +59,12 @@ impl LaunchSpec {
         }
     }
 
-    /// What the serving node applies in front of the replicas.
-    pub(crate) fn front(&self) -> crate::spec::ModelFront {
-        crate::spec::ModelFront { chat: self.chat.clone(), request_limit: self.request_limit }
-    }
-
     /// What every replica of this launch is started with.
     pub(crate) fn common(&self) -> crate::spec::ModelCommon {
         crate::spec::ModelCommon {
             source: self.source.clone(),
             handoff: self.handoff(),
-            front: self.front(),
+            front: self.front.clone(),
             launch: self.launch.clone(),
         }
     }

@@ -9,6 +9,7 @@ use super::request::{
 };
 use super::spec::{DeviceRequest, LaunchSpec, ReplicaDraft};
 use crate::error::{ActorError, LaunchRule};
+use crate::spec::ModelFront;
 use serde_json::{Map, Value};
 use std::collections::BTreeSet;
 use xinf_engine::{EngineConfig, EngineError, EngineLoader, Engines, ModelSource};
@@ -71,8 +72,8 @@ pub(crate) fn validate(
     let (transfer, snapshot_cache_bytes) = check_transfers(&keywords, pd, replica_count)?;
     let (base, base_checked) = engine_options(req, engine_kwargs, launch_engine)?;
     let source = check_model(req, launch_engine)?;
-    let chat = keywords.chat(&req.model_name)?;
-    let request_limit = keywords.request_limit()?;
+    let front =
+        ModelFront { chat: keywords.chat(&req.model_name)?, request_limit: keywords.request_limit()? };
 
     let replicas = if drafts.is_empty() {
         legacy_drafts(req, replica_count, launch_engine, &base_checked)
@@ -89,8 +90,7 @@ pub(crate) fn validate(
         pd,
         transfer,
         snapshot_cache_bytes,
-        chat,
-        request_limit,
+        front,
         launch,
     })
 }
@@ -365,7 +365,7 @@ fn engine_options(
         base.insert(k, v);
     }
     if let Some(k) = base.keys().find(|k| is_reserved_engine_key(k)) {
-        // A Xinference launch key xinf does not implement (request_limits, envs, …), or an
+        // A Xinference launch key xinf does not implement (envs, peft_model_config, …), or an
         // internal one: not an engine option, and not something to pass on silently.
         return Err(invalid(
             LaunchRule::InvalidField,

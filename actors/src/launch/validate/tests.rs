@@ -327,7 +327,7 @@ fn request_limits_is_a_positive_count_kept_for_the_model() {
     let spec =
         validate(&parse(json!({"model_name": "smollm2-instruct", "request_limits": 4})), true, &engines())
             .expect("valid");
-    assert_eq!(spec.request_limit, Some(4));
+    assert_eq!(spec.front.request_limit, Some(4));
     assert_eq!(json_of(&spec.replicas[0].engine_config), json!({}));
     for bad in [json!(0), json!(-2), json!("4"), json!(2.5), json!(1u64 << 33)] {
         let e = validate_err(json!({"model_name": "smollm2-instruct", "request_limits": bad}), true);
@@ -352,7 +352,7 @@ fn null_xinference_keys_are_dropped_and_set_ones_refused() {
     let e = validate_err(json!({"model_name": "smollm2-instruct", "envs": {"A": "1"}}), true);
     assert_rule(&e, LaunchRule::InvalidField, "`envs` is not a supported launch key");
     assert_eq!(
-        spec.chat,
+        spec.front.chat,
         crate::ChatDefaults { model_name: "smollm2-instruct".into(), ..Default::default() }
     );
 }
@@ -372,7 +372,7 @@ fn chat_keys_are_booleans_kept_for_the_model() {
         reasoning_content: true,
         enable_thinking: Some(false),
     };
-    assert_eq!(spec.chat, want);
+    assert_eq!(spec.front.chat, want);
     // Neither reaches the engine's options.
     assert_eq!(json_of(&spec.replicas[0].engine_config), json!({}));
     for key in ["reasoning_content", "enable_thinking"] {
