@@ -177,6 +177,18 @@ pub fn device(ordinal: usize) -> Result<GpuDevice, GpuError> {
     describe(ordinal)
 }
 
+/// GPU `ordinal`'s free and total memory now, in bytes, as a server started on it next would
+/// find it. Holds the device's primary context for the call (already held where this process
+/// computes on the GPU).
+pub fn memory(ordinal: usize) -> Result<(u64, u64), GpuError> {
+    if !driver_present() {
+        return Err(GpuError::NoDriver);
+    }
+    let ctx = CudaContext::new(ordinal).map_err(driver)?;
+    let (free, total) = ctx.mem_get_info().map_err(driver)?;
+    Ok((free as u64, total as u64))
+}
+
 impl GpuPages {
     /// Loads the driver and NVRTC, and compiles the kernel for GPU `ordinal`.
     pub fn new(ordinal: usize) -> Result<Self, GpuError> {

@@ -24,7 +24,8 @@ pub(crate) struct ServerArgs<'a> {
     pub(crate) served_name: &'a str,
     /// The loopback port the server listens on.
     pub(crate) port: u16,
-    /// The replica's share of its GPU's memory.
+    /// The replica's share of its GPU's memory, as the engine's memory flag reads it
+    /// ([`crate::memory`]).
     pub(crate) memory_share: Option<f64>,
     /// The context length cap.
     pub(crate) context_length: Option<usize>,

@@ -14,6 +14,7 @@ mod flavor;
 mod handoff;
 mod lead;
 mod loader;
+mod memory;
 mod process;
 mod prompt;
 mod protocol;

@@ -283,7 +283,15 @@ impl ServerLoader {
             model_dir: &dir_text,
             served_name: &served_name,
             port,
-            memory_share: config.gpu_memory_utilization,
+            memory_share: match config.gpu_memory_utilization {
+                Some(share) => Some(crate::memory::engine_fraction(
+                    self.flavor,
+                    share,
+                    gpu,
+                    (self.flavor == Flavor::Sglang).then(|| crate::memory::probe(gpu)).flatten(),
+                )?),
+                None => None,
+            },
             context_length: config.context_length,
             kv_role: config.kv_role,
             page_ip: config.page_ip,
