@@ -15,6 +15,7 @@ use crate::wire::{Wire, call, call_local};
 use futures::StreamExt;
 use guard::RequestGuard;
 use pull::PullSettings;
+use std::sync::Arc;
 use xinf_engine::{GenerateRequest, TokenEvent, TokenStream};
 
 /// How far a request got when its caller gets its stream.
@@ -41,23 +42,43 @@ impl Cluster {
         model_uid: &str,
         request: GenerateRequest,
     ) -> Result<TokenStream, ActorError> {
+        let mut streams = self.generate_all(model_uid, vec![request]).await?;
+        streams.pop().ok_or_else(|| ActorError::Internal("a started request has no stream".into()))
+    }
+
+    /// Starts the requests of one call (the choices of `n`, the prompts of a batch) as
+    /// [`generate`](Self::generate) does, all or none: one refused aborts the others. The
+    /// model's `request_limits` counts the call once, as Xinference does: its requests hold one
+    /// place, given back when the last of their streams ends.
+    pub async fn generate_all(
+        &self,
+        model_uid: &str,
+        requests: Vec<GenerateRequest>,
+    ) -> Result<Vec<TokenStream>, ActorError> {
         let actors = self.serving(model_uid).await?;
-        // Held by the stream the caller gets, so the place is given back when it ends.
         let permit = match &actors.limit {
-            Some(limit) => Some(limit.try_acquire().ok_or_else(|| ActorError::RateLimited {
+            Some(limit) => Some(Arc::new(limit.try_acquire().ok_or_else(|| ActorError::RateLimited {
                 model_uid: model_uid.to_owned(),
                 limit: limit.limit(),
-            })?),
+            })?)),
             None => None,
         };
-        let stream = self.start(actors, request).await?;
-        Ok(match permit {
-            Some(permit) => Box::pin(stream.map(move |event| {
-                let _held = &permit;
-                event
-            })),
-            None => stream,
-        })
+        let starts = requests.into_iter().map(|request| self.start(actors.clone(), request));
+        let streams = futures::future::try_join_all(starts).await?;
+        Ok(streams
+            .into_iter()
+            .map(|stream| match &permit {
+                // Held by every stream the caller gets, so the place is given back when they end.
+                Some(permit) => {
+                    let held = Arc::clone(permit);
+                    Box::pin(stream.map(move |event| {
+                        let _held = &held;
+                        event
+                    })) as TokenStream
+                }
+                None => stream,
+            })
+            .collect())
     }
 
     /// [`generate`](Self::generate) once the request has its place.

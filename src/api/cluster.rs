@@ -62,6 +62,11 @@ impl ModelService for ClusterService {
         async move { service(c.generate(&uid, req).await) }.boxed()
     }
 
+    fn generate_all(&self, uid: &str, reqs: Vec<GenerateRequest>) -> ServiceFuture<Vec<TokenStream>> {
+        let (c, uid) = (self.cluster.clone(), uid.to_owned());
+        async move { service(c.generate_all(&uid, reqs).await) }.boxed()
+    }
+
     fn chat_defaults(&self, uid: &str) -> ServiceFuture<xinf_actors::ChatDefaults> {
         let (c, uid) = (self.cluster.clone(), uid.to_owned());
         async move { service(c.chat_defaults(&uid).await) }.boxed()

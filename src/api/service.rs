@@ -231,6 +231,14 @@ pub trait ModelService: Send + Sync + 'static {
     /// future; later failures arrive on the stream. Dropping the stream aborts the request.
     fn generate(&self, uid: &str, req: GenerateRequest) -> ServiceFuture<TokenStream>;
 
+    /// Starts the requests of one API call (its choices of `n`, its prompts) on model `uid`,
+    /// all or none: one refused drops the others' streams, which aborts them. A service that
+    /// limits a model's requests counts the call once, as Xinference does.
+    fn generate_all(&self, uid: &str, reqs: Vec<GenerateRequest>) -> ServiceFuture<Vec<TokenStream>> {
+        let starts: Vec<_> = reqs.into_iter().map(|r| self.generate(uid, r)).collect();
+        futures::future::try_join_all(starts).boxed()
+    }
+
     /// Aborts request `request_id` of model `uid`: `true` when it was running or queued.
     fn abort(&self, uid: &str, request_id: &str) -> ServiceFuture<bool>;
 

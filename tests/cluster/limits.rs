@@ -1,6 +1,7 @@
 //! Xinference's `request_limits` on a real local cluster: a model launched with a limit of one
 //! refuses a second request while the first streams (429, Xinference's words, `Retry-After`),
-//! and serves again once the first is over, whether it finished or its client went away.
+//! and serves again once the first is over, whether it finished or its client went away. A call
+//! of several choices or prompts takes one place.
 
 use crate::util::http;
 use crate::util::procs::{local, poll};
@@ -23,6 +24,21 @@ fn requests_over_the_launch_limit_are_refused_until_a_place_frees() {
         let res = http::post(addr, "/v1/completions", &ask(false, 4));
         assert_eq!(res.status, 200, "{}", res.text());
     }
+
+    // One call of three choices, or of two prompts, is one request under the limit.
+    let res = http::post(
+        addr,
+        "/v1/completions",
+        &json!({"model": "limited", "prompt": "Hi", "max_tokens": 2, "n": 3}),
+    );
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert_eq!(res.json()["choices"].as_array().map(Vec::len), Some(3));
+    let res = http::post(
+        addr,
+        "/v1/completions",
+        &json!({"model": "limited", "prompt": ["Hi", "Yo"], "max_tokens": 2}),
+    );
+    assert_eq!(res.status, 200, "{}", res.text());
 
     // A long stream holds the one place: its first bytes show it runs.
     let body = serde_json::to_vec(&ask(true, 4000)).expect("json");

@@ -255,11 +255,13 @@ async fn generate(state: &AppState, req: &HttpRequest, mut job: Generation) -> R
     let engine_requests = choices::split(job.requests, per_prompt);
     // A request of several choices or prompts is in the abort route's table while it runs.
     let fanout = (engine_requests.len() > 1).then(|| state.fanouts.register(&meta.id, engine_requests.len()));
-    let starts =
-        engine_requests.into_iter().map(|r| state.service.generate(&job.model, r).instrument(span.clone()));
     // One choice refused stops the others (dropping their streams aborts them).
-    let mut streams =
-        futures::future::try_join_all(starts).await.map_err(|e| blame_context(e, job.flavor))?;
+    let mut streams = state
+        .service
+        .generate_all(&job.model, engine_requests)
+        .instrument(span.clone())
+        .await
+        .map_err(|e| blame_context(e, job.flavor))?;
     if job.shown.prompt_only {
         streams = streams.into_iter().map(crate::api::echo::prompt_only).collect();
     }
