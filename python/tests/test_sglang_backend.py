@@ -74,9 +74,11 @@ def decode_server(rng, slots_total):
     return pools, aux, mgr
 
 
-def decode_ticket(endpoint_file, n, first_token):
+def decode_ticket(endpoint_file, n, first_token, first_logprobs=None):
     announced = json.loads(endpoint_file.read_text())
     fetch = {"endpoint": announced["endpoint"], "device": announced["device"], "prompt_len": n, "first_token": first_token}
+    if first_logprobs is not None:
+        fetch["first_logprobs"] = first_logprobs
     return params.make_ticket({"fetch": fetch, "shape": SHAPE})
 
 
@@ -132,6 +134,36 @@ def test_sglang_to_sglang_bit_for_bit_with_the_first_token_and_room(native, rng,
             assert got[d_slots].tobytes() == src[p_slots].tobytes()
             assert got[untouched].tobytes() == old[untouched].tobytes()
     assert p_mgr.host.stats()["host_bytes_out"] == d_mgr.loader.stats()["host_bytes_in"] > 0
+    assert p_mgr.host.release(room)
+
+
+@pytest.mark.parametrize("with_logprobs", [True, False])
+def test_the_first_tokens_logprobs_go_where_sglangs_decode_reads_them(native, rng, endpoint_file, with_logprobs):
+    """SGLang's decode reports the first token's log-probabilities from the metadata row
+    (``_commit_transfer_to_req``: ``output_token_logprobs_val[0]``, ``_idx[0]``, the first
+    ``top_logprobs_num`` of the top rows): the prefill side's from the ticket, else zeros, never
+    what an earlier request left there."""
+    length = 65
+    _, p_mgr = prefill_server(rng, length + 10, endpoint_file)
+    room = int(rng.integers(1, 1 << 62))
+    prefill(p_mgr, room, list(range(1, length + 1)))
+    _, aux, d_mgr = decode_server(rng, length + 10)
+    for i in (2, 3, 4, 5):
+        aux[i][1] = 7  # an earlier request's values
+    top = [[4242, -0.25], [17, -1.5], [3, -2.75]]
+    lp = {"logprob": -0.25, "top": top} if with_logprobs else None
+    receiver = sb.XinfKVReceiver(d_mgr, f"{decode_ticket(endpoint_file, length, 4242, lp)}:0", room)
+    receiver.init(0)
+    receiver.send_metadata(np.arange(1, length + 1), 1, None, 0)
+    assert wait_for(receiver) == sb.SUCCESS
+    if with_logprobs:
+        assert aux[2][1, 0] == np.float32(-0.25) and aux[3][1, 0] == 4242
+        assert aux[4][1, :3].tolist() == [-0.25, -1.5, -2.75] and aux[5][1, :3].tolist() == [4242, 17, 3]
+        assert not aux[2][1, 1:].any() and not aux[4][1, 3:].any() and not aux[5][1, 3:].any()
+    else:
+        for i in (2, 3, 4, 5):
+            assert not aux[i][1].any(), i
+    assert aux[0][1, 0] == 4242 and aux[9][1, 0] == room
     assert p_mgr.host.release(room)
 
 
@@ -254,6 +286,10 @@ def test_a_sender_aborted_before_its_last_chunk_publishes_nothing(native, rng, e
         (params.make_ticket({"fetch": {"endpoint": {"tcp": "x"}, "prompt_len": 3}, "shape": SHAPE}), 5, "first_token"),
         (params.make_ticket({"fetch": {"endpoint": {}, "prompt_len": 0, "first_token": 1}, "shape": SHAPE}), 5, "fetch.prompt_len"),
         ("xinf-" + "00" * 10_000, 5, "at most"),
+        (params.make_ticket({"fetch": {"endpoint": {}, "prompt_len": 3, "first_token": 1, "first_logprobs": {"top": []}}, "shape": SHAPE}), 5, "first_logprobs must hold a logprob"),
+        (params.make_ticket({"fetch": {"endpoint": {}, "prompt_len": 3, "first_token": 1, "first_logprobs": {"logprob": -1, "top": [[1]]}}, "shape": SHAPE}), 5, "first_logprobs.top must hold"),
+        (params.make_ticket({"fetch": {"endpoint": {}, "prompt_len": 3, "first_token": 1, "first_logprobs": {"logprob": -1, "top": [[-1, 0.5]]}}, "shape": SHAPE}), 5, "first_logprobs.top must hold"),
+        (params.make_ticket({"fetch": {"endpoint": {}, "prompt_len": 3, "first_token": 1, "first_logprobs": {"logprob": True}}, "shape": SHAPE}), 5, "first_logprobs must hold a logprob"),
     ],
 )
 def test_bad_tickets_fail_the_request_with_the_reason_and_never_raise(native, rng, endpoint_file, host, room, reason):

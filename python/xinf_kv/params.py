@@ -97,8 +97,10 @@ def parse_params(params: Any) -> tuple[PrefillParams | DecodeParams | None, str 
 # backend needs no bootstrap server: ``bootstrap_host`` is a *ticket*, ``xinf-`` followed by the
 # hex of a JSON object, and the room is ``bootstrap_room``. A prefill's ticket holds
 # ``{"lease_ms": L, "shape": S}``; a decode's ``{"fetch": {"endpoint": E, "device": D,
-# "prompt_len": N, "first_token": T}, "shape": S}`` (SGLang's decode appends the prefill's first
-# token itself, so it travels with the room). ``S`` is
+# "prompt_len": N, "first_token": T, "first_logprobs": P}, "shape": S}`` (SGLang's decode appends
+# the prefill's first token itself, so it travels with the room; ``P``, where the request asked
+# for log-probabilities, is ``{"logprob": x, "top": [[id, x], ...]}``, which SGLang reports
+# with that token). ``S`` is
 # ``{"layers", "kv_heads", "head_dim", "elem_bytes"}``: the engine's transfer arguments give
 # only byte sizes.
 
@@ -128,12 +130,48 @@ class SglangPrefill:
 
 
 @dataclass(frozen=True)
+class FirstLogprobs:
+    """The first token's log-probability and the most likely tokens' ``(id, logprob)``, as the
+    prefill side reported them."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True)
 class SglangDecode:
-    """A decode ticket: load the prompt's KV from the room; ``first_token`` is the prefill's."""
+    """A decode ticket: load the prompt's KV from the room; ``first_token`` is the prefill's,
+    with its log-probabilities where the request asked for them."""
 
     fetch: DecodeParams
     first_token: int
     shape: KvShape
+    first_logprobs: FirstLogprobs | None = None
+
+
+#: The most alternatives a ticket's first token may carry (SGLang's own limit is lower).
+MAX_TOP_LOGPROBS = 1024
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _first_logprobs(value: Any) -> tuple[FirstLogprobs | None, str | None]:
+    if value is None:
+        return None, None
+    if not isinstance(value, dict) or not _number(value.get("logprob")):
+        return None, "the xinf ticket's fetch.first_logprobs must hold a logprob number"
+    top = value.get("top", [])
+    if not isinstance(top, list) or len(top) > MAX_TOP_LOGPROBS:
+        return None, f"the xinf ticket's fetch.first_logprobs.top must be a list of at most {MAX_TOP_LOGPROBS}"
+    pairs = []
+    for t in top:
+        if not (isinstance(t, list) and len(t) == 2 and isinstance(t[0], int) and not isinstance(t[0], bool)
+                and 0 <= t[0] < 1 << 31 and _number(t[1])):
+            return None, "the xinf ticket's fetch.first_logprobs.top must hold [token id, logprob] pairs"
+        pairs.append((t[0], float(t[1])))
+    return FirstLogprobs(float(value["logprob"]), tuple(pairs)), None
 
 
 def make_ticket(fields: dict) -> str:
@@ -187,7 +225,10 @@ def parse_ticket(host: Any, room: Any) -> tuple[SglangPrefill | SglangDecode | N
     first = fetch.get("first_token")
     if isinstance(first, bool) or not isinstance(first, int) or not 0 <= first < 1 << 31:
         return None, "the xinf ticket's fetch.first_token must be a token id"
-    return SglangDecode(parsed, first, shape), None
+    logprobs, why = _first_logprobs(fetch.get("first_logprobs"))
+    if why is not None:
+        return None, why
+    return SglangDecode(parsed, first, shape, logprobs), None
 
 
 def _in_ticket(why: str | None) -> str:

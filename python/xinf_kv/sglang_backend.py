@@ -50,8 +50,12 @@ FAILED, BOOTSTRAPPING, WAITING_FOR_INPUT, TRANSFERRING, SUCCESS = 0, 1, 2, 3, 4
 LOAD_TIMEOUT_MS = int(os.environ.get("XINF_KV_LOAD_TIMEOUT_MS", "30000"))
 
 #: SGLang's metadata buffers, in ``MetadataBuffers.get_buf_infos`` order: the receiver writes
-#: the first token into ``output_ids``, zeroes ``cached_tokens`` and sets ``bootstrap_room``.
+#: the first token into ``output_ids``, zeroes ``cached_tokens``, writes the first token's
+#: log-probabilities (``output_token_logprobs_val``/``_idx``, ``output_top_logprobs_val``/
+#: ``_idx``: float32 and int32 rows; SGLang's decode reads them for a request that asked) and
+#: sets ``bootstrap_room``.
 _OUTPUT_IDS, _CACHED_TOKENS, _BOOTSTRAP_ROOM, _AUX_BUFFERS = 0, 1, 9, 10
+_LOGPROB_VAL, _LOGPROB_IDX, _TOP_VAL, _TOP_IDX = 2, 3, 4, 5
 
 
 @dataclass
@@ -330,7 +334,7 @@ class XinfKVReceiver(_Side):
 
     def _check_aux(self) -> None:
         a = self.kv_mgr.kv_args
-        for i in (_OUTPUT_IDS, _CACHED_TOKENS, _BOOTSTRAP_ROOM):
+        for i in (_OUTPUT_IDS, _CACHED_TOKENS, _LOGPROB_VAL, _LOGPROB_IDX, _TOP_VAL, _TOP_IDX, _BOOTSTRAP_ROOM):
             if not 0 <= self._aux or (self._aux + 1) * int(a.aux_item_lens[i]) > int(a.aux_data_lens[i]):
                 raise ValueError(f"metadata row {self._aux} is outside buffer {i}")
 
@@ -342,6 +346,18 @@ class XinfKVReceiver(_Side):
         ctypes.memset(at[_OUTPUT_IDS], 0, int(a.aux_item_lens[_OUTPUT_IDS]))
         ctypes.memset(at[_CACHED_TOKENS], 0, int(a.aux_item_lens[_CACHED_TOKENS]))
         ctypes.c_int32.from_address(at[_OUTPUT_IDS]).value = self._ticket.first_token
+        # The first token's log-probabilities: the prefill side's where the ticket has them,
+        # zeros otherwise (never what an earlier request left in the row).
+        for i in (_LOGPROB_VAL, _LOGPROB_IDX, _TOP_VAL, _TOP_IDX):
+            ctypes.memset(at[i], 0, int(a.aux_item_lens[i]))
+        lp = self._ticket.first_logprobs
+        if lp is not None:
+            ctypes.c_float.from_address(at[_LOGPROB_VAL]).value = lp.logprob
+            ctypes.c_int32.from_address(at[_LOGPROB_IDX]).value = self._ticket.first_token
+            room = min(int(a.aux_item_lens[_TOP_VAL]), int(a.aux_item_lens[_TOP_IDX])) // 4
+            top = lp.top[:room]
+            (ctypes.c_float * len(top)).from_address(at[_TOP_VAL])[:] = [x for _, x in top]
+            (ctypes.c_int32 * len(top)).from_address(at[_TOP_IDX])[:] = [t for t, _ in top]
         ctypes.c_uint64.from_address(at[_BOOTSTRAP_ROOM]).value = int(self.room)
 
     def poll(self) -> int:

@@ -161,6 +161,46 @@ def tie_where_they_part(engine, ids, n, got):
     return False, "no parting token found"
 
 
+LOGPROB_TOLERANCE = 0.05  # the same first token scored by two engines' kernels
+
+
+def scored(uid, ids, n, stream, stop=None):
+    """A completion with `logprobs: 2`: (status, text, [(token, logprob, top ids)], body)."""
+    body = {"model": uid, "prompt": ids, "max_tokens": n, "temperature": 0, "stream": stream, "logprobs": 2}
+    if stop:
+        body["stop"] = stop
+    s, b = http("POST", f"{API}/v1/completions", body, timeout=120)
+    if s != 200:
+        return s, None, [], b
+    choices = [json.loads(b)["choices"][0]] if not stream else [
+        c for line in b.decode().splitlines() if line.startswith("data: ") and line.strip() != "data: [DONE]"
+        for c in json.loads(line[6:]).get("choices", [])]
+    text, entries = "", []
+    for c in choices:
+        text += c.get("text") or ""
+        lp = c.get("logprobs") or {}
+        for token, value, top in zip(lp.get("tokens") or [], lp.get("token_logprobs") or [], lp.get("top_logprobs") or []):
+            entries.append((token, value, sorted((top or {}).values(), reverse=True)))
+    return s, text, entries, b
+
+
+def logprob_checks(uid, ref, ids):
+    """Log-probabilities through the handoff: every output token has its entry, and the first
+    token's (the prefill engine's, which the decode side reports with it) is the ordinary
+    replica's of that engine. With a stop string the first token is not shown early: then it
+    comes from the decode engine's own stream (SGLang's from what xinf's backend wrote)."""
+    s, want, want_lp, b = scored(ref, ids, 8, False)
+    check(f"{ref}: log-probabilities of an ordinary completion", s == 200 and len(want_lp) > 0, b[:300])
+    for stream in (False, True):
+        for stop in (None, ["\u0001"]):
+            how = f"{'stream' if stream else 'plain'}{' stop' if stop else ''}"
+            s, text, got, b = scored(uid, ids, 8, stream, stop)
+            ok = s == 200 and len(got) > 0 and "".join(t for t, _, _ in got) == text
+            first_ok = ok and want_lp and abs(got[0][1] - want_lp[0][1]) <= LOGPROB_TOLERANCE and len(got[0][2]) >= 2
+            check(f"{uid} logprobs {how}: an entry per token, the first as {ref}'s",
+                  ok and first_ok, (s, got[:2], want_lp[:1], b[:300]))
+
+
 def stream_and_drop(uid, ids):
     """A streamed completion whose client goes away after the first chunk."""
     import http.client
@@ -307,6 +347,8 @@ def main():
         for uid in [u for u in names if u in REFERENCE and u[1] == "s"]:
             s, text, b = complete(uid, [rnd.randrange(100, vocab - 100)], 4)
             check(f"{uid}: an SGLang decode serves a 1-token prompt", s == 200, (s, b[:300]))
+        for uid in [u for u in names if u in REFERENCE and REFERENCE[u] in names]:
+            logprob_checks(uid, REFERENCE[uid], [rnd.randrange(100, vocab - 100) for _ in range(130)])
         # Before the cancellations, whose aborts may end loads in flight.
         load_failures()
         if os.environ.get("CANCEL") == "1":

@@ -494,6 +494,7 @@ impl HandoffSide {
             prompt_ids: handoff.prompt_ids.clone(),
             first_token: handoff.first_token,
             first_text: handoff.first_text.clone(),
+            first_logprobs: handoff.first_logprobs.clone(),
             room: handoff.room,
             endpoint: handoff.endpoint.clone(),
             device: handoff.device.clone(),

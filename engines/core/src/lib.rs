@@ -76,7 +76,7 @@ pub struct RemoteRoom {
 
 /// Prompt KV a decode engine fetches itself, in its own process, from the prefill side's room
 /// (an engine server through xinf's KV connector; see [`Engine::fetches_kv`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RemoteKv {
     /// Prompt token ids; the room holds the KV of every one of them.
     pub prompt_ids: Vec<u32>,
@@ -86,6 +86,9 @@ pub struct RemoteKv {
     /// that would sample the first token again (it recomputes the last prompt token) takes it
     /// as input instead and continues after it, so the output follows what was shown.
     pub first_text: Option<String>,
+    /// The first token's log-probabilities as the prefill side reported them, for an engine
+    /// that emits the first token from the handoff (SGLang's decode).
+    pub first_logprobs: Option<Box<TokenLogprobs>>,
     /// The room, its page server, where its pages are staged, and its page count.
     pub room: u64,
     /// The page server and provider serving the room.

@@ -143,26 +143,17 @@ impl ServerEngine {
         Ok(max_tokens)
     }
 
-    /// Refuses log-probabilities and structured output on either leg of a handoff: the prefill
-    /// leg's answer and the first token shown from it do not carry log-probabilities yet, and
-    /// the decode engine's grammar would not see the first token (vLLM takes it as part of the
-    /// prompt, SGLang is handed it outside its sampler).
-    fn plain_leg(&self, request: &GenerateRequest) -> Result<(), EngineError> {
+    /// Refuses prompt log-probabilities and structured output on either leg of a handoff: the
+    /// decode side imports the prompt's KV, so no engine computes the prompt's logits where the
+    /// answer comes from, and the decode engine's grammar would not see the first token (vLLM
+    /// takes it as part of the prompt, SGLang is handed it outside its sampler). The output's
+    /// log-probabilities pass: the prefill leg reports the first token's, which go on with it.
+    fn pd_leg(&self, request: &GenerateRequest) -> Result<(), EngineError> {
         if request.sampling.prompt_logprobs.is_some() {
             return Err(EngineError::invalid(
                 "prompt_logprobs",
                 format!(
                     "prompt log-probabilities are not reported through prefill/decode with {} replicas yet \
-                     (ordinary replicas and the native engine report them)",
-                    self.flavor
-                ),
-            ));
-        }
-        if request.sampling.logprobs.is_some() {
-            return Err(EngineError::invalid(
-                "logprobs",
-                format!(
-                    "log-probabilities are not reported through prefill/decode with {} replicas yet \
                      (ordinary replicas and the native engine report them)",
                     self.flavor
                 ),
@@ -351,7 +342,7 @@ impl Engine for ServerEngine {
             if !self.handoffs() {
                 return Err(self.not_pd());
             }
-            self.plain_leg(&request)?;
+            self.pd_leg(&request)?;
             if let Some(how) = self.process.exit_status() {
                 return Err(self.process.death(&how));
             }
@@ -389,6 +380,10 @@ impl Engine for ServerEngine {
             host: self.page_host.clone(),
             request_id: request.request_id.clone(),
             stops: !request.sampling.stop.is_empty(),
+            scoring: request
+                .sampling
+                .logprobs
+                .map(|top| crate::stream::Scoring { top, tokenizer: self.tokenizer.clone() }),
         };
         // The leg runs as a task of its own, listed with the running requests: an abort finds
         // it there and ends it, and closing its connection makes the server drop the request.
@@ -438,7 +433,7 @@ impl Engine for ServerEngine {
         if !self.handoffs() {
             return Err(self.not_pd());
         }
-        self.plain_leg(&request)?;
+        self.pd_leg(&request)?;
         // vLLM recomputes the last prompt token and samples the first output from it. When the
         // prefill's first token was shown already, it is given as the prompt's last token
         // instead (the room holds the KV of every token before it), so that the output goes on
@@ -447,13 +442,18 @@ impl Engine for ServerEngine {
             && self.flavor == Flavor::Vllm
             && request.sampling.max_tokens != Some(1)
         {
-            let (first, text) = (kv.first_token, text.clone());
+            let (first, text, logprobs) = (kv.first_token, text.clone(), kv.first_logprobs.clone());
             let fields = serde_json::json!({ "kv_transfer_params": crate::handoff::fetch_params(&kv) });
             let mut request = request;
             request.sampling.max_tokens = request.sampling.max_tokens.map(|m| m.saturating_sub(1));
             let mut ids = kv.prompt_ids;
             ids.push(first);
-            return Ok(crate::lead::lead_first(self.start(request, ids, Some(fields))?, first, text));
+            return Ok(crate::lead::lead_first(
+                self.start(request, ids, Some(fields))?,
+                first,
+                text,
+                logprobs,
+            ));
         }
         let fields = match self.flavor {
             Flavor::Vllm if kv.prompt_ids.len() < 2 => {
@@ -513,6 +513,8 @@ struct PrefillLeg {
     request_id: String,
     /// The request has stop strings (its first token's text is then not shown early).
     stops: bool,
+    /// How the first token's log-probabilities are reported, when the request asked for them.
+    scoring: Option<crate::stream::Scoring>,
 }
 
 impl PrefillLeg {
@@ -544,7 +546,11 @@ impl PrefillLeg {
             prompt_ids: ids,
             first_token: answer.first_token,
             first_text: answer.first_text,
-            first_logprobs: None,
+            first_logprobs: self
+                .scoring
+                .as_ref()
+                .zip(answer.first_logprobs.as_ref())
+                .map(|(scoring, scored)| scoring.of(answer.first_token, scored)),
             prompt: None,
             remote: Some(remote),
         })

@@ -67,14 +67,26 @@ pub(crate) fn sglang_prefill_fields(room: u64, contract: &ModelContract) -> Valu
 /// The bootstrap fields of an SGLang decode leg that loads `kv`'s room (and starts from the
 /// prefill's first token, which SGLang's decode takes with the KV).
 pub(crate) fn sglang_fetch_fields(kv: &RemoteKv, contract: &ModelContract) -> Value {
-    let fetch = json!({
+    let mut fetch = json!({
         "endpoint": kv.endpoint,
         "device": kv.device,
         "prompt_len": kv.prompt_ids.len(),
         "first_token": kv.first_token,
     });
+    if let Some(l) = &kv.first_logprobs {
+        // SGLang's decode reports the first token's log-probabilities from what its transfer
+        // backend wrote with the token: the prefill side's.
+        let top: Vec<Value> = l.top.iter().map(|t| json!([t.token_id, finite(t.logprob)])).collect();
+        fetch["first_logprobs"] = json!({ "logprob": finite(l.chosen.logprob), "top": top });
+    }
     let t = ticket(&json!({ "fetch": fetch, "shape": shape(contract) }));
     json!({ "bootstrap_host": t, "bootstrap_port": 0, "bootstrap_room": kv.room })
+}
+
+/// A log-probability as JSON carries it (minus infinity, which JSON has no number for, as the
+/// lowest finite value).
+fn finite(logprob: f32) -> f32 {
+    if logprob.is_finite() { logprob } else { f32::MIN }
 }
 
 /// Where an SGLang prefill server's page server is: what its transfer backend wrote at start.
@@ -105,6 +117,8 @@ pub(crate) struct PrefillAnswer {
     pub(crate) first_token: u32,
     /// The first token's text, when it may be shown at once (see [`first_text`]).
     pub(crate) first_text: Option<String>,
+    /// The first token's log-probabilities, when the request asked for them.
+    pub(crate) first_logprobs: Option<crate::protocol::Scored>,
     pub(crate) room: RemoteRoom,
 }
 
@@ -146,10 +160,11 @@ pub(crate) fn prefill_answer(
         .and_then(|t| u32::try_from(t).ok())
         .ok_or_else(|| bad("has no token id"))?;
     let first_text = first_text(flavor, v, stops);
+    let first_logprobs = crate::protocol::answer_logprobs(flavor, v);
     if flavor == Flavor::Sglang {
         let host = host.ok_or_else(|| bad("cannot be fetched: the server named no page server"))?;
         let room = RemoteRoom { room, endpoint: host.endpoint.clone(), device: host.device.clone() };
-        return Ok(PrefillAnswer { first_token: first, first_text, room });
+        return Ok(PrefillAnswer { first_token: first, first_text, first_logprobs, room });
     }
     let x = v.pointer("/kv_transfer_params/xinf").ok_or_else(|| bad("names no room"))?;
     if x.get("room").and_then(Value::as_u64) != Some(room) {
@@ -158,7 +173,8 @@ pub(crate) fn prefill_answer(
     let endpoint: Endpoint =
         from_text_or_object(x.get("endpoint")).ok_or_else(|| bad("has no page server"))?;
     let device: Option<KvDevice> = from_text_or_object(x.get("device"));
-    Ok(PrefillAnswer { first_token: first, first_text, room: RemoteRoom { room, endpoint, device } })
+    let room = RemoteRoom { room, endpoint, device };
+    Ok(PrefillAnswer { first_token: first, first_text, first_logprobs, room })
 }
 
 /// A field the connector writes either as an object or as its JSON text.

@@ -3,24 +3,29 @@
 //! would otherwise sample the first output anew), so it is put back in front of the output.
 
 use futures::StreamExt;
-use xinf_engine::{EngineError, TokenEvent, TokenStream};
+use xinf_engine::{EngineError, TokenEvent, TokenLogprobs, TokenStream};
 
 type Event = Result<TokenEvent, EngineError>;
 
-/// `stream`, the server's events, with the token `token_id` (text `text`) in front, and the
-/// usage counting it as output rather than prompt.
+/// `stream`, the server's events, with the token `token_id` (text `text`, log-probabilities
+/// `logprobs` as the prefill reported them) in front, and the usage counting it as output
+/// rather than prompt.
 ///
 /// The token comes only once the server's own first event has arrived: whoever waits for the
 /// first event of a decode stream (the replica, before the handoff's room is released) then
 /// knows the server has loaded the KV. A stream whose first event is an error never shows it.
-pub(crate) fn lead_first(stream: TokenStream, token_id: u32, text: String) -> TokenStream {
+pub(crate) fn lead_first(
+    stream: TokenStream,
+    token_id: u32,
+    text: String,
+    logprobs: Option<Box<TokenLogprobs>>,
+) -> TokenStream {
     struct State {
         stream: TokenStream,
         lead: Option<TokenEvent>,
         pending: Option<Event>,
     }
-    let state =
-        State { stream, lead: Some(TokenEvent::Delta { token_id, text, logprobs: None }), pending: None };
+    let state = State { stream, lead: Some(TokenEvent::Delta { token_id, text, logprobs }), pending: None };
     Box::pin(futures::stream::unfold(state, |mut s| async move {
         if let Some(event) = s.pending.take() {
             return Some((event, s));
@@ -61,7 +66,7 @@ mod tests {
     #[tokio::test]
     async fn the_lead_token_waits_for_the_server_s_first_event_and_counts_as_output() {
         let (tx, rx) = futures::channel::mpsc::unbounded::<Event>();
-        let mut s = lead_first(rx.boxed(), 7, " a".into());
+        let mut s = lead_first(rx.boxed(), 7, " a".into(), None);
         assert!(s.next().now_or_never().is_none(), "nothing before the server's first event");
         tx.unbounded_send(Ok(delta(8, " b"))).expect("send");
         let usage = Usage { prompt_tokens: 11, completion_tokens: 1 };
@@ -78,7 +83,7 @@ mod tests {
     #[tokio::test]
     async fn a_server_that_fails_first_never_shows_the_lead_token() {
         let failed = futures::stream::iter([Err(EngineError::Rejected("no".into()))]).boxed();
-        let events: Vec<Event> = lead_first(failed, 7, " a".into()).collect().await;
+        let events: Vec<Event> = lead_first(failed, 7, " a".into(), None).collect().await;
         assert_eq!(events, [Err(EngineError::Rejected("no".into()))]);
     }
 }

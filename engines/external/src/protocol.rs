@@ -233,6 +233,16 @@ fn sglang_chunk(v: &Value) -> Chunk {
     }
 }
 
+/// The first output token's log-probabilities in a whole (non-streamed) answer: vLLM's
+/// `choices[0].logprobs`, SGLang's `meta_info`. `None` when the answer has none.
+pub(crate) fn answer_logprobs(flavor: Flavor, v: &Value) -> Option<Scored> {
+    let all = match flavor {
+        Flavor::Vllm => vllm_logprobs(v.pointer("/choices/0/logprobs")?),
+        Flavor::Sglang => sglang_logprobs(v.get("meta_info")?),
+    };
+    all.into_iter().next()
+}
+
 /// `(id, logprob)` pairs most likely first, equal ones by id.
 pub(crate) fn by_likelihood(mut top: Vec<(u32, f32)>) -> Vec<(u32, f32)> {
     top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));

@@ -66,7 +66,7 @@ pub(crate) struct Scoring {
 impl Scoring {
     /// Token `token_id`'s log-probabilities as xinf reports them: the engine's alternatives
     /// cut to the count asked for (vLLM adds the sampled token when it is not among them).
-    fn of(&self, token_id: u32, scored: &Scored) -> Box<TokenLogprobs> {
+    pub(crate) fn of(&self, token_id: u32, scored: &Scored) -> Box<TokenLogprobs> {
         let entry = |id: u32, logprob: f32| Logprob {
             token_id: id,
             token: self.tokenizer.decode(&[id], false).unwrap_or_default(),

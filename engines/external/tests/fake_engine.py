@@ -16,7 +16,7 @@ and rank k + j, and the k alternatives at each position are ids 1000, 1001, ... 
   die-mid-stream  exit (status 9) after the first streamed token
 FAKE_STEP_MS delays each token; FAKE_START_S delays readiness; FAKE_PREFILL_MS delays the
 answer of a non-streamed request (a prefill leg: vLLM's answer then names the room it was asked
-to publish, as xinf's connector does). Every request, abort and disconnect is printed, so tests
+to publish, as xinf's connector does; its one token is scored as the first streamed one). Every request, abort and disconnect is printed, so tests
 read the log to see what reached the engine.
 """
 import json
@@ -185,10 +185,12 @@ class Handler(BaseHTTPRequestHandler):
         elif flavor == "vllm":
             room = ((body.get("kv_transfer_params") or {}).get("xinf") or {}).get("room")
             endpoint = {"process": 1, "provider": 1, "tcp": "127.0.0.1:9"}
-            self.reply(200, {"choices": [{"index": 0, "text": f"t{t} ", "token_ids": [t], "finish_reason": "length"}],
-                             "kv_transfer_params": {"xinf": {"room": room, "endpoint": endpoint}}})
+            choice = {"index": 0, "text": f"t{t} ", "token_ids": [t], "finish_reason": "length"}
+            if body.get("logprobs") is not None:
+                choice["logprobs"] = vllm_logprobs(t, 0, body["logprobs"])
+            self.reply(200, {"choices": [choice], "kv_transfer_params": {"xinf": {"room": room, "endpoint": endpoint}}})
         else:
-            self.reply(200, {"text": f"t{t} ", "output_ids": [t], "meta_info": {"id": rid}})
+            self.reply(200, {"text": f"t{t} ", "output_ids": [t], "meta_info": sglang_meta({"id": rid}, body, t, 0)})
         print(f"finished {rid}", flush=True)
 
 

@@ -339,6 +339,17 @@ fn an_abort_during_a_prefill_leg_ends_it_at_once_and_the_server_sees_the_disconn
     assert_eq!(engine.stats().pinned_blocks, 1, "the room is held until released");
     assert!(engine.release_pinned("whole"));
 
+    // Asked for log-probabilities, the leg reports the first token's from the server's answer
+    // (the fake scores step 0 at -1/4, its alternatives 1 less likely each).
+    let mut scored = request("scored", "hello world", 8);
+    scored.sampling.logprobs = Some(2);
+    let pinned = rt.block_on(engine.prefill_pinned(scored)).expect("prefill");
+    let l = pinned.first_logprobs.as_deref().expect("the first token's log-probabilities");
+    assert_eq!((l.chosen.token_id, l.chosen.logprob), (pinned.first_token, -0.25));
+    let top: Vec<(u32, f32)> = l.top.iter().map(|t| (t.token_id, t.logprob)).collect();
+    assert_eq!(top, vec![(pinned.first_token, -0.25), (pinned.first_token + 1, -1.25)]);
+    assert!(engine.release_pinned("scored"));
+
     // Aborted while the server computes: the abort knows the request, the leg ends with
     // `Aborted` long before the server would have answered, and the server sees its client go.
     let leg = engine.prefill_pinned(request("cut", "the cat sat", 8));

@@ -36,6 +36,7 @@ fn the_fetch_fields_are_what_the_connector_parses() {
         prompt_ids: vec![1, 2, 3],
         first_token: 4,
         first_text: None,
+        first_logprobs: None,
         room: 5,
         endpoint: Endpoint { process: 1, provider: 2, tcp: "127.0.0.1:9".into() },
         device: None,
@@ -85,6 +86,7 @@ fn sglang_legs_carry_their_handoff_in_the_bootstrap_fields() {
         prompt_ids: vec![1, 2, 3],
         first_token: 4,
         first_text: None,
+        first_logprobs: None,
         room: 5,
         endpoint: Endpoint { process: 1, provider: 2, tcp: "127.0.0.1:9".into() },
         device: Some(KvDevice { host: "h".into(), ordinal: 0 }),
@@ -97,6 +99,50 @@ fn sglang_legs_carry_their_handoff_in_the_bootstrap_fields() {
         json!({"fetch": {"endpoint": {"process": 1, "provider": 2, "tcp": "127.0.0.1:9"},
                          "device": {"host": "h", "ordinal": 0}, "prompt_len": 3, "first_token": 4},
                "shape": shape})
+    );
+    // The first token's log-probabilities go with it, as SGLang's decode reports them.
+    let entry =
+        |token_id: u32, logprob: f32| xinf_engine::Logprob { token_id, token: String::new(), logprob };
+    let kv = RemoteKv {
+        first_logprobs: Some(Box::new(xinf_engine::TokenLogprobs {
+            chosen: entry(4, -0.5),
+            top: vec![entry(4, -0.5), entry(9, f32::NEG_INFINITY)],
+            rank: None,
+        })),
+        ..kv
+    };
+    let fetch = untick(&sglang_fetch_fields(&kv, &c)["bootstrap_host"])["fetch"].clone();
+    let lp = &fetch["first_logprobs"];
+    assert_eq!(
+        (lp["logprob"].clone(), lp["top"][0].clone(), lp["top"][1][0].clone()),
+        (json!(-0.5), json!([4, -0.5]), json!(9))
+    );
+    // Minus infinity has no JSON number: the lowest finite one goes instead.
+    assert_eq!(lp["top"][1][1].as_f64().map(|x| x as f32), Some(f32::MIN));
+}
+
+#[test]
+fn a_prefill_answer_gives_its_first_token_s_logprobs_in_either_engine_s_shape() {
+    let ep = r#"{"process":7,"provider":1,"tcp":"127.0.0.1:4000"}"#;
+    let v = json!({"choices": [{"token_ids": [42], "text": "a", "finish_reason": "length",
+                                "logprobs": {"tokens": ["token_id:42"], "token_logprobs": [-0.25],
+                                             "top_logprobs": [{"token_id:42": -0.25, "token_id:7": -2.0}]}}],
+                   "kv_transfer_params": {"xinf": {"room": 9, "endpoint": ep}}});
+    let a = prefill_answer(Flavor::Vllm, &v, 9, None, false).expect("answer");
+    let want = crate::protocol::Scored { logprob: -0.25, top: vec![(42, -0.25), (7, -2.0)], rank: None };
+    assert_eq!(a.first_logprobs, Some(want.clone()));
+    let host =
+        PageHost { endpoint: Endpoint { process: 3, provider: 1, tcp: "127.0.0.1:7".into() }, device: None };
+    let v = json!({"text": "a", "output_ids": [42], "meta_info": {"finish_reason": {"type": "length"},
+                   "output_token_logprobs": [[-0.25, 42, null]],
+                   "output_top_logprobs": [[[-2.0, 7, null], [-0.25, 42, null]]]}});
+    let a = prefill_answer(Flavor::Sglang, &v, 12, Some(&host), false).expect("answer");
+    assert_eq!(a.first_logprobs, Some(want));
+    // An answer to a request that asked for none has none.
+    let v = json!({"text": "a", "output_ids": [42], "meta_info": {}});
+    assert_eq!(
+        prefill_answer(Flavor::Sglang, &v, 12, Some(&host), false).expect("answer").first_logprobs,
+        None
     );
 }
 
