@@ -279,19 +279,12 @@ impl ServerLoader {
         let port = free_port()?;
         let dir_text = dir.display().to_string();
         let served_name = format!("{}-{port}", sanitize(&model.model_name));
-        let args = crate::flavor::ServerArgs {
+        let mut args = crate::flavor::ServerArgs {
             model_dir: &dir_text,
             served_name: &served_name,
             port,
-            memory_share: match config.gpu_memory_utilization {
-                Some(share) => Some(crate::memory::engine_fraction(
-                    self.flavor,
-                    share,
-                    gpu,
-                    (self.flavor == Flavor::Sglang).then(|| crate::memory::probe(gpu)).flatten(),
-                )?),
-                None => None,
-            },
+            // Set once this server may start on its GPU (below), from the memory free then.
+            memory_share: None,
             context_length: config.context_length,
             kv_role: config.kv_role,
             page_ip: config.page_ip,
@@ -344,6 +337,15 @@ impl ServerLoader {
             // allocations against themselves (SGLang then refuses to start, vLLM runs out).
             let gate = starting_gate(gpu);
             let _starting = lock(&gate);
+            args.memory_share = match config.gpu_memory_utilization {
+                Some(share) => Some(crate::memory::engine_fraction(
+                    self.flavor,
+                    share,
+                    gpu,
+                    (self.flavor == Flavor::Sglang).then(|| crate::memory::probe(gpu)).flatten(),
+                )?),
+                None => None,
+            };
             let process = ServerProcess::spawn(Spawn {
                 program,
                 args: self.flavor.command_args(&args),
