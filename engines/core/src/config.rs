@@ -332,6 +332,10 @@ pub struct ServerConfig {
     pub env: Vec<(String, String)>,
     /// How long the engine may take to answer its health check (`launch_timeout_s`).
     pub launch_timeout_s: Option<u64>,
+    /// How long the running engine may go without answering a health check before xinf stops
+    /// it as hung (`health_timeout_s`; 0: never).
+    #[serde(default)]
+    pub health_timeout_s: Option<u64>,
     /// Caps the context length (`context_length`; vLLM `--max-model-len`, SGLang
     /// `--context-length`).
     pub context_length: Option<usize>,
@@ -365,8 +369,15 @@ pub enum KvRole {
 
 impl ServerConfig {
     /// The keys xinf reads itself; every other key is one of the engine's flags.
-    pub const KEYS: &'static [&'static str] =
-        &["python", "env", "launch_timeout_s", "context_length", "gpu_memory_utilization", "device"];
+    pub const KEYS: &'static [&'static str] = &[
+        "python",
+        "env",
+        "launch_timeout_s",
+        "health_timeout_s",
+        "context_length",
+        "gpu_memory_utilization",
+        "device",
+    ];
 }
 
 /// A replica's engine options, typed by engine kind.
@@ -472,6 +483,7 @@ impl EngineConfig {
                     c.env.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
                 set("env", (!env.is_empty()).then_some(Value::Object(env)));
                 set("launch_timeout_s", c.launch_timeout_s.map(Value::from));
+                set("health_timeout_s", c.health_timeout_s.map(Value::from));
                 set("context_length", c.context_length.map(Value::from));
                 set("gpu_memory_utilization", c.gpu_memory_utilization.map(Value::from));
                 set("device", c.device.map(|d| Value::String(d.to_string())));

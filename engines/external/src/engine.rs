@@ -1,6 +1,8 @@
 //! An engine server behind xinf's [`Engine`] trait: xinf tokenizes (so the ids are the same
 //! for every engine of a model), the server computes, and each request's stream is proxied.
-//! The server's death ends the engine: [`Engine::exited`] resolves and the replica stops.
+//! The server's death ends the engine: [`Engine::exited`] resolves and the replica stops. So
+//! does a server that hangs: one that answers no health check for `health_timeout_s` is killed
+//! ([`crate::health`]).
 
 use crate::Flavor;
 use crate::process::ServerProcess;
@@ -35,6 +37,8 @@ struct Running {
 pub(crate) struct Parts {
     pub(crate) flavor: Flavor,
     pub(crate) process: ServerProcess,
+    /// How long the running server may answer no health check before it counts as hung.
+    pub(crate) health_timeout: Duration,
     pub(crate) base_url: String,
     pub(crate) served_name: String,
     pub(crate) tokenizer: TextTokenizer,
@@ -50,6 +54,7 @@ pub(crate) struct Parts {
 pub struct ServerEngine {
     flavor: Flavor,
     process: Arc<ServerProcess>,
+    health_timeout: Duration,
     base_url: String,
     served_name: String,
     client: reqwest::Client,
@@ -78,6 +83,7 @@ impl ServerEngine {
         Ok(Self {
             flavor: parts.flavor,
             process: Arc::new(parts.process),
+            health_timeout: parts.health_timeout,
             base_url: parts.base_url,
             served_name: parts.served_name,
             client,
@@ -490,7 +496,23 @@ impl Engine for ServerEngine {
     }
 
     fn exited(&self) -> BoxFuture<'static, EngineError> {
-        Box::pin(self.process.exited())
+        let died = self.process.exited();
+        let url = format!("{}/health", self.base_url);
+        let hung = crate::health::unresponsive(self.client.clone(), url, self.health_timeout);
+        let process = self.process.clone();
+        Box::pin(async move {
+            tokio::select! {
+                e = died => e,
+                why = hung => {
+                    if process.stopping() {
+                        // Stopped on purpose (the replica ends): no death to report.
+                        return std::future::pending().await;
+                    }
+                    process.kill();
+                    process.hung(&why)
+                }
+            }
+        })
     }
 
     fn shutdown(&self) {

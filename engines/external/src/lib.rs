@@ -12,6 +12,7 @@ mod engine;
 mod flags;
 mod flavor;
 mod handoff;
+mod health;
 mod lead;
 mod loader;
 mod memory;

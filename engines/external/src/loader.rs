@@ -70,6 +70,10 @@ fn read_own_key(config: &mut ServerConfig, key: &str, value: &Value) -> Result<(
             Some(n) => config.launch_timeout_s = Some(n),
             None => return bad("a whole number of seconds ≥ 1"),
         },
+        "health_timeout_s" => match whole(0) {
+            Some(n) => config.health_timeout_s = Some(n),
+            None => return bad("a whole number of seconds (0 turns the health watch off)"),
+        },
         "context_length" => match whole(2) {
             Some(n) => config.context_length = Some(n as usize),
             None => return bad("an integer ≥ 2"),
@@ -371,6 +375,9 @@ impl ServerLoader {
         let parts = Parts {
             flavor: self.flavor,
             process,
+            health_timeout: config
+                .health_timeout_s
+                .map_or(crate::health::DEFAULT_TIMEOUT, Duration::from_secs),
             base_url,
             served_name,
             tokenizer,

@@ -119,6 +119,27 @@ impl ServerProcess {
         }
     }
 
+    /// Whether [`stop`](Self::stop) was called.
+    pub(crate) fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
+    }
+
+    /// Kills the whole process group at once (a hung server, which would not heed SIGTERM);
+    /// the watching thread then sees it exit.
+    pub(crate) fn kill(&self) {
+        tracing::warn!(pid = self.pid, what = %self.what, "killing a hung engine server");
+        signal_group(self.pid, libc::SIGKILL);
+    }
+
+    /// The error a hung server stands for: what, why, and the end of its log.
+    pub(crate) fn hung(&self, why: &str) -> EngineError {
+        EngineError::Process(format!(
+            "{} stopped answering: {why}; xinf stopped it.{}",
+            self.what,
+            self.tail_text()
+        ))
+    }
+
     /// Polls `url` until it answers 200, the process exits, or the deadline passes (blocking).
     pub(crate) fn wait_healthy(&self, url: &str, timeout: Duration) -> Result<(), EngineError> {
         let deadline = Instant::now() + timeout;

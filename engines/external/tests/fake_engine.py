@@ -14,6 +14,8 @@ and rank k + j, and the k alternatives at each position are ids 1000, 1001, ... 
   exit-at-start   print an error and exit 3 before listening
   never-healthy   listen, but answer /health with 503
   die-mid-stream  exit (status 9) after the first streamed token
+  hang            answer /health until the first generation request, then nothing at all
+                  (every request, /health too, is held open unanswered): a hung server
 FAKE_STEP_MS delays each token; FAKE_START_S delays readiness; FAKE_PREFILL_MS delays the
 answer of a non-streamed request (a prefill leg: vLLM's answer then names the room it was asked
 to publish, as xinf's connector does; its one token is scored as the first streamed one). Every request, abort and disconnect is printed, so tests
@@ -42,6 +44,9 @@ if "SGLANG_RETURN_ORIGINAL_LOGPROB" in os.environ:
 if mode == "exit-at-start":
     print("RuntimeError: CUDA out of memory (fake)", file=sys.stderr, flush=True)
     sys.exit(3)
+
+
+hung_since = None
 
 
 def token(prompt, i):
@@ -88,7 +93,15 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def hang_if_hung(self):
+        """In `hang` mode, once a generation was asked for: hold the request for ever."""
+        if mode == "hang" and hung_since:
+            print(f"hung: {self.command} {self.path} held", flush=True)
+            while True:
+                time.sleep(3600)
+
     def do_GET(self):
+        self.hang_if_hung()
         if self.path == "/health":
             healthy = mode != "never-healthy" and time.time() >= ready_at
             self.reply(200 if healthy else 503, {})
@@ -96,8 +109,12 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(404, {"detail": "Not Found"})
 
     def do_POST(self):
+        global hung_since
         n = int(self.headers.get("Content-Length", "0"))
         body = json.loads(self.rfile.read(n) or b"{}")
+        if mode == "hang":
+            hung_since = hung_since or time.time()
+        self.hang_if_hung()
         if self.path == "/abort_request":
             print(f"abort_request {body.get('rid')}", flush=True)
             self.reply(200, {})

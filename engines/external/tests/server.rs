@@ -323,6 +323,35 @@ fn a_server_that_dies_fails_its_requests_and_ends_the_engine() {
 }
 
 #[test]
+fn a_server_that_hangs_is_stopped_and_its_engine_ends_with_the_reason() {
+    let rt = xinf_test_util::runtime();
+    let _in_runtime = rt.enter();
+    let f = fixture();
+    let extra = json!({"env": {"FAKE_ENGINE_MODE": "hang"}, "health_timeout_s": 1});
+    let engine = load(&f, Flavor::Vllm, extra).expect("load");
+    // Healthy: the watch reports nothing while the server answers.
+    let exited = engine.exited();
+    let early = rt.block_on(tokio::time::timeout(Duration::from_millis(1500), engine.exited()));
+    assert!(early.is_err(), "a healthy server was reported hung: {early:?}");
+    // The first generation hangs the whole server: the request gets no token, the health
+    // checks no answer, and within the timeout (and a check) the engine ends, killed.
+    let stream = engine.submit(request("stuck", "hello world", 4)).expect("submit");
+    let started = std::time::Instant::now();
+    let why = rt.block_on(async {
+        let _stream = stream;
+        tokio::time::timeout(Duration::from_secs(10), exited).await.expect("reported within 10 s")
+    });
+    let text = why.to_string();
+    assert!(started.elapsed() >= Duration::from_secs(1), "{:?}", started.elapsed());
+    assert!(text.contains("stopped answering") && text.contains("health_timeout_s"), "{text}");
+    assert!(text.contains("hung: POST"), "the log's end is in the reason: {text}");
+    // Killed: the process is gone (its exit is seen), so the GPU it held is free.
+    let gone = rt.block_on(tokio::time::timeout(Duration::from_secs(5), engine.exited())).expect("exited");
+    assert!(gone.to_string().contains("exited (signal: 9"), "{gone}");
+    engine.shutdown();
+}
+
+#[test]
 fn an_abort_during_a_prefill_leg_ends_it_at_once_and_the_server_sees_the_disconnect() {
     let rt = xinf_test_util::runtime();
     let _in_runtime = rt.enter();
