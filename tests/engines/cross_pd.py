@@ -201,6 +201,38 @@ def logprob_checks(uid, ref, ids):
                   ok and first_ok, (s, got[:2], want_lp[:1], b[:300]))
 
 
+CHOICES = ["yes please", "no thanks", "maybe later"]
+REGEX = "(yes|no)-[0-9]{2}"
+
+
+def structured_checks(uid, ids):
+    """Structured output through the handoff: the prefill engine samples the first token under
+    the grammar, and the decode engine goes on under it (SGLang feeds it the first token; vLLM,
+    shown none early, samples the first itself). A choice must come out whole, a JSON schema as
+    a document of it, streamed or not."""
+    for stream in (False, True):
+        how = "stream" if stream else "plain"
+        body = {"model": uid, "prompt": ids, "max_tokens": 16, "temperature": 0, "stream": stream,
+                "structured_outputs": {"choice": CHOICES}}
+        s, b = http("POST", f"{API}/v1/completions", body, timeout=120)
+        text = completion_text(b, stream) if s == 200 else None
+        check(f"{uid} structured {how}: one of the choices", text in CHOICES, (s, text, b[:300]))
+        body = {"model": uid, "prompt": ids, "max_tokens": 16, "temperature": 0, "stream": stream,
+                "structured_outputs": {"regex": REGEX}}
+        s, b = http("POST", f"{API}/v1/completions", body, timeout=120)
+        text = completion_text(b, stream) if s == 200 else None
+        check(f"{uid} structured {how}: a match of the regular expression",
+              text is not None and re.fullmatch(REGEX, text) is not None, (s, text, b[:300]))
+
+
+def completion_text(b, stream):
+    if not stream:
+        return json.loads(b)["choices"][0]["text"]
+    return "".join(c.get("text") or "" for line in b.decode().splitlines()
+                   if line.startswith("data: ") and line.strip() != "data: [DONE]"
+                   for c in json.loads(line[6:]).get("choices", []))
+
+
 def stream_and_drop(uid, ids):
     """A streamed completion whose client goes away after the first chunk."""
     import http.client
@@ -349,6 +381,7 @@ def main():
             check(f"{uid}: an SGLang decode serves a 1-token prompt", s == 200, (s, b[:300]))
         for uid in [u for u in names if u in REFERENCE and REFERENCE[u] in names]:
             logprob_checks(uid, REFERENCE[uid], [rnd.randrange(100, vocab - 100) for _ in range(130)])
+            structured_checks(uid, [rnd.randrange(100, vocab - 100) for _ in range(70)])
         # Before the cancellations, whose aborts may end loads in flight.
         load_failures()
         if os.environ.get("CANCEL") == "1":

@@ -55,10 +55,16 @@ impl Cluster {
 
 /// Whether the prefill's first token is shown before the decode leg: its engine gave the text
 /// (no stop string could hold it back, no stop token ended it, the text is whole), the request
-/// wants more than that one token, and no penalty counts output tokens (an engine that takes
-/// the shown token as input would not count it).
+/// wants more than that one token, no penalty counts output tokens (an engine that takes the
+/// shown token as input would not count it), and no grammar holds the output (such an engine
+/// would start its grammar after the shown token; not shown, it samples the first token under
+/// its grammar itself).
 pub(super) fn shows_first(s: &SamplingParams, first_text: Option<&str>) -> bool {
-    first_text.is_some() && s.max_tokens != Some(1) && s.presence_penalty == 0.0 && s.frequency_penalty == 0.0
+    first_text.is_some()
+        && s.max_tokens != Some(1)
+        && s.presence_penalty == 0.0
+        && s.frequency_penalty == 0.0
+        && s.structured.is_none()
 }
 
 /// The decode leg: the decode replica fetches the pages, imports them and starts generating;
@@ -110,5 +116,7 @@ mod tests {
         assert!(!shows_first(&sampling(|s| s.max_tokens = Some(1)), Some(" a")));
         assert!(!shows_first(&sampling(|s| s.presence_penalty = 0.5), Some(" a")));
         assert!(!shows_first(&sampling(|s| s.frequency_penalty = -0.5), Some(" a")));
+        let json = |s: &mut SamplingParams| s.structured = Some(xinf_engine::StructuredOutput::JsonObject);
+        assert!(!shows_first(&sampling(json), Some(" a")));
     }
 }

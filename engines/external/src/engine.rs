@@ -149,11 +149,13 @@ impl ServerEngine {
         Ok(max_tokens)
     }
 
-    /// Refuses prompt log-probabilities and structured output on either leg of a handoff: the
-    /// decode side imports the prompt's KV, so no engine computes the prompt's logits where the
-    /// answer comes from, and the decode engine's grammar would not see the first token (vLLM
-    /// takes it as part of the prompt, SGLang is handed it outside its sampler). The output's
-    /// log-probabilities pass: the prefill leg reports the first token's, which go on with it.
+    /// Refuses prompt log-probabilities on either leg of a handoff: the decode side imports the
+    /// prompt's KV, so no engine computes the prompt's logits where the answer comes from. The
+    /// output's log-probabilities pass (the prefill leg reports the first token's, which go on
+    /// with it), and so does structured output: the prefill engine samples the first token under
+    /// the grammar, an SGLang decode feeds that token to its own grammar, and a vLLM decode, never
+    /// shown the first token when a grammar holds (see the actors' `shows_first`), samples it
+    /// under its grammar itself.
     fn pd_leg(&self, request: &GenerateRequest) -> Result<(), EngineError> {
         if request.sampling.prompt_logprobs.is_some() {
             return Err(EngineError::invalid(
@@ -161,17 +163,6 @@ impl ServerEngine {
                 format!(
                     "prompt log-probabilities are not reported through prefill/decode with {} replicas yet \
                      (ordinary replicas and the native engine report them)",
-                    self.flavor
-                ),
-            ));
-        }
-        if request.sampling.structured.is_some() {
-            return Err(EngineError::invalid(
-                "response_format",
-                format!(
-                    "structured output (`response_format`, `structured_outputs`, a required or named \
-                     `tool_choice`) is not followed through prefill/decode with {} replicas yet \
-                     (ordinary replicas and the native engine follow it)",
                     self.flavor
                 ),
             ));
@@ -443,10 +434,12 @@ impl Engine for ServerEngine {
         // vLLM recomputes the last prompt token and samples the first output from it. When the
         // prefill's first token was shown already, it is given as the prompt's last token
         // instead (the room holds the KV of every token before it), so that the output goes on
-        // from what was shown.
+        // from what was shown. Never under a grammar, which would then start after that token:
+        // vLLM samples the first token under it itself (the router shows none early then).
         if let Some(text) = &kv.first_text
             && self.flavor == Flavor::Vllm
             && request.sampling.max_tokens != Some(1)
+            && request.sampling.structured.is_none()
         {
             let (first, text, logprobs) = (kv.first_token, text.clone(), kv.first_logprobs.clone());
             let fields = serde_json::json!({ "kv_transfer_params": crate::handoff::fetch_params(&kv) });
