@@ -10,6 +10,7 @@
 pub mod config;
 mod contract;
 mod error;
+mod gate;
 mod loader;
 mod request;
 
@@ -19,6 +20,7 @@ pub use config::{
 };
 pub use contract::{KvDtype, ModelContract};
 pub use error::{EngineError, ErrorClass};
+pub use gate::gpu_start_gate;
 pub use loader::{EngineLoader, Engines, ModelSource};
 pub use request::{
     ChatMessage, FinishReason, GenerateRequest, Logprob, MAX_CHOICES_TEXTS, MAX_LOGIT_BIAS, MAX_SCHEMA_BYTES,

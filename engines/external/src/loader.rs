@@ -6,9 +6,8 @@ use crate::Flavor;
 use crate::engine::{Parts, ServerEngine};
 use crate::process::{ServerProcess, Spawn};
 use serde_json::{Map, Value};
-use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 use xinf_engine::{
     ComputeDevice, Engine, EngineConfig, EngineError, EngineLoader, KvDtype, KvRole, ModelContract,
@@ -336,10 +335,10 @@ impl ServerLoader {
         let base_url = format!("http://127.0.0.1:{port}");
         let timeout = config.launch_timeout_s.map_or(DEFAULT_LAUNCH_TIMEOUT, Duration::from_secs);
         let process = {
-            // One server starts at a time on a GPU: both engines size their KV cache from the
+            // One engine starts at a time on a GPU: both engines size their KV cache from the
             // memory free while they start, and two starting together each count the other's
             // allocations against themselves (SGLang then refuses to start, vLLM runs out).
-            let gate = starting_gate(gpu);
+            let gate = xinf_engine::gpu_start_gate(gpu);
             let _starting = lock(&gate);
             args.memory_share = match config.gpu_memory_utilization {
                 Some(share) => Some(crate::memory::engine_fraction(
@@ -388,12 +387,6 @@ impl ServerLoader {
         };
         ServerEngine::new(parts)
     }
-}
-
-/// The lock a server holds on GPU `gpu` of this host while it starts.
-fn starting_gate(gpu: usize) -> Arc<Mutex<()>> {
-    static GATES: OnceLock<Mutex<HashMap<usize, Arc<Mutex<()>>>>> = OnceLock::new();
-    lock(GATES.get_or_init(Mutex::default)).entry(gpu).or_default().clone()
 }
 
 /// A port on loopback that was free a moment ago.

@@ -243,6 +243,10 @@ fn backend(
                 graph_steps: graph_steps.clone(),
                 graph_links: graph_links.clone(),
             };
+            // Its weights and KV cache go on the GPU while no engine server of this process
+            // starts there (they size their caches from the memory free then).
+            let gate = xinf_engine::gpu_start_gate(ordinal);
+            let starting = xinf_transfer::sync::lock(&gate);
             let backend = crate::gpu::GpuModel::new(
                 ordinal,
                 cfg,
@@ -254,6 +258,7 @@ fn backend(
                 limits,
             )
             .map_err(|e| EngineError::Model(format!("engine_config.device = {}: {e}", options.device)))?;
+            drop(starting);
             drop(weights);
             let handoff = backend.handoff();
             let device: Device = Some((handoff.kv_device(), handoff));
