@@ -16,6 +16,7 @@ mod health;
 mod lead;
 mod loader;
 mod memory;
+mod prefill;
 mod process;
 mod prompt;
 mod protocol;
