@@ -233,6 +233,23 @@ def completion_text(b, stream):
                    for c in json.loads(line[6:]).get("choices", []))
 
 
+def prompt_logprob_checks(uid, ref, ids):
+    """Prompt log-probabilities through the handoff: the prefill side computes the prompt, so
+    its report is the prefill engine's, equal to its ordinary replica's."""
+    def ask(model):
+        body = {"model": model, "prompt": ids, "max_tokens": 4, "temperature": 0, "prompt_logprobs": 2}
+        s, b = http("POST", f"{API}/v1/completions", body, timeout=120)
+        got = json.loads(b)["choices"][0].get("prompt_logprobs") if s == 200 else None
+        return s, got, b
+    s, want, b = ask(ref)
+    check(f"{ref}: prompt log-probabilities of an ordinary completion", s == 200 and want, b[:300])
+    s, got, b = ask(uid)
+    same = s == 200 and want and got and len(got) == len(want) == len(ids) and got[0] is None and all(
+        abs(g[str(t)]["logprob"] - w[str(t)]["logprob"]) <= 1e-3
+        for g, w, t in zip(got[1:], want[1:], ids[1:]))
+    check(f"{uid} prompt logprobs: {ref}'s, position by position", same, (s, b[:300]))
+
+
 def stream_and_drop(uid, ids):
     """A streamed completion whose client goes away after the first chunk."""
     import http.client
@@ -382,6 +399,7 @@ def main():
         for uid in [u for u in names if u in REFERENCE and REFERENCE[u] in names]:
             logprob_checks(uid, REFERENCE[uid], [rnd.randrange(100, vocab - 100) for _ in range(130)])
             structured_checks(uid, [rnd.randrange(100, vocab - 100) for _ in range(70)])
+            prompt_logprob_checks(uid, REFERENCE[uid], [rnd.randrange(100, vocab - 100) for _ in range(65)])
         # Before the cancellations, whose aborts may end loads in flight.
         load_failures()
         if os.environ.get("CANCEL") == "1":

@@ -149,20 +149,20 @@ impl ServerEngine {
         Ok(max_tokens)
     }
 
-    /// Refuses prompt log-probabilities on either leg of a handoff: the decode side imports the
-    /// prompt's KV, so no engine computes the prompt's logits where the answer comes from. The
-    /// output's log-probabilities pass (the prefill leg reports the first token's, which go on
-    /// with it), and so does structured output: the prefill engine samples the first token under
-    /// the grammar, an SGLang decode feeds that token to its own grammar, and a vLLM decode, never
-    /// shown the first token when a grammar holds (see the actors' `shows_first`), samples it
-    /// under its grammar itself.
+    /// Refuses prompt log-probabilities on a decode leg: it imports the prompt's KV, so it
+    /// computes no logits for the prompt (the prefill leg reports them; the router never asks
+    /// a decode leg). The output's log-probabilities pass (the prefill leg reports the first
+    /// token's, which go on with it), and so does structured output: the prefill engine samples
+    /// the first token under the grammar, an SGLang decode feeds that token to its own grammar,
+    /// and a vLLM decode, never shown the first token when a grammar holds (see the actors'
+    /// `shows_first`), samples it under its grammar itself.
     fn pd_leg(&self, request: &GenerateRequest) -> Result<(), EngineError> {
         if request.sampling.prompt_logprobs.is_some() {
             return Err(EngineError::invalid(
                 "prompt_logprobs",
                 format!(
-                    "prompt log-probabilities are not reported through prefill/decode with {} replicas yet \
-                     (ordinary replicas and the native engine report them)",
+                    "a {} decode replica imports the prompt's KV and computes no prompt log-probabilities \
+                     (the prefill side reports them)",
                     self.flavor
                 ),
             ));
@@ -339,7 +339,6 @@ impl Engine for ServerEngine {
             if !self.handoffs() {
                 return Err(self.not_pd());
             }
-            self.pd_leg(&request)?;
             if let Some(how) = self.process.exit_status() {
                 return Err(self.process.death(&how));
             }
@@ -361,6 +360,9 @@ impl Engine for ServerEngine {
             if let Some(o) = body.as_object_mut() {
                 o.remove("stream_options");
             }
+            if let Some(top) = request.sampling.prompt_logprobs {
+                crate::prompt::ask_scores(self.flavor, &mut body, top);
+            }
             merge(&mut body, Some(self.prefill_fields(room)));
             Ok((ids, room, body, echo))
         })();
@@ -381,6 +383,10 @@ impl Engine for ServerEngine {
                 .sampling
                 .logprobs
                 .map(|top| crate::stream::Scoring { top, tokenizer: self.tokenizer.clone() }),
+            prompt_scoring: request
+                .sampling
+                .prompt_logprobs
+                .map(|top| crate::stream::Scoring { top, tokenizer: self.tokenizer.clone() }),
         };
         // The leg runs as a task of its own, listed with the running requests: an abort finds
         // it there and ends it, and closing its connection makes the server drop the request.
@@ -392,7 +398,7 @@ impl Engine for ServerEngine {
         Box::pin(async move {
             let _guard = guard;
             match task.await {
-                Ok(result) => result.map(|pinned| PinnedPrefill { prompt: echo, ..pinned }),
+                Ok(result) => result.map(|pinned| PinnedPrefill { prompt: pinned.prompt.or(echo), ..pinned }),
                 Err(e) if e.is_cancelled() => Err(EngineError::Aborted),
                 Err(e) => Err(EngineError::Internal(format!("the prefill task failed: {e}"))),
             }

@@ -25,6 +25,9 @@ pub(crate) struct PrefillLeg {
     pub(crate) stops: bool,
     /// How the first token's log-probabilities are reported, when the request asked for them.
     pub(crate) scoring: Option<crate::stream::Scoring>,
+    /// How the prompt's log-probabilities are reported, when the request asked for them (the
+    /// leg's answer carries them: vLLM `prompt_logprobs`, SGLang `input_token_logprobs`).
+    pub(crate) prompt_scoring: Option<crate::stream::Scoring>,
 }
 
 impl PrefillLeg {
@@ -44,8 +47,18 @@ impl PrefillLeg {
         if !status.is_success() {
             return Err(stream::refusal(flavor, status, response).await);
         }
-        // One token and the handoff's fields: a few hundred bytes.
-        let v = stream::json_body(flavor, response, 1 << 20, "prefill answer").await?;
+        // One token and the handoff's fields: a few hundred bytes; with the prompt's scores, a
+        // few dozen bytes for each alternative of each prompt token more.
+        let scored = self.prompt_scoring.as_ref().map_or(0, |s| ids.len() * (s.top + 2) * 256);
+        let v = stream::json_body(flavor, response, scored + (1 << 20), "prefill answer").await?;
+        let prompt = match &self.prompt_scoring {
+            Some(scoring) => {
+                let scores = crate::prompt::parse_scores(flavor, &v, &ids)?;
+                let rest = ids.iter().skip(1).zip(&scores).map(|(&id, s)| *scoring.of(id, s)).collect();
+                Some(crate::prompt::report(&ids, &scoring.tokenizer, Some(rest)))
+            }
+            None => None,
+        };
         let answer = crate::handoff::prefill_answer(flavor, &v, room, self.host.as_ref(), self.stops)?;
         let remote = answer.room;
         tracing::debug!(%flavor, request_id = %self.request_id, ms = started.elapsed().as_secs_f64() * 1e3, prompt_len = ids.len(), "prefill leg answered");
@@ -61,7 +74,7 @@ impl PrefillLeg {
                 .as_ref()
                 .zip(answer.first_logprobs.as_ref())
                 .map(|(scoring, scored)| scoring.of(answer.first_token, scored)),
-            prompt: None,
+            prompt,
             remote: Some(remote),
         })
     }

@@ -52,6 +52,22 @@ pub(crate) fn score_body(
     }
 }
 
+/// Asks a generation's (not streamed) `body` to score its prompt with `top` alternatives
+/// per position as well: a P/D prefill leg, whose answer then carries the scores. SGLang has
+/// one count of alternatives for the prompt and the output, so the larger one is asked (each
+/// report is cut to its own).
+pub(crate) fn ask_scores(flavor: Flavor, body: &mut Value, top: usize) {
+    match flavor {
+        Flavor::Vllm => body["prompt_logprobs"] = json!(top),
+        Flavor::Sglang => {
+            let asked = body.get("top_logprobs_num").and_then(Value::as_u64).unwrap_or(0);
+            body["return_logprob"] = json!(true);
+            body["logprob_start_len"] = json!(0);
+            body["top_logprobs_num"] = json!((top as u64).max(asked));
+        }
+    }
+}
+
 /// Each prompt token's log-probability after the first, read from the answer of
 /// [`score_body`]'s call, one per token of a `prompt_len`-token prompt (less the first).
 pub(crate) fn parse_scores(flavor: Flavor, v: &Value, ids: &[u32]) -> Result<Vec<Scored>, EngineError> {
@@ -122,4 +138,30 @@ pub(crate) fn report(
         rest,
     });
     Box::new(PromptReport { token_ids: ids.to_vec(), text, logprobs })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefill_leg_asks_its_server_for_the_prompt_s_scores_in_its_own_shape() {
+        let mut vllm = json!({"logprobs": 1});
+        ask_scores(Flavor::Vllm, &mut vllm, 3);
+        assert_eq!(vllm, json!({"logprobs": 1, "prompt_logprobs": 3}));
+        // SGLang: one count of alternatives for prompt and output, the larger one.
+        for (output, prompt, want) in [(Some(5), 2, 5), (Some(1), 4, 4), (None, 2, 2)] {
+            let mut body = json!({"input_ids": [1, 2]});
+            if let Some(k) = output {
+                body["return_logprob"] = json!(true);
+                body["top_logprobs_num"] = json!(k);
+                body["logprob_start_len"] = json!(-1);
+            }
+            ask_scores(Flavor::Sglang, &mut body, prompt);
+            assert_eq!(
+                (&body["return_logprob"], &body["logprob_start_len"], &body["top_logprobs_num"]),
+                (&json!(true), &json!(0), &json!(want))
+            );
+        }
+    }
 }

@@ -186,28 +186,27 @@ class Handler(BaseHTTPRequestHandler):
                 return
             time.sleep(0.01)
         t = token(prompt, 0)
-        if flavor == "vllm" and body.get("prompt_logprobs") is not None:
-            scores = [None] + [
-                {str(p): {"logprob": lp, "rank": rank, "decoded_token": f"t{p} "},
-                 **{str(a): {"logprob": b, "rank": m + 1, "decoded_token": f"t{a} "} for m, (a, b) in enumerate(top)}}
-                for p, (lp, rank, top) in zip(prompt[1:], prompt_scores(prompt, body["prompt_logprobs"]))]
-            self.reply(200, {"choices": [{"index": 0, "text": f"t{t} ", "token_ids": [t], "finish_reason": "length",
-                                          "prompt_logprobs": scores}]})
-        elif flavor == "sglang" and body.get("logprob_start_len") == 0:
-            scores = prompt_scores(prompt, body.get("top_logprobs_num") or 0)
-            meta = {"id": rid, "input_token_logprobs": [[None, prompt[0], None]] + [
-                        [lp, p, None] for p, (lp, _, _) in zip(prompt[1:], scores)],
-                    "input_top_logprobs": [None] + [[[b, a, None] for a, b in top] for _, _, top in scores]}
-            self.reply(200, {"text": f"t{t} ", "output_ids": [t], "meta_info": meta})
-        elif flavor == "vllm":
-            room = ((body.get("kv_transfer_params") or {}).get("xinf") or {}).get("room")
-            endpoint = {"process": 1, "provider": 1, "tcp": "127.0.0.1:9"}
+        if flavor == "vllm":
             choice = {"index": 0, "text": f"t{t} ", "token_ids": [t], "finish_reason": "length"}
+            if body.get("prompt_logprobs") is not None:
+                choice["prompt_logprobs"] = [None] + [
+                    {str(p): {"logprob": lp, "rank": rank, "decoded_token": f"t{p} "},
+                     **{str(a): {"logprob": b, "rank": m + 1, "decoded_token": f"t{a} "} for m, (a, b) in enumerate(top)}}
+                    for p, (lp, rank, top) in zip(prompt[1:], prompt_scores(prompt, body["prompt_logprobs"]))]
             if body.get("logprobs") is not None:
                 choice["logprobs"] = vllm_logprobs(t, 0, body["logprobs"])
-            self.reply(200, {"choices": [choice], "kv_transfer_params": {"xinf": {"room": room, "endpoint": endpoint}}})
+            answer = {"choices": [choice]}
+            room = ((body.get("kv_transfer_params") or {}).get("xinf") or {}).get("room")
+            if room is not None:
+                answer["kv_transfer_params"] = {"xinf": {"room": room, "endpoint": {"process": 1, "provider": 1, "tcp": "127.0.0.1:9"}}}
+            self.reply(200, answer)
         else:
-            self.reply(200, {"text": f"t{t} ", "output_ids": [t], "meta_info": sglang_meta({"id": rid}, body, t, 0)})
+            meta = sglang_meta({"id": rid}, body, t, 0)
+            if body.get("logprob_start_len") == 0:
+                scores = prompt_scores(prompt, body.get("top_logprobs_num") or 0)
+                meta["input_token_logprobs"] = [[None, prompt[0], None]] + [[lp, p, None] for p, (lp, _, _) in zip(prompt[1:], scores)]
+                meta["input_top_logprobs"] = [None] + [[[b, a, None] for a, b in top] for _, _, top in scores]
+            self.reply(200, {"text": f"t{t} ", "output_ids": [t], "meta_info": meta})
         print(f"finished {rid}", flush=True)
 
 

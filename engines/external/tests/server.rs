@@ -379,6 +379,26 @@ fn an_abort_during_a_prefill_leg_ends_it_at_once_and_the_server_sees_the_disconn
     assert_eq!(top, vec![(pinned.first_token, -0.25), (pinned.first_token + 1, -1.25)]);
     assert!(engine.release_pinned("scored"));
 
+    // Asked for the prompt's log-probabilities, the same leg's answer carries them (no call of
+    // their own): prompt token j has -j/8 - 1 and rank 2 + j, as the fake scores them.
+    let mut scored = request("prompt-scored", "hello world the cat", 8);
+    scored.sampling.prompt_logprobs = Some(2);
+    let pinned = rt.block_on(engine.prefill_pinned(scored)).expect("prefill");
+    let report = pinned.prompt.as_deref().expect("the prompt's report");
+    assert_eq!(report.token_ids, pinned.prompt_ids);
+    let lp = report.logprobs.as_ref().expect("prompt log-probabilities");
+    assert_eq!(lp.rest.len(), pinned.prompt_ids.len() - 1);
+    for (j, t) in (1..).zip(&lp.rest) {
+        assert_eq!((t.chosen.token_id, t.chosen.logprob), (pinned.prompt_ids[j], -(j as f32) / 8.0 - 1.0));
+        assert_eq!(t.rank, Some(2 + j as u32));
+        assert_eq!(
+            t.top.iter().map(|l| (l.token_id, l.logprob)).collect::<Vec<_>>(),
+            [(1000, -0.1), (1001, -0.2)]
+        );
+    }
+    assert!(!log_of(&engine).contains("request prompt-scored-prompt"), "no scoring call of its own");
+    assert!(engine.release_pinned("prompt-scored"));
+
     // Aborted while the server computes: the abort knows the request, the leg ends with
     // `Aborted` long before the server would have answered, and the server sees its client go.
     let leg = engine.prefill_pinned(request("cut", "the cat sat", 8));
