@@ -469,6 +469,14 @@ impl Engine for ServerEngine {
                 ));
             }
             Flavor::Vllm => serde_json::json!({ "kv_transfer_params": crate::handoff::fetch_params(&kv) }),
+            Flavor::Sglang if request.sampling.logprobs.is_some() && kv.first_logprobs.is_none() => {
+                // SGLang's decode would report the first token's from a zeroed metadata row.
+                return Err(EngineError::Internal(
+                    "the prefill side reported no log-probabilities for the first token, which an SGLang \
+                     decode reports from the handoff"
+                        .into(),
+                ));
+            }
             Flavor::Sglang => crate::handoff::sglang_fetch_fields(&kv, &self.contract),
         };
         self.start(request, kv.prompt_ids, Some(fields))

@@ -352,6 +352,40 @@ fn a_server_that_hangs_is_stopped_and_its_engine_ends_with_the_reason() {
 }
 
 #[test]
+fn an_sglang_decode_leg_asked_for_log_probabilities_needs_the_first_token_s() {
+    let rt = xinf_test_util::runtime();
+    let _in_runtime = rt.enter();
+    let f = fixture();
+    let loader = ServerLoader::new(Flavor::Sglang);
+    let mut typed = loader.check_config(&config(json!({}))).expect("config");
+    typed.set_kv_role(KvRole::Consumer);
+    let engine = loader.load_server(&f.model, &typed).expect("load");
+    let mut req = request("decode", "hello world", 4);
+    req.sampling.logprobs = Some(1);
+    let kv = |first_logprobs| xinf_engine::RemoteKv {
+        prompt_ids: vec![5, 6, 7],
+        first_token: 9,
+        first_text: None,
+        first_logprobs,
+        room: 3,
+        endpoint: xinf_transfer::transport::Endpoint { process: 1, provider: 1, tcp: "127.0.0.1:9".into() },
+        device: None,
+        pages: 1,
+    };
+    // Without them SGLang would report the first token's from a zeroed metadata row: refused.
+    let e = engine.submit_remote(req.clone(), kv(None)).err().expect("refused");
+    assert!(e.to_string().contains("no log-probabilities for the first token"), "{e}");
+    // With them the leg goes to the server, its ticket carrying them.
+    let chosen = xinf_engine::Logprob { token_id: 9, token: "t9 ".into(), logprob: -0.5 };
+    let l = xinf_engine::TokenLogprobs { chosen: chosen.clone(), top: vec![chosen], rank: None };
+    let events: Vec<_> =
+        rt.block_on(engine.submit_remote(req, kv(Some(Box::new(l)))).expect("submit").collect::<Vec<_>>());
+    assert!(events.iter().all(Result::is_ok), "{events:?}");
+    assert!(log_of(&engine).contains("request decode"), "the server got the leg");
+    engine.shutdown();
+}
+
+#[test]
 fn an_abort_during_a_prefill_leg_ends_it_at_once_and_the_server_sees_the_disconnect() {
     let rt = xinf_test_util::runtime();
     let _in_runtime = rt.enter();
