@@ -491,6 +491,15 @@ fn engine_config_is_checked_against_the_engines_flags() {
     assert!(e.contains("GPU"), "{e}");
     let e = field(sglang.check_config(&map(json!({"env": {"CUDA_VISIBLE_DEVICES": "3"}}))));
     assert!(e.contains("placement"), "{e}");
+    // The health watch's limit: whole seconds, 0 turning it off; kept through the config's JSON.
+    for bad in [json!(-1), json!(1.5), json!("60")] {
+        let e = field(vllm.check_config(&map(json!({"health_timeout_s": bad}))));
+        assert!(e.starts_with("engine_config.health_timeout_s:") && e.contains("whole number"), "{e}");
+    }
+    for good in [0, 120] {
+        let c = sglang.check_config(&map(json!({"health_timeout_s": good}))).expect("a limit");
+        assert_eq!(c.to_json(), json!({"health_timeout_s": good}));
+    }
     sglang
         .check_config(&map(
             json!({"attention_backend": "triton", "disable_radix_cache": true, "cuda_graph_max_bs": null}),
