@@ -215,10 +215,7 @@ impl ServerEngine {
             counters: self.counters.clone(),
             emitted: emitted.clone(),
             idle_timeout: self.idle_timeout,
-            scoring: request
-                .sampling
-                .logprobs
-                .map(|top| crate::stream::Scoring { top, tokenizer: self.tokenizer.clone() }),
+            scoring: self.scoring(request.sampling.logprobs),
             prompt: request.sampling.reports_prompt().then(|| crate::stream::PromptCall {
                 ids: ids.clone(),
                 tokenizer: self.tokenizer.clone(),
@@ -279,6 +276,11 @@ impl ServerEngine {
         drop(running);
         let guard = AbortOnDrop { task: task.abort_handle(), table: self.running.clone(), id: id.to_owned() };
         Ok(Listed { task, guard, aborted })
+    }
+
+    /// How log-probabilities with `top` alternatives (where asked) are reported.
+    fn scoring(&self, top: Option<usize>) -> Option<crate::stream::Scoring> {
+        top.map(|top| crate::stream::Scoring { top, tokenizer: self.tokenizer.clone() })
     }
 
     /// Whether this replica takes part in handoffs (a server with xinf's connector: vLLM's KV
@@ -379,14 +381,8 @@ impl Engine for ServerEngine {
             host: self.page_host.clone(),
             request_id: request.request_id.clone(),
             stops: !request.sampling.stop.is_empty(),
-            scoring: request
-                .sampling
-                .logprobs
-                .map(|top| crate::stream::Scoring { top, tokenizer: self.tokenizer.clone() }),
-            prompt_scoring: request
-                .sampling
-                .prompt_logprobs
-                .map(|top| crate::stream::Scoring { top, tokenizer: self.tokenizer.clone() }),
+            scoring: self.scoring(request.sampling.logprobs),
+            prompt_scoring: self.scoring(request.sampling.prompt_logprobs),
         };
         // The leg runs as a task of its own, listed with the running requests: an abort finds
         // it there and ends it, and closing its connection makes the server drop the request.

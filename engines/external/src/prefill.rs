@@ -51,14 +51,7 @@ impl PrefillLeg {
         // few dozen bytes for each alternative of each prompt token more.
         let scored = self.prompt_scoring.as_ref().map_or(0, |s| ids.len() * (s.top + 2) * 256);
         let v = stream::json_body(flavor, response, scored + (1 << 20), "prefill answer").await?;
-        let prompt = match &self.prompt_scoring {
-            Some(scoring) => {
-                let scores = crate::prompt::parse_scores(flavor, &v, &ids)?;
-                let rest = ids.iter().skip(1).zip(&scores).map(|(&id, s)| *scoring.of(id, s)).collect();
-                Some(crate::prompt::report(&ids, &scoring.tokenizer, Some(rest)))
-            }
-            None => None,
-        };
+        let prompt = self.prompt_scoring.as_ref().map(|s| s.prompt_report(flavor, &v, &ids)).transpose()?;
         let answer = crate::handoff::prefill_answer(flavor, &v, room, self.host.as_ref(), self.stops)?;
         let remote = answer.room;
         tracing::debug!(%flavor, request_id = %self.request_id, ms = started.elapsed().as_secs_f64() * 1e3, prompt_len = ids.len(), "prefill leg answered");

@@ -66,6 +66,19 @@ pub(crate) struct Scoring {
 impl Scoring {
     /// Token `token_id`'s log-probabilities as xinf reports them: the engine's alternatives
     /// cut to the count asked for (vLLM adds the sampled token when it is not among them).
+    /// The report of prompt `ids` with the log-probabilities an answer `v` of the server
+    /// gives them (a scoring call's, or a prefill leg's that asked for them).
+    pub(crate) fn prompt_report(
+        &self,
+        flavor: Flavor,
+        v: &serde_json::Value,
+        ids: &[u32],
+    ) -> Result<Box<xinf_engine::PromptReport>, EngineError> {
+        let scores = crate::prompt::parse_scores(flavor, v, ids)?;
+        let rest = ids.iter().skip(1).zip(&scores).map(|(&id, s)| *self.of(id, s)).collect();
+        Ok(crate::prompt::report(ids, &self.tokenizer, Some(rest)))
+    }
+
     pub(crate) fn of(&self, token_id: u32, scored: &Scored) -> Box<TokenLogprobs> {
         let entry = |id: u32, logprob: f32| Logprob {
             token_id: id,
@@ -128,10 +141,7 @@ async fn prompt_report(call: &Call, p: PromptCall) -> Result<Box<xinf_engine::Pr
         .map_err(|_| {
             EngineError::Process(format!("the {flavor} server did not send the prompt scores in time"))
         })??;
-    let scores = crate::prompt::parse_scores(flavor, &v, &p.ids)?;
-    let scoring = Scoring { top, tokenizer: p.tokenizer.clone() };
-    let rest = p.ids.iter().skip(1).zip(&scores).map(|(&id, s)| *scoring.of(id, s)).collect();
-    Ok(crate::prompt::report(&p.ids, &p.tokenizer, Some(rest)))
+    Scoring { top, tokenizer: p.tokenizer.clone() }.prompt_report(flavor, &v, &p.ids)
 }
 
 /// Posts the request and forwards its tokens; returns how it finished.
