@@ -106,14 +106,19 @@ def complete(uid, ids, n, stream=False, stop=None):
     s, b = http("POST", f"{API}/v1/completions", body, timeout=120)
     if s != 200:
         return s, None, b
+    return s, completion_text(b, stream), b
+
+
+def choices_of(b, stream):
+    """A completion answer's choices: the one of a whole answer, every chunk's of a stream."""
     if not stream:
-        return s, json.loads(b)["choices"][0]["text"], b
-    text = ""
-    for line in b.decode().splitlines():
-        if line.startswith("data: ") and line.strip() != "data: [DONE]":
-            for c in json.loads(line[6:]).get("choices", []):
-                text += c.get("text") or ""
-    return s, text, b
+        return [json.loads(b)["choices"][0]]
+    return [c for line in b.decode().splitlines() if line.startswith("data: ") and line.strip() != "data: [DONE]"
+            for c in json.loads(line[6:]).get("choices", [])]
+
+
+def completion_text(b, stream):
+    return "".join(c.get("text") or "" for c in choices_of(b, stream))
 
 
 def engine_ports():
@@ -172,11 +177,8 @@ def scored(uid, ids, n, stream, stop=None):
     s, b = http("POST", f"{API}/v1/completions", body, timeout=120)
     if s != 200:
         return s, None, [], b
-    choices = [json.loads(b)["choices"][0]] if not stream else [
-        c for line in b.decode().splitlines() if line.startswith("data: ") and line.strip() != "data: [DONE]"
-        for c in json.loads(line[6:]).get("choices", [])]
     text, entries = "", []
-    for c in choices:
+    for c in choices_of(b, stream):
         text += c.get("text") or ""
         lp = c.get("logprobs") or {}
         for token, value, top in zip(lp.get("tokens") or [], lp.get("token_logprobs") or [], lp.get("top_logprobs") or []):
@@ -223,14 +225,6 @@ def structured_checks(uid, ids):
         text = completion_text(b, stream) if s == 200 else None
         check(f"{uid} structured {how}: a match of the regular expression",
               text is not None and re.fullmatch(REGEX, text) is not None, (s, text, b[:300]))
-
-
-def completion_text(b, stream):
-    if not stream:
-        return json.loads(b)["choices"][0]["text"]
-    return "".join(c.get("text") or "" for line in b.decode().splitlines()
-                   if line.startswith("data: ") and line.strip() != "data: [DONE]"
-                   for c in json.loads(line[6:]).get("choices", []))
 
 
 def prompt_logprob_checks(uid, ref, ids):
