@@ -20,6 +20,8 @@ decode engine's KV load failed (vLLM would recompute the prompt and hide it), an
 model's replica counters.
 
 usage: XINF_BIN=... MODEL=<HF folder> OUT=<dir> cross_pd.py vo so vs sv [...]
+MEM sets every replica's share of the GPU's memory (default 0.12 for vLLM and SGLang, 0.08 for
+the native engine); CANCEL=1 adds the cancellation checks; XINF_PORT uses a running xinf.
 """
 
 import json
@@ -47,15 +49,17 @@ API = f"http://127.0.0.1:{PORT}"
 os.makedirs(OUT, exist_ok=True)
 results = []
 
+# Each replica's share of the GPU's memory: MEM where set (all eight models fit at 0.06).
+MEM = {e: float(os.environ.get("MEM", d)) for e, d in [("v", 0.12), ("s", 0.12), ("n", 0.08)]}
 VLLM = {"model_engine": "vllm", "engine_config": {
     "env": {"PYTHONPATH": os.environ.get("VLLM_PYTHONPATH", ""), "VLLM_USE_FLASHINFER_SAMPLER": "0",
             "XINF_KV_LOG": "info"},
-    "gpu_memory_utilization": 0.12, "enforce_eager": True, "context_length": 2048}}
+    "gpu_memory_utilization": MEM["v"], "enforce_eager": True, "context_length": 2048}}
 SGLANG = {"model_engine": "sglang", "engine_config": {
     "env": {"PYTHONPATH": os.environ.get("SGLANG_PYTHONPATH", ""), "XINF_KV_LOG": "info"},
-    "gpu_memory_utilization": 0.12, "context_length": 2048, "attention_backend": "triton",
+    "gpu_memory_utilization": MEM["s"], "context_length": 2048, "attention_backend": "triton",
     "sampling_backend": "pytorch", "disable_cuda_graph": True, "disable_radix_cache": True}}
-NATIVE = {"model_engine": "native", "engine_config": {"gpu_memory_utilization": 0.08, "context_length": 2048}}
+NATIVE = {"model_engine": "native", "engine_config": {"gpu_memory_utilization": MEM["n"], "context_length": 2048}}
 ENGINE = {"v": VLLM, "s": SGLANG, "n": NATIVE}
 MODELS = {f"{e}o": [("hybrid", ENGINE[e])] for e in "vsn"}
 MODELS.update({p + d: [("prefill", ENGINE[p]), ("decode", ENGINE[d])] for p in "vsn" for d in "vsn" if p + d != "nn"})
