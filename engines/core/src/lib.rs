@@ -11,6 +11,7 @@ pub mod config;
 mod contract;
 mod error;
 mod gate;
+mod host_gpu;
 mod loader;
 mod request;
 
@@ -20,7 +21,8 @@ pub use config::{
 };
 pub use contract::{KvDtype, ModelContract};
 pub use error::{EngineError, ErrorClass};
-pub use gate::gpu_start_gate;
+pub use gate::{GpuStartGate, gpu_start_gate};
+pub use host_gpu::host_gpu;
 pub use loader::{EngineLoader, Engines, ModelSource};
 pub use request::{
     ChatMessage, FinishReason, GenerateRequest, Logprob, MAX_CHOICES_TEXTS, MAX_LOGIT_BIAS, MAX_SCHEMA_BYTES,

@@ -15,7 +15,6 @@ use xinf_engine::{
 };
 use xinf_models::{ModelConfig, ModelRequest, TextTokenizer, WeightsFormat};
 use xinf_transfer::LayoutDescriptor;
-use xinf_transfer::sync::lock;
 
 /// How long a server may take to become healthy unless `launch_timeout_s` says otherwise:
 /// vLLM compiles and captures CUDA graphs, SGLang captures its own, each for a minute or more.
@@ -294,7 +293,8 @@ impl ServerLoader {
             user_args: self.flavor.table().args(&config.flags),
         };
         let mut env = vec![
-            ("CUDA_VISIBLE_DEVICES".to_owned(), gpu.to_string()),
+            // The host's name of the GPU: the server does not see this process's numbering.
+            ("CUDA_VISIBLE_DEVICES".to_owned(), xinf_engine::host_gpu(gpu)?),
             // The machines xinf runs on are often offline; neither engine needs to phone home.
             ("VLLM_NO_USAGE_STATS".to_owned(), "1".to_owned()),
             ("DO_NOT_TRACK".to_owned(), "1".to_owned()),
@@ -338,8 +338,7 @@ impl ServerLoader {
             // One engine starts at a time on a GPU: both engines size their KV cache from the
             // memory free while they start, and two starting together each count the other's
             // allocations against themselves (SGLang then refuses to start, vLLM runs out).
-            let gate = xinf_engine::gpu_start_gate(gpu);
-            let _starting = lock(&gate);
+            let _starting = xinf_engine::gpu_start_gate(gpu);
             args.memory_share = match config.gpu_memory_utilization {
                 Some(share) => Some(crate::memory::engine_fraction(
                     self.flavor,

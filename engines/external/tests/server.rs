@@ -283,6 +283,34 @@ fn both_engines_serve_through_their_servers_and_stop_with_the_replica() {
     }
 }
 
+/// A worker that `CUDA_VISIBLE_DEVICES` limits to some of the host's GPUs numbers them from 0;
+/// its server is given the host's name of its GPU. The loader runs in a child process of this
+/// test binary, the one way to give it that variable without changing it under other tests.
+#[test]
+fn a_server_is_given_its_gpu_as_the_host_names_it() {
+    if std::env::var("XINF_TEST_CHILD").as_deref() == Ok("host-gpu") {
+        let rt = xinf_test_util::runtime();
+        let _in_runtime = rt.enter();
+        let f = fixture();
+        let engine = load(&f, Flavor::Vllm, json!({"device": "cuda:1"})).expect("load");
+        let log = log_of(&engine);
+        engine.shutdown();
+        assert!(log.contains("CUDA_VISIBLE_DEVICES=7"), "the worker's GPU 1 is the host's 7:\n{log}");
+        let err = load(&f, Flavor::Vllm, json!({"device": "cuda:2"})).err().expect("a GPU it does not see");
+        assert!(err.to_string().contains("CUDA_VISIBLE_DEVICES=5,7"), "{err}");
+        return;
+    }
+    let name = "a_server_is_given_its_gpu_as_the_host_names_it";
+    let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env("XINF_TEST_CHILD", "host-gpu")
+        .env("CUDA_VISIBLE_DEVICES", "5,7")
+        .output()
+        .expect("the child");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("1 passed"), "{text}");
+}
+
 #[test]
 fn a_server_that_fails_to_start_names_why_with_its_log() {
     let f = fixture();

@@ -245,8 +245,7 @@ fn backend(
             };
             // Its weights and KV cache go on the GPU while no engine server of this process
             // starts there (they size their caches from the memory free then).
-            let gate = xinf_engine::gpu_start_gate(ordinal);
-            let starting = xinf_transfer::sync::lock(&gate);
+            let starting = xinf_engine::gpu_start_gate(ordinal);
             let backend = crate::gpu::GpuModel::new(
                 ordinal,
                 cfg,
