@@ -375,9 +375,12 @@ flash_decode(const float* q, unsigned long long k_plane, unsigned long long v_pl
              const int* tab_off, const unsigned int* tables, const int* toks, int use_toks, int vec, int bs,
              long long s_blk, long long s_tok, long long s_head, wt* out, float* part, unsigned int* counters,
              int H, int KVH, float scale_log2) {
-    GRID_DEP_WAIT();
     __shared__ float so[DW][GQ][HD];
     __shared__ float sm[DW][GQ], sl[DW][GQ];
+    // The positions and block tables are the host's, copied in before the step's first kernel
+    // and written by none: their chain of loads, down to the first tile's row offsets, runs
+    // before the wait, while the kernel before this one (which writes Q and this token's K and
+    // V) ends.
     long long t = use_toks ? toks[blockIdx.x] : blockIdx.x;
     int kh = blockIdx.y, h0 = kh * GQ;
     int len = pos[t] + 1;
@@ -390,6 +393,16 @@ flash_decode(const float* q, unsigned long long k_plane, unsigned long long v_pl
     const int shift = block_shift(bs);
     const kt* K = (const kt*)k_plane + (long long)kh * s_head + tq * (HD / 4);
     const kt* V = (const kt*)v_plane + (long long)kh * s_head + g * (HD / 8);
+    // Lane L's key of a tile: its row offset in the cache (keys past the end read the last
+    // key's row, finite, and are masked).
+    auto row_of = [&](int i) {
+        int j = min(i * DK + lane, len - 1);
+        int blk = key_block(j, bs, shift);
+        return (long long)tab[blk] * s_blk + (long long)(j - blk * bs) * s_tok;
+    };
+    const int first = z * DW + warp;
+    long long next_off = first < tiles ? row_of(first) : 0;
+    GRID_DEP_WAIT();
 
     // Q's A fragments (rows g and g + 8 are heads h0 + g and h0 + g + 8; rows past GQ are 0),
     // in the permuted element order of the K segments.
@@ -417,12 +430,9 @@ flash_decode(const float* q, unsigned long long k_plane, unsigned long long v_pl
     for (int d = 0; d < HD / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
 
-    for (int i = z * DW + warp; i < tiles; i += splits * DW) {
-        // Lane L finds key i·DK + L in the block table (keys past the end read the last key's
-        // row, finite, and are masked); the others get its row offset by shuffle.
-        int j = min(i * DK + lane, len - 1);
-        int blk = key_block(j, bs, shift);
-        long long off = (long long)tab[blk] * s_blk + (long long)(j - blk * bs) * s_tok;
+    for (int i = first; i < tiles; i += splits * DW) {
+        // Lane L holds key i·DK + L's row offset; the others get it by shuffle.
+        long long off = i == first ? next_off : row_of(i);
         unsigned int kw[DK / 8][KWORDS];
 #pragma unroll
         for (int nt = 0; nt < DK / 8; nt++) load_words<KWORDS>(K + shfl64(off, nt * 8 + g), kw[nt]);

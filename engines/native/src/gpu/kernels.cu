@@ -155,15 +155,17 @@ extern "C" __global__ void qkv_post(const float* qkv, const wt* bias, int has_bi
                                     const int* tab_off, const unsigned int* tables, unsigned long long k_plane,
                                     unsigned long long v_plane, int bs, long long s_blk, long long s_tok,
                                     long long s_head, float* q_out, int H, int KVH, float eps) {
-    GRID_DEP_WAIT();
 #if HD % 64 != 0
     __shared__ float rows[8][HD];
 #endif
     long long t = blockIdx.x;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int width = (H + 2 * KVH) * HD, half = HD / 2;
+    // The token's slot from the host's positions and block tables, which no kernel writes:
+    // looked up before waiting on the kernel before this one (the QKV product).
     int p = pos[t];
     long long slot = (long long)tables[tab_off[t] + p / bs] * s_blk + (long long)(p % bs) * s_tok;
+    GRID_DEP_WAIT();
 #if HD % 64 != 0
     float* row = rows[warp];
 #endif
