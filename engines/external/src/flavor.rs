@@ -192,6 +192,13 @@ impl Flavor {
             // Streamed chunks carry only the new tokens (the default repeats all of them).
             out.push("--incremental-streaming-output".into());
         }
+        // xinf asks the server's `/health` every few seconds (`health.rs`); an access-log line
+        // for each would fill the log whose last lines tell why a server failed. A user's own
+        // setting comes later and wins.
+        match self {
+            Self::Vllm => out.extend(["--disable-access-log-for-endpoints".into(), "/health".into()]),
+            Self::Sglang => out.extend(["--uvicorn-access-log-exclude-prefixes".into(), "/health".into()]),
+        }
         out.extend(a.user_args.iter().cloned());
         out
     }

@@ -221,7 +221,9 @@ pub(crate) fn tail_text(log: &Path) -> String {
     format!(" Last lines of {}:\n{}", log.display(), lines.join("\n"))
 }
 
-/// The last [`TAIL_LINES`] non-empty lines of a file (nothing if it cannot be read).
+/// The last [`TAIL_LINES`] non-empty lines of a file (nothing if it cannot be read), without
+/// the server's access-log lines of xinf's own health checks, which would fill the tail of a
+/// server that hung or died after a quiet while and push out what it said last.
 fn tail(path: &Path) -> Vec<String> {
     let Ok(mut f) = File::open(path) else { return Vec::new() };
     let len = f.metadata().map(|m| m.len()).unwrap_or(0);
@@ -233,8 +235,15 @@ fn tail(path: &Path) -> Vec<String> {
         return Vec::new();
     }
     let text = String::from_utf8_lossy(&buf);
-    let lines: Vec<&str> = text.lines().map(str::trim_end).filter(|l| !l.is_empty()).collect();
+    let lines: Vec<&str> =
+        text.lines().map(str::trim_end).filter(|l| !l.is_empty() && !is_health_check(l)).collect();
     lines[lines.len().saturating_sub(TAIL_LINES)..].iter().map(|l| (*l).to_owned()).collect()
+}
+
+/// Whether a log line is the access log's entry of a `GET /health` (uvicorn's, in vLLM and
+/// SGLang: `INFO:     127.0.0.1:40112 - "GET /health HTTP/1.1" 200 OK`).
+fn is_health_check(line: &str) -> bool {
+    line.contains("\"GET /health HTTP/")
 }
 
 /// Makes the server get SIGTERM when xinf dies, however it dies: both engines stop their own

@@ -105,6 +105,9 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             healthy = mode != "never-healthy" and time.time() >= ready_at
             self.reply(200 if healthy else 503, {})
+            # As uvicorn's access log has it in vLLM and SGLang.
+            host, port = self.client_address[:2]
+            print(f'INFO:     {host}:{port} - "GET /health HTTP/1.1" {200 if healthy else 503}', flush=True)
         else:
             self.reply(404, {"detail": "Not Found"})
 

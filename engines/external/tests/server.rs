@@ -373,6 +373,9 @@ fn a_server_that_hangs_is_stopped_and_its_engine_ends_with_the_reason() {
     assert!(started.elapsed() >= Duration::from_secs(1), "{:?}", started.elapsed());
     assert!(text.contains("stopped answering") && text.contains("health_timeout_s"), "{text}");
     assert!(text.contains("hung: POST"), "the log's end is in the reason: {text}");
+    // The access log's lines of the health checks, which came last, are left out of it.
+    assert!(!text.contains("\"GET /health HTTP/1.1\" 200"), "{text}");
+    assert!(log_of(&engine).contains("\"GET /health HTTP/1.1\" 200"), "the server logged them");
     // Killed: the process is gone (its exit is seen), so the GPU it held is free.
     let gone = rt.block_on(tokio::time::timeout(Duration::from_secs(5), engine.exited())).expect("exited");
     assert!(gone.to_string().contains("exited (signal: 9"), "{gone}");

@@ -33,11 +33,14 @@ fn the_command_names_xinf_s_settings_then_the_user_s() {
             "0.25",
             "--max-model-len",
             "2048",
+            "--disable-access-log-for-endpoints",
+            "/health",
             "--enforce-eager",
         ]
     );
     let s = Flavor::Sglang.command_args(&args(None));
     assert!(s.windows(2).any(|w| w == ["--mem-fraction-static", "0.25"]), "{s:?}");
+    assert!(s.windows(2).any(|w| w == ["--uvicorn-access-log-exclude-prefixes", "/health"]), "{s:?}");
     assert!(s.contains(&"--incremental-streaming-output".to_owned()), "{s:?}");
 }
 
