@@ -21,7 +21,7 @@ pub use config::{
 };
 pub use contract::{KvDtype, ModelContract};
 pub use error::{EngineError, ErrorClass};
-pub use gate::{GpuStartGate, gpu_start_gate};
+pub use gate::{GPU_START_PATIENCE, GpuStartGate, gpu_start_gate};
 pub use host_gpu::host_gpu;
 pub use loader::{EngineLoader, Engines, ModelSource};
 pub use request::{

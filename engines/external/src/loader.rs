@@ -338,7 +338,7 @@ impl ServerLoader {
             // One engine starts at a time on a GPU: both engines size their KV cache from the
             // memory free while they start, and two starting together each count the other's
             // allocations against themselves (SGLang then refuses to start, vLLM runs out).
-            let _starting = xinf_engine::gpu_start_gate(gpu);
+            let _starting = xinf_engine::gpu_start_gate(gpu, timeout)?;
             args.memory_share = match config.gpu_memory_utilization {
                 Some(share) => Some(crate::memory::engine_fraction(
                     self.flavor,

@@ -245,7 +245,7 @@ fn backend(
             };
             // Its weights and KV cache go on the GPU while no engine server of this process
             // starts there (they size their caches from the memory free then).
-            let starting = xinf_engine::gpu_start_gate(ordinal);
+            let starting = xinf_engine::gpu_start_gate(ordinal, xinf_engine::GPU_START_PATIENCE)?;
             let backend = crate::gpu::GpuModel::new(
                 ordinal,
                 cfg,
