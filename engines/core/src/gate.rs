@@ -6,8 +6,8 @@
 //! KV cache on the GPU.
 //!
 //! The gate holds across the host's processes (several workers on one machine): within a
-//! process a slot per GPU, and across processes a lock file per GPU in the temporary
-//! directory, named as the host knows the GPU ([`crate::host_gpu`]) and held with `flock`,
+//! process a slot per GPU, and across processes a lock file per GPU in `/tmp`, named as the
+//! host knows the GPU ([`crate::host_gpu`]) and held with `flock`,
 //! which the system gives back when a process dies. A start waits for the gate only so long,
 //! so that a process stuck while it holds it does not hold every later launch with it.
 
@@ -41,7 +41,7 @@ fn starting() -> &'static (Mutex<HashSet<usize>>, Condvar) {
 
 /// Waits until no other engine of the host is starting on this process's GPU `gpu`, at most
 /// `patience`, and holds it until the result is dropped. Where the lock file cannot be had (a
-/// read-only temporary directory), only this process's engines wait for each other.
+/// read-only `/tmp`), only this process's engines wait for each other.
 pub fn gpu_start_gate(gpu: usize, patience: Duration) -> Result<GpuStartGate, EngineError> {
     let deadline = Instant::now() + patience;
     let (busy, freed) = starting();
@@ -76,7 +76,8 @@ fn lock_path(gpu: usize) -> PathBuf {
     let name = crate::host_gpu(gpu).unwrap_or_else(|_| gpu.to_string());
     let name: String =
         name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
-    std::env::temp_dir().join(format!("xinf-gpu-{name}.start.lock"))
+    // `/tmp` itself, not `TMPDIR`: every process of the host must find the same file.
+    Path::new("/tmp").join(format!("xinf-gpu-{name}.start.lock"))
 }
 
 /// Takes the host-wide lock of GPU `gpu`, waiting until `deadline` for another process that
