@@ -14,7 +14,7 @@
 use crate::EngineError;
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions, TryLockError};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
@@ -126,7 +126,11 @@ fn host_lock(gpu: usize, deadline: Instant, patience: Duration) -> Result<Option
 
 /// Who holds the lock file at `path`, as its holder wrote it.
 fn holder(path: &Path) -> String {
-    match std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse::<u32>().ok()) {
+    // A process id and a newline; anything longer is not a holder's note (the file is anyone's
+    // to write), and is not read whole.
+    let mut text = String::new();
+    let read = File::open(path).and_then(|f| f.take(32).read_to_string(&mut text));
+    match read.ok().and_then(|_| text.trim().parse::<u32>().ok()) {
         Some(pid) => format!("process {pid}"),
         None => "another process".to_owned(),
     }
