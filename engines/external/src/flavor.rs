@@ -49,6 +49,14 @@ impl Flavor {
         }
     }
 
+    /// The release xinf's flag table and KV connector are made for (`0.26.0`).
+    pub(crate) fn release(self) -> &'static str {
+        match self {
+            Self::Vllm => "0.26.0",
+            Self::Sglang => "0.5.15",
+        }
+    }
+
     /// The engine and the version its flag table was made from, for messages.
     pub(crate) fn display(self) -> &'static str {
         match self {

@@ -22,6 +22,7 @@ mod prompt;
 mod protocol;
 mod sse;
 mod stream;
+mod version;
 
 pub use engine::ServerEngine;
 pub use flavor::Flavor;

@@ -330,6 +330,7 @@ impl ServerLoader {
             .clone()
             .or_else(|| std::env::var("XINF_PYTHON").ok().filter(|p| !p.trim().is_empty()))
             .unwrap_or_else(|| "python3".to_owned());
+        crate::version::check(self.flavor, &program, &env, config.kv_role.is_some())?;
         let log = xinf_models::xinf_home().join("logs").join(format!("{}-{served_name}.log", self.flavor));
         let what = format!("the {} server of {} (port {port})", self.flavor.display(), model.model_name);
         let base_url = format!("http://127.0.0.1:{port}");

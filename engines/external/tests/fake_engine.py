@@ -16,7 +16,9 @@ and rank k + j, and the k alternatives at each position are ids 1000, 1001, ... 
   die-mid-stream  exit (status 9) after the first streamed token
   hang            answer /health until the first generation request, then nothing at all
                   (every request, /health too, is held open unanswered): a hung server
-FAKE_STEP_MS delays each token; FAKE_START_S delays readiness; FAKE_PREFILL_MS delays the
+Run as `-c <code> <package>` it prints the package's version instead, as xinf asks an
+interpreter before starting a server: the release xinf is made for, or FAKE_ENGINE_VERSION
+("" for none). FAKE_STEP_MS delays each token; FAKE_START_S delays readiness; FAKE_PREFILL_MS delays the
 answer of a non-streamed request (a prefill leg: vLLM's answer then names the room it was asked
 to publish, as xinf's connector does; its one token is scored as the first streamed one). Every request, abort and disconnect is printed, so tests
 read the log to see what reached the engine.
@@ -30,6 +32,12 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 args = sys.argv[1:]
+if args[:1] == ["-c"]:
+    # xinf asking the interpreter for the engine's version (`-c <code> <package>`): the one
+    # xinf is made for, or FAKE_ENGINE_VERSION ("" for an interpreter without the engine).
+    wanted = {"vllm": "0.26.0", "sglang": "0.5.15"}.get(args[2], "")
+    print(os.environ.get("FAKE_ENGINE_VERSION", wanted))
+    sys.exit(0)
 module = args[args.index("-m") + 1] if "-m" in args else ""
 flavor = "sglang" if module.startswith("sglang") else "vllm"
 port = int(args[args.index("--port") + 1])

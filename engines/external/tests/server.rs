@@ -311,6 +311,39 @@ fn a_server_is_given_its_gpu_as_the_host_names_it() {
     assert!(out.status.success() && text.contains("1 passed"), "{text}");
 }
 
+/// The interpreter is asked for the engine's release before a server starts: none is refused
+/// at once, another is refused for a P/D replica (xinf's connector uses the engine's
+/// internals) and allowed for an ordinary one.
+#[test]
+fn the_interpreter_s_engine_release_is_checked_before_the_server_starts() {
+    let rt = xinf_test_util::runtime();
+    let _in_runtime = rt.enter();
+    let f = fixture();
+    let err = load(&f, Flavor::Vllm, json!({"env": {"FAKE_ENGINE_VERSION": ""}})).err().expect("no vLLM");
+    let text = err.to_string();
+    assert!(text.contains("has no vllm package") && text.contains("engine_config.python"), "{text}");
+    let err =
+        load(&f, Flavor::Sglang, json!({"python": "/nonexistent/python3"})).err().expect("no interpreter");
+    assert!(err.to_string().contains("could not be started"), "{err}");
+    let newer = json!({"env": {"FAKE_ENGINE_VERSION": "0.27.1"}});
+    let loader = ServerLoader::new(Flavor::Vllm);
+    let mut typed = loader.check_config(&config(newer.clone())).expect("config");
+    typed.set_kv_role(KvRole::Producer);
+    let err = loader.load_server(&f.model, &typed).err().expect("a P/D replica on another release");
+    let text = err.to_string();
+    assert!(text.contains("vllm 0.27.1") && text.contains("vLLM 0.26.0"), "{text}");
+    let engine = load(&f, Flavor::Vllm, newer).expect("an ordinary replica on another release starts");
+    engine.shutdown();
+    // A local label is the same release.
+    let engine = load(&f, Flavor::Vllm, json!({"env": {"FAKE_ENGINE_VERSION": "0.26.0+cu130"}}));
+    let mut typed = loader
+        .check_config(&config(json!({"env": {"FAKE_ENGINE_VERSION": "0.26.0+cu130"}})))
+        .expect("config");
+    typed.set_kv_role(KvRole::Consumer);
+    engine.expect("0.26.0+cu130").shutdown();
+    loader.load_server(&f.model, &typed).expect("a P/D replica on 0.26.0+cu130").shutdown();
+}
+
 #[test]
 fn a_server_that_fails_to_start_names_why_with_its_log() {
     let f = fixture();
