@@ -243,8 +243,8 @@ fn backend(
                 graph_steps: graph_steps.clone(),
                 graph_links: graph_links.clone(),
             };
-            // Its weights and KV cache go on the GPU while no engine server of this process
-            // starts there (they size their caches from the memory free then).
+            // Its weights and KV cache go on the GPU while no other engine of the host starts
+            // there (engine servers size their caches from the memory free then).
             let starting = xinf_engine::gpu_start_gate(ordinal, xinf_engine::GPU_START_PATIENCE)?;
             let backend = crate::gpu::GpuModel::new(
                 ordinal,
