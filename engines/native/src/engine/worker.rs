@@ -22,6 +22,19 @@ use xinf_models::TextTokenizer;
 use xinf_transfer::device::{DeviceLease, DeviceRoute};
 use xinf_transfer::sync::lock;
 
+/// Each step's shape and time, at trace level under the target `xinf::step`
+/// (`XINF_LOG=xinf::step=trace`): where a serving run's time goes, step by step, for
+/// `doc/bench/gpu/steps.py`. A step's time runs from its forward pass to its last token sampled
+/// (on a GPU, past the step's one synchronisation).
+fn trace_step(work: &[Work], took: std::time::Duration) {
+    if tracing::enabled!(target: "xinf::step", tracing::Level::TRACE) {
+        let decodes = work.iter().filter(|w| w.tokens == 1).count();
+        let prompt_tokens: usize = work.iter().filter(|w| w.tokens > 1).map(|w| w.tokens).sum();
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        tracing::trace!(target: "xinf::step", seqs = work.len(), decodes, prompt_tokens, us, "step");
+    }
+}
+
 /// A planned part's grammar mask, computed beside the forward pass; `None` for a part without
 /// a grammar or that samples nothing this step.
 type StepMask = Option<Result<Mask, String>>;
@@ -330,9 +343,11 @@ impl Worker {
                 return self.finish(s, None, Some(e));
             }
         };
+        let started = std::time::Instant::now();
         if let Some((logits, masks)) = self.forward(&work) {
             self.sample(&work, logits, masks);
         }
+        trace_step(&work, started.elapsed());
     }
 
     /// Imported first tokens are emitted without compute.

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Where a native replica's serving time goes, step by step, from xinf's log.
+
+Run xinf with `XINF_LOG=warn,xinf::step=trace` (plain or JSON log lines): every step of every
+native replica logs its sequences, its decode tokens, its prompt tokens and its time
+(`engines/native/src/engine/worker.rs`, `trace_step`). This prints, for the steps logged:
+
+- decode-only, mixed (decodes and prompt chunks) and prompt-only steps: how many, their share
+  of the time, their median time and prompt tokens;
+- decode-only steps by batch size, median time;
+- the time between tokens a decoding sequence saw (each step's time counted once per decode it
+  carried), over all steps and over the decode-only ones: their ratio is how much the steps
+  that also carried prompts stretched it.
+
+usage: steps.py XINF_LOG_FILE
+"""
+
+import json
+import re
+import statistics
+import sys
+
+KV = re.compile(r"\b(seqs|decodes|prompt_tokens|us)=(\d+)")
+
+
+def steps(path):
+    """(seqs, decodes, prompt_tokens, us) of each step line."""
+    out = []
+    for line in open(path, errors="replace"):
+        if "xinf::step" not in line:
+            continue
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                f = json.loads(line).get("fields", {})
+                out.append((f["seqs"], f["decodes"], f["prompt_tokens"], f["us"]))
+            except (ValueError, KeyError):
+                pass
+            continue
+        kv = dict((k, int(v)) for k, v in KV.findall(line))
+        if len(kv) == 4:
+            out.append((kv["seqs"], kv["decodes"], kv["prompt_tokens"], kv["us"]))
+    return out
+
+
+def bucket(n):
+    for hi in (1, 2, 4, 8, 16, 32, 64):
+        if n <= hi:
+            return hi
+    return n
+
+
+def main():
+    if len(sys.argv) < 2:
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+    rows = steps(sys.argv[1])
+    if not rows:
+        print("no step lines (was xinf run with XINF_LOG=...,xinf::step=trace?)", file=sys.stderr)
+        sys.exit(1)
+    total = sum(r[3] for r in rows)
+    kinds = {
+        "decode-only": [r for r in rows if r[2] == 0],
+        "mixed": [r for r in rows if r[1] > 0 and r[2] > 0],
+        "prompt-only": [r for r in rows if r[1] == 0 and r[2] > 0],
+    }
+    print(f"{len(rows)} steps, {total / 1e6:.3f} s")
+    print()
+    print("| steps | count | share of time | median ms | median prompt tokens | median decodes |")
+    print("|---|---|---|---|---|---|")
+    for name, rs in kinds.items():
+        if not rs:
+            continue
+        t = sum(r[3] for r in rs)
+        print(f"| {name} | {len(rs)} | {100 * t / total:.1f} % | {statistics.median(r[3] for r in rs) / 1e3:.3f} | "
+              f"{statistics.median(r[2] for r in rs):.0f} | {statistics.median(r[1] for r in rs):.0f} |")
+    print()
+    print("| decode-only batch (up to) | steps | median ms |")
+    print("|---|---|---|")
+    by = {}
+    for r in kinds["decode-only"]:
+        by.setdefault(bucket(r[1]), []).append(r[3])
+    for b in sorted(by):
+        print(f"| {b} | {len(by[b])} | {statistics.median(by[b]) / 1e3:.3f} |")
+    print()
+
+    def gap(rs):
+        tokens = sum(r[1] for r in rs)
+        return sum(r[3] * r[1] for r in rs) / tokens / 1e3 if tokens else None
+
+    seen, alone = gap([r for r in rows if r[1] > 0]), gap(kinds["decode-only"])
+    print(f"time between tokens a decoding sequence saw: {seen:.3f} ms over all steps" if seen else "no decodes")
+    if seen and alone:
+        print(f"over decode-only steps: {alone:.3f} ms; ratio {seen / alone:.2f}")
+
+
+if __name__ == "__main__":
+    main()
