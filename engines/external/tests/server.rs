@@ -78,8 +78,25 @@ fn config(extra: Value) -> serde_json::Map<String, Value> {
 }
 
 fn load(f: &Fixture, flavor: Flavor, extra: Value) -> Result<ServerEngine, EngineError> {
+    start(f, flavor, extra, None)
+}
+
+/// [`load`] as one side of P/D handoffs.
+fn load_as(f: &Fixture, flavor: Flavor, extra: Value, role: KvRole) -> Result<ServerEngine, EngineError> {
+    start(f, flavor, extra, Some(role))
+}
+
+fn start(
+    f: &Fixture,
+    flavor: Flavor,
+    extra: Value,
+    role: Option<KvRole>,
+) -> Result<ServerEngine, EngineError> {
     let loader = ServerLoader::new(flavor);
-    let typed = loader.check_config(&config(extra))?;
+    let mut typed = loader.check_config(&config(extra))?;
+    if let Some(role) = role {
+        typed.set_kv_role(role);
+    }
     loader.load_server(&f.model, &typed)
 }
 
@@ -326,22 +343,17 @@ fn the_interpreter_s_engine_release_is_checked_before_the_server_starts() {
         load(&f, Flavor::Sglang, json!({"python": "/nonexistent/python3"})).err().expect("no interpreter");
     assert!(err.to_string().contains("could not be started"), "{err}");
     let newer = json!({"env": {"FAKE_ENGINE_VERSION": "0.27.1"}});
-    let loader = ServerLoader::new(Flavor::Vllm);
-    let mut typed = loader.check_config(&config(newer.clone())).expect("config");
-    typed.set_kv_role(KvRole::Producer);
-    let err = loader.load_server(&f.model, &typed).err().expect("a P/D replica on another release");
+    let err = load_as(&f, Flavor::Vllm, newer.clone(), KvRole::Producer)
+        .err()
+        .expect("a P/D replica on another release");
     let text = err.to_string();
     assert!(text.contains("vllm 0.27.1") && text.contains("vLLM 0.26.0"), "{text}");
     let engine = load(&f, Flavor::Vllm, newer).expect("an ordinary replica on another release starts");
     engine.shutdown();
     // A local label is the same release.
-    let engine = load(&f, Flavor::Vllm, json!({"env": {"FAKE_ENGINE_VERSION": "0.26.0+cu130"}}));
-    let mut typed = loader
-        .check_config(&config(json!({"env": {"FAKE_ENGINE_VERSION": "0.26.0+cu130"}})))
-        .expect("config");
-    typed.set_kv_role(KvRole::Consumer);
-    engine.expect("0.26.0+cu130").shutdown();
-    loader.load_server(&f.model, &typed).expect("a P/D replica on 0.26.0+cu130").shutdown();
+    let labelled = json!({"env": {"FAKE_ENGINE_VERSION": "0.26.0+cu130"}});
+    load(&f, Flavor::Vllm, labelled.clone()).expect("0.26.0+cu130").shutdown();
+    load_as(&f, Flavor::Vllm, labelled, KvRole::Consumer).expect("a P/D replica on 0.26.0+cu130").shutdown();
 }
 
 #[test]
@@ -420,10 +432,7 @@ fn an_sglang_decode_leg_asked_for_log_probabilities_needs_the_first_token_s() {
     let rt = xinf_test_util::runtime();
     let _in_runtime = rt.enter();
     let f = fixture();
-    let loader = ServerLoader::new(Flavor::Sglang);
-    let mut typed = loader.check_config(&config(json!({}))).expect("config");
-    typed.set_kv_role(KvRole::Consumer);
-    let engine = loader.load_server(&f.model, &typed).expect("load");
+    let engine = load_as(&f, Flavor::Sglang, json!({}), KvRole::Consumer).expect("load");
     let mut req = request("decode", "hello world", 4);
     req.sampling.logprobs = Some(1);
     let kv = |first_logprobs| xinf_engine::RemoteKv {
@@ -454,10 +463,8 @@ fn an_abort_during_a_prefill_leg_ends_it_at_once_and_the_server_sees_the_disconn
     let rt = xinf_test_util::runtime();
     let _in_runtime = rt.enter();
     let f = fixture();
-    let loader = ServerLoader::new(Flavor::Vllm);
-    let mut typed = loader.check_config(&config(json!({"env": {"FAKE_PREFILL_MS": "300"}}))).expect("config");
-    typed.set_kv_role(KvRole::Producer);
-    let engine = loader.load_server(&f.model, &typed).expect("load");
+    let engine = load_as(&f, Flavor::Vllm, json!({"env": {"FAKE_PREFILL_MS": "300"}}), KvRole::Producer)
+        .expect("load");
 
     // Unhindered, the leg answers with the room the server published.
     let pinned = rt.block_on(engine.prefill_pinned(request("whole", "hello world", 8))).expect("prefill");
