@@ -5,8 +5,10 @@ kernel is compiled with NVRTC exactly as the engine assembles it (the defines, `
 `gemv.cu`, then the version's `flash.cu`), run on a paged KV cache of random values laid out as
 the native engine's default (`paged-kv-first`, NHD, 16-token blocks, blocks in shuffled order),
 checked against PyTorch's attention in float32, and timed with CUDA events (median of many
-launches). A version's block has the warps its `#define FW` says (4 where it has none), each
-warp 16 query rows of a tile; versions named `pair*` take two tiles per block, the one with the most keys and the
+launches). A version with dynamic shared memory names its size in `flash_smem_bytes`, and its
+block shape in `flash_threads` and `flash_rows` (the repository's does; these then win over
+the defines below). A version's block has the warps its `#define FW` says (4 where it has none), each
+warp 16 query rows of a tile times its `#define MT` (1 where it has none); versions named `pair*` take two tiles per block, the one with the most keys and the
 one with the fewest, so every block does about the same work; their tiles are listed in order
 of work, longest first.
 
@@ -33,6 +35,11 @@ CASES = [
     ("q05 mix", 14, 2, 64, [40, 173, 733, 2833]),
     ("q05 16x733", 14, 2, 64, [733] * 16),
     ("l8b 2833", 32, 8, 128, [2833]),
+    ("l8b 4xmix", 32, 8, 128, [40, 173, 733, 2833] * 4),
+    # head dimensions with an odd count of 16-wide k-steps (tiny test models, some real ones)
+    ("hd16 mix", 4, 2, 16, [7, 64, 150]),
+    ("hd48 300", 4, 2, 48, [300]),
+    ("hd112 300", 8, 2, 112, [300]),
 ]
 BLOCK = 16
 
@@ -83,7 +90,20 @@ def load_kernel(flash_path, hd, h, kvh, arch):
     CUDA.cuFuncGetAttribute(ctypes.byref(regs), 4, func)  # CU_FUNC_ATTRIBUTE_NUM_REGS
     local = ctypes.c_int()
     CUDA.cuFuncGetAttribute(ctypes.byref(local), 3, func)  # LOCAL_SIZE_BYTES
-    return func, regs.value, local.value
+    # A version with dynamic shared memory says how much in `flash_smem_bytes`, and its block
+    # shape in `flash_threads` and `flash_rows` (the repository's does).
+    def constant(name):
+        val, ptr, size = ctypes.c_int(0), ctypes.c_uint64(), ctypes.c_size_t()
+        if CUDA.cuModuleGetGlobal_v2(ctypes.byref(ptr), ctypes.byref(size), module, name) != 0:
+            return None
+        check(CUDA.cuMemcpyDtoH_v2(ctypes.byref(val), ptr, 4), "cuMemcpyDtoH")
+        return val.value
+
+    smem = constant(b"flash_smem_bytes") or 0
+    if smem:
+        check(CUDA.cuFuncSetAttribute(func, 8, smem), "cuFuncSetAttribute")  # MAX_DYNAMIC_SHARED_SIZE_BYTES
+    shape = (constant(b"flash_threads"), constant(b"flash_rows"))
+    return (func, smem, shape), regs.value, local.value
 
 
 class Case:
@@ -157,7 +177,11 @@ class Case:
         ]
         params = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
         grid = (ntiles + 1) // 2 if paired else ntiles
-        check(CUDA.cuLaunchKernel(func, grid, self.h, 1, threads, 1, 1, 0, ctypes.c_void_p(stream), params, None), "launch")
+        func, smem, _ = func
+        check(
+            CUDA.cuLaunchKernel(func, grid, self.h, 1, threads, 1, 1, smem, ctypes.c_void_p(stream), params, None),
+            "launch",
+        )
 
 
 def main():
@@ -177,13 +201,15 @@ def main():
     for vname, path in versions:
         paired = vname.startswith("pair")
         fw = re.search(r"^#define FW (\d+)", open(path).read(), re.M)
+        mt = re.search(r"^#define MT (\d+)", open(path).read(), re.M)
         warps = int(fw.group(1)) if fw else 4
-        threads, tile = 32 * warps, 16 * warps
+        threads, tile = 32 * warps, 16 * warps * (int(mt.group(1)) if mt else 1)
         for cname, c in cases:
             key = (path, c.hd, c.h, c.kvh)
             if key not in kernels:
                 kernels[key] = load_kernel(path, c.hd, c.h, c.kvh, arch)
             func, regs, local = kernels[key]
+            threads, tile = func[2] if func[2][0] else (threads, tile)
             tiles, ntiles = c.tiles(paired, tile)
             c.out.fill_(float("nan"))
             c.launch(func, paired, threads, tiles, ntiles, stream)

@@ -36,6 +36,8 @@ mod buffers;
 #[cfg(feature = "cuda")]
 mod error;
 #[cfg(feature = "cuda")]
+mod flash;
+#[cfg(feature = "cuda")]
 mod forward;
 #[cfg(feature = "cuda")]
 mod graphs;

@@ -3,35 +3,65 @@
 // and at most 128, on sm_80 and later. The host only loads `flash_prefill` when those hold.
 //
 // A block takes one tile of up to 128 consecutive query tokens of one sequence (a prompt chunk)
-// and one head; each of its 8 warps owns 16 query rows, kept in registers as mma fragments. The
-// block walks the sequence's keys BC at a time: tiles of K and V are copied from the cache
-// through the block table into shared memory with `cp.async`, double-buffered so the next
-// tile's copy overlaps this tile's math; each warp computes its 16 × BC scores with
-// `mma.sync.m16n8k16` (f32 accumulators, K's fragments by `ldmatrix`), masks the causal
-// edge, advances its online softmax (base-2: Q is pre-scaled by log2(e) / sqrt(HD)), and
-// accumulates P · V with the scores re-used as the A operand straight from the registers and
-// V's fragments read transposed by `ldmatrix.trans`. Rows past the tile's end compute over
-// the tile's keys and are not written. Blocks run the longest tiles (the last of a chunk,
-// which attend to the most keys) first.
+// and one head; each warp owns 16 · MT query rows (their Q fragments in registers, or read from
+// shared memory where QS says). The block walks the sequence's keys BC at a time: tiles of K
+// and V are copied from the cache through the block table into shared memory (dynamic, sized
+// by the host from `flash_smem_bytes`) with `cp.async`, NST tiles in flight so the next tiles'
+// copies overlap this tile's math; each warp computes its scores with `mma.sync.m16n8k16` (f32
+// accumulators, K's fragments by `ldmatrix`), masks the causal edge, advances its online
+// softmax (base-2: Q is pre-scaled by log2(e) / sqrt(HD)), and accumulates P · V with the
+// scores re-used as the A operand straight from the registers and V's fragments read
+// transposed by `ldmatrix.trans`. Rows past the tile's end compute over the tile's keys and are
+// not written; a warp skips the key tiles past its own rows' last key. Blocks run the longest
+// tiles (the last of a chunk, which attend to the most keys) first.
 //
 // Scores and output accumulate in f32; Q and the probabilities enter the tensor cores in the
-// cache's type, as in FlashAttention itself. Grid (tiles, H), block FT (256).
+// cache's type, as in FlashAttention itself. Grid (tiles, H), block FT.
 //
-// What bounds it is the instructions a warp issues per tile besides the mma.sync ones, more
-// than shared memory or L2: so the K/V tiles in shared memory serve 8 warps (not 4), the
-// cache's block of a key is found by shifts where the block size is a power of two (every
-// layout xinf has; a division otherwise), shared-memory addresses are a per-lane base plus
-// constants, probabilities are packed two per conversion, and 2^x is one ex2.approx.ftz.
+// What bounds it is the instructions a warp issues per tile besides the mma.sync ones, and the
+// shared-memory reads feeding them: so a K/V tile serves 128 rows, the cache's block of a key
+// is found by shifts where the block size is a power of two (every layout xinf has; a division
+// otherwise), shared-memory addresses are a per-lane base plus constants, probabilities are
+// packed two per conversion, and 2^x is one ex2.approx.ftz.
 
 #if KT != 0 && HD % 16 == 0 && HD <= 128 && __CUDA_ARCH__ >= 800
 
-#define FW 8                     // warps per block (FLASH_TILE / 16 on the host)
+// The block's shape, by head dimension. Up to 64: 8 warps of one m16 tile of rows each, K/V
+// tiles of 64 keys. Above: 4 warps of two m16 tiles each (a K or V fragment read from shared
+// memory feeds both, halving those reads per mma), K/V tiles of 32 keys, Q's fragments read
+// from shared memory (in registers with the second tile's accumulators they would not fit),
+// two blocks an SM. Either way a block takes 128 query rows (FLASH_TILE on the host). Each can
+// be set from outside, for `doc/bench/gpu/flash_bench.py`'s versions.
+#ifndef FW
+#define FW (HD > 64 ? 4 : 8)     // warps per block
+#endif
+#ifndef MT
+#define MT (HD > 64 ? 2 : 1)     // m16 row tiles per warp
+#endif
+#ifndef BC
+#define BC (HD > 64 ? 32 : 64)   // keys per K/V tile
+#endif
+#ifndef QS
+#define QS (HD > 64 ? 1 : 0)     // Q fragments from shared memory (1) or registers (0)
+#endif
+#ifndef NST
+#define NST 2                    // K/V tiles in flight (shared-memory buffers of each)
+#endif
+#ifndef MINB
+#define MINB (HD <= 64 ? 16 / FW : 8 / FW)  // blocks per SM the registers are sized for
+#endif
 #define FT (32 * FW)             // threads per block
-#define BC (HD > 64 ? 32 : 64)   // keys per tile: two K and two V tiles stay under 48 KB
 #define KPAD (HD + 8)            // row pitch of the K and V tiles: rows 16 bytes apart in the banks
 #define TILE_BYTES (BC * KPAD * 2)  // one K (or V) tile in shared memory
 #define CHUNKS (BC * (HD / 8))   // 16-byte pieces of one K (or V) tile
 #define PER_T ((CHUNKS + FT - 1) / FT)  // of them per thread
+
+// What the host reads from the module to launch `flash_prefill`: its threads, its query rows,
+// and its dynamic shared memory (NST buffers of a K and a V tile, and Q's tile where QS), which
+// the host allows past the 48 KB default.
+extern "C" __device__ const int flash_threads = FT;
+extern "C" __device__ const int flash_rows = 16 * FW * MT;
+extern "C" __device__ const int flash_smem_bytes = NST * 2 * TILE_BYTES + QS * 16 * FW * MT * KPAD * 2;
 
 #if KT == 1
 #define MMA16816 "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
@@ -131,13 +161,20 @@ __device__ __forceinline__ void online_softmax(float (*s)[4], float (*o)[4], flo
     }
 }
 
-extern "C" __global__ void __launch_bounds__(FT, HD <= 64 ? 2 : 1)
+// One k-step's A fragments of a warp's m16 tile from shared memory (`at`: this lane's row and
+// column half of the step, as `q_lane` computes).
+__device__ __forceinline__ void q_frag(unsigned int* a, unsigned int at) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+                 : "r"(at));
+}
+
+extern "C" __global__ void __launch_bounds__(FT, MINB)
 flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_plane, const int* pos,
               const int* tab_off, const unsigned int* tables, const int* tiles, int bs, long long s_blk,
               long long s_tok, long long s_head, wt* out, int H, int KVH, float scale_log2) {
     GRID_DEP_WAIT();
-    alignas(16) __shared__ u16 Ks[2][BC][KPAD];
-    alignas(16) __shared__ u16 Vs[2][BC][KPAD];
+    extern __shared__ __align__(16) unsigned char flash_smem[];
     int tile = gridDim.x - 1 - blockIdx.x;  // the longest tiles first
     int t0 = tiles[2 * tile], n = tiles[2 * tile + 1];
     int h = blockIdx.y, kh = h / (H / KVH);
@@ -149,17 +186,20 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
     int p0 = pos[t0];
     int last = p0 + n - 1;  // the last key any row of the tile attends to
     int nkb = last / BC + 1;
-    int r0 = warp * 16 + g, r1 = r0 + 8;
-    // Row r attends to keys 0..p0 + r; rows past the tile's end to the tile's keys.
-    int lim0 = p0 + min(r0, n - 1), lim1 = p0 + min(r1, n - 1);
-    bool busy = warp * 16 < n;  // whether this warp has a row to write
+    // This warp's rows: MT m16 tiles from row warp · 16 · MT; fragment rows g and g + 8 of each.
+    int wr0 = warp * 16 * MT;
+    int lim[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        lim[mt][0] = p0 + min(wr0 + mt * 16 + g, n - 1);
+        lim[mt][1] = p0 + min(wr0 + mt * 16 + g + 8, n - 1);
+    }
+    bool busy = wr0 < n;  // whether this warp has a row to write
+    const int wlim = p0 + min(wr0 + 16 * MT - 1, n - 1);  // the warp's last key
 
-    const unsigned int ks = smem_addr(&Ks[0][0][0]), vs = smem_addr(&Vs[0][0][0]);
+    const unsigned int ks = smem_addr(flash_smem), vs = ks + NST * TILE_BYTES;
     const int shift = block_shift(bs);
 
-    // The cache blocks of this thread's keys in the next tile to copy, and the keys' slots in
-    // them, read one tile ahead so the table's load latency overlaps a tile's math instead of
-    // delaying the copy.
     unsigned int nb[PER_T];
     int slot[PER_T];
     auto fetch_blocks = [&](int kb) {
@@ -171,7 +211,6 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
             nb[i] = idx < CHUNKS && j <= last ? tab[blk] : 0u;
         }
     };
-    // Starts copying key tile `kb` (blocks in `nb`) into buffer `buf`, keys past `last` as zeros.
     auto load = [&](int kb, int buf) {
 #pragma unroll
         for (int i = 0; i < PER_T; i++) {
@@ -187,93 +226,160 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
         }
         asm volatile("cp.async.commit_group;");
     };
-    // Each lane's ldmatrix addresses, less the tile's buffer and the fragment's constant offsets:
-    // K by `.x4` (row L % 8 of matrix L / 8: columns +0/+8 of k-step kk, then of kk + 1), K's
-    // last odd k-step by `.x2` (lanes 0-15), V by `.x4.trans` (keys +0/+8, columns +0/+8).
     const int mi = lane >> 3, mr = lane & 7;
     const unsigned int k_lane = ks + (mr * KPAD + (mi >> 1) * 16 + (mi & 1) * 8) * 2;
     const unsigned int k_lane2 = ks + (mr * KPAD + (mi & 1) * 8) * 2;
     const unsigned int v_lane = vs + (((mi & 1) * 8 + mr) * KPAD + (mi >> 1) * 8) * 2;
 
-    // Q fragments: a0 (row g, k 2tq..), a1 (row g+8), a2 (row g, k 2tq+8..), a3 (row g+8, k+8).
-    unsigned int qa[HD / 16][4];
+#if QS
+    // Q in shared memory, after the K/V buffers: the tile's rows (rows past its end repeat its
+    // last), pre-scaled, in the cache's type; A fragments by ldmatrix.x4 (matrix i: rows
+    // (i & 1) · 8, columns (i >> 1) · 8 of a 16 × 16 step).
+    const unsigned int qs = ks + 2 * NST * TILE_BYTES;
     {
-        const float* q0 = q + ((long long)(t0 + min(r0, n - 1)) * H + h) * HD;
-        const float* q1 = q + ((long long)(t0 + min(r1, n - 1)) * H + h) * HD;
+        u16* qsm = (u16*)(flash_smem + 2 * NST * TILE_BYTES);
+        for (int idx = threadIdx.x; idx < 16 * FW * MT * (HD / 8); idx += FT) {
+            int r = idx / (HD / 8), c8 = (idx % (HD / 8)) * 8;
+            const float4* src = (const float4*)(q + ((long long)(t0 + min(r, n - 1)) * H + h) * HD + c8);
+            float4 a = src[0], b = src[1];
+            uint4 w;
+            w.x = pack2(a.x * scale_log2, a.y * scale_log2);
+            w.y = pack2(a.z * scale_log2, a.w * scale_log2);
+            w.z = pack2(b.x * scale_log2, b.y * scale_log2);
+            w.w = pack2(b.z * scale_log2, b.w * scale_log2);
+            *(uint4*)(qsm + r * KPAD + c8) = w;
+        }
+    }
+    const unsigned int q_lane = qs + ((wr0 + (mi & 1) * 8 + mr) * KPAD + (mi >> 1) * 8) * 2;
+#else
+    unsigned int qa[MT][HD / 16][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        const float* q0 = q + ((long long)(t0 + min(wr0 + mt * 16 + g, n - 1)) * H + h) * HD;
+        const float* q1 = q + ((long long)(t0 + min(wr0 + mt * 16 + g + 8, n - 1)) * H + h) * HD;
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
             int c = kk * 16 + 2 * tq;
-            qa[kk][0] = pack2(q0[c] * scale_log2, q0[c + 1] * scale_log2);
-            qa[kk][1] = pack2(q1[c] * scale_log2, q1[c + 1] * scale_log2);
-            qa[kk][2] = pack2(q0[c + 8] * scale_log2, q0[c + 9] * scale_log2);
-            qa[kk][3] = pack2(q1[c + 8] * scale_log2, q1[c + 9] * scale_log2);
+            qa[mt][kk][0] = pack2(q0[c] * scale_log2, q0[c + 1] * scale_log2);
+            qa[mt][kk][1] = pack2(q1[c] * scale_log2, q1[c + 1] * scale_log2);
+            qa[mt][kk][2] = pack2(q0[c + 8] * scale_log2, q0[c + 9] * scale_log2);
+            qa[mt][kk][3] = pack2(q1[c + 8] * scale_log2, q1[c + 9] * scale_log2);
         }
     }
-    float o[HD / 8][4];
+#endif
+    float o[MT][HD / 8][4];
+    float m[MT][2], l[MT][2];
 #pragma unroll
-    for (int d = 0; d < HD / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
-    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++) o[mt][d][0] = o[mt][d][1] = o[mt][d][2] = o[mt][d][3] = 0.f;
+        m[mt][0] = m[mt][1] = NEG_INF;
+        l[mt][0] = l[mt][1] = 0.f;
+    }
 
-    fetch_blocks(0);
-    load(0, 0);
-    fetch_blocks(1);
-    for (int kb = 0; kb < nkb; kb++) {
-        int buf = kb & 1;
-        if (kb + 1 < nkb) {
-            load(kb + 1, buf ^ 1);
-            fetch_blocks(kb + 2);
-            asm volatile("cp.async.wait_group 1;");
+#pragma unroll
+    for (int st = 0; st < NST - 1; st++) {
+        fetch_blocks(st);
+        if (st < nkb) {
+            load(st, st);
         } else {
-            asm volatile("cp.async.wait_group 0;");
+            asm volatile("cp.async.commit_group;");
         }
+    }
+    fetch_blocks(NST - 1);
+    for (int kb = 0; kb < nkb; kb++) {
+        int buf = kb % NST;
+        int ahead = kb + NST - 1;
+        if (ahead < nkb) {
+            load(ahead, ahead % NST);
+            fetch_blocks(ahead + 1);
+        } else {
+            asm volatile("cp.async.commit_group;");
+        }
+        asm volatile("cp.async.wait_group %0;" ::"n"(NST - 1));
         __syncthreads();  // tile kb is in shared memory for every warp
-        if (busy) {
-            // S = Q Kᵀ: BC/8 tiles of 16 × 8 keys; b0 (k 2tq.., key g), b1 (k 2tq+8..), two
-            // k-steps' fragments per `ldmatrix.x4`.
+        if (busy && kb * BC <= wlim) {
             const unsigned int kt_at = buf * TILE_BYTES;
-            float s[BC / 8][4];
+            float s[MT][BC / 8][4];
 #pragma unroll
-            for (int nt = 0; nt < BC / 8; nt++) {
-                s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int kk = 0; kk + 1 < HD / 16; kk += 2) {
+                for (int nt = 0; nt < BC / 8; nt++) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+            // Two k-steps at a time (a K `ldmatrix.x4` holds both), then an odd last one alone
+            // by `ldmatrix.x2` (lanes 0-15's addresses are read).
+#pragma unroll
+            for (int kk = 0; kk + 1 < HD / 16; kk += 2) {
+#if QS
+                unsigned int qa[MT][2][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int k2 = 0; k2 < 2; k2++) q_frag(qa[mt][k2], q_lane + (mt * 16 * KPAD + (kk + k2) * 16) * 2);
+#define QA(mt, k) qa[mt][k]
+#else
+#define QA(mt, k) qa[mt][kk + k]
+#endif
+#pragma unroll
+                for (int nt = 0; nt < BC / 8; nt++) {
                     unsigned int b[4];
                     unsigned int kr = k_lane + kt_at + (nt * 8 * KPAD + kk * 16) * 2;
                     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                                  : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
                                  : "r"(kr));
-                    mma16816(s[nt], qa[kk], b[0], b[1]);
-                    mma16816(s[nt], qa[kk + 1], b[2], b[3]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        mma16816(s[mt][nt], QA(mt, 0), b[0], b[1]);
+                        mma16816(s[mt][nt], QA(mt, 1), b[2], b[3]);
+                    }
                 }
-                if ((HD / 16) % 2) {  // the last k-step alone (lanes 0-15's addresses are read)
+#undef QA
+            }
+            if ((HD / 16) % 2) {
+                const int kk = HD / 16 - 1;
+#if QS
+                unsigned int qa[MT][1][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) q_frag(qa[mt][0], q_lane + (mt * 16 * KPAD + kk * 16) * 2);
+#define QA(mt) qa[mt][0]
+#else
+#define QA(mt) qa[mt][kk]
+#endif
+#pragma unroll
+                for (int nt = 0; nt < BC / 8; nt++) {
                     unsigned int b0, b1;
-                    unsigned int kr = k_lane2 + kt_at + (nt * 8 * KPAD + (HD / 16 - 1) * 16) * 2;
+                    unsigned int kr = k_lane2 + kt_at + (nt * 8 * KPAD + kk * 16) * 2;
                     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];"
                                  : "=r"(b0), "=r"(b1)
                                  : "r"(kr));
-                    mma16816(s[nt], qa[HD / 16 - 1], b0, b1);
-                }
-            }
-            // The causal edge (and keys past the tile's last).
-            if (kb * BC + BC - 1 > lim0 || kb * BC + BC - 1 > lim1) {
 #pragma unroll
-                for (int nt = 0; nt < BC / 8; nt++) {
-                    int j = kb * BC + nt * 8 + 2 * tq;
-                    if (j > lim0) s[nt][0] = NEG_INF;
-                    if (j + 1 > lim0) s[nt][1] = NEG_INF;
-                    if (j > lim1) s[nt][2] = NEG_INF;
-                    if (j + 1 > lim1) s[nt][3] = NEG_INF;
+                    for (int mt = 0; mt < MT; mt++) mma16816(s[mt][nt], QA(mt), b0, b1);
                 }
+#undef QA
             }
-            // Key 0 is in every row's range, so after the first tile the maxima are finite.
-            online_softmax<BC / 8>(s, o, m0, m1, l0, l1);
-            // O += P · V: the scores' accumulator layout is the A operand's, two n-tiles per
-            // k-step; V's B fragments for two 8-column tiles at once, transposed by ldmatrix.
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                if (kb * BC + BC - 1 > lim[mt][0] || kb * BC + BC - 1 > lim[mt][1]) {
+#pragma unroll
+                    for (int nt = 0; nt < BC / 8; nt++) {
+                        int j = kb * BC + nt * 8 + 2 * tq;
+                        if (j > lim[mt][0]) s[mt][nt][0] = NEG_INF;
+                        if (j + 1 > lim[mt][0]) s[mt][nt][1] = NEG_INF;
+                        if (j > lim[mt][1]) s[mt][nt][2] = NEG_INF;
+                        if (j + 1 > lim[mt][1]) s[mt][nt][3] = NEG_INF;
+                    }
+                }
+                online_softmax<BC / 8>(s[mt], o[mt], m[mt][0], m[mt][1], l[mt][0], l[mt][1]);
+            }
 #pragma unroll
             for (int kk = 0; kk < BC / 16; kk++) {
-                unsigned int pa[4] = {pack2(s[2 * kk][0], s[2 * kk][1]), pack2(s[2 * kk][2], s[2 * kk][3]),
-                                      pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                      pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+                unsigned int pa[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    pa[mt][0] = pack2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                    pa[mt][1] = pack2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                    pa[mt][2] = pack2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                    pa[mt][3] = pack2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+                }
 #pragma unroll
                 for (int dp = 0; dp < HD / 16; dp++) {
                     unsigned int b[4];
@@ -281,31 +387,39 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
                     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                                  : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
                                  : "r"(vr));
-                    mma16816(o[2 * dp], pa, b[0], b[1]);
-                    mma16816(o[2 * dp + 1], pa, b[2], b[3]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        mma16816(o[mt][2 * dp], pa[mt], b[0], b[1]);
+                        mma16816(o[mt][2 * dp + 1], pa[mt], b[2], b[3]);
+                    }
                 }
             }
         }
         __syncthreads();  // every warp is done with buffer `buf` before it is refilled
     }
     if (!busy) return;
-    for (int sh = 1; sh < 4; sh <<= 1) {
-        l0 += __shfl_xor_sync(0xffffffffu, l0, sh);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, sh);
-    }
-    float i0 = 1.f / l0, i1 = 1.f / l1;
 #pragma unroll
-    for (int d = 0; d < HD / 8; d++) {
-        int c = d * 8 + 2 * tq;
-        if (r0 < n) {
-            wt* w = out + ((long long)(t0 + r0) * H + h) * HD + c;
-            w[0] = wst(o[d][0] * i0);
-            w[1] = wst(o[d][1] * i0);
+    for (int mt = 0; mt < MT; mt++) {
+        float l0 = l[mt][0], l1 = l[mt][1];
+        for (int sh = 1; sh < 4; sh <<= 1) {
+            l0 += __shfl_xor_sync(0xffffffffu, l0, sh);
+            l1 += __shfl_xor_sync(0xffffffffu, l1, sh);
         }
-        if (r1 < n) {
-            wt* w = out + ((long long)(t0 + r1) * H + h) * HD + c;
-            w[0] = wst(o[d][2] * i1);
-            w[1] = wst(o[d][3] * i1);
+        float i0 = 1.f / l0, i1 = 1.f / l1;
+        int r0 = wr0 + mt * 16 + g, r1 = r0 + 8;
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++) {
+            int c = d * 8 + 2 * tq;
+            if (r0 < n) {
+                wt* w = out + ((long long)(t0 + r0) * H + h) * HD + c;
+                w[0] = wst(o[mt][d][0] * i0);
+                w[1] = wst(o[mt][d][1] * i0);
+            }
+            if (r1 < n) {
+                wt* w = out + ((long long)(t0 + r1) * H + h) * HD + c;
+                w[0] = wst(o[mt][d][2] * i1);
+                w[1] = wst(o[mt][d][3] * i1);
+            }
         }
     }
 }

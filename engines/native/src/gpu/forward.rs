@@ -18,17 +18,18 @@
 
 use super::buffers::{Buf, GpuLayer, GpuWeights, StepBufs};
 use super::error::{GpuError, driver};
+use super::flash::Flash;
 use super::pages::CacheView;
 use super::plan::{
-    ATTENTION_WARPS, DECODE_WARPS, FLASH_THREADS, GEMV_ROWS, StepShape, attention_group, attention_heads,
-    attention_splits, check_matmul, decode_splits, elem_bytes, flash_decode_fits, flash_fits, gemv_kernel,
-    gemv_split, kernel_source, rope_tables,
+    ATTENTION_WARPS, DECODE_WARPS, GEMV_ROWS, StepShape, attention_group, attention_heads, attention_splits,
+    check_matmul, decode_splits, elem_bytes, flash_decode_fits, gemv_kernel, gemv_split, kernel_source,
+    rope_tables,
 };
 use crate::weights::Weights;
 use cudarc::cublas::CudaBlas;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
 };
 use std::sync::Arc;
 use xinf_engine::KvDtype;
@@ -51,8 +52,9 @@ struct Kernels {
     /// (`plan::attention_heads` picks per step).
     attention: CudaFunction,
     attention_one: CudaFunction,
-    /// The tensor-core prefill attention, where `plan::flash_fits` says it exists.
-    flash: Option<CudaFunction>,
+    /// The tensor-core prefill attention, where `plan::flash_fits` says it exists and the GPU
+    /// gives its shared memory.
+    flash: Option<Flash>,
     /// The tensor-core decode attention (the GQA group's heads as a tile's rows), where
     /// `plan::flash_decode_fits` says it exists; it then takes every token `flash` does not.
     flash_decode: Option<CudaFunction>,
@@ -65,14 +67,16 @@ struct Kernels {
 
 impl Kernels {
     /// Compiles the kernels for weights in `wdt`, a cache in `kdt`, heads of `head_dim`,
-    /// `attention` blocks of `group` heads and `gqa` query heads per KV head, for `ctx`'s GPU.
+    /// `attention` blocks of `group` heads and `gqa` query heads per KV head, for the GPU of
+    /// `s` (which reads `flash_prefill`'s launch constants).
     fn compile(
-        ctx: &Arc<CudaContext>,
+        s: &Arc<CudaStream>,
         (wdt, kdt): (KvDtype, KvDtype),
         head_dim: usize,
         group: usize,
         gqa: usize,
     ) -> Result<Self, GpuError> {
+        let ctx = s.context();
         let (major, minor) = ctx.compute_capability().map_err(driver)?;
         let opts =
             cudarc::nvrtc::CompileOptions { arch: Some(nvrtc_arch(major, minor)), ..Default::default() };
@@ -86,7 +90,7 @@ impl Kernels {
             qkv_post: f("qkv_post")?,
             attention: f("attention")?,
             attention_one: f("attention_one")?,
-            flash: flash_fits(kdt, head_dim, major).then(|| f("flash_prefill")).transpose()?,
+            flash: Flash::load(s, &module, kdt, head_dim, major)?,
             flash_decode: flash_decode_fits(kdt, head_dim, major, gqa)
                 .then(|| f("flash_decode"))
                 .transpose()?,
@@ -103,7 +107,7 @@ impl Kernels {
         let mut all =
             vec![&self.embed, &self.add_rmsnorm, &self.qkv_post, &self.attention, &self.attention_one];
         all.extend([&self.silu_mul, &self.argmax_rows]);
-        all.extend(self.flash.iter().chain(&self.flash_decode));
+        all.extend(self.flash.iter().map(|f| &f.f).chain(&self.flash_decode));
         all.extend(self.gemv.iter().flatten());
         all.into_iter().map(|f| f.cu_function() as usize).collect()
     }
@@ -152,7 +156,7 @@ impl Forward {
     ) -> Result<Self, GpuError> {
         let group = attention_group(cfg.num_heads, cfg.kv_heads);
         let gqa = cfg.num_heads / cfg.kv_heads.max(1);
-        let k = Kernels::compile(s.context(), (wdt, kdt), cfg.head_dim, group, gqa)?;
+        let k = Kernels::compile(s, (wdt, kdt), cfg.head_dim, group, gqa)?;
         let w = GpuWeights::upload(s, w, wdt, cfg.tie_word_embeddings)?;
         let (cos, sin) = rope_tables(&cfg, max_positions);
         let cos = s.clone_htod(&cos).map_err(driver)?;
@@ -359,7 +363,7 @@ impl Forward {
         let flash = self.k.flash.as_ref().filter(|_| tiles > 0 && c.aligned);
         if let Some(flash) = flash {
             let scale_log2 = scale * std::f32::consts::LOG2_E;
-            let mut b = s.launch_builder(flash);
+            let mut b = s.launch_builder(&flash.f);
             b.arg(&bufs.q)
                 .arg(&kp)
                 .arg(&vp)
@@ -377,8 +381,8 @@ impl Forward {
                 .arg(&scale_log2);
             let grid = LaunchConfig {
                 grid_dim: (tiles as u32, h as u32, 1),
-                block_dim: (FLASH_THREADS, 1, 1),
-                shared_mem_bytes: 0,
+                block_dim: (flash.threads, 1, 1),
+                shared_mem_bytes: flash.smem,
             };
             // SAFETY: see `record`'s doc; besides, the plan's tiles are `(first, count)` pairs of
             // tokens of one chunk each (below `t`), `flash` exists only for the dtype and head

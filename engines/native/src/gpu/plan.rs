@@ -26,12 +26,9 @@ const GEMV: &str = include_str!("gemv.cu");
 /// only defined where [`flash_fits`] holds.
 const FLASH: &str = include_str!("flash.cu");
 
-/// Query tokens of one `flash_prefill` block (8 warps × 16 rows: the K and V tiles it copies
-/// serve that many rows).
-const FLASH_TILE: usize = 128;
-
-/// Threads of one `flash_prefill` block (`FT` in `flash.cu`).
-pub(super) const FLASH_THREADS: u32 = 2 * FLASH_TILE as u32;
+/// Query tokens of one `flash_prefill` block (`flash_rows` in `flash.cu`, which the GPU code
+/// checks against this at load): the K and V tiles it copies serve that many rows.
+pub(super) const FLASH_TILE: usize = 128;
 
 /// Warps of one `attention` block (one query token, the heads of one [`attention_group`], one
 /// split of its keys). Each warp
