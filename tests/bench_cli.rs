@@ -57,6 +57,19 @@ fn bench_measures_a_served_model_and_counts_errors() {
         assert!(r["output_tokens_per_s"].as_f64().is_some_and(|v| v > 0.0), "{r:#}");
         assert!(r["wall_s"].as_f64().is_some_and(|v| v > 0.0), "{r:#}");
     }
+    // Each level says when it started (what lines a server's log up with it): the second
+    // once the first had ended, both within this test's run.
+    let now =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs_f64();
+    let started: Vec<f64> = results.iter().filter_map(|r| r["started_unix_s"].as_f64()).collect();
+    assert_eq!(started.len(), 2, "{json:#}");
+    let first_end = started[0] + results[0]["wall_s"].as_f64().unwrap_or(0.0);
+    assert!(started[0] > now - 600.0 && started[1] <= now, "{started:?} against {now}");
+    assert!(
+        started[1] + 0.002 >= first_end,
+        "level 2 started at {} before level 1 ended at {first_end}",
+        started[1]
+    );
 
     // A second uid the server does not know: its requests are errors, named in the report,
     // and the run goes on to the end.

@@ -8,13 +8,20 @@ native replica logs its sequences, its decode tokens, its prompt tokens and its 
 - decode-only, mixed (decodes and prompt chunks) and prompt-only steps: how many, their share
   of the time, their median time and prompt tokens;
 - decode-only steps by batch size, median time;
+- the prompt tokens per second of the steps that carried prompts (mixed and prompt-only);
 - the time between tokens a decoding sequence saw (each step's time counted once per decode it
   carried), over all steps and over the decode-only ones: their ratio is how much the steps
   that also carried prompts stretched it.
 
-usage: steps.py XINF_LOG_FILE
+With `--bench BENCH_JSON` (the `--json` report of the `xinf bench` run that made the load),
+each level of the report gets these tables for the steps logged while it ran, by its
+`started_unix_s` and `wall_s` (the log's timestamps and the report's come from the same clock
+where both ran on one machine).
+
+usage: steps.py XINF_LOG_FILE [--bench BENCH_JSON]
 """
 
+import datetime
 import json
 import re
 import statistics
@@ -23,8 +30,16 @@ import sys
 KV = re.compile(r"\b(seqs|decodes|prompt_tokens|us)=(\d+)")
 
 
+def unix(stamp):
+    """Seconds since the epoch of an RFC 3339 timestamp (tracing's), None if it is not one."""
+    try:
+        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
 def steps(path):
-    """(seqs, decodes, prompt_tokens, us) of each step line."""
+    """(seqs, decodes, prompt_tokens, us, unix time or None) of each step line."""
     out = []
     for line in open(path, errors="replace"):
         if "xinf::step" not in line:
@@ -32,14 +47,15 @@ def steps(path):
         line = line.strip()
         if line.startswith("{"):
             try:
-                f = json.loads(line).get("fields", {})
-                out.append((f["seqs"], f["decodes"], f["prompt_tokens"], f["us"]))
-            except (ValueError, KeyError):
+                j = json.loads(line)
+                f = j.get("fields", {})
+                out.append((f["seqs"], f["decodes"], f["prompt_tokens"], f["us"], unix(j.get("timestamp", ""))))
+            except (ValueError, KeyError, AttributeError):
                 pass
             continue
         kv = dict((k, int(v)) for k, v in KV.findall(line))
         if len(kv) == 4:
-            out.append((kv["seqs"], kv["decodes"], kv["prompt_tokens"], kv["us"]))
+            out.append((kv["seqs"], kv["decodes"], kv["prompt_tokens"], kv["us"], unix(line.split(" ", 1)[0])))
     return out
 
 
@@ -51,13 +67,44 @@ def bucket(n):
 
 
 def main():
-    if len(sys.argv) < 2:
+    args = sys.argv[1:]
+    bench = None
+    if "--bench" in args:
+        at = args.index("--bench")
+        if at + 1 >= len(args):
+            print(__doc__, file=sys.stderr)
+            sys.exit(2)
+        bench = args[at + 1]
+        del args[at : at + 2]
+    if len(args) != 1:
         print(__doc__, file=sys.stderr)
         sys.exit(2)
-    rows = steps(sys.argv[1])
+    rows = steps(args[0])
     if not rows:
         print("no step lines (was xinf run with XINF_LOG=...,xinf::step=trace?)", file=sys.stderr)
         sys.exit(1)
+    if bench is None:
+        report(rows)
+        return
+    for level in json.load(open(bench))["results"]:
+        start, wall = level.get("started_unix_s"), level.get("wall_s")
+        print(f"## {level['model_uid']} at concurrency {level['concurrency']}")
+        print()
+        if start is None or wall is None:
+            print("the report has no start time for this level (an xinf bench before it had one)")
+            print()
+            continue
+        # A step logs when it ends: those ending within the level, plus the one it began inside.
+        mine = [r for r in rows if r[4] is not None and start <= r[4] <= start + wall]
+        if mine:
+            report(mine)
+        else:
+            print("no steps logged while it ran")
+        print()
+
+
+def report(rows):
+    """The tables of the steps in `rows`."""
     total = sum(r[3] for r in rows)
     kinds = {
         "decode-only": [r for r in rows if r[2] == 0],
@@ -88,6 +135,10 @@ def main():
         tokens = sum(r[1] for r in rs)
         return sum(r[3] * r[1] for r in rs) / tokens / 1e3 if tokens else None
 
+    prompts = kinds["mixed"] + kinds["prompt-only"]
+    if prompts:
+        rate = sum(r[2] for r in prompts) / (sum(r[3] for r in prompts) / 1e6)
+        print(f"prompt tokens per second of the steps that carried prompts: {rate:,.0f}")
     seen, alone = gap([r for r in rows if r[1] > 0]), gap(kinds["decode-only"])
     print(f"time between tokens a decoding sequence saw: {seen:.3f} ms over all steps" if seen else "no decodes")
     if seen and alone:

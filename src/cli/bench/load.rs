@@ -2,7 +2,7 @@
 //! threads at once for a concurrency level.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
@@ -79,6 +79,7 @@ pub(super) fn run_level(
     let lang = cat.lang();
     let next = AtomicUsize::new(0);
     let started = Instant::now();
+    let started_unix_s = SystemTime::now().duration_since(UNIX_EPOCH).ok().map(|d| d.as_secs_f64());
     let outcomes: Vec<Result<Sample, String>> = std::thread::scope(|scope| {
         let threads: Vec<_> = (0..concurrency.min(args.requests))
             .map(|_| {
@@ -106,7 +107,8 @@ pub(super) fn run_level(
     });
     let wall_s = started.elapsed().as_secs_f64();
     bar.finish_and_clear();
-    let level = summarize(uid, concurrency, args.requests, &outcomes, wall_s);
+    let mut level = summarize(uid, concurrency, args.requests, &outcomes, wall_s);
+    level.started_unix_s = started_unix_s;
     let (requests, errors, secs) =
         (level.requests.to_string(), level.errors.to_string(), format!("{wall_s:.1}"));
     eprintln!(

@@ -39,6 +39,9 @@ pub(super) struct Level {
     pub(super) tpot_p50: Option<f64>,
     pub(super) output_tokens_per_s: f64,
     wall_s: f64,
+    /// When the level's first request was sent, in seconds since the Unix epoch: what lines
+    /// up a server's log (`doc/bench/gpu/steps.py --bench`) with the level.
+    pub(super) started_unix_s: Option<f64>,
 }
 
 /// Sums up the outcomes of `requests` requests that took `wall_s` seconds in all. Requests
@@ -76,6 +79,7 @@ pub(super) fn summarize(
         tpot_p50: percentile(&tpot, 50.0),
         output_tokens_per_s: if wall_s > 0.0 { output as f64 / wall_s } else { 0.0 },
         wall_s,
+        started_unix_s: None,
     }
 }
 
@@ -96,6 +100,7 @@ impl Level {
             "tpot_ms": {"p50": self.tpot_p50.map(round3)},
             "output_tokens_per_s": round3(self.output_tokens_per_s),
             "wall_s": round3(self.wall_s),
+            "started_unix_s": self.started_unix_s.map(round3),
         })
     }
 }
