@@ -64,7 +64,8 @@ def check(r, what):
 def compile_cubin(src, arch):
     prog = ctypes.c_void_p()
     check(NVRTC.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"k.cu", 0, None, None), "nvrtcCreateProgram")
-    opts = [f"--gpu-architecture=sm_{arch}".encode()]
+    # sm_90a where the GPU is sm_90: the same code, plus Hopper's wgmma for versions that use it.
+    opts = [f"--gpu-architecture=sm_{arch}{'a' if arch == '90' else ''}".encode()]
     r = NVRTC.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
     n = ctypes.c_size_t()
     NVRTC.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
