@@ -18,6 +18,7 @@ Needs a CUDA GPU, PyTorch and the CUDA toolkit's NVRTC (`/usr/local/cuda`). With
 version runs once per case, for Nsight Compute; `--case` keeps the cases whose name starts so.
 """
 
+import collections
 import ctypes
 import glob
 import math
@@ -79,6 +80,11 @@ def compile_cubin(src, arch):
     return cubin
 
 
+# A compiled version: its function, dynamic shared memory, the block shape it states (None
+# where it states none), registers and local memory per thread.
+Kernel = collections.namedtuple("Kernel", "func smem threads rows regs local")
+
+
 def load_kernel(flash_path, hd, h, kvh, arch):
     base = open(f"{GPU_SRC}/kernels.cu").read() + "\n" + open(f"{GPU_SRC}/gemv.cu").read()
     gq = h // kvh
@@ -103,8 +109,7 @@ def load_kernel(flash_path, hd, h, kvh, arch):
     smem = constant(b"flash_smem_bytes") or 0
     if smem:
         check(CUDA.cuFuncSetAttribute(func, 8, smem), "cuFuncSetAttribute")  # MAX_DYNAMIC_SHARED_SIZE_BYTES
-    shape = (constant(b"flash_threads"), constant(b"flash_rows"))
-    return (func, smem, shape), regs.value, local.value
+    return Kernel(func, smem, constant(b"flash_threads"), constant(b"flash_rows"), regs.value, local.value)
 
 
 class Case:
@@ -156,7 +161,7 @@ class Case:
         flat = [x for tn in tiles for x in tn]
         return torch.tensor(flat, dtype=torch.int32, device="cuda"), len(tiles)
 
-    def launch(self, func, paired, threads, tiles, ntiles, stream):
+    def launch(self, kernel, paired, threads, tiles, ntiles, stream):
         scale_log2 = 1.0 / math.sqrt(self.hd) * math.log2(math.e)
         vals = [
             ctypes.c_uint64(self.q.data_ptr()),
@@ -178,9 +183,10 @@ class Case:
         ]
         params = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
         grid = (ntiles + 1) // 2 if paired else ntiles
-        func, smem, _ = func
         check(
-            CUDA.cuLaunchKernel(func, grid, self.h, 1, threads, 1, 1, smem, ctypes.c_void_p(stream), params, None),
+            CUDA.cuLaunchKernel(
+                kernel.func, grid, self.h, 1, threads, 1, 1, kernel.smem, ctypes.c_void_p(stream), params, None
+            ),
             "launch",
         )
 
@@ -201,31 +207,33 @@ def main():
     rows = []
     for vname, path in versions:
         paired = vname.startswith("pair")
-        fw = re.search(r"^#define FW (\d+)", open(path).read(), re.M)
-        mt = re.search(r"^#define MT (\d+)", open(path).read(), re.M)
+        text = open(path).read()
+        fw = re.search(r"^#define FW (\d+)", text, re.M)
+        mt = re.search(r"^#define MT (\d+)", text, re.M)
         warps = int(fw.group(1)) if fw else 4
-        threads, tile = 32 * warps, 16 * warps * (int(mt.group(1)) if mt else 1)
+        by_defines = (32 * warps, 16 * warps * (int(mt.group(1)) if mt else 1))
         for cname, c in cases:
             key = (path, c.hd, c.h, c.kvh)
             if key not in kernels:
                 kernels[key] = load_kernel(path, c.hd, c.h, c.kvh, arch)
-            func, regs, local = kernels[key]
-            threads, tile = func[2] if func[2][0] else (threads, tile)
+            kernel = kernels[key]
+            regs, local = kernel.regs, kernel.local
+            threads, tile = (kernel.threads, kernel.rows) if kernel.threads else by_defines
             tiles, ntiles = c.tiles(paired, tile)
             c.out.fill_(float("nan"))
-            c.launch(func, paired, threads, tiles, ntiles, stream)
+            c.launch(kernel, paired, threads, tiles, ntiles, stream)
             torch.cuda.synchronize()
             err = ((c.out.float() - c.ref).norm() / c.ref.norm()).item()
             if ncu:
                 rows.append((vname, cname, regs, local, err, 0.0, 0.0))
                 continue
             for _ in range(10):
-                c.launch(func, paired, threads, tiles, ntiles, stream)
+                c.launch(kernel, paired, threads, tiles, ntiles, stream)
             times = []
             for _ in range(60):
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 a.record()
-                c.launch(func, paired, threads, tiles, ntiles, stream)
+                c.launch(kernel, paired, threads, tiles, ntiles, stream)
                 b.record()
                 b.synchronize()
                 times.append(a.elapsed_time(b) * 1000)
