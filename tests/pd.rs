@@ -23,6 +23,11 @@ pub(crate) fn prompt(n: usize) -> Vec<u32> {
 
 /// Greedy completion text of `ids` on `model`, streaming or not.
 pub(crate) fn complete(addr: SocketAddr, model: &str, ids: &[u32], stream: bool) -> String {
+    complete_as(addr, model, ids, stream, &[])
+}
+
+/// [`complete`], with the request's `headers` (its id).
+fn complete_as(addr: SocketAddr, model: &str, ids: &[u32], stream: bool, headers: &[(&str, &str)]) -> String {
     let body = json!({
         "model": model,
         "prompt": ids,
@@ -31,7 +36,7 @@ pub(crate) fn complete(addr: SocketAddr, model: &str, ids: &[u32], stream: bool)
         "ignore_eos": true,
         "stream": stream,
     });
-    let res = http::post(addr, "/v1/completions", &body);
+    let res = http::request(addr, "POST", "/v1/completions", headers, body.to_string().as_bytes());
     assert_eq!(res.status, 200, "{model}, {} tokens: {}", ids.len(), res.text());
     if !stream {
         return res.json()["choices"][0]["text"].as_str().unwrap_or_default().to_owned();
@@ -341,6 +346,46 @@ fn pd_cancellations_leave_nothing_behind_and_roles_round_robin() {
     for n in [5, 70, 150] {
         let ids = prompt(n);
         assert_eq!(complete(addr, "pd", &ids, n == 70), complete(addr, "hybrid", &ids, false), "{n} tokens");
+    }
+
+    // A client that sends a request again under the same id right after dropping its
+    // connection (wherever the first attempt had got to) is served as if it were the first;
+    // while the first connection stays open, the same id is refused as a duplicate.
+    let ids = prompt(70);
+    let expected = complete(addr, "hybrid", &ids, false);
+    let tries =
+        [Cancel::Disconnect(0), Cancel::Disconnect(150), Cancel::AfterFirstToken, Cancel::NonStreaming(150)];
+    for model in ["pd", "hybrid"] {
+        for (k, how) in tries.into_iter().enumerate() {
+            let id = format!("retry-{model}-{k}");
+            cancelled_request(addr, model, &id, &ids, how);
+            let again = complete_as(addr, model, &ids, k % 2 == 1, &[("X-Request-Id", &id)]);
+            assert_eq!(again, expected, "{model}, retried after {how:?}");
+        }
+        let id = format!("held-{model}");
+        let body =
+            json!({"model": model, "prompt": ids, "max_tokens": 4000, "ignore_eos": true, "stream": true});
+        let held = http::send(
+            addr,
+            "POST",
+            "/v1/completions",
+            &[("X-Request-Id", &id)],
+            body.to_string().as_bytes(),
+        );
+        poll(std::time::Duration::from_secs(20), "the held request running", || {
+            stats(addr, model)["running"] == 1
+        });
+        let res = http::request(
+            addr,
+            "POST",
+            "/v1/completions",
+            &[("X-Request-Id", &id)],
+            json!({"model": model, "prompt": ids, "max_tokens": 2}).to_string().as_bytes(),
+        );
+        assert_eq!(res.status, 409, "{}", res.text());
+        assert_eq!(res.json()["error"]["code"], "duplicate_request_id", "{}", res.text());
+        drop(held);
+        assert_eq!(complete_as(addr, model, &ids, false, &[("X-Request-Id", &id)]), expected, "{model}");
     }
 
     // 1P+2D and 2P+1D: each role takes turns.

@@ -207,6 +207,7 @@ impl Actor for Replica {
             }
             ReplicaMsg::NextEvents { request_id, reply } => next_events(state, request_id, reply),
             ReplicaMsg::Abort { request_id, reply } => {
+                state.requests.aborted(&request_id);
                 let running = state.engine.abort(&request_id);
                 let held = state.handoff.abort(&request_id);
                 answer(reply, Wire::ok(running || held));
@@ -294,12 +295,13 @@ fn generate_imported(
     handoff: Box<Handoff>,
     reply: RpcReplyPort<Wire<()>>,
 ) {
-    if state.requests.get(&request.request_id).is_some() {
+    if !state.requests.free_for_new(&request.request_id) {
         let id = request.request_id;
         answer(reply, Wire(Err(ActorError::Engine(EngineError::DuplicateRequest(id)))));
         return;
     }
     let received = Instant::now();
+    let since = state.handoff.epoch();
     let (engine, requests, served) = (state.engine.clone(), state.requests.clone(), state.served.clone());
     let (side, serving) = (state.handoff.clone(), state.serving.clone());
     // An engine that loads the KV itself (an engine server) is told the room instead, and the
@@ -322,8 +324,9 @@ fn generate_imported(
                 }
             };
             drain(Drain { requests: &requests, served: &served, serving: &serving, received }, &id, stream);
-            if side.was_aborted(&id) {
+            if side.was_aborted(&id, since) {
                 // The abort came while the pages were in flight.
+                requests.aborted(&id);
                 engine.abort(&id);
             }
             Ok::<_, ActorError>(())
@@ -356,7 +359,7 @@ fn stats(state: &ReplicaState) -> ReplicaStats {
 fn start(state: &mut ReplicaState, request: GenerateRequest) -> Result<(), ActorError> {
     let received = Instant::now();
     let id = request.request_id.clone();
-    if state.requests.get(&id).is_some() {
+    if !state.requests.free_for_new(&id) {
         return Err(ActorError::Engine(EngineError::DuplicateRequest(id)));
     }
     let stream = state.engine.submit(request)?;

@@ -55,6 +55,7 @@ mod panics;
 mod peer;
 mod reasoning;
 mod response_format;
+mod retries;
 mod routes;
 mod sampling;
 mod service;

@@ -385,7 +385,9 @@ impl HandoffSide {
         }
     }
 
-    /// Computes a prompt (its first token too), pins its KV and publishes a room for it.
+    /// Computes a prompt (its first token too), pins its KV and publishes a room for it. Called
+    /// when the replica takes the request's message: the aborts that apply to it are those
+    /// taken after this call.
     pub(crate) fn prefill(
         &self,
         mut request: xinf_engine::GenerateRequest,
@@ -393,6 +395,7 @@ impl HandoffSide {
         let endpoint = self.registration.as_ref().map(|(r, _)| r.endpoint().clone());
         let (engine, rooms, snapshots, times) =
             (self.engine.clone(), self.rooms.clone(), self.snapshots.clone(), self.times);
+        let since = self.epoch();
         async move {
             let endpoint = endpoint.ok_or_else(|| {
                 ActorError::Internal("a prefill was sent to a replica that does not serve pages".into())
@@ -436,7 +439,7 @@ impl HandoffSide {
                 Some(r) => (r.room, r.endpoint, r.device),
                 None => (rand::random::<u64>() >> 1, endpoint, engine.kv_device()),
             };
-            if !lock(&rooms).publish(room, &pinned.request_id, pages, keys, Instant::now()) {
+            if !lock(&rooms).publish(room, &pinned.request_id, pages, keys, Instant::now(), since) {
                 engine.release_pinned(&pinned.request_id);
                 return Err(ActorError::Engine(EngineError::Aborted));
             }
@@ -472,10 +475,17 @@ impl HandoffSide {
         false
     }
 
-    /// Whether an abort of this request arrived before it started here (the decode side
-    /// checks after starting an imported request, whose start raced with the abort).
-    pub(crate) fn was_aborted(&self, request_id: &str) -> bool {
-        lock(&self.rooms).was_aborted(request_id)
+    /// The abort clock now ([`RoomTable::epoch`]): what a request's attempt notes when the
+    /// replica takes its message.
+    pub(crate) fn epoch(&self) -> u64 {
+        lock(&self.rooms).epoch()
+    }
+
+    /// Whether an abort of this request's attempt that started at `since` ([`epoch`](Self::epoch))
+    /// arrived before it started here (the decode side checks after starting an imported
+    /// request, whose start raced with the abort).
+    pub(crate) fn was_aborted(&self, request_id: &str, since: u64) -> bool {
+        lock(&self.rooms).was_aborted(request_id, since)
     }
 
     /// Frees the rooms whose lease ran out.

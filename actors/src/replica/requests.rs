@@ -24,6 +24,8 @@ struct SlotInner {
     events: Vec<Result<TokenEvent, EngineError>>,
     done: bool,
     last_pull: Instant,
+    /// The request was aborted: once its stream has ended, a new request may take its id.
+    aborted: bool,
 }
 
 /// The buffer of one request.
@@ -80,7 +82,7 @@ impl RequestTable {
     /// Adds a request's buffer; `now` counts as its last pull.
     pub(crate) fn insert(&self, request_id: &str, now: Instant) -> Arc<Slot> {
         let slot = Arc::new(Slot {
-            inner: Mutex::new(SlotInner { events: Vec::new(), done: false, last_pull: now }),
+            inner: Mutex::new(SlotInner { events: Vec::new(), done: false, last_pull: now, aborted: false }),
             notify: Notify::new(),
         });
         lock(&self.slots).insert(request_id.to_owned(), slot.clone());
@@ -95,6 +97,31 @@ impl RequestTable {
     /// Drops a request's buffer (its last batch was taken).
     pub(crate) fn remove(&self, request_id: &str) {
         lock(&self.slots).remove(request_id);
+    }
+
+    /// Notes that a request was aborted: its id is free again once its stream has ended,
+    /// whether or not anyone pulls its last events (a caller that went away never will).
+    pub(crate) fn aborted(&self, request_id: &str) {
+        if let Some(slot) = lock(&self.slots).get(request_id) {
+            lock(&slot.inner).aborted = true;
+        }
+    }
+
+    /// Whether a new request may take `request_id`: no request holds it, or an aborted one
+    /// whose stream has ended, whose buffer is then dropped. A client that retries under the
+    /// same id after its first attempt was aborted (it went away) is served as soon as the
+    /// engine has let go of the first.
+    pub(crate) fn free_for_new(&self, request_id: &str) -> bool {
+        let mut slots = lock(&self.slots);
+        let Some(slot) = slots.get(request_id) else { return true };
+        let ended = {
+            let g = lock(&slot.inner);
+            g.aborted && g.done
+        };
+        if ended {
+            slots.remove(request_id);
+        }
+        ended
     }
 
     /// Drops the buffers nobody pulled for longer than `idle`; returns the ids of those still

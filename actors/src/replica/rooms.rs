@@ -52,21 +52,45 @@ pub(crate) enum RoomError {
 #[derive(Debug)]
 pub(crate) struct RoomTable {
     rooms: HashMap<u64, Room>,
-    /// Requests aborted recently, by when the mark lapses: a prefill that finishes after its
-    /// abort arrived must not publish a room nobody will claim.
-    aborted: HashMap<String, Instant>,
+    /// Requests aborted recently: a prefill that finishes after its abort arrived must not
+    /// publish a room nobody will claim.
+    aborted: HashMap<String, AbortMark>,
+    /// Aborts counted so far: the clock that tells an abort of a request's attempt from one of
+    /// an earlier attempt under the same id (a client's retry).
+    aborts: u64,
     leases: Leases,
     expired: u64,
     failed: u64,
 }
 
+/// An abort that found no room to close: when it lapses, and its place on the abort clock.
+#[derive(Debug, Clone, Copy)]
+struct AbortMark {
+    lapse: Instant,
+    at: u64,
+}
+
 impl RoomTable {
     pub(crate) fn new(leases: Leases) -> Self {
-        Self { rooms: HashMap::new(), aborted: HashMap::new(), leases, expired: 0, failed: 0 }
+        Self { rooms: HashMap::new(), aborted: HashMap::new(), aborts: 0, leases, expired: 0, failed: 0 }
     }
 
-    /// Opens a room for a pinned prompt of `pages` pages; `false` (and no room) when the
-    /// request was aborted meanwhile, so the caller frees the KV at once.
+    /// The abort clock now. A prefill or an import notes it when it starts (in the order the
+    /// replica takes its messages); the aborts counted after it are the ones that apply to it.
+    /// An abort counted before it ended an earlier attempt under the same id.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.aborts
+    }
+
+    /// Whether `request_id`'s attempt that started at `since` ([`epoch`](Self::epoch)) was
+    /// aborted.
+    fn aborted_since(&self, request_id: &str, since: u64) -> bool {
+        self.aborted.get(request_id).is_some_and(|m| m.at > since)
+    }
+
+    /// Opens a room for a pinned prompt of `pages` pages, computed by a prefill that started
+    /// at `since` ([`epoch`](Self::epoch)); `false` (and no room) when the request was aborted
+    /// meanwhile, so the caller frees the KV at once.
     pub(crate) fn publish(
         &mut self,
         room: u64,
@@ -74,8 +98,10 @@ impl RoomTable {
         pages: u32,
         keys: Arc<[u64]>,
         now: Instant,
+        since: u64,
     ) -> bool {
-        if self.aborted.remove(request_id).is_some() {
+        if self.aborted_since(request_id, since) {
+            self.aborted.remove(request_id);
             return false;
         }
         let deadline = now + self.leases.unclaimed;
@@ -119,19 +145,22 @@ impl RoomTable {
         self.rooms.retain(|_, r| r.request_id != request_id);
         let closed = before - self.rooms.len();
         if closed == 0 {
-            self.aborted.insert(request_id.to_owned(), now + self.leases.unclaimed);
+            self.aborts += 1;
+            let mark = AbortMark { lapse: now + self.leases.unclaimed, at: self.aborts };
+            self.aborted.insert(request_id.to_owned(), mark);
         }
         closed
     }
 
-    /// Whether a request was aborted recently (its mark has not lapsed or been used).
-    pub(crate) fn was_aborted(&self, request_id: &str) -> bool {
-        self.aborted.contains_key(request_id)
+    /// Whether the attempt of a request that started at `since` ([`epoch`](Self::epoch)) was
+    /// aborted since (the mark has not lapsed or been used).
+    pub(crate) fn was_aborted(&self, request_id: &str, since: u64) -> bool {
+        self.aborted_since(request_id, since)
     }
 
     /// Closes the rooms whose lease ran out; their request ids.
     pub(crate) fn expire(&mut self, now: Instant) -> Vec<String> {
-        self.aborted.retain(|_, lapse| *lapse > now);
+        self.aborted.retain(|_, m| m.lapse > now);
         let gone: Vec<u64> =
             self.rooms.iter().filter(|(_, r)| r.deadline <= now).map(|(id, _)| *id).collect();
         self.expired += gone.len() as u64;

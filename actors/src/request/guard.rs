@@ -25,23 +25,35 @@ impl RequestGuard {
 }
 
 impl Drop for RequestGuard {
+    /// The replicas are told first and the router after their answers: until then the id stays
+    /// taken, so a retry under the same id cannot start before the abort meant for this attempt
+    /// lands, and be ended by it.
     fn drop(&mut self) {
-        if let Some(router) = self.router.take()
-            && router.cast(RouterMsg::Finished { request_id: self.request_id.clone() }).is_err()
-        {
-            tracing::debug!("the router is gone");
-        }
+        let Some(router) = self.router.take() else { return };
         let (replicas, timeout) = (std::mem::take(&mut self.replicas), self.timeout);
-        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
-        for replica in replicas {
-            let request_id = self.request_id.clone();
-            rt.spawn(async move {
-                let abort =
-                    call(&replica, "replica", timeout, |reply| ReplicaMsg::Abort { request_id, reply });
-                if let Err(e) = abort.await {
-                    tracing::debug!(error = %e, "could not abort an abandoned request");
+        let request_id = self.request_id.clone();
+        let finished = move |router: ActorRef<RouterMsg>, request_id: String| {
+            if router.cast(RouterMsg::Finished { request_id }).is_err() {
+                tracing::debug!("the router is gone");
+            }
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            finished(router, request_id);
+            return;
+        };
+        rt.spawn(async move {
+            let aborts = replicas.iter().map(|replica| {
+                let request_id = request_id.clone();
+                async move {
+                    let abort =
+                        call(replica, "replica", timeout, |reply| ReplicaMsg::Abort { request_id, reply });
+                    if let Err(e) = abort.await {
+                        tracing::debug!(error = %e, "could not abort an abandoned request");
+                    }
                 }
             });
-        }
+            futures::future::join_all(aborts).await;
+            finished(router, request_id);
+        });
     }
 }

@@ -255,10 +255,9 @@ async fn generate(state: &AppState, req: &HttpRequest, mut job: Generation) -> R
     let engine_requests = choices::split(job.requests, per_prompt);
     // A request of several choices or prompts is in the abort route's table while it runs.
     let fanout = (engine_requests.len() > 1).then(|| state.fanouts.register(&meta.id, engine_requests.len()));
-    // One choice refused stops the others (dropping their streams aborts them).
-    let mut streams = state
-        .service
-        .generate_all(&job.model, engine_requests)
+    // One choice refused stops the others (dropping their streams aborts them). An id still
+    // running from the client's attempt before is waited for, briefly.
+    let mut streams = crate::api::retries::generate_all(state.service.as_ref(), &job.model, engine_requests)
         .instrument(span.clone())
         .await
         .map_err(|e| blame_context(e, job.flavor))?;

@@ -106,10 +106,19 @@ async fn leases_free_abandoned_rooms_and_late_fetches_fail_clearly() {
     unpinned(&engine).await;
 
     // Aborted before it publishes: nothing is left.
+    let early = prefill.prefill(request("early"));
     prefill.abort("early");
-    let e = prefill.prefill(request("early")).await.expect_err("aborted");
+    let e = early.await.expect_err("aborted");
     assert_eq!(e, ActorError::Engine(EngineError::Aborted));
     assert_eq!(prefill.stats().active_rooms, 0);
+    unpinned(&engine).await;
+
+    // An abort taken before a prefill began ended an earlier attempt under that id (the
+    // client's retry comes after it): the prefill publishes.
+    prefill.abort("retried");
+    let h = prefill.prefill(request("retried")).await.expect("the retry's prefill");
+    assert_eq!(prefill.stats().active_rooms, 1);
+    assert!(prefill.release(h.room));
     unpinned(&engine).await;
 }
 

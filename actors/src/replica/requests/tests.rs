@@ -76,3 +76,20 @@ fn drain_names_running_requests() {
     assert_eq!(table.drain_all(), ["a"]);
     assert!(table.get("b").is_none());
 }
+
+#[test]
+fn an_aborted_request_frees_its_id_once_its_stream_ends() {
+    let table = RequestTable::default();
+    assert!(table.free_for_new("r"));
+    let slot = table.insert("r", Instant::now());
+    assert!(!table.free_for_new("r"), "running");
+    slot.finish();
+    assert!(!table.free_for_new("r"), "ended, not aborted: its caller still pulls its last events");
+    let slot = table.insert("a", Instant::now());
+    table.aborted("a");
+    assert!(!table.free_for_new("a"), "aborted, its stream not yet ended");
+    slot.finish();
+    assert!(table.free_for_new("a"));
+    assert!(table.get("a").is_none(), "the old buffer is dropped");
+    table.aborted("unknown");
+}
