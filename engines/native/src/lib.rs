@@ -42,6 +42,7 @@ mod stop;
 #[cfg(test)]
 mod test_support;
 mod weights;
+mod widened;
 
 pub use engine::NativeEngine;
 pub use loader::NativeLoader;

@@ -1,6 +1,6 @@
 //! Q4_1 weights multiplied with AVX2 (its integer products by AVX-512 VNNI where the CPU has
 //! it), a GGUF file's blocks repacked at load for it; and, for a prompt's rows, in F32 a slice
-//! of widened weight rows at a time ([`Packed::matmul_f32`]).
+//! of widened weight rows at a time ([`Packed::matmul_f32`], [`crate::widened`]).
 //!
 //! candle has SIMD code for Q4_0, Q8_0 and the K-quants on x86 but multiplies Q4_1 with scalar
 //! code, ten times slower; re-blocking Q4_1 as Q8_0 makes it fast but reads 8.5 bits a weight
@@ -171,7 +171,7 @@ impl Packed {
             return Ok(());
         }
         let acts = quantize_rows(xs, m, k);
-        let dst = SharedOut(out.as_mut_ptr());
+        let dst = crate::widened::SharedOut(out.as_mut_ptr());
         candle_core::utils::barrier_pool().execute_chunked(rows.div_ceil(GROUP), |range| {
             for g in range {
                 let w = self.group(g);
@@ -219,82 +219,18 @@ impl Packed {
     }
 
     /// `x @ selfᵀ` in F32, for `x` of `[m, cols]`: the product a prompt's rows get, with the
-    /// weights as candle dequantizes them. Each work item of the CPU pool widens [`F32_ROWS`]
-    /// weight rows into its own buffer and multiplies them by candle's GEMM on its thread, so
-    /// the widened matrix is never written out whole (7 MB per projection per step, four times
-    /// the Q4_1 bytes), and the GEMM runs on the pool the decode kernels use instead of
-    /// rayon's, whose threads the pool's would spin against.
-    ///
-    /// A row's result must not depend on how many rows share the call (a prompt then gives the
-    /// same K and V however it is cut into chunks or batched), and the GEMM sums three ways: a
-    /// product of at most 16 × 16 outputs one way, one of at most 64 × 64 in blocks of 512
-    /// along `cols`, a bigger one in blocks that follow from `cols` alone. So every slice is
-    /// wider than 64 rows where the matrix is (the last takes the rest), and `x` is padded with
-    /// copies of its last row to more than `256 / width` rows: every call then takes the third
-    /// way, as candle's `matmul` of the whole matrix does, whose results these are bit for bit
-    /// where the slices are whole.
+    /// weights as candle dequantizes them, widened a slice of rows at a time
+    /// ([`crate::widened`]).
     pub(crate) fn matmul_f32(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let (m, k) = x.dims2()?;
-        let rows = self.rows;
-        if k != self.cols {
-            candle_core::bail!("a {m}×{k} input against a {rows}×{} Q4_1 matrix", self.cols)
-        }
-        if m == 0 {
-            return Tensor::zeros((0, rows), candle_core::DType::F32, &Device::Cpu);
-        }
-        let mut xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-        let slices = (rows / F32_ROWS).max(1);
-        let narrowest = rows.clamp(1, F32_ROWS);
-        let padded = m.max(256 / narrowest + 1);
-        for _ in m..padded {
-            xs.extend_from_within((m - 1) * k..m * k);
-        }
-        let mut out = vec![0f32; padded * rows];
-        let dst = SharedOut(out.as_mut_ptr());
-        candle_core::utils::barrier_pool().execute_chunked(slices, |range| {
-            let mut w = vec![0f32; (2 * F32_ROWS - 1).min(rows) * k];
-            for item in range {
-                let first = item * F32_ROWS;
-                let n = if item + 1 == slices { rows - first } else { F32_ROWS };
-                for (j, row) in w.chunks_exact_mut(k).take(n).enumerate() {
-                    let group = self.group((first + j) / GROUP);
-                    for (b, out) in row.chunks_exact_mut(QK).enumerate() {
-                        let (dm, nibbles) = block_in(group, (first + j) % GROUP, b);
-                        // SAFETY: `Packed::new` checked the CPU; 16 bytes of nibbles, and room
-                        // for the block's values.
-                        unsafe { dequantize_block(dm, nibbles, out.as_mut_ptr()) };
-                    }
-                }
-                // SAFETY: `out` is `padded × rows`, this item owns its columns `first..first +
-                // n` (row stride `rows`); `xs` is `padded × k`, `w` holds `n` rows of `k`, read
-                // as the `k × n` right-hand side.
-                unsafe {
-                    gemm::gemm(
-                        padded,
-                        n,
-                        k,
-                        dst.at(first),
-                        1,
-                        rows as isize,
-                        false,
-                        xs.as_ptr(),
-                        1,
-                        k as isize,
-                        w.as_ptr(),
-                        k as isize,
-                        1,
-                        0.0,
-                        1.0,
-                        false,
-                        false,
-                        false,
-                        gemm::Parallelism::None,
-                    )
-                }
+        crate::widened::matmul(x, self.rows, self.cols, |r, out| {
+            let group = self.group(r / GROUP);
+            for (b, out) in out.chunks_exact_mut(QK).enumerate() {
+                let (dm, nibbles) = block_in(group, r % GROUP, b);
+                // SAFETY: `Packed::new` checked the CPU; 16 bytes of nibbles, and room for the
+                // block's values.
+                unsafe { dequantize_block(dm, nibbles, out.as_mut_ptr()) };
             }
-        });
-        out.truncate(m * rows);
-        Tensor::from_vec(out, (m, rows), &Device::Cpu)
+        })
     }
 }
 
@@ -306,11 +242,6 @@ fn block_in(group: &[u8], r: usize, b: usize) -> ([u8; 4], &[u8]) {
     let dm = [at[2 * lane], at[2 * lane + 1], at[16 + 2 * lane], at[16 + 2 * lane + 1]];
     (dm, &at[32 + 16 * r..32 + 16 * (r + 1)])
 }
-
-/// Weight rows widened to F32 and multiplied by one work item of [`Packed::matmul_f32`]: 128
-/// rows of a 576-wide matrix are 288 KiB, which stay in the core's L2 for the GEMM that reads
-/// them. More than 64, which keeps the GEMM on one way of summing (see there).
-const F32_ROWS: usize = 128;
 
 /// One block's 32 values, `q·d + m`, to `out`.
 ///
@@ -340,31 +271,6 @@ unsafe fn dequantize_block(dm: [u8; 4], nibbles: &[u8], out: *mut f32) {
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn dequantize_block(_: [u8; 4], _: &[u8], _: *mut f32) {
     unreachable!("`applies` is false off x86-64")
-}
-
-/// The output buffer, written by the pool's threads at disjoint indices.
-pub(crate) struct SharedOut(pub(crate) *mut f32);
-
-// SAFETY: the threads write disjoint elements (see `matmul_into`), and the buffer outlives the
-// pool's call.
-unsafe impl Sync for SharedOut {}
-
-impl SharedOut {
-    /// A pointer to element `i`, for a writer that owns the elements it writes through it.
-    ///
-    /// # Safety
-    /// `i` is inside the buffer.
-    unsafe fn at(&self, i: usize) -> *mut f32 {
-        // SAFETY: as the caller promises.
-        unsafe { self.0.add(i) }
-    }
-
-    /// # Safety
-    /// `i` is inside the buffer and no other thread writes it.
-    pub(crate) unsafe fn write(&self, i: usize, v: f32) {
-        // SAFETY: as the caller promises.
-        unsafe { *self.0.add(i) = v }
-    }
 }
 
 /// Each `k`-wide row of `xs` quantized to 8 bits per block (llama.cpp's `quantize_row_q8_1`,

@@ -1,4 +1,5 @@
 use super::*;
+use crate::widened::F32_ROWS;
 
 fn packed(rows: usize, cols: usize) -> (QTensor, Packed) {
     let w = Tensor::randn(0f32, 1.0, (rows, cols), &Device::Cpu).expect("test tensor");
