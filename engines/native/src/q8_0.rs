@@ -37,34 +37,6 @@ pub(crate) fn applies(q: &QTensor) -> bool {
     q.dtype() == GgmlDType::Q8_0 && dims.len() == 2 && dims[1].is_multiple_of(QK) && crate::q4_1::supported()
 }
 
-/// `x @ qᵀ` in F32 for a prompt's rows `x`, with `q` widened as candle's `dequantize` widens
-/// it (each value its byte times the block's scale), a slice of rows at a time
-/// ([`crate::widened`]): the same results, bit for bit, without writing the whole matrix out.
-pub(crate) fn matmul_f32(q: &QTensor, x: &candle_core::Tensor) -> candle_core::Result<candle_core::Tensor> {
-    let (rows, k) = q.shape().dims2()?;
-    let data = q.data()?;
-    let row_bytes = k / QK * BLOCK_BYTES;
-    if !widens(q) || data.len() != rows * row_bytes {
-        candle_core::bail!("{} bytes for a {rows}×{k} {:?} matrix", data.len(), q.dtype())
-    }
-    crate::widened::matmul(x, rows, k, |r, out| {
-        let row = &data[r * row_bytes..(r + 1) * row_bytes];
-        for (block, out) in row.chunks_exact(BLOCK_BYTES).zip(out.chunks_exact_mut(QK)) {
-            let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
-            for (o, &b) in out.iter_mut().zip(&block[2..]) {
-                *o = f32::from(b as i8) * d;
-            }
-        }
-    })
-}
-
-/// Whether [`matmul_f32`] takes `q`: a 2-D Q8_0 matrix of whole blocks (any CPU: the widening
-/// is plain arithmetic).
-pub(crate) fn widens(q: &QTensor) -> bool {
-    let dims = q.shape().dims();
-    q.dtype() == GgmlDType::Q8_0 && dims.len() == 2 && dims[1].is_multiple_of(QK)
-}
-
 /// Activation rows quantized per block: the bytes, and each block's scale widened from F16.
 struct Acts {
     qs: Vec<i8>,
@@ -236,40 +208,6 @@ mod tests {
             matmul_into(&q, &xs, m, &mut out).expect("product");
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&out), bits(&candle), "{m} rows");
-        }
-    }
-
-    /// A prompt's rows against Q8_0 weights widened a slice at a time: bit for bit candle's
-    /// product of the whole dequantized matrix where the slices are whole (a lone row as one
-    /// of two, as before), within rounding otherwise; each row the same whatever rows share
-    /// the call.
-    #[test]
-    fn f32_product_is_candles_on_the_dequantized_weights() {
-        let values = |t: &Tensor| -> Vec<f32> { t.flatten_all().expect("flat").to_vec1().expect("values") };
-        let bits = |t: &Tensor| -> Vec<u32> { values(t).iter().map(|v| v.to_bits()).collect() };
-        let cols = 576;
-        for rows in [2 * crate::widened::F32_ROWS, 300, 100] {
-            let w = Tensor::randn(0f32, 1.0, (rows, cols), &Device::Cpu).expect("weights");
-            let q = QTensor::quantize(&w, GgmlDType::Q8_0).expect("quantize");
-            assert!(widens(&q));
-            let wd = q.dequantize(&Device::Cpu).expect("dequantize");
-            let x = Tensor::randn(0f32, 1.0, (80, cols), &Device::Cpu).expect("input");
-            let ours = matmul_f32(&q, &x).expect("product");
-            let candle = x.matmul(&wd.t().expect("t")).expect("product");
-            if rows.is_multiple_of(crate::widened::F32_ROWS) {
-                assert_eq!(bits(&ours), bits(&candle), "{rows}");
-                let one = x.narrow(0, 5, 1).expect("row");
-                let pair = Tensor::cat(&[&one, &one], 0).expect("pair");
-                let before = pair.matmul(&wd.t().expect("t")).expect("product").narrow(0, 0, 1).expect("row");
-                assert_eq!(bits(&matmul_f32(&q, &one).expect("product")), bits(&before), "{rows}: one row");
-            }
-            for (a, b) in values(&ours).iter().zip(values(&candle)) {
-                assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{a} vs {b}");
-            }
-            for (first, n) in [(4, 1), (2, 3), (0, 6), (10, 64), (7, 70)] {
-                let part = matmul_f32(&q, &x.narrow(0, first, n).expect("rows")).expect("product");
-                assert_eq!(bits(&part), bits(&ours.narrow(0, first, n).expect("rows")), "{rows}: {n} rows");
-            }
         }
     }
 }

@@ -84,15 +84,15 @@ impl RowKinds {
     }
 }
 
-/// `x @ qᵀ` in F32, each row as it would be among many (Q4_1 by [`Packed::matmul_f32`] and
-/// Q8_0 by [`crate::q8_0::matmul_f32`], which see to that themselves, widening a slice of rows
-/// at a time; other types dequantized whole here): a lone row is multiplied as one of two,
+/// `x @ qᵀ` in F32, each row as it would be among many: block types widened a slice of rows at
+/// a time ([`crate::widened`], as [`Packed::matmul_f32`] does for Q4_1), which sees to that
+/// itself; anything else dequantized whole here, where a lone row is multiplied as one of two,
 /// since the GEMM takes another path for one row (a matrix-vector product, whose sums differ in
 /// the last bits), which would make a prompt's last token differ with how the prompt was cut
 /// into chunks, or when a decode recomputes it.
 fn prompt_rows(x: &Tensor, q: &QTensor) -> candle_core::Result<Tensor> {
-    if crate::q8_0::widens(q) {
-        return crate::q8_0::matmul_f32(q, x);
+    if let Some(product) = crate::widened::quantized(q, x) {
+        return product;
     }
     let w = q.dequantize(x.device())?;
     if x.dim(0)? == 1 {

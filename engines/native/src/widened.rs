@@ -21,7 +21,12 @@
 //! output buffer.
 #![allow(unsafe_code)]
 
+use candle_core::quantized::k_quants::{self, GgmlType};
+use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
+
+#[cfg(test)]
+mod tests;
 
 /// Weight rows widened and multiplied by one work item: 128 rows of a 576-wide matrix are 288
 /// KiB, which stay in the core's L2 for the GEMM that reads them. More than 64, which keeps the
@@ -90,6 +95,45 @@ pub(crate) fn matmul(
     });
     out.truncate(m * rows);
     Tensor::from_vec(out, (m, rows), &Device::Cpu)
+}
+
+/// `x @ qᵀ` in F32 for a prompt's rows `x` and a 2-D GGUF block matrix `q` (Q4_0 … Q8_K), its
+/// rows widened by candle's own `to_float` a slice at a time: the values candle's `dequantize`
+/// gives, without the whole widened matrix. `None` for a type without blocks (F32, F16, BF16)
+/// or storage not laid out as its blocks, which the caller multiplies as it is.
+pub(crate) fn quantized(q: &QTensor, x: &Tensor) -> Option<candle_core::Result<Tensor>> {
+    match q.dtype() {
+        GgmlDType::Q4_0 => blocks::<k_quants::BlockQ4_0>(q, x),
+        GgmlDType::Q4_1 => blocks::<k_quants::BlockQ4_1>(q, x),
+        GgmlDType::Q5_0 => blocks::<k_quants::BlockQ5_0>(q, x),
+        GgmlDType::Q5_1 => blocks::<k_quants::BlockQ5_1>(q, x),
+        GgmlDType::Q8_0 => blocks::<k_quants::BlockQ8_0>(q, x),
+        GgmlDType::Q8_1 => blocks::<k_quants::BlockQ8_1>(q, x),
+        GgmlDType::Q2K => blocks::<k_quants::BlockQ2K>(q, x),
+        GgmlDType::Q3K => blocks::<k_quants::BlockQ3K>(q, x),
+        GgmlDType::Q4K => blocks::<k_quants::BlockQ4K>(q, x),
+        GgmlDType::Q5K => blocks::<k_quants::BlockQ5K>(q, x),
+        GgmlDType::Q6K => blocks::<k_quants::BlockQ6K>(q, x),
+        GgmlDType::Q8K => blocks::<k_quants::BlockQ8K>(q, x),
+        GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => None,
+    }
+}
+
+/// [`quantized`] for blocks of type `T`.
+fn blocks<T: GgmlType>(q: &QTensor, x: &Tensor) -> Option<candle_core::Result<Tensor>> {
+    let (rows, cols) = q.shape().dims2().ok()?;
+    let data = q.data().ok()?;
+    let size = std::mem::size_of::<T>();
+    let whole = cols.is_multiple_of(T::BLCK_SIZE) && data.len() == rows * (cols / T::BLCK_SIZE) * size;
+    if !whole || !data.as_ptr().cast::<T>().is_aligned() {
+        return None;
+    }
+    // SAFETY: candle's CPU storage of a `T` matrix is a `Vec<T>` of plain data (F16 scales and
+    // bytes, every bit pattern valid), which these bytes are: their length is a whole number
+    // of `T`s and their start is aligned for `T`, both checked above.
+    let blocks: &[T] = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<T>(), data.len() / size) };
+    let per_row = cols / T::BLCK_SIZE;
+    Some(matmul(x, rows, cols, |r, out| T::to_float(&blocks[r * per_row..(r + 1) * per_row], out)))
 }
 
 /// The output buffer, written by the pool's threads at disjoint indices.
