@@ -6,7 +6,7 @@ fn layouts() -> Vec<KvLayout> {
 }
 
 fn cache(layout: KvLayout, dtype: KvDtype) -> KvCache {
-    let blocks = 256 / layout.block_size + 8;
+    let blocks = 512 / layout.block_size + 8;
     KvCache::new(layout.describe(2, 2, 8, blocks).expect("valid"), dtype)
 }
 
@@ -88,13 +88,14 @@ impl KvElemOf {
     }
 }
 
-/// Decode attention read through every layout and element type: the same as softmax attention
-/// over the gathered rows (in F64), and each sequence's result bit for bit the same alone as
-/// among others (which also moves it from the calling thread to the pool).
+/// Decode attention read through every layout and element type, over one to three chunks of
+/// positions: the same as softmax attention over the gathered rows (in F64), and each
+/// sequence's result bit for bit the same alone as among others (which also moves it from the
+/// calling thread to the pool).
 #[test]
 fn decode_attention_is_softmax_attention_and_batch_invariant() {
     let (heads, d) = (4, 8);
-    let lens = [1usize, 65, 130];
+    let lens = [1usize, 65, 130, 260];
     let q: Vec<f32> = (0..lens.len() * heads * d).map(|i| (i as f32 * 0.71).cos()).collect();
     for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
         for layout in layouts() {
