@@ -9,7 +9,7 @@ use crate::process::ServerProcess;
 use crate::stream::{self, Call, Counters};
 use futures::future::BoxFuture;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -31,6 +31,8 @@ struct Running {
     /// Set by an abort: the request's stream ends with `Finished(abort)`, whatever the task
     /// still sent before it stopped.
     aborted: Arc<AtomicBool>,
+    /// The id the server knows the request by ([`ServerEngine::attempt_id`]).
+    upstream: String,
 }
 
 /// What a loaded server engine is made of.
@@ -71,6 +73,8 @@ pub struct ServerEngine {
     rooms: Arc<Mutex<HashMap<String, (Endpoint, u64)>>>,
     /// Where an SGLang prefill server's rooms are served.
     page_host: Option<crate::handoff::PageHost>,
+    /// Requests sent to the server so far, which numbers each one's id there.
+    attempts: AtomicU64,
 }
 
 impl ServerEngine {
@@ -96,7 +100,17 @@ impl ServerEngine {
             connector: parts.connector,
             rooms: Arc::default(),
             page_host: parts.page_host,
+            attempts: AtomicU64::new(0),
         })
+    }
+
+    /// The id the server is given for one attempt at request `id`: xinf's id and a number no
+    /// other request of this engine had. A client that drops a request and sends it again under
+    /// its id is served by a new attempt at once; the server may still hold the first one's id
+    /// for a moment after its abort (vLLM refuses an id it has running; xinf's connector keys its
+    /// handoff state by it), and never sees it twice.
+    fn attempt_id(&self, id: &str) -> String {
+        format!("{id}.{}", self.attempts.fetch_add(1, Ordering::Relaxed))
     }
 
     /// The engine's server log (what it printed since it started).
@@ -196,10 +210,11 @@ impl ServerEngine {
         if lock(&self.running).contains_key(&id) {
             return Err(EngineError::DuplicateRequest(id));
         }
+        let upstream = self.attempt_id(&id);
         let mut body = crate::protocol::generate_body(
             self.flavor,
             &self.served_name,
-            &id,
+            &upstream,
             &ids,
             &request.sampling,
             max_new,
@@ -220,14 +235,14 @@ impl ServerEngine {
                 ids: ids.clone(),
                 tokenizer: self.tokenizer.clone(),
                 score: request.sampling.prompt_logprobs.map(|top| {
-                    (top, crate::prompt::score_body(self.flavor, &self.served_name, &id, &ids, top))
+                    (top, crate::prompt::score_body(self.flavor, &self.served_name, &upstream, &ids, top))
                 }),
             }),
         };
         let (tx, mut rx) = mpsc::channel(256);
         let prompt_len = ids.len();
         // Dropping the stream ends the task (and so the upstream request).
-        let Listed { guard, aborted, .. } = self.spawn_listed(&id, stream::run(call, tx))?;
+        let Listed { guard, aborted, .. } = self.spawn_listed(&id, upstream, stream::run(call, tx))?;
         let mut done = false;
         Ok(Box::pin(futures::stream::poll_fn(move |cx| {
             let _ = &guard;
@@ -256,6 +271,7 @@ impl ServerEngine {
     fn spawn_listed<T: Send + 'static>(
         &self,
         id: &str,
+        upstream: String,
         work: impl std::future::Future<Output = T> + Send + 'static,
     ) -> Result<Listed<T>, EngineError> {
         let handle = tokio::runtime::Handle::try_current()
@@ -272,7 +288,8 @@ impl ServerEngine {
             out
         });
         let aborted = Arc::new(AtomicBool::new(false));
-        running.insert(id.to_owned(), Running { task: task.abort_handle(), aborted: aborted.clone() });
+        running
+            .insert(id.to_owned(), Running { task: task.abort_handle(), aborted: aborted.clone(), upstream });
         drop(running);
         let guard = AbortOnDrop { task: task.abort_handle(), table: self.running.clone(), id: id.to_owned() };
         Ok(Listed { task, guard, aborted })
@@ -320,7 +337,7 @@ impl Engine for ServerEngine {
         if self.flavor == Flavor::Sglang {
             // Closing the connection aborts too; this frees the engine without waiting for it.
             let (client, url) = (self.client.clone(), format!("{}/abort_request", self.base_url));
-            let rid = request_id.to_owned();
+            let rid = r.upstream;
             if let Ok(handle) = tokio::runtime::Handle::try_current() {
                 handle.spawn(async move {
                     let call = client.post(url).json(&serde_json::json!({ "rid": rid })).send();
@@ -350,10 +367,11 @@ impl Engine for ServerEngine {
             one.sampling.max_tokens = Some(1);
             let max_new = self.check(&one, ids.len())?;
             let room = (rand::random::<u64>() >> 1).max(1);
+            let upstream = self.attempt_id(&request.request_id);
             let mut body = crate::protocol::generate_body(
                 self.flavor,
                 &self.served_name,
-                &request.request_id,
+                &upstream,
                 &ids,
                 &one.sampling,
                 max_new,
@@ -366,9 +384,9 @@ impl Engine for ServerEngine {
                 crate::prompt::ask_scores(self.flavor, &mut body, top);
             }
             merge(&mut body, Some(self.prefill_fields(room)));
-            Ok((ids, room, body, echo))
+            Ok((ids, room, body, echo, upstream))
         })();
-        let (ids, room, body, echo) = match prepared {
+        let (ids, room, body, echo, upstream) = match prepared {
             Ok(p) => p,
             Err(e) => return Box::pin(async move { Err(e) }),
         };
@@ -387,7 +405,7 @@ impl Engine for ServerEngine {
         // The leg runs as a task of its own, listed with the running requests: an abort finds
         // it there and ends it, and closing its connection makes the server drop the request.
         let Listed { task, guard, .. } =
-            match self.spawn_listed(&request.request_id, leg.run(ids, room, body)) {
+            match self.spawn_listed(&request.request_id, upstream, leg.run(ids, room, body)) {
                 Ok(listed) => listed,
                 Err(e) => return Box::pin(async move { Err(e) }),
             };

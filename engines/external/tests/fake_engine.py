@@ -21,13 +21,16 @@ interpreter before starting a server: the release xinf is made for, or FAKE_ENGI
 ("" for none). FAKE_STEP_MS delays each token; FAKE_START_S delays readiness; FAKE_PREFILL_MS delays the
 answer of a non-streamed request (a prefill leg: vLLM's answer then names the room it was asked
 to publish, as xinf's connector does; its one token is scored as the first streamed one). Every request, abort and disconnect is printed, so tests
-read the log to see what reached the engine.
+read the log to see what reached the engine. Like vLLM, it refuses a request whose id it still has
+running (400); FAKE_ID_LINGER_MS keeps an id running that long after its request ended, as a
+server may for a moment after an abort.
 """
 import json
 import os
 import select
 import socket
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -55,6 +58,25 @@ if mode == "exit-at-start":
 
 
 hung_since = None
+running = set()
+running_lock = threading.Lock()
+linger_s = float(os.environ.get("FAKE_ID_LINGER_MS", "0")) / 1000.0
+
+
+def take_id(rid):
+    """Whether `rid` was free (it is now running)."""
+    with running_lock:
+        if rid in running:
+            return False
+        running.add(rid)
+        return True
+
+
+def free_id(rid):
+    def free():
+        with running_lock:
+            running.discard(rid)
+    threading.Timer(linger_s, free).start() if linger_s else free()
 
 
 def token(prompt, i):
@@ -143,6 +165,16 @@ class Handler(BaseHTTPRequestHandler):
         if max_tokens > 100000:
             self.reply(400, {"error": {"message": f"max_tokens {max_tokens} is too large (fake)"}})
             return
+        if not take_id(rid):
+            print(f"refused {rid}: already running", flush=True)
+            self.reply(400, {"error": {"message": f"Request id {rid} already running."}})
+            return
+        try:
+            self.answer(body, prompt, rid, max_tokens)
+        finally:
+            free_id(rid)
+
+    def answer(self, body, prompt, rid, max_tokens):
         if body.get("stream") is False:
             self.answer_whole(body, prompt, rid)
             return

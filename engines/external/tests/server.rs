@@ -230,13 +230,60 @@ fn prompt_log_probabilities_come_through_either_engine() {
                 assert_eq!(alternatives, [(1000, -0.1), (1001, -0.2)], "{flavor} position {j}");
             }
         }
-        assert!(log_of(&engine).contains("request p-prompt"), "{flavor}: the scoring call");
+        assert!(scoring_call(&log_of(&engine), "p"), "{flavor}: the scoring call");
         drop(engine);
     }
 }
 
 fn log_of(engine: &ServerEngine) -> String {
     std::fs::read_to_string(engine.log_path()).unwrap_or_default()
+}
+
+/// Whether the server's log shows a prompt-scoring call for request `id` (its id there is an
+/// attempt of `id`, `<id>.<n>-prompt`).
+fn scoring_call(log: &str, id: &str) -> bool {
+    log.lines().any(|l| l.starts_with(&format!("request {id}.")) && l.contains("-prompt "))
+}
+
+/// A client that drops a request and sends it again under its id is served at once, though
+/// the server still holds the first attempt's id for a while after its abort and refuses a
+/// request under an id it holds (as vLLM does): each attempt reaches the server under an id of
+/// its own, xinf's id and a number.
+#[test]
+fn a_request_sent_again_under_its_id_after_an_abort_reaches_the_server_as_a_new_one() {
+    let rt = xinf_test_util::runtime();
+    let _in_runtime = rt.enter();
+    let f = fixture();
+    for flavor in Flavor::ALL {
+        let env = json!({"env": {"FAKE_STEP_MS": "5", "FAKE_ID_LINGER_MS": "30000"}});
+        let engine = load(&f, flavor, env).expect("load");
+        let ids = engine.prompt_token_ids(&Prompt::Text("the mat".into())).expect("ids");
+        let stream = engine.submit(request("again", "the mat", 200)).expect("submit");
+        rt.block_on(async {
+            let mut stream = stream;
+            let first = stream.next().await.expect("first").expect("event");
+            assert!(matches!(first, TokenEvent::Delta { .. }));
+            assert!(engine.abort("again"));
+            while stream.next().await.is_some() {}
+        });
+        xinf_test_util::poll(Duration::from_secs(10), "the abort reaching the server", || {
+            log_of(&engine).contains("client disconnected again.")
+        });
+        let (out, _, reason) = rt.block_on(collect(&engine, request("again", "the mat", 3)));
+        assert_eq!((out, reason), (expected(&ids, 3), Some(FinishReason::Length)), "{flavor}");
+        let log = log_of(&engine);
+        let sent: Vec<&str> = log
+            .lines()
+            .filter_map(|l| l.strip_prefix("request again."))
+            .map(|l| l.split(' ').next().unwrap_or_default())
+            .collect();
+        assert!(
+            sent.len() == 2 && sent[0] != sent[1],
+            "{flavor}: two attempts under ids of their own:\n{log}"
+        );
+        assert!(!log.contains("refused"), "{flavor}:\n{log}");
+        engine.shutdown();
+    }
 }
 
 #[test]
@@ -501,7 +548,7 @@ fn an_abort_during_a_prefill_leg_ends_it_at_once_and_the_server_sees_the_disconn
             [(1000, -0.1), (1001, -0.2)]
         );
     }
-    assert!(!log_of(&engine).contains("request prompt-scored-prompt"), "no scoring call of its own");
+    assert!(!scoring_call(&log_of(&engine), "prompt-scored"), "no scoring call of its own");
     assert!(engine.release_pinned("prompt-scored"));
 
     // Aborted while the server computes: the abort knows the request, the leg ends with
