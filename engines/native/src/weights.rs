@@ -28,6 +28,8 @@ pub(crate) enum Linear {
     Quantized(Arc<QTensor>),
     /// Q4_1 blocks repacked for xinf's kernel, where this CPU runs it.
     Q4_1(Arc<Packed>),
+    /// Q8_0 blocks repacked for xinf's kernel, where this CPU runs it.
+    Q8_0(Arc<crate::q8_0::Packed>),
 }
 
 /// A prompt of at least this many tokens has its rows multiplied in F32, with each quantized
@@ -101,17 +103,10 @@ fn prompt_rows(x: &Tensor, q: &QTensor) -> candle_core::Result<Tensor> {
     x.matmul(&w.t()?)
 }
 
-/// `x @ qᵀ` block by block: by xinf's Q8_0 kernel where this CPU runs it, by candle's
-/// otherwise.
+/// `x @ qᵀ` block by block, by candle's kernels (Q4_1 and Q8_0 have xinf's where the CPU
+/// runs them, [`Linear::blocks`]).
 fn generated_rows(x: &Tensor, q: &QTensor) -> candle_core::Result<Tensor> {
-    if !crate::q8_0::applies(q) {
-        return x.contiguous()?.apply_op1_no_bwd(q);
-    }
-    let ((m, _), (rows, _)) = (x.dims2()?, q.shape().dims2()?);
-    let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-    let mut out = vec![0f32; m * rows];
-    crate::q8_0::matmul_into(q, &xs, m, &mut out)?;
-    Tensor::from_vec(out, (m, rows), &Device::Cpu)
+    x.contiguous()?.apply_op1_no_bwd(q)
 }
 
 /// `x @ wᵀ` for a quantized `w`, each row multiplied as `rows` says: in F32 by `dense`, block
@@ -140,6 +135,7 @@ impl Linear {
             Self::Dense(w) => x.matmul(&w.t()?),
             Self::Quantized(q) => by_rows(x, rows, |x| prompt_rows(x, q), |x| generated_rows(x, q)),
             Self::Q4_1(p) => by_rows(x, rows, |x| p.matmul_f32(x), |x| p.matmul(x)),
+            Self::Q8_0(p) => by_rows(x, rows, |x| p.matmul_f32(x), |x| p.matmul(x)),
         }
     }
 
@@ -156,11 +152,12 @@ impl Linear {
             Self::Dense(w) => w.dim(0)?,
             Self::Quantized(q) => q.shape().dims2()?.0,
             Self::Q4_1(p) => p.rows(),
+            Self::Q8_0(p) => p.rows(),
         };
         out.resize(m * rows, 0.0);
         match self {
             Self::Q4_1(p) => return p.matmul_into(xs, m, out),
-            Self::Quantized(q) if crate::q8_0::applies(q) => return crate::q8_0::matmul_into(q, xs, m, out),
+            Self::Q8_0(p) => return p.matmul_into(xs, m, out),
             _ => {}
         }
         let x = Tensor::from_slice(xs, (m, xs.len() / m.max(1)), &Device::Cpu)?;
@@ -174,7 +171,7 @@ impl Linear {
     pub(crate) fn dense(&self) -> candle_core::Result<&Tensor> {
         match self {
             Self::Dense(w) => Ok(w),
-            Self::Quantized(_) | Self::Q4_1(_) => Err(candle_core::Error::Msg(
+            Self::Quantized(_) | Self::Q4_1(_) | Self::Q8_0(_) => Err(candle_core::Error::Msg(
                 "quantized weights are multiplied on the CPU only (load them dequantized)".into(),
             )),
         }
@@ -186,13 +183,17 @@ impl Linear {
             Self::Dense(w) => w.elem_count(),
             Self::Quantized(q) => q.shape().elem_count(),
             Self::Q4_1(p) => p.elem_count(),
+            Self::Q8_0(p) => p.elem_count(),
         }
     }
 
-    /// A GGUF file's blocks as held: Q4_1 repacked where this CPU runs xinf's kernel.
+    /// A GGUF file's blocks as held: Q4_1 and Q8_0 repacked where this CPU runs xinf's kernels.
     pub(crate) fn blocks(q: QTensor) -> candle_core::Result<Self> {
         if crate::q4_1::applies(&q) {
             return Ok(Self::Q4_1(Arc::new(Packed::new(&q)?)));
+        }
+        if crate::q8_0::applies(&q) {
+            return Ok(Self::Q8_0(Arc::new(crate::q8_0::Packed::new(&q)?)));
         }
         Ok(Self::Quantized(Arc::new(q)))
     }

@@ -77,6 +77,7 @@ mod tests {
             Linear::Dense(t) => dense(t),
             Linear::Quantized(q) => q.storage_size_in_bytes() as u64,
             Linear::Q4_1(p) => p.block_bytes() as u64,
+            Linear::Q8_0(p) => p.block_bytes() as u64,
         };
         let mut total = dense(&w.embed) + dense(&w.final_norm);
         for l in &w.layers {
