@@ -1,8 +1,8 @@
 //! Loading weights into the tensors the forward pass uses, from safetensors or GGUF.
 //!
 //! Weights are held in the compute dtype (F32 on CPU), or, for a GGUF file on the CPU, as its
-//! quantized blocks ([`Linear::Quantized`], Q4_1 repacked for xinf's kernel in
-//! [`Linear::Q4_1`]). Q, K and V projections are fused into one matrix,
+//! quantized blocks ([`Linear::Quantized`]; Q4_1 and Q8_0 repacked for xinf's kernels in
+//! [`Linear::Q4_1`] and [`Linear::Q8_0`]). Q, K and V projections are fused into one matrix,
 //! and so are the gate and up projections: one matmul each instead of three and two, which
 //! matters most at decode where every matmul is small.
 
