@@ -11,6 +11,11 @@
 //! on candle's CPU thread pool (the one the quantized products use). Each item's arithmetic is
 //! fixed (dot products in eight lanes summed in a fixed order) and the chunks are fixed by
 //! position, so a sequence's result does not depend on how many others share the step.
+//!
+//! Unsafe code: the item's loops compiled a second time for AVX2 (eight lanes to a register
+//! where the baseline target has four), called behind a run-time CPU check. Neither build fuses
+//! a multiply with its add, so both give the same bits.
+#![allow(unsafe_code)]
 
 use super::{KvCache, KvElem, Regions};
 use std::sync::Mutex;
@@ -59,6 +64,22 @@ impl KvCache {
         scale: f32,
         out: &mut [f32],
     ) {
+        self.attend_decode_on(layer, queries, q, num_heads, scale, out, avx2());
+    }
+
+    /// [`attend_decode`](Self::attend_decode) with the items' loops built for AVX2 (`wide`,
+    /// which this CPU must have) or for the baseline target.
+    #[allow(clippy::too_many_arguments, reason = "attend_decode's, and which build of the loops")]
+    pub(super) fn attend_decode_on(
+        &self,
+        layer: usize,
+        queries: &[DecodeQuery<'_>],
+        q: &[f32],
+        num_heads: usize,
+        scale: f32,
+        out: &mut [f32],
+        wide: bool,
+    ) {
         let (kvh, d) = (self.desc.kv_heads, self.desc.head_dim);
         let group = num_heads / kvh * d;
         // The items of (sequence `b`, KV head `kh`) are contiguous, in position order; they own
@@ -81,9 +102,9 @@ impl KvCache {
             let qg = &q[(query * kvh + kv_head) * group..][..group];
             let mut part = partials[i].lock().unwrap_or_else(|e| e.into_inner());
             match &self.regions {
-                Regions::F32(r) => at.attend(r, qg, scale, scratch, &mut part),
-                Regions::F16(r) => at.attend(r, qg, scale, scratch, &mut part),
-                Regions::Bf16(r) => at.attend(r, qg, scale, scratch, &mut part),
+                Regions::F32(r) => at.attend_on(r, qg, scale, scratch, &mut part, wide),
+                Regions::F16(r) => at.attend_on(r, qg, scale, scratch, &mut part, wide),
+                Regions::Bf16(r) => at.attend_on(r, qg, scale, scratch, &mut part, wide),
                 Regions::Elsewhere => {}
             }
         };
@@ -144,8 +165,46 @@ struct Head<'a> {
 }
 
 impl Head<'_> {
+    /// [`attend`](Self::attend) built for AVX2 where `wide` (this CPU has it), else for the
+    /// baseline.
+    fn attend_on<T: KvElem>(
+        &self,
+        regions: &[Vec<T>],
+        q: &[f32],
+        scale: f32,
+        scores: &mut Vec<f32>,
+        part: &mut Partial,
+        wide: bool,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if wide {
+            // SAFETY: `wide` only where this CPU has AVX2 (`attend_decode_on`'s contract).
+            return unsafe { self.attend_avx2(regions, q, scale, scores, part) };
+        }
+        let _ = wide;
+        self.attend(regions, q, scale, scores, part)
+    }
+
+    /// [`attend`](Self::attend) with AVX2's registers.
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn attend_avx2<T: KvElem>(
+        &self,
+        regions: &[Vec<T>],
+        q: &[f32],
+        scale: f32,
+        scores: &mut Vec<f32>,
+        part: &mut Partial,
+    ) {
+        self.attend(regions, q, scale, scores, part)
+    }
+
     /// Softmax attention of the query heads in `q` (`[g][head_dim]`) over this item's
     /// positions, left unnormalised in `part`.
+    #[inline(always)]
     fn attend<T: KvElem>(
         &self,
         regions: &[Vec<T>],
@@ -223,7 +282,21 @@ fn as_f32<'a, T: KvElem>(src: &'a [T], buf: &'a mut [f32]) -> &'a [f32] {
     }
 }
 
+/// Whether this CPU has AVX2.
+pub(super) fn avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *AVX2.get_or_init(|| is_x86_feature_detected!("avx2"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// `a · b` in [`LANES`] partial sums, added pairwise at the end (a fixed order).
+#[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; LANES];
     let mut chunks = a.chunks_exact(LANES).zip(b.chunks_exact(LANES));

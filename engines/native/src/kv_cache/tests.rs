@@ -91,7 +91,7 @@ impl KvElemOf {
 /// Decode attention read through every layout and element type, over one to three chunks of
 /// positions: the same as softmax attention over the gathered rows (in F64), and each
 /// sequence's result bit for bit the same alone as among others (which also moves it from the
-/// calling thread to the pool).
+/// calling thread to the pool), whichever build of its loops runs.
 #[test]
 fn decode_attention_is_softmax_attention_and_batch_invariant() {
     let (heads, d) = (4, 8);
@@ -112,13 +112,19 @@ fn decode_attention_is_softmax_attention_and_batch_invariant() {
             let queries: Vec<DecodeQuery<'_>> =
                 tables.iter().zip(lens).map(|(table, len)| DecodeQuery { table, len }).collect();
             let scale = 0.35;
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             let mut together = vec![0f32; q.len()];
             c.attend_decode(1, &queries, &q, heads, scale, &mut together);
+            // The loops built for AVX2 and for the baseline target give the same bits.
+            for wide in [false, true].into_iter().filter(|&w| !w || super::attend::avx2()) {
+                let mut built = vec![0f32; q.len()];
+                c.attend_decode_on(1, &queries, &q, heads, scale, &mut built, wide);
+                assert_eq!(bits(&built), bits(&together), "{layout} {dtype} wide {wide}");
+            }
             for (s, query) in queries.iter().enumerate() {
                 let span = s * heads * d..(s + 1) * heads * d;
                 let mut alone = vec![0f32; heads * d];
                 c.attend_decode(1, std::slice::from_ref(query), &q[span.clone()], heads, scale, &mut alone);
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&alone), bits(&together[span.clone()]), "{layout} {dtype} sequence {s}");
                 let (mut k, mut v) = (Vec::new(), Vec::new());
                 c.gather(1, 0, query.table, query.len, &mut k);
