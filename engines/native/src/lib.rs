@@ -29,6 +29,7 @@ mod detok;
 mod engine;
 mod gpu;
 mod grammar;
+mod grouped;
 mod kv_cache;
 mod loader;
 mod logprobs;

@@ -26,8 +26,9 @@
 //! disjoint elements of one output buffer.
 #![allow(unsafe_code)]
 
+use crate::grouped::{ACT_ROWS, GROUP};
+use candle_core::Tensor;
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{Device, Tensor};
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
@@ -35,16 +36,11 @@ use std::arch::x86_64::*;
 const QK: usize = 32;
 /// Bytes per block as a file stores it: F16 scale, F16 minimum, 16 bytes of nibbles.
 const BLOCK_BYTES: usize = 20;
-/// Weight rows packed together.
-const GROUP: usize = 8;
 /// A group's bytes for one block column: [`GROUP`] F16 scales, as many F16 minimums (both in
 /// [`ROW_OF_LANE`] order), then the rows' nibbles, rows `2p` and `2p + 1` in the `p`-th 32 bytes.
 const GROUP_BLOCK_BYTES: usize = GROUP * BLOCK_BYTES;
 /// The row of a group whose sum the kernel's reduction leaves in each lane (see [`group`]).
 const ROW_OF_LANE: [usize; GROUP] = [0, 2, 4, 6, 1, 3, 5, 7];
-/// Activation rows a group's unpacked nibbles are multiplied against before the next block:
-/// each block is unpacked once for them.
-const ACT_ROWS: usize = 4;
 
 /// Activation rows quantized per block: the 8-bit values, and per block its scale `d` and
 /// `s = d·Σq`.
@@ -171,37 +167,20 @@ impl Packed {
             return Ok(());
         }
         let acts = quantize_rows(xs, m, k);
-        let dst = crate::widened::SharedOut(out.as_mut_ptr());
-        candle_core::utils::barrier_pool().execute_chunked(rows.div_ceil(GROUP), |range| {
-            for g in range {
-                let w = self.group(g);
-                let live = GROUP.min(rows - g * GROUP);
-                let mut first = 0;
-                while first < m {
-                    let n = ACT_ROWS.min(m - first);
-                    let mut sums = [[0f32; GROUP]; ACT_ROWS];
-                    // SAFETY: `Packed::new` checked that this CPU runs the kernel (`applies`);
-                    // `w` is a whole group and rows `first..first + n` exist. Both tile shapes
-                    // sum each output in the same order.
-                    unsafe {
-                        if n == ACT_ROWS {
-                            group::<ACT_ROWS>(w, &acts, first, &mut sums);
-                        } else {
-                            for (r, s) in sums.iter_mut().enumerate().take(n) {
-                                let mut one = [[0f32; GROUP]; 1];
-                                group::<1>(w, &acts, first + r, &mut one);
-                                *s = one[0];
-                            }
-                        }
+        crate::grouped::by_groups(rows, m, out, |g, first, n, sums| {
+            let w = self.group(g);
+            // SAFETY: `Packed::new` checked that this CPU runs the kernel (`applies`); `w` is a
+            // whole group and rows `first..first + n` exist. Both tile shapes sum each output in
+            // the same order.
+            unsafe {
+                if n == ACT_ROWS {
+                    group::<ACT_ROWS>(w, &acts, first, sums);
+                } else {
+                    for (r, s) in sums.iter_mut().enumerate().take(n) {
+                        let mut one = [[0f32; GROUP]; 1];
+                        group::<1>(w, &acts, first + r, &mut one);
+                        *s = one[0];
                     }
-                    for (r, row) in sums[..n].iter().enumerate() {
-                        for (i, &v) in row[..live].iter().enumerate() {
-                            // SAFETY: `(first + r, g·GROUP + i)` is inside the `m × rows`
-                            // output, and each work item owns its groups' columns.
-                            unsafe { dst.write((first + r) * rows + g * GROUP + i, v) };
-                        }
-                    }
-                    first += n;
                 }
             }
         });
@@ -211,11 +190,7 @@ impl Packed {
     /// [`matmul_into`](Self::matmul_into) of `x`, `[m, cols]`, as a tensor: the product
     /// generated tokens get.
     pub(crate) fn matmul(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let (m, _) = x.dims2()?;
-        let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-        let mut out = vec![0f32; m * self.rows];
-        self.matmul_into(&xs, m, &mut out)?;
-        Tensor::from_vec(out, (m, self.rows), &Device::Cpu)
+        crate::grouped::as_tensor(x, self.rows, |xs, m, out| self.matmul_into(xs, m, out))
     }
 
     /// `x @ selfᵀ` in F32, for `x` of `[m, cols]`: the product a prompt's rows get, with the

@@ -19,8 +19,9 @@
 //! disjoint elements of one output buffer.
 #![allow(unsafe_code)]
 
+use crate::grouped::{ACT_ROWS, GROUP};
+use candle_core::Tensor;
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{Device, Tensor};
 use half::f16;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -29,11 +30,9 @@ use std::arch::x86_64::*;
 const QK: usize = 32;
 /// Bytes per block: an F16 scale and 32 signed bytes.
 const BLOCK_BYTES: usize = 34;
-/// A tile's weight rows and activation rows when there are [`ACT_ROWS`] activation rows.
+/// A tile's weight rows when there are [`ACT_ROWS`] activation rows; a lone activation row's
+/// tile takes the whole group.
 const WEIGHT_ROWS: usize = 2;
-const ACT_ROWS: usize = 4;
-/// Weight rows packed together: one work item of the CPU pool, and a lone activation row's tile.
-const GROUP: usize = 8;
 /// A group's bytes for one block column: [`GROUP`] F16 scales, then the rows' 32 bytes each.
 const GROUP_BLOCK_BYTES: usize = GROUP * BLOCK_BYTES;
 
@@ -132,46 +131,29 @@ impl Packed {
             )
         }
         let acts = quantize(xs, k / QK);
-        let dst = crate::widened::SharedOut(out.as_mut_ptr());
-        candle_core::utils::barrier_pool().execute_chunked(rows.div_ceil(GROUP), |range| {
-            for g in range {
-                let w = self.group(g);
-                let live = GROUP.min(rows - g * GROUP);
-                let mut first = 0;
-                while first < m {
-                    let n = if m - first >= ACT_ROWS { ACT_ROWS } else { 1 };
-                    let mut sums = [[0f32; ACT_ROWS]; GROUP];
-                    // SAFETY: `Packed::new` checked that this CPU has AVX2, FMA and F16C (`applies`);
-                    // `w` is a whole group and activation rows `first..first + n` exist.
-                    unsafe {
-                        if n == ACT_ROWS {
-                            for (p, pair) in sums.chunks_exact_mut(WEIGHT_ROWS).enumerate() {
-                                let mut tile_sums = [[0f32; ACT_ROWS]; WEIGHT_ROWS];
-                                tile::<WEIGHT_ROWS, ACT_ROWS>(
-                                    w,
-                                    p * WEIGHT_ROWS,
-                                    &acts,
-                                    first,
-                                    &mut tile_sums,
-                                );
-                                pair.copy_from_slice(&tile_sums);
-                            }
-                        } else {
-                            let mut tile_sums = [[0f32; 1]; GROUP];
-                            tile::<GROUP, 1>(w, 0, &acts, first, &mut tile_sums);
-                            for (s, t) in sums.iter_mut().zip(tile_sums) {
-                                s[0] = t[0];
+        crate::grouped::by_groups(rows, m, out, |g, first, n, sums| {
+            let w = self.group(g);
+            // SAFETY: `Packed::new` checked that this CPU has AVX2, FMA and F16C (`applies`); `w`
+            // is a whole group and activation rows `first..first + n` exist.
+            unsafe {
+                if n == ACT_ROWS {
+                    for p in (0..GROUP).step_by(WEIGHT_ROWS) {
+                        let mut tile_sums = [[0f32; ACT_ROWS]; WEIGHT_ROWS];
+                        tile::<WEIGHT_ROWS, ACT_ROWS>(w, p, &acts, first, &mut tile_sums);
+                        for (i, row) in tile_sums.iter().enumerate() {
+                            for (r, &v) in row.iter().enumerate() {
+                                sums[r][p + i] = v;
                             }
                         }
                     }
-                    for (wi, row) in sums.iter().enumerate().take(live) {
-                        for (r, &v) in row[..n].iter().enumerate() {
-                            // SAFETY: `(first + r, g·GROUP + wi)` is inside the `m × rows` output,
-                            // and each work item owns its groups' columns.
-                            unsafe { dst.write((first + r) * rows + g * GROUP + wi, v) };
+                } else {
+                    for (r, s) in sums.iter_mut().enumerate().take(n) {
+                        let mut tile_sums = [[0f32; 1]; GROUP];
+                        tile::<GROUP, 1>(w, 0, &acts, first + r, &mut tile_sums);
+                        for (s, t) in s.iter_mut().zip(tile_sums) {
+                            *s = t[0];
                         }
                     }
-                    first += n;
                 }
             }
         });
@@ -181,11 +163,7 @@ impl Packed {
     /// [`matmul_into`](Self::matmul_into) of `x`, `[m, cols]`, as a tensor: the product
     /// generated tokens get.
     pub(crate) fn matmul(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let (m, _) = x.dims2()?;
-        let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-        let mut out = vec![0f32; m * self.rows];
-        self.matmul_into(&xs, m, &mut out)?;
-        Tensor::from_vec(out, (m, self.rows), &Device::Cpu)
+        crate::grouped::as_tensor(x, self.rows, |xs, m, out| self.matmul_into(xs, m, out))
     }
 
     /// `x @ selfᵀ` in F32, for `x` of `[m, cols]`: the product a prompt's rows get, with the
@@ -277,6 +255,7 @@ unsafe fn tile<const W: usize, const A: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::Device;
 
     /// Every row of every batch size is candle's product bit for bit, through each tile shape
     /// (2 × 4 for four activation rows, 8 × 1 for the others), a last group of 5 rows among

@@ -1,5 +1,6 @@
 use super::*;
 use crate::widened::F32_ROWS;
+use candle_core::Device;
 
 fn packed(rows: usize, cols: usize) -> (QTensor, Packed) {
     let w = Tensor::randn(0f32, 1.0, (rows, cols), &Device::Cpu).expect("test tensor");
