@@ -141,9 +141,13 @@ pub(super) struct StepBufs {
     pub(super) tiles: CudaSlice<i32>,
     pub(super) singles: CudaSlice<i32>,
     pub(super) x: CudaSlice<f32>,
-    pub(super) delta: CudaSlice<f32>,
+    /// What each attention and MLP block adds to the residual stream `x`, in the weights'
+    /// dtype: its products write it so (f32 accumulation, rounded once), and the residual add
+    /// reads it back in f32.
+    pub(super) delta: Buf,
     pub(super) act: Buf,
-    pub(super) qkv: CudaSlice<f32>,
+    /// The QKV projection, in the weights' dtype (as `delta`).
+    pub(super) qkv: Buf,
     pub(super) q: CudaSlice<f32>,
     /// The gate/up projection, in the weights' dtype.
     pub(super) gu: Buf,
@@ -181,9 +185,9 @@ impl StepBufs {
             tiles: s.alloc_zeros(2 * t).map_err(driver)?,
             singles: s.alloc_zeros(t).map_err(driver)?,
             x: s.alloc_zeros(t * hid).map_err(driver)?,
-            delta: s.alloc_zeros(t * hid).map_err(driver)?,
+            delta: s.alloc_zeros(t * hid * es).map_err(driver)?,
             act: s.alloc_zeros(t * hid.max(h * d).max(inter) * es).map_err(driver)?,
-            qkv: s.alloc_zeros(t * (h + 2 * kvh) * d).map_err(driver)?,
+            qkv: s.alloc_zeros(t * (h + 2 * kvh) * d * es).map_err(driver)?,
             q: s.alloc_zeros(t * h * d).map_err(driver)?,
             gu: s.alloc_zeros(t * 2 * inter * es).map_err(driver)?,
             logits: s.alloc_zeros(rows * cfg.vocab_size).map_err(driver)?,

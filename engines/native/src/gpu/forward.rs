@@ -4,11 +4,12 @@
 //! normalizes Q/K heads (Qwen3), applies RoPE and writes K and V into the cache through the
 //! block table, paged attention over each token's own sequence (prefill chunks and decode
 //! tokens alike), the output projection, RMSNorm, the fused gate/up matmul, SiLU·up, the down
-//! projection; the residual adds are fused into the norms. The residual stream and the matmul
-//! outputs are f32 (cuBLAS accumulates in f32 and writes f32 from f16/bf16 inputs), except the
-//! gate/up projection's, which only SiLU·up reads: it is written in the model's dtype, as the
-//! weights, the matmul inputs and the cache are. Kernels are compiled at
-//! run time with NVRTC, for the weights' and the cache's dtypes.
+//! projection; the residual adds are fused into the norms. The residual stream is f32; the
+//! layers' matmuls accumulate in f32 and write their outputs in the model's dtype (as the
+//! weights, the matmul inputs and the cache are), which the kernels after them read back into
+//! f32 (the residual add, the QKV post-processing, SiLU·up): rounded once, as a model computed
+//! in its own dtype rounds them, at half the bytes an f32 copy writes and reads. The logits are
+//! f32. Kernels are compiled at run time with NVRTC, for the weights' and the cache's dtypes.
 
 // cudarc's kernel launches, cuBLAS calls and raw device pointers are `unsafe`. Every index a
 // kernel computes comes from values checked on the host (the step plan, the layout's reach
@@ -215,7 +216,7 @@ impl Forward {
         {
             let mut first = bufs
                 .delta
-                .try_slice_mut(..t * hid)
+                .try_slice_mut(..t * hid * elem_bytes(self.wdt))
                 .ok_or_else(|| GpuError::Shape(format!("{t} tokens past the step buffers")))?;
             s.memset_zeros(&mut first).map_err(driver)?;
         }
@@ -264,10 +265,10 @@ impl Forward {
         let t_i = t as u32;
 
         self.add_rmsnorm(s, bufs, false, &lw.attn_norm, t_i)?;
-        self.matmul(lane, &lw.wqkv, &bufs.act, &mut bufs.qkv, [qkv_w, hid, t])?;
+        self.matmul_narrow(lane, &lw.wqkv, &bufs.act, &mut bufs.qkv, [qkv_w, hid, t])?;
         self.qkv_post(s, bufs, cache, [li, t], lw)?;
         self.attention(s, bufs, cache, [li, t, shape.tiles, shape.singles])?;
-        self.matmul(lane, &lw.wo, &bufs.act, &mut bufs.delta, [hid, h * d, t])?;
+        self.matmul_narrow(lane, &lw.wo, &bufs.act, &mut bufs.delta, [hid, h * d, t])?;
 
         self.add_rmsnorm(s, bufs, false, &lw.mlp_norm, t_i)?;
         self.matmul_narrow(lane, &lw.w_gate_up, &bufs.act, &mut bufs.gu, [2 * inter, hid, t])?;
@@ -282,7 +283,7 @@ impl Forward {
         };
         // SAFETY: see `record`'s doc.
         unsafe { b.launch(grid) }.map_err(driver)?;
-        self.matmul(lane, &lw.w_down, &bufs.act, &mut bufs.delta, [hid, inter, t])
+        self.matmul_narrow(lane, &lw.w_down, &bufs.act, &mut bufs.delta, [hid, inter, t])
     }
 
     /// Enqueues the kernel after the QKV matmul of layer `li`: the bias, the Q/K norms, RoPE,
@@ -494,7 +495,8 @@ impl Forward {
     }
 
     /// [`Self::matmul`] with `y` in the weights' dtype: for outputs only an elementwise kernel
-    /// reads (the gate/up projection), whose f32 copy would be written and read again in full.
+    /// reads (every product of a layer), whose f32 copy would be written and read again in
+    /// full; the kernels reading them compute in f32.
     fn matmul_narrow(
         &self,
         lane: Lane<'_>,

@@ -104,23 +104,26 @@ __device__ __forceinline__ void wst4(wt* p, const float* v) {
 #endif
 }
 
-// x[src] += delta[src]; out[r] = RMSNorm(x[src]) * w, src = rows ? rows[r] : r.
+// x[src] += delta[src] (delta in the weights' dtype, a product's output); out[r] =
+// RMSNorm(x[src]) * w, src = rows ? rows[r] : r.
 // grid (rows), block 256. With `hid` a multiple of 4 (rows on 16-byte boundaries) each thread
 // takes 4 consecutive values per access: a prompt's norms stream its whole residual stream.
-extern "C" __global__ void add_rmsnorm(float* x, const float* delta, const int* rows, int use_rows,
+extern "C" __global__ void add_rmsnorm(float* x, const wt* delta, const int* rows, int use_rows,
                                        const wt* w, wt* out, int hid, float eps) {
     GRID_DEP_WAIT();
     __shared__ float sh[32];
     long long r = blockIdx.x;
     long long src = use_rows ? rows[r] : r;
     float* xr = x + src * hid;
-    const float* dr = delta + src * hid;
+    const wt* dr = delta + src * hid;
     wt* orow = out + r * hid;
     float ss = 0.f;
     if ((hid & 3) == 0) {
         for (int i = threadIdx.x * 4; i < hid; i += blockDim.x * 4) {
-            f32x4 a = *(const f32x4*)(xr + i), d = *(const f32x4*)(dr + i);
-            a.x += d.x, a.y += d.y, a.z += d.z, a.w += d.w;
+            f32x4 a = *(const f32x4*)(xr + i);
+            float d[4];
+            wld4(dr + i, d);
+            a.x += d[0], a.y += d[1], a.z += d[2], a.w += d[3];
             *(f32x4*)(xr + i) = a;
             ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
         }
@@ -136,7 +139,7 @@ extern "C" __global__ void add_rmsnorm(float* x, const float* delta, const int* 
         return;
     }
     for (int i = threadIdx.x; i < hid; i += blockDim.x) {
-        float v = xr[i] + dr[i];
+        float v = xr[i] + wld(dr[i]);
         xr[i] = v;
         ss += v * v;
     }
@@ -150,7 +153,7 @@ extern "C" __global__ void add_rmsnorm(float* x, const float* delta, const int* 
 // the head dimension; where HD is a multiple of 64 each lane holds both elements of its RoPE
 // pairs, else a warp's row sits in shared memory for them. grid (T, ceil((H + 2 KVH) / 8)),
 // block 256.
-extern "C" __global__ void qkv_post(const float* qkv, const wt* bias, int has_bias, const wt* qn, const wt* kn,
+extern "C" __global__ void qkv_post(const wt* qkv, const wt* bias, int has_bias, const wt* qn, const wt* kn,
                                     int has_norm, const float* cos_t, const float* sin_t, const int* pos,
                                     const int* tab_off, const unsigned int* tables, unsigned long long k_plane,
                                     unsigned long long v_plane, int bs, long long s_blk, long long s_tok,
@@ -170,7 +173,7 @@ extern "C" __global__ void qkv_post(const float* qkv, const wt* bias, int has_bi
     float* row = rows[warp];
 #endif
     for (int hh = blockIdx.y * 8 + warp; hh < H + 2 * KVH; hh += 8 * gridDim.y) {
-        const float* src = qkv + t * width + (long long)hh * HD;
+        const wt* src = qkv + t * width + (long long)hh * HD;
         int kind = hh < H ? 0 : (hh < H + KVH ? 1 : 2);
 #if HD % 64 == 0
         // Lane l holds elements l + 32u; RoPE's pair of element i < HD/2 is i + HD/2, element
@@ -179,7 +182,7 @@ extern "C" __global__ void qkv_post(const float* qkv, const wt* bias, int has_bi
         float ss = 0.f;
 #pragma unroll
         for (int u = 0; u < HD / 32; u++) {
-            v[u] = src[lane + 32 * u];
+            v[u] = wld(src[lane + 32 * u]);
             if (has_bias) v[u] += wld(bias[hh * HD + lane + 32 * u]);
             ss += v[u] * v[u];
         }
@@ -215,7 +218,7 @@ extern "C" __global__ void qkv_post(const float* qkv, const wt* bias, int has_bi
 #else
         float ss = 0.f;
         for (int i = lane; i < HD; i += 32) {
-            float v = src[i];
+            float v = wld(src[i]);
             if (has_bias) v += wld(bias[hh * HD + i]);
             row[i] = v;
             ss += v * v;
