@@ -95,7 +95,7 @@ impl KvCache {
             .collect();
         let partials: Vec<Mutex<Partial>> = items.iter().map(|_| Mutex::default()).collect();
         let desc = &self.desc;
-        let work = |i: usize, scratch: &mut Vec<f32>| {
+        let work = |i: usize, scratch: &mut Scratch| {
             let Item { query, kv_head, from } = items[i];
             let s = &queries[query];
             let at = Head { desc, layer, table: s.table, kv_head, from, to: s.len.min(from + CHUNK) };
@@ -110,18 +110,21 @@ impl KvCache {
         };
         let score_rows: usize = queries.iter().map(|s| s.len * num_heads).sum();
         if score_rows < POOL_FROM_SCORES || items.len() < 2 {
-            let mut scratch = Vec::new();
+            let mut scratch = Scratch::default();
             (0..items.len()).for_each(|i| work(i, &mut scratch));
         } else {
             candle_core::utils::barrier_pool().execute_chunked(items.len(), |range| {
-                let mut scratch = Vec::new();
+                let mut scratch = Scratch::default();
                 range.for_each(|i| work(i, &mut scratch));
             });
         }
-        let mut parts = partials.into_iter().map(|p| p.into_inner().unwrap_or_else(|e| e.into_inner()));
+        let parts: Vec<Partial> =
+            partials.into_iter().map(|p| p.into_inner().unwrap_or_else(|e| e.into_inner())).collect();
+        let mut at = 0;
         for (o, s) in out.chunks_mut(group).zip(queries.iter().flat_map(|s| std::iter::repeat_n(s, kvh))) {
-            let chunks: Vec<Partial> = parts.by_ref().take(s.len.div_ceil(CHUNK)).collect();
-            merge(&chunks, d, o);
+            let n = s.len.div_ceil(CHUNK);
+            merge(&parts[at..at + n], d, o);
+            at += n;
         }
     }
 }
@@ -172,17 +175,17 @@ impl Head<'_> {
         regions: &[Vec<T>],
         q: &[f32],
         scale: f32,
-        scores: &mut Vec<f32>,
+        scratch: &mut Scratch,
         part: &mut Partial,
         wide: bool,
     ) {
         #[cfg(target_arch = "x86_64")]
         if wide {
             // SAFETY: `wide` only where this CPU has AVX2 (`attend_decode_on`'s contract).
-            return unsafe { self.attend_avx2(regions, q, scale, scores, part) };
+            return unsafe { self.attend_avx2(regions, q, scale, scratch, part) };
         }
         let _ = wide;
-        self.attend(regions, q, scale, scores, part)
+        self.attend(regions, q, scale, scratch, part)
     }
 
     /// [`attend`](Self::attend) with AVX2's registers.
@@ -196,10 +199,10 @@ impl Head<'_> {
         regions: &[Vec<T>],
         q: &[f32],
         scale: f32,
-        scores: &mut Vec<f32>,
+        scratch: &mut Scratch,
         part: &mut Partial,
     ) {
-        self.attend(regions, q, scale, scores, part)
+        self.attend(regions, q, scale, scratch, part)
     }
 
     /// Softmax attention of the query heads in `q` (`[g][head_dim]`) over this item's
@@ -210,18 +213,19 @@ impl Head<'_> {
         regions: &[Vec<T>],
         q: &[f32],
         scale: f32,
-        scores: &mut Vec<f32>,
+        scratch: &mut Scratch,
         part: &mut Partial,
     ) {
         let (d, len) = (self.desc.head_dim, self.to - self.from);
         let g = q.len() / d;
         // Each K or V row is read as F32: in place where the cache holds F32, widened into
         // `row` otherwise. All `g` query heads use it once it is read.
-        let mut row = vec![0f32; d];
+        let Scratch { scores, row } = scratch;
+        row.resize(d, 0.0);
         scores.clear();
         scores.resize(g * len, 0.0);
         for (t, k) in self.rows(regions, 0).enumerate() {
-            let k = as_f32(k, &mut row);
+            let k = as_f32(k, row);
             for (h, qh) in q.chunks_exact(d).enumerate() {
                 scores[h * len + t] = dot(qh, k) * scale;
             }
@@ -241,7 +245,7 @@ impl Head<'_> {
         part.out.clear();
         part.out.resize(g * d, 0.0);
         for (t, v) in self.rows(regions, 1).enumerate() {
-            let v = as_f32(v, &mut row);
+            let v = as_f32(v, row);
             for (h, oh) in part.out.chunks_exact_mut(d).enumerate() {
                 let p = scores[h * len + t];
                 for (acc, x) in oh.iter_mut().zip(v) {
@@ -293,6 +297,14 @@ pub(super) fn avx2() -> bool {
     {
         false
     }
+}
+
+/// One thread's scratch space, kept across its items: the scores of a group of heads, and a K
+/// or V row widened to F32.
+#[derive(Default)]
+struct Scratch {
+    scores: Vec<f32>,
+    row: Vec<f32>,
 }
 
 /// `a · b` in [`LANES`] partial sums, added pairwise at the end (a fixed order).
