@@ -103,10 +103,12 @@ def launch(uid, spec, out):
     out[uid] = (http("POST", f"{API}/v1/models", body), round(time.time() - t0, 1))
 
 
-def complete(uid, ids, n, stream=False, stop=None):
+def complete(uid, ids, n, stream=False, stop=None, request_id=None):
     body = {"model": uid, "prompt": ids, "max_tokens": n, "temperature": 0, "stream": stream}
     if stop:
         body["stop"] = stop
+    if request_id:
+        body["request_id"] = request_id
     s, b = http("POST", f"{API}/v1/completions", body, timeout=120)
     if s != 200:
         return s, None, b
@@ -248,13 +250,16 @@ def prompt_logprob_checks(uid, ref, ids):
     check(f"{uid} prompt logprobs: {ref}'s, position by position", same, (s, b[:300]))
 
 
-def stream_and_drop(uid, ids):
+def stream_and_drop(uid, ids, request_id=None):
     """A streamed completion whose client goes away after the first chunk."""
     import http.client
     import socket
 
     conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=120)
-    body = json.dumps({"model": uid, "prompt": ids, "max_tokens": 400, "temperature": 0, "stream": True})
+    body = {"model": uid, "prompt": ids, "max_tokens": 400, "temperature": 0, "stream": True}
+    if request_id:
+        body["request_id"] = request_id
+    body = json.dumps(body)
     conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
     r = conn.getresponse()
     first = r.readline()  # the first line of the (chunked) body
@@ -301,6 +306,19 @@ def cancellations(uid, vocab, rnd):
     check(f"{uid}: after them no request runs and no room or pinned block is held", held and all(h[1] == 0 and h[2] == 0 for h in held), held)
     s, _, b = complete(uid, [rnd.randrange(100, vocab - 100) for _ in range(70)], 4)
     check(f"{uid}: and the model keeps answering", s == 200, b[:300])
+
+
+def retry_after_drop(uid, vocab, rnd):
+    """A client that drops a streamed request after its first chunk and sends it again at once
+    under the same request id is served in full: each attempt reaches its engine under an id of
+    its own, so an engine still holding the first attempt's id does not refuse the second."""
+    ids = [rnd.randrange(100, vocab - 100) for _ in range(300)]
+    rid = f"{uid}-retry"
+    s, first = stream_and_drop(uid, ids, rid)
+    s2, text, b = complete(uid, ids, 8, request_id=rid)
+    tokens = json.loads(b)["usage"]["completion_tokens"] if s2 == 200 else None
+    check(f"{uid}: a request sent again under its id right after its client went away is served",
+          s == 200 and s2 == 200 and tokens == 8, (s, first[:100], s2, b[:300]))
 
 
 STARTED = time.time()
@@ -403,6 +421,8 @@ def main():
         if os.environ.get("CANCEL") == "1":
             for uid in [u for u in names if u in REFERENCE]:
                 cancellations(uid, vocab, rnd)
+            for uid in names:
+                retry_after_drop(uid, vocab, rnd)
         s, b = http("GET", f"{API}/v1/models")
         open(os.path.join(OUT, "models.json"), "wb").write(b)
         for uid in names:
