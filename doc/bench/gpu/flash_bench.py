@@ -12,7 +12,12 @@ warp 16 query rows of a tile times its `#define MT` (1 where it has none); versi
 one with the fewest, so every block does about the same work; their tiles are listed in order
 of work, longest first.
 
-    python3 flash_bench.py [--ncu] [--case NAME] base=engines/native/src/gpu/flash.cu other=/path/flash.cu
+    python3 flash_bench.py [--ncu] [--case NAME] base=engines/native/src/gpu/flash.cu other=/path/flash.cu [torch=sdpa]
+
+A version `torch=sdpa` is PyTorch's own attention (`scaled_dot_product_attention`, causal, GQA,
+16-bit, the backend PyTorch picks) over the same prompts laid out densely, one call per prompt,
+captured in a CUDA graph and timed as the others: the bar the kernel is held to. `torch=flash`,
+`torch=cudnn` or `torch=efficient` ask for that backend of PyTorch's.
 
 Needs a CUDA GPU, PyTorch and the CUDA toolkit's NVRTC (`/usr/local/cuda`). With `--ncu` each
 version runs once per case, for Nsight Compute; `--case` keeps the cases whose name starts so.
@@ -125,13 +130,14 @@ class Case:
         t = sum(lens)
         self.q = torch.randn(t, h, hd, generator=gen).to(dev)
         pos, tab_off, tables, refs = [], [], [], []
-        self.chunks = []
+        self.chunks, self.tables_of = [], []
         first = 0
         for n in lens:
             nb = math.ceil(n / BLOCK)
             table = [order.pop() for _ in range(nb)]
             off = len(tables)
             tables += table
+            self.tables_of.append(table)
             pos += list(range(n))
             tab_off += [off] * n
             self.chunks.append((first, n))
@@ -152,6 +158,42 @@ class Case:
         self.tables = torch.tensor(tables, dtype=torch.int32, device=dev)
         self.out = torch.empty(t, h, hd, dtype=torch.half, device=dev)
         self.flops = sum(4 * hd * h * n * (n + 1) / 2 for n in lens)
+
+    def torch_graph(self, backend):
+        """PyTorch's attention over each prompt (dense 16-bit tensors), captured in a CUDA
+        graph, with the output it writes; `backend` names one of PyTorch's (`flash`, `cudnn`,
+        `efficient`), or `sdpa` lets PyTorch choose."""
+        import contextlib
+
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        f = torch.nn.functional.scaled_dot_product_attention
+        pick = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION}
+        within = sdpa_kernel(pick[backend]) if backend in pick else contextlib.nullcontext()
+        dense = []
+        for (first, n), table in zip(self.chunks, self.tables_of):
+            idx = torch.tensor(table, device="cuda")
+            k = self.k[idx].reshape(-1, self.kvh, self.hd)[:n].transpose(0, 1).unsqueeze(0).contiguous()
+            v = self.v[idx].reshape(-1, self.kvh, self.hd)[:n].transpose(0, 1).unsqueeze(0).contiguous()
+            q = self.q[first : first + n].half().transpose(0, 1).unsqueeze(0).contiguous()
+            dense.append((q, k, v))
+        outs = [None] * len(dense)
+
+        def run():
+            with within:
+                for i, (q, k, v) in enumerate(dense):
+                    outs[i] = f(q, k, v, is_causal=True, enable_gqa=True)
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            run()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
+        return graph, lambda: torch.cat([o[0].transpose(0, 1) for o in outs])
 
     def tiles(self, paired, tile):
         tiles = [(first + a, min(tile, n - a)) for first, n in self.chunks for a in range(0, n, tile)]
@@ -206,6 +248,27 @@ def main():
     kernels = {}
     rows = []
     for vname, path in versions:
+        if vname == "torch":
+            for cname, c in cases:
+                try:
+                    graph, result = c.torch_graph(path)
+                except RuntimeError as e:  # a backend PyTorch does not have for this case
+                    print(f"torch={path} {cname}: {str(e).splitlines()[0][:200]}")
+                    continue
+                graph.replay()
+                torch.cuda.synchronize()
+                err = ((result().float() - c.ref).norm() / c.ref.norm()).item()
+                times = []
+                for _ in range(60):
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a.record()
+                    graph.replay()
+                    b.record()
+                    b.synchronize()
+                    times.append(a.elapsed_time(b) * 1000)
+                med = statistics.median(times)
+                rows.append((f"torch {path}", cname, 0, 0, err, med, c.flops / med / 1e6))
+            continue
         paired = vname.startswith("pair")
         text = open(path).read()
         fw = re.search(r"^#define FW (\d+)", text, re.M)
