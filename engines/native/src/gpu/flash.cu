@@ -21,8 +21,11 @@
 // What bounds it is the instructions a warp issues per tile besides the mma.sync ones, and the
 // shared-memory reads feeding them: so a K/V tile serves 128 rows, the cache's block of a key
 // is found by shifts where the block size is a power of two (every layout xinf has; a division
-// otherwise), shared-memory addresses are a per-lane base plus constants, probabilities are
-// packed two per conversion, and 2^x is one ex2.approx.ftz.
+// otherwise), a thread copies the same column of every few key rows (its shared-memory place
+// fixed, a row's cache offset one 32-bit multiply-add from its block id), shared-memory
+// addresses are a per-lane base plus constants, probabilities are packed two per conversion,
+// 2^x is one ex2.approx.ftz, and one barrier per tile both publishes a tile and frees the
+// buffer the next copy refills.
 
 #if KT != 0 && HD % 16 == 0 && HD <= 128 && __CUDA_ARCH__ >= 800
 
@@ -49,6 +52,9 @@
 #endif
 #ifndef MINB
 #define MINB (HD <= 64 ? 16 / FW : 8 / FW)  // blocks per SM the registers are sized for
+#endif
+#if NST < 2
+#error "flash_prefill keeps at least two K/V tiles in flight (one barrier per tile needs it)"
 #endif
 #define FT (32 * FW)             // threads per block
 #define KPAD (HD + 8)            // row pitch of the K and V tiles: rows 16 bytes apart in the banks
@@ -200,6 +206,40 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
     const unsigned int ks = smem_addr(flash_smem), vs = ks + NST * TILE_BYTES;
     const int shift = block_shift(bs);
 
+#if FT % (HD / 8) == 0
+    // A thread copies the same 16 bytes of every KSTEP-th key row of a tile: its column and
+    // its first row's place in shared memory are fixed, and a chunk's offset in the cache is
+    // one 32 × 32 → 64-bit multiply-add from the block id (the strides fit 32 bits: the host
+    // checks).
+#define KSTEP (FT / (HD / 8))
+    const int key0 = threadIdx.x / (HD / 8), col = (threadIdx.x % (HD / 8)) * 8;
+    const unsigned int at0 = (key0 * KPAD + col) * 2;
+    const kt* Kc = K + (long long)kh * s_head + col;
+    const kt* Vc = V + (long long)kh * s_head + col;
+    const unsigned int sblk = (unsigned int)s_blk, stok = (unsigned int)s_tok;
+    unsigned long long off[PER_T];
+    auto fetch_blocks = [&](int kb) {
+#pragma unroll
+        for (int i = 0; i < PER_T; i++) {
+            int j = kb * BC + key0 + i * KSTEP;
+            int blk = key_block(j, bs, shift);
+            unsigned int b = (CHUNKS % FT == 0 || key0 + i * KSTEP < BC) && j <= last ? tab[blk] : 0u;
+            off[i] = (unsigned long long)b * sblk + (unsigned int)(j - blk * bs) * stok;
+        }
+    };
+    auto load = [&](int kb, int buf) {
+#pragma unroll
+        for (int i = 0; i < PER_T; i++) {
+            if (CHUNKS % FT != 0 && key0 + i * KSTEP >= BC) break;
+            bool valid = kb * BC + key0 + i * KSTEP <= last;
+            unsigned int at = buf * TILE_BYTES + at0 + i * KSTEP * KPAD * 2;
+            cp_async16(ks + at, Kc + off[i], valid);
+            cp_async16(vs + at, Vc + off[i], valid);
+        }
+        asm volatile("cp.async.commit_group;");
+    };
+#else
+    // Otherwise (heads of 48 on 8 warps) each chunk's key and column are worked out anew.
     unsigned int nb[PER_T];
     int slot[PER_T];
     auto fetch_blocks = [&](int kb) {
@@ -226,6 +266,7 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
         }
         asm volatile("cp.async.commit_group;");
     };
+#endif
     const int mi = lane >> 3, mr = lane & 7;
     const unsigned int k_lane = ks + (mr * KPAD + (mi >> 1) * 16 + (mi & 1) * 8) * 2;
     const unsigned int k_lane2 = ks + (mr * KPAD + (mi & 1) * 8) * 2;
@@ -290,14 +331,17 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
     for (int kb = 0; kb < nkb; kb++) {
         int buf = kb % NST;
         int ahead = kb + NST - 1;
+        // Tile kb's copy is the oldest in flight; once it has landed, one barrier says both that
+        // every warp sees it and that every warp is done with tile kb - 1, whose buffer the copy
+        // of tile kb + NST - 1 then refills.
+        asm volatile("cp.async.wait_group %0;" ::"n"(NST - 2));
+        __syncthreads();
         if (ahead < nkb) {
             load(ahead, ahead % NST);
             fetch_blocks(ahead + 1);
         } else {
             asm volatile("cp.async.commit_group;");
         }
-        asm volatile("cp.async.wait_group %0;" ::"n"(NST - 1));
-        __syncthreads();  // tile kb is in shared memory for every warp
         if (busy && kb * BC <= wlim) {
             const unsigned int kt_at = buf * TILE_BYTES;
             float s[MT][BC / 8][4];
@@ -395,7 +439,6 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
                 }
             }
         }
-        __syncthreads();  // every warp is done with buffer `buf` before it is refilled
     }
     if (!busy) return;
 #pragma unroll

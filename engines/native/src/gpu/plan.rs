@@ -177,10 +177,12 @@ pub(super) fn gemv_split(inp: usize) -> usize {
 
 /// Whether every K/V row of a cache can be read in whole 16-byte words: each plane's address
 /// and every stride (elements of `es` bytes) on 16-byte boundaries, and rows of whole words.
+/// The tensor-core kernels that need this also take each stride as 32 bits (a cache block's
+/// offset is one 32 × 32-bit product), so a stride past that counts as unaligned too.
 pub(super) fn rows_aligned(planes: &[[u64; 2]], strides: [usize; 3], head_dim: usize, es: usize) -> bool {
     let word = 16 / es;
     planes.iter().flatten().all(|a| a.is_multiple_of(16))
-        && strides.iter().all(|s| s.is_multiple_of(word))
+        && strides.iter().all(|&s| s.is_multiple_of(word) && u32::try_from(s).is_ok())
         && head_dim.is_multiple_of(word)
 }
 

@@ -99,6 +99,7 @@ fn flash_prefill_runs_where_its_source_is_compiled() {
     assert!(!rows_aligned(&[[256, 4098]], [1024, 128, 64], 64, 2), "a plane off a 16-byte boundary");
     assert!(!rows_aligned(&[[256, 4096]], [1024, 132, 64], 64, 2), "a stride off");
     assert!(rows_aligned(&[[0, 16]], [64, 16, 4], 4, 4) && !rows_aligned(&[[0, 16]], [64, 16, 4], 2, 4));
+    assert!(!rows_aligned(&[[0, 16]], [1 << 32, 128, 64], 64, 2), "a stride past 32 bits");
 }
 
 #[test]
