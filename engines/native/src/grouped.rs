@@ -6,7 +6,9 @@
 //! Unsafe code: the pool's threads writing disjoint elements of one output buffer.
 #![allow(unsafe_code)]
 
+use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};
+use std::borrow::Cow;
 
 /// Weight rows packed together: one work item of the CPU pool.
 pub(crate) const GROUP: usize = 8;
@@ -15,6 +17,26 @@ pub(crate) const ACT_ROWS: usize = 4;
 
 /// A tile's sums, `[activation row][weight row of the group]`.
 pub(crate) type Sums = [[f32; GROUP]; ACT_ROWS];
+
+/// A block matrix's `(rows, cols, bytes)` as read for packing, once checked: it is one the
+/// kernel `applies` to, and it holds `block_bytes` per block of 32 columns in every row (the
+/// block type's `name` in the errors).
+pub(crate) fn matrix_blocks<'q>(
+    q: &'q QTensor,
+    applies: bool,
+    name: &str,
+    block_bytes: usize,
+) -> candle_core::Result<(usize, usize, Cow<'q, [u8]>)> {
+    let (rows, cols) = q.shape().dims2()?;
+    if !applies {
+        candle_core::bail!("a {rows}×{cols} {:?} matrix is not packed as {name}", q.dtype())
+    }
+    let data = q.data()?;
+    if data.len() != rows * cols / 32 * block_bytes {
+        candle_core::bail!("{} bytes of {name} blocks for a {rows}×{cols} matrix", data.len())
+    }
+    Ok((rows, cols, data))
+}
 
 /// `out` (`m × rows`) gets the product of `m` activation rows with a `rows`-row matrix packed
 /// in groups: `tile(g, first, n, sums)` fills `sums[r][i]` for row `g·GROUP + i` and activation

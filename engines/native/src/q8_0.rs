@@ -76,16 +76,9 @@ pub(crate) struct Packed {
 impl Packed {
     /// `q`'s blocks repacked; `q` must be a matrix that [`applies`].
     pub(crate) fn new(q: &QTensor) -> candle_core::Result<Self> {
-        let (rows, cols) = q.shape().dims2()?;
-        if !applies(q) {
-            candle_core::bail!("a {rows}×{cols} {:?} matrix is not packed as Q8_0", q.dtype())
-        }
-        let data = q.data()?;
+        let (rows, cols, data) = crate::grouped::matrix_blocks(q, applies(q), "Q8_0", BLOCK_BYTES)?;
         let blocks = cols / QK;
         let row_bytes = blocks * BLOCK_BYTES;
-        if data.len() != rows * row_bytes {
-            candle_core::bail!("{} bytes of Q8_0 blocks for a {rows}×{cols} matrix", data.len())
-        }
         let mut bytes = vec![0u8; rows.div_ceil(GROUP) * blocks * GROUP_BLOCK_BYTES];
         for (at, to) in bytes.chunks_exact_mut(GROUP_BLOCK_BYTES).enumerate() {
             let (g, b) = (at / blocks, at % blocks);
