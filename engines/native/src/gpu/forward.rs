@@ -56,7 +56,7 @@ struct Kernels {
     /// The tensor-core prefill attention, where `plan::flash_fits` says it exists and the GPU
     /// gives its shared memory.
     flash: Option<Flash>,
-    /// The tensor-core decode attention (the GQA group's heads as a tile's rows), where
+    /// The tensor-core decode attention (one walk over the keys for a GQA group's heads), where
     /// `plan::flash_decode_fits` says it exists; it then takes every token `flash` does not.
     flash_decode: Option<CudaFunction>,
     silu_mul: CudaFunction,

@@ -76,7 +76,7 @@ fn the_kernels_get_one_type_code_per_dtype() {
         )),
         "{src}"
     );
-    assert!(src.contains(KERNELS) && src.contains(GEMV) && src.ends_with(FLASH));
+    assert!(src.contains(KERNELS) && src.contains(GEMV) && src.contains(FLASH) && src.ends_with(DECODE));
 }
 
 #[test]
@@ -91,8 +91,8 @@ fn flash_prefill_runs_where_its_source_is_compiled() {
     assert!(!flash_fits(KvDtype::F32, 64, 9), "f32 caches have no tensor-core path here");
     assert!(!flash_fits(KvDtype::F16, 72, 9) && !flash_fits(KvDtype::F16, 256, 9));
     assert!(!flash_fits(KvDtype::F16, 64, 7), "mma.sync.m16n8k16 needs sm_80");
-    // `flash_decode` also needs a KV head's query heads within one 16-row tile.
-    assert!(FLASH.contains("#if GQ <= 16"));
+    // `flash_decode` also needs a KV head's query heads within one tile (16 rows at most).
+    assert!(DECODE.contains("#if KT != 0 && HD % 16 == 0 && HD <= 128 && __CUDA_ARCH__ >= 800 && GQ <= 16"));
     assert!(flash_decode_fits(KvDtype::F16, 64, 9, 7) && flash_decode_fits(KvDtype::Bf16, 128, 9, 16));
     assert!(!flash_decode_fits(KvDtype::F16, 64, 9, 17) && !flash_decode_fits(KvDtype::F32, 64, 9, 7));
     assert!(rows_aligned(&[[256, 4096]], [1024, 128, 64], 64, 2));
@@ -308,12 +308,14 @@ fn attention_splits_fill_the_gpu_within_the_partials() {
 }
 
 #[test]
-fn decode_splits_fill_the_gpu_within_the_partials() {
-    // One query of 2 KV heads on 132 SMs wants 264 splits: as many as allowed. 64 queries →
-    // 528 blocks over 128 → 5 splits; past the partial buffer, none.
+fn decode_splits_give_about_a_block_per_sm_within_the_partials() {
+    // One query of 2 KV heads on 132 SMs wants 66 splits: as many as allowed. 64 queries of 2
+    // → 128 blocks a split → 2 splits; of 8 → 1; the 8B shape's 16 queries of 8 → 2; past the
+    // partial buffer, none.
     assert_eq!(decode_splits(1, 2, 132, 64), MAX_SPLITS);
-    assert_eq!(decode_splits(64, 2, 132, 64), 5);
-    assert_eq!(decode_splits(64, 8, 132, 64), 2);
+    assert_eq!(decode_splits(64, 2, 132, 64), 2);
+    assert_eq!(decode_splits(64, 8, 132, 64), 1);
+    assert_eq!(decode_splits(16, 8, 132, 64), 2);
     assert_eq!(decode_splits(65, 2, 132, 64), 1);
     assert_eq!(decode_splits(0, 2, 132, 64), 1);
 }
