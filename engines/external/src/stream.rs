@@ -274,7 +274,9 @@ pub(crate) async fn json_body(
 }
 
 /// The error of a non-success answer: the engine's own message, as a refusal of the request
-/// for a 4xx status and as a failure of the engine otherwise.
+/// for a 4xx status; for 503, a server that cannot take it now (unavailable: try later); for
+/// any other 5xx, a server up and answering that failed on this request (an internal error, as
+/// a failed stream's error chunk is: sending it again would fail again).
 pub(crate) async fn refusal(
     flavor: Flavor,
     status: reqwest::StatusCode,
@@ -293,8 +295,10 @@ pub(crate) async fn refusal(
     let message = serde_json::from_str(&text).ok().and_then(|v| protocol::error_message(&v)).unwrap_or(text);
     if status.is_client_error() {
         EngineError::Rejected(message)
-    } else {
+    } else if status == reqwest::StatusCode::SERVICE_UNAVAILABLE || !status.is_server_error() {
         EngineError::Process(format!("the {flavor} server answered {status}: {message}"))
+    } else {
+        EngineError::Internal(format!("the {flavor} server failed on the request ({status}): {message}"))
     }
 }
 
@@ -305,6 +309,11 @@ mod tests {
 
     /// The answer of a one-shot HTTP server on a real socket that sends `body`.
     async fn answer(body: &'static str) -> reqwest::Response {
+        answer_with("200 OK", body).await
+    }
+
+    /// The same with the status line's `status`.
+    async fn answer_with(status: &'static str, body: &'static str) -> reqwest::Response {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("address");
         tokio::spawn(async move {
@@ -312,7 +321,7 @@ mod tests {
             let mut request = [0u8; 1024];
             let _ = socket.read(&mut request).await;
             let head =
-                format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+                format!("HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
             socket.write_all(head.as_bytes()).await.expect("head");
             socket.write_all(body.as_bytes()).await.expect("body");
         });
@@ -329,6 +338,26 @@ mod tests {
             assert!(over.expect_err("refused").to_string().contains("over 8 bytes"));
             let broken = json_body(Flavor::Sglang, answer("{\"a\":").await, 64, "answer").await;
             assert!(broken.expect_err("refused").to_string().contains("sglang server's answer"));
+        });
+    }
+
+    #[test]
+    fn a_refusal_is_the_request_a_failure_is_the_server_or_the_request() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        rt.block_on(async {
+            let error = r#"{"error": {"message": "bad regex", "code": 400}}"#;
+            let e = answer_with("400 Bad Request", error).await;
+            let e = refusal(Flavor::Vllm, e.status(), e).await;
+            assert!(matches!(&e, EngineError::Rejected(m) if m == "bad regex"), "{e:?}");
+            let crash = r#"{"error": {"message": "No module named 'x'", "code": 500}}"#;
+            let e = answer_with("500 Internal Server Error", crash).await;
+            let e = refusal(Flavor::Vllm, e.status(), e).await;
+            assert_eq!(e.class(), xinf_engine::ErrorClass::Internal, "{e:?}");
+            assert!(e.to_string().contains("vllm server failed on the request (500 Internal Server Error)"));
+            assert!(e.to_string().contains("No module named 'x'"));
+            let busy = answer_with("503 Service Unavailable", "overloaded").await;
+            let e = refusal(Flavor::Sglang, busy.status(), busy).await;
+            assert_eq!(e.class(), xinf_engine::ErrorClass::Unavailable, "{e:?}");
         });
     }
 }
