@@ -152,13 +152,17 @@ def first_token_shown(engine, ids):
     server = engine_ports().get(engine)
     if server is None:
         return None
-    port, name = server
-    s, b = http("POST", f"http://127.0.0.1:{port}/v1/completions",
-                {"model": name, "prompt": ids, "max_tokens": 1, "temperature": 0}, timeout=120)
+    s, b = ordinary_completion(server, {"prompt": ids, "max_tokens": 1, "temperature": 0})
     if s != 200:
         return None
     text = json.loads(b)["choices"][0].get("text") or ""
     return bool(text) and "\ufffd" not in text
+
+
+def ordinary_completion(server, body):
+    """A completion straight from an ordinary server `(port, model name)`: (status, body)."""
+    port, name = server
+    return http("POST", f"http://127.0.0.1:{port}/v1/completions", {"model": name, **body}, timeout=120)
 
 
 TIE = 0.02  # log-probability gap under which the top two tokens count as tied
@@ -172,9 +176,7 @@ def tie_where_they_part(engine, ids, n, got):
     server = (PORT, "no") if engine == "n" else engine_ports().get(engine)
     if server is None:
         return False, f"no ordinary {engine} server found to ask"
-    port, name = server
-    s, b = http("POST", f"http://127.0.0.1:{port}/v1/completions",
-                {"model": name, "prompt": ids, "max_tokens": n, "temperature": 0, "logprobs": 2}, timeout=120)
+    s, b = ordinary_completion(server, {"prompt": ids, "max_tokens": n, "temperature": 0, "logprobs": 2})
     if s != 200:
         return False, f"the {engine} server answered {s}"
     lp = json.loads(b)["choices"][0].get("logprobs") or {}
