@@ -4,15 +4,17 @@
 // per key. Grid (queries, KVH, splits) — token blockIdx.x, or the one listed in `toks` with
 // `use_toks` — block 32 · DW. The keys go in tiles of DK dealt round robin to the splits'
 // warps; a warp loads its tile's K and V straight from the cache into registers (no shared
-// memory, no block-wide barrier in the loop), and the next tile's row offsets (a block-table
-// read) load while this tile's rows do, so a tile waits on one round trip to memory, not two.
+// memory, no block-wide barrier in the loop). Its tiles are double-buffered in registers: the
+// next tile's K and V rows load while this tile's scores and outputs are worked out, and the
+// row offsets of the tile after that (a block-table read) with them, so a warp keeps loads in
+// flight the whole walk instead of waiting on memory at every tile.
 //
 // Two forms of the m16n8k16 tiles, by group size:
 // - up to 8 heads (`KeyRows`): the keys are the tile's 16 rows and the heads its 8 columns,
 //   S^T = K · Q^T and O^T = V^T · P^T. A group of 4 then fills half the columns instead of a
-//   quarter of 16 rows, and the output accumulators are half as many (157 registers for heads
-//   of 128 instead of 199: three blocks an SM instead of two). P^T's fragments are S^T's
-//   accumulators transposed in registers (`movmatrix`);
+//   quarter of 16 rows, and the output accumulators are half as many (heads of 128: 220
+//   registers with two tiles in registers, where heads as rows took 199 with one). P^T's
+//   fragments are S^T's accumulators transposed in registers (`movmatrix`);
 // - 9 to 16 heads (`HeadRows`): the heads are the rows, S = Q · K^T and O = P · V, P's
 //   fragments straight from S's accumulators, as in flash_prefill.
 // Operands are read in a permuted but consistent order, so every load is a whole row segment:
@@ -334,13 +336,29 @@ flash_decode(const float* q, unsigned long long k_plane, unsigned long long v_pl
 
     DecodeRows rows;
     rows.init(q + (t * H + h0) * HD, g, tq, scale_log2);
-    for (int i = first; i < tiles; i += splits * DW) {
-        unsigned int kw[DK / 8][KWORDS];
-        unsigned int vw[DK / 16][4][VWORDS];
-        load_tile(K, V, next_off, g, tq, kw, vw);
-        // Past the last tile this reads the last key's offsets again, never used.
-        next_off = row_of(i + splits * DW);
-        rows.tile(kw, vw, i * DK, len, g, tq);
+    // Two tiles' registers, a and b: a warp loads its next tile's K and V rows before it works
+    // on this one's, so its loads stay in flight behind its arithmetic.
+    const int step = splits * DW;
+    unsigned int ka[DK / 8][KWORDS], kb[DK / 8][KWORDS];
+    unsigned int va[DK / 16][4][VWORDS], vb[DK / 16][4][VWORDS];
+    if (first < tiles) {
+        load_tile(K, V, next_off, g, tq, ka, va);
+        next_off = row_of(first + step);
+    }
+    // Row offsets past the last tile are the last key's again, never used.
+    for (int i = first; i < tiles; i += 2 * step) {
+        bool more = i + step < tiles;
+        if (more) {
+            load_tile(K, V, next_off, g, tq, kb, vb);
+            next_off = row_of(i + 2 * step);
+        }
+        rows.tile(ka, va, i * DK, len, g, tq);
+        if (!more) break;
+        if (i + 2 * step < tiles) {
+            load_tile(K, V, next_off, g, tq, ka, va);
+            next_off = row_of(i + 3 * step);
+        }
+        rows.tile(kb, vb, (i + step) * DK, len, g, tq);
     }
     rows.store(so[warp], sm[warp], sl[warp], g, tq);
     __syncthreads();
