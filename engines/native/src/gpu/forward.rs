@@ -23,8 +23,8 @@ use super::flash::Flash;
 use super::pages::CacheView;
 use super::plan::{
     ATTENTION_WARPS, DECODE_WARPS, GEMV_ROWS, StepShape, attention_group, attention_heads, attention_splits,
-    check_matmul, decode_splits, elem_bytes, flash_decode_fits, gemv_kernel, gemv_split, kernel_source,
-    rope_tables,
+    check_matmul, decode_splits, elem_bytes, flash_decode_fits, gemv_glu_fits, gemv_kernel, gemv_split,
+    kernel_source, rope_tables,
 };
 use crate::weights::Weights;
 use cudarc::cublas::CudaBlas;
@@ -64,6 +64,9 @@ struct Kernels {
     /// Products of one or two rows with 16-bit weights (absent for f32 weights): one kernel per
     /// row capacity, `plan::gemv_kernel` picks.
     gemv: Option<[CudaFunction; GEMV_ROWS]>,
+    /// The MLP's gate/up product and SiLU·up in one kernel for the same steps, where
+    /// `plan::gemv_glu_fits` (absent for f32 weights).
+    gemv_glu: Option<[CudaFunction; GEMV_ROWS]>,
 }
 
 impl Kernels {
@@ -98,6 +101,9 @@ impl Kernels {
             silu_mul: f("silu_mul")?,
             argmax_rows: f("argmax_rows")?,
             gemv: (wdt != KvDtype::F32).then(|| Ok::<_, GpuError>([f("gemv1")?, f("gemv2")?])).transpose()?,
+            gemv_glu: (wdt != KvDtype::F32)
+                .then(|| Ok::<_, GpuError>([f("gemv_glu1")?, f("gemv_glu2")?]))
+                .transpose()?,
         })
     }
 }
@@ -109,7 +115,7 @@ impl Kernels {
             vec![&self.embed, &self.add_rmsnorm, &self.qkv_post, &self.attention, &self.attention_one];
         all.extend([&self.silu_mul, &self.argmax_rows]);
         all.extend(self.flash.iter().map(|f| &f.f).chain(&self.flash_decode));
-        all.extend(self.gemv.iter().flatten());
+        all.extend(self.gemv.iter().chain(&self.gemv_glu).flatten());
         all.into_iter().map(|f| f.cu_function() as usize).collect()
     }
 }
@@ -271,6 +277,9 @@ impl Forward {
         self.matmul_narrow(lane, &lw.wo, &bufs.act, &mut bufs.delta, [hid, h * d, t])?;
 
         self.add_rmsnorm(s, bufs, false, &lw.mlp_norm, t_i)?;
+        if self.gate_up_silu(lane, &lw.w_gate_up, &bufs.act, &mut bufs.gu, [inter, hid, t])? {
+            return self.matmul_narrow(lane, &lw.w_down, &bufs.gu, &mut bufs.delta, [hid, inter, t]);
+        }
         self.matmul_narrow(lane, &lw.w_gate_up, &bufs.act, &mut bufs.gu, [2 * inter, hid, t])?;
 
         let inter_i = inter as i32;
@@ -508,6 +517,39 @@ impl Forward {
         let bytes = y.len();
         let (yp, _y) = y.device_ptr_mut(lane.stream);
         self.gemm(lane, w, x, (yp, bytes, self.wdt), dims)
+    }
+
+    /// `gemv_glu` where it fits (`plan::gemv_glu_fits`): SiLU(gate) · up of `x`'s `rows` rows
+    /// into the first `rows × inter` values of `y` (the gate/up product's buffer, `[rows][2 ·
+    /// inter]`, of which the down product then reads `[rows][inter]`). `false`, with nothing
+    /// enqueued, where it does not fit: the caller takes the product and `silu_mul` instead.
+    fn gate_up_silu(
+        &self,
+        lane: Lane<'_>,
+        w: &Buf,
+        x: &Buf,
+        y: &mut Buf,
+        [inter, inp, rows]: [usize; 3],
+    ) -> Result<bool, GpuError> {
+        let Some(glu) = self.k.gemv_glu.as_ref().filter(|_| gemv_glu_fits(rows, inp)) else {
+            return Ok(false);
+        };
+        let eb = elem_bytes(self.wdt);
+        check_matmul([w.len(), x.len(), y.len()], [eb, eb], [2 * inter, inp, rows])
+            .map_err(GpuError::Shape)?;
+        let split = gemv_split(inp);
+        let (inter_i, inp_i, rows_i, split_i) = (inter as i32, inp as i32, rows as i32, split as i32);
+        let mut b = lane.stream.launch_builder(&glu[gemv_kernel(rows)]);
+        b.arg(w).arg(x).arg(y).arg(&inter_i).arg(&inp_i).arg(&rows_i).arg(&split_i);
+        // SAFETY: the buffers were checked above to hold the matrices (`w` [2 · inter][inp] and
+        // `x` [rows][inp] in the weights' 16-bit dtype, the kernel existing only for those; `y`
+        // [rows][2 · inter] of it, of which the kernel writes [rows][inter]); `x` and `y` are
+        // different buffers, so no block reads what another writes; rows of `inp`, a multiple
+        // of 8, are whole 16-byte words of 16-byte aligned buffers; `split` ≤ 4
+        // (`gemv_glu_fits`) gives each block a gate and an up row at least, and the kernel
+        // indexes pairs below `inter` and rows below `rows` ≤ GEMV_ROWS.
+        unsafe { b.launch(cfg1(inter.div_ceil(4 / split) as u32, 256)) }.map_err(driver)?;
+        Ok(true)
     }
 
     /// The product of both: `y` is a device pointer, its buffer's bytes and its dtype. Steps of

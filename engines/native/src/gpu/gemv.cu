@@ -26,23 +26,19 @@ __device__ __forceinline__ void unpack8(u32x4 v, float* f) {
 // grid (ceil(out / (8 / S))).
 #define GEMV_ROWS 2
 #if WT != 0
+// One weight row's products with the n activation rows, in `acc` of every lane of the warp:
+// this warp's slice [c0, c1) of the row's 16-byte words. The weights do not change within a
+// step, so a lane's first words are asked for before waiting on the kernel before this one
+// (GRID_DEP_WAIT, here): in a decode graph they stream in while it ends.
 template <int NR>
-__device__ __forceinline__ void gemv_rows(const wt* w, const wt* x, unsigned long long y, int out, int K, int n,
-                                          int S, int narrow) {
-    __shared__ float red[8][NR];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int o = blockIdx.x * (8 / S) + warp / S, slice = warp % S;
-    int words = K / 8, per = (words + S - 1) / S;
-    int c0 = slice * per, c1 = min(words, c0 + per);
-    float acc[NR];
+__device__ __forceinline__ void gemv_dot(const wt* w_row, bool live, const wt* x, int K, int n, int c0, int c1,
+                                         float* acc) {
+    int lane = threadIdx.x & 31;
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = 0.f;
-    const bool live = o < out;
-    const u32x4* wr = (const u32x4*)(w + (long long)(live ? o : 0) * K);
+    const u32x4* wr = (const u32x4*)w_row;
     int c = c0 + lane;
     u32x4 wv[4];
-    // The weights do not change within a step, so a lane's first words are asked for before
-    // waiting on the kernel before this one: in a decode graph they stream in while it ends.
     if (live) {
 #pragma unroll
         for (int u = 0; u < 4; u++)
@@ -77,6 +73,19 @@ __device__ __forceinline__ void gemv_rows(const wt* w, const wt* x, unsigned lon
 #pragma unroll
     for (int r = 0; r < NR; r++)
         for (int sh = 16; sh > 0; sh >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], sh);
+}
+
+template <int NR>
+__device__ __forceinline__ void gemv_rows(const wt* w, const wt* x, unsigned long long y, int out, int K, int n,
+                                          int S, int narrow) {
+    __shared__ float red[8][NR];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int o = blockIdx.x * (8 / S) + warp / S, slice = warp % S;
+    int words = K / 8, per = (words + S - 1) / S;
+    int c0 = slice * per, c1 = min(words, c0 + per);
+    float acc[NR];
+    const bool live = o < out;
+    gemv_dot<NR>(w + (long long)(live ? o : 0) * K, live, x, K, n, c0, c1, acc);
     if (S > 1) {
         if (lane == 0)
 #pragma unroll
@@ -102,6 +111,39 @@ __device__ __forceinline__ void gemv_rows(const wt* w, const wt* x, unsigned lon
         ((float*)y)[(long long)lane * out + o] = v;
 }
 
+// The MLP's gate/up product and SiLU·up in one kernel, for decode steps of n ≤ NR rows:
+// out[r][p] = SiLU(g) · u, with g and u rows p and I + p of x[r] · w^T (w [2I][K], gate rows
+// then up rows) rounded to the weights' dtype first, so the result is bit for bit what
+// `gemv` (narrow) and then `silu_mul` give, one launch and one pass over memory fewer. Each
+// block's 8 / S rows are pairs: its first half gate rows p0.., its second half their up rows.
+// Needs S ≤ 4 (two rows a block at least). grid (ceil(I / (4 / S))).
+template <int NR>
+__device__ __forceinline__ void gemv_glu_rows(const wt* w, const wt* x, wt* out, int I, int K, int n, int S) {
+    __shared__ float red[8][NR];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int half = 4 / S, row = warp / S, slice = warp % S;
+    int p = blockIdx.x * half + row % half;
+    const bool live = p < I;
+    int o = (row < half ? 0 : I) + (live ? p : 0);
+    int words = K / 8, per = (words + S - 1) / S;
+    int c0 = slice * per, c1 = min(words, c0 + per);
+    float acc[NR];
+    gemv_dot<NR>(w + (long long)o * K, live, x, K, n, c0, c1, acc);
+    if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < NR; r++) red[warp][r] = acc[r];
+    __syncthreads();
+    // Thread j·NR + r finishes pair j of sequence r, summing the slices in `gemv`'s order.
+    int j = threadIdx.x / NR, r = threadIdx.x % NR;
+    p = blockIdx.x * half + j;
+    if (j >= half || r >= n || p >= I) return;
+    float g = red[j * S][r], u = red[(half + j) * S][r];
+    for (int k = 1; k < S; k++) g += red[j * S + k][r], u += red[(half + j) * S + k][r];
+    g = wld(wst(g));
+    u = wld(wst(u));
+    out[(long long)r * I + p] = wst(g / (1.0f + expf(-g)) * u);
+}
+
 #define GEMV_KERNEL(NAME, NR)                                                                  \
     extern "C" __global__ void __launch_bounds__(256) NAME(const wt* w, const wt* x, unsigned long long y, \
                                                            int out, int K, int n, int S, int narrow) {   \
@@ -109,4 +151,12 @@ __device__ __forceinline__ void gemv_rows(const wt* w, const wt* x, unsigned lon
     }
 GEMV_KERNEL(gemv1, 1)
 GEMV_KERNEL(gemv2, 2)
+
+#define GEMV_GLU_KERNEL(NAME, NR)                                                                       \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const wt* w, const wt* x, wt* out, int I, int K, \
+                                                           int n, int S) {                                  \
+        gemv_glu_rows<NR>(w, x, out, I, K, n, S);                                                           \
+    }
+GEMV_GLU_KERNEL(gemv_glu1, 1)
+GEMV_GLU_KERNEL(gemv_glu2, 2)
 #endif

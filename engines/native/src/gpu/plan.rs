@@ -169,6 +169,13 @@ pub(super) fn gemv_kernel(rows: usize) -> usize {
     rows.clamp(1, GEMV_ROWS) - 1
 }
 
+/// Whether a product of `rows` rows of `inp` values takes `gemv_glu` (the MLP's gate/up product
+/// and SiLU·up in one kernel): where `gemv` would take it, and its rows are split over at most
+/// 4 warps (`inp` up to 4,096), so a block of 8 warps holds a gate row and its up row.
+pub(super) fn gemv_glu_fits(rows: usize, inp: usize) -> bool {
+    (1..=GEMV_ROWS).contains(&rows) && inp.is_multiple_of(8) && gemv_split(inp) <= 4
+}
+
 /// Warps of one `gemv` block that share an output row (the rest of its 8 warps take other
 /// rows): enough that each lane loads at most 4 of the row's 16-byte words (`inp` 16-bit values,
 /// a multiple of 8), all in flight at once; a power of two up to 8.

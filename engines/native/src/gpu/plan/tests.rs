@@ -338,5 +338,16 @@ fn gemv_kernels_hold_their_rows() {
     }
     for cap in caps {
         assert!(GEMV.contains(&format!("GEMV_KERNEL(gemv{cap}, {cap})")));
+        assert!(GEMV.contains(&format!("GEMV_GLU_KERNEL(gemv_glu{cap}, {cap})")));
     }
+}
+
+#[test]
+fn gate_up_and_silu_share_a_kernel_where_a_block_holds_a_row_pair() {
+    // Hidden sizes of the 0.5B (896) and 8B (4,096) shapes: 1 and 4 warps a row, so 4 and 1
+    // gate rows a block with their up rows. 8,192 (8 warps a row) and steps past GEMV_ROWS
+    // take the product and `silu_mul`.
+    assert!(gemv_glu_fits(1, 896) && gemv_glu_fits(2, 4096));
+    assert!(!gemv_glu_fits(1, 8192) && !gemv_glu_fits(GEMV_ROWS + 1, 896) && !gemv_glu_fits(0, 896));
+    assert!(!gemv_glu_fits(1, 900), "rows of whole 16-byte words only");
 }
