@@ -11,7 +11,9 @@
 # cuda" MEM=0.2 MODEL_NAME=llama-3.2-instruct), each in its own WORK.
 # Needs what `pd-engines.sh` needs (a `--features cuda` xinf in XINF_BIN, vLLM 0.26 and SGLang
 # 0.5.15 in VLLM_PYTHONPATH / SGLANG_PYTHONPATH). `native-vs-peers.sh launch`, then `bench`,
-# then `stop`; or `native-vs-peers.sh alone`, each server alone on the GPU in turn.
+# then `stop`; or `native-vs-peers.sh alone`, each server alone on the GPU in turn; or
+# `native-vs-peers.sh all`: launch, bench, then the native replica's steps level by level
+# (`steps.py`, from xinf's log: run with XINF_LOG=warn,xinf::step=trace), then stop.
 set -u
 D=$(cd "$(dirname "$0")" && pwd)
 W=${WORK:-/tmp/pd-engines}
@@ -44,8 +46,14 @@ for _, c, k, q, lower in cols:
 print("| native / better peer | " + " | ".join(ratios) + " |")
 PY
     ;;
+all)
+    bash "$D/pd-engines.sh" launch
+    bash "$0" bench
+    grep -q "xinf::step" "$W/xinf.log" 2>/dev/null && python3 "$D/steps.py" "$W/xinf.log" --bench "$OUT/bench.json"
+    bash "$D/pd-engines.sh" stop
+    ;;
 *)
-    echo "usage: native-vs-peers.sh launch | bench | stop | alone" >&2
+    echo "usage: native-vs-peers.sh launch | bench | stop | alone | all" >&2
     exit 2
     ;;
 esac
