@@ -6,6 +6,9 @@
 //! streaming and not; the counters prove which route moved the bytes; cancelled requests leave
 //! no room behind.
 //!
+//! With two GPUs the same model also runs with a GPU a role: the prefill on GPU 0 of one
+//! worker, the decode on GPU 1 of another, the pages crossing between the GPUs over CUDA IPC.
+//!
 //! Needs a `--features cuda` build, an NVIDIA GPU and `XINF_TEST_GPU=1` (skipped, loudly,
 //! otherwise); the NIXL part needs `XINF_NIXL_LIB_DIR` (the nixl-cu12 wheel's libraries).
 
@@ -168,4 +171,64 @@ fn pd_on_one_gpu_moves_pages_gpu_to_gpu_between_processes() {
         let ids = prompt(150);
         assert_eq!(complete(addr, model, &ids, true), complete(addr, "hybrid", &ids, false), "{model} after");
     }
+}
+
+/// P/D with a GPU a role on one host: the prefill replica on GPU 0 of one worker, the decode
+/// replica alone on GPU 1 of another, the ordinary replica it is compared with beside the
+/// prefill on GPU 0. Greedy output equals the ordinary replica's at every page boundary, the
+/// pages cross between the GPUs over CUDA IPC (none through host memory), each replica computes
+/// on the GPU it was placed on, and `/v1/workers` shows both GPUs in use.
+#[test]
+fn pd_with_a_gpu_a_role_moves_pages_between_gpus() {
+    if !gpu_enabled("pd_with_a_gpu_a_role_moves_pages_between_gpus") {
+        return;
+    }
+    let _ = util::smollm2();
+    let (_sup, addr, cluster) = supervisor();
+    let (_w1, id1) = worker(&cluster, SECRET);
+    let (_w2, id2) = worker(&cluster, SECRET);
+    let workers = http::get(addr, "/v1/workers").json();
+    let gpus = workers
+        .as_array()
+        .and_then(|w| w.first())
+        .map_or(0, |w| w["info"]["gpus"].as_array().map_or(0, Vec::len));
+    if gpus < 2 {
+        eprintln!(
+            "SKIPPED pd_with_a_gpu_a_role_moves_pages_between_gpus: the workers see {gpus} GPU, it needs two"
+        );
+        return;
+    }
+    let on = |id: &str, gpu: u32| json!([{"worker_ip": id, "gpu_idx": [gpu]}]);
+    launch(
+        addr,
+        json!({"model_name": "smollm2-instruct", "model_uid": "hybrid", "engine_config": on_gpu(json!({})),
+               "replica_config": [{"devices": on(&id1, 0)}]}),
+    );
+    launch(
+        addr,
+        json!({"model_name": "smollm2-instruct", "model_uid": "two-gpus", "replica_config": [
+            {"role": "prefill", "devices": on(&id1, 0),
+             "engine_config": on_gpu(json!({"kv_layout": "paged-kv-first", "kv_order": "HND", "block_size": 16}))},
+            {"role": "decode", "devices": on(&id2, 1),
+             "engine_config": {"kv_layout": "token-pool", "kv_cache_tokens": 8192}}]}),
+    );
+    let m = http::get(addr, "/v1/models/two-gpus").json();
+    let placed: Vec<(&str, Value)> = m["xinf"]["replica_details"]
+        .as_array()
+        .expect("replica_details")
+        .iter()
+        .map(|r| (r["role"].as_str().unwrap_or(""), r["gpus"].clone()))
+        .collect();
+    assert!(placed.contains(&("prefill", json!([0]))) && placed.contains(&("decode", json!([1]))), "{m}");
+    for (i, &n) in LENGTHS.iter().enumerate() {
+        let ids = prompt(n);
+        assert_eq!(
+            complete(addr, "two-gpus", &ids, i % 2 == 0),
+            complete(addr, "hybrid", &ids, false),
+            "{n} tokens"
+        );
+    }
+    moved_gpu_to_gpu(addr, "two-gpus", "cuda_ipc_transfers", LENGTHS.len(), pages(LENGTHS, false));
+    let workers = http::get(addr, "/v1/workers").json();
+    eprintln!("workers with a GPU a role: {workers}");
 }

@@ -5,7 +5,10 @@
 //!
 //! - CUDA IPC: the decode side is a second process, this test binary run again on
 //!   `transport::gpu_ipc_child` with the handle in `XINF_GPU_IPC_CHILD` (a process cannot open
-//!   its own handle); the two talk over the child's stdin/stdout.
+//!   its own handle); the two talk over the child's stdin/stdout. The decode process runs on
+//!   GPU 0 as the prefill does, or on GPU 1 (`gpu_handoff_over_cuda_ipc_between_gpus`: one GPU
+//!   a role, the handle opened with peer access), timed against a peer copy of the same bytes
+//!   between the two GPUs; with one GPU that test says SKIPPED.
 //! - NIXL VRAM: two agents in this process. Without NIXL, or without GPU support in its UCX
 //!   backend, the test says SKIPPED and why, unless `XINF_TEST_NIXL=1` asks for it.
 //!
@@ -13,7 +16,7 @@
 //! `--nocapture --test-threads=1`); nothing is asserted about speed.
 
 use super::{bytes, cache, gpu, words};
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use std::io::{BufRead, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Arc;
@@ -35,6 +38,8 @@ const REPS: usize = 20;
 const CHILD_ENV: &str = "XINF_GPU_IPC_CHILD";
 /// Marks the child's protocol lines among libtest's own output.
 const MARK: &str = "XINF-IPC ";
+/// The decode process's GPU (an ordinal; 0 without it).
+const CHILD_GPU_ENV: &str = "XINF_GPU_IPC_CHILD_GPU";
 /// How long the parent waits for any answer of the child.
 const CHILD_WAIT: Duration = Duration::from_secs(120);
 
@@ -156,11 +161,12 @@ struct Peer {
 }
 
 impl Peer {
-    fn spawn(handle: &IpcHandle) -> Self {
+    fn spawn(handle: &IpcHandle, gpu: usize) -> Self {
         let exe = std::env::current_exe().expect("the test binary's path");
         let mut child = Command::new(exe)
             .args(["--exact", "transport::gpu_ipc_child", "--ignored", "--nocapture", "--test-threads=1"])
             .env(CHILD_ENV, handle.to_hex())
+            .env(CHILD_GPU_ENV, gpu.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -226,23 +232,82 @@ impl Drop for Peer {
     }
 }
 
-/// The handoff over CUDA IPC into a second process: the pages gathered here into an exported
-/// buffer, copied device to device by the decode process and scattered into its token pool,
-/// checked bit for bit there (against the same CPU reference) before and after the timed runs.
+/// The handoff over CUDA IPC into a second process on the same GPU: see [`ipc_handoff`].
 #[test]
 fn gpu_handoff_over_cuda_ipc() {
     let Some(g) = gpu() else { return };
+    let stream = g.stream().clone();
+    ipc_handoff(&g, 0, |n| {
+        format!("device-to-device memcpy on GPU 0 {}", timed_copy(n, memcpy_time(&stream, n)))
+    });
+}
+
+/// The handoff over CUDA IPC into a decode process on GPU 1, the prefill on GPU 0, as P/D with
+/// one GPU a role runs it: see [`ipc_handoff`]; the reference is a peer copy GPU 0 → GPU 1.
+#[test]
+fn gpu_handoff_over_cuda_ipc_between_gpus() {
+    let Some(g) = gpu() else { return };
+    let count = CudaContext::device_count().expect("counting GPUs");
+    if count < 2 {
+        eprintln!("SKIPPED gpu_handoff_over_cuda_ipc_between_gpus: {count} GPU here, it needs two");
+        return;
+    }
+    ipc_handoff(&g, 1, |n| format!("peer copy GPU 0 → GPU 1 {}", timed_copy(n, peer_copy_time(&g, 1, n))));
+}
+
+fn timed_copy(n: usize, s: f64) -> String {
+    format!("{} = {}", us(s), gbs(n, s))
+}
+
+/// A peer copy of `n` bytes from GPU `g`'s to a buffer on GPU `to` (seconds): the driver's own
+/// path between the two GPUs (NVLink, PCIe peer to peer, or through the host where neither).
+fn peer_copy_time(g: &GpuPages, to: usize, n: usize) -> f64 {
+    let src = g.stream().alloc_zeros::<u8>(n).expect("alloc");
+    let other = CudaContext::new(to).expect("the second GPU");
+    let dst_stream = other.default_stream();
+    let dst = dst_stream.alloc_zeros::<u8>(n).expect("alloc on the second GPU");
+    let stream = g.stream().clone();
+    let (src_ptr, _s) = src.device_ptr(&stream);
+    let (dst_ptr, _d) = dst.device_ptr(&dst_stream);
+    dst_stream.synchronize().expect("sync");
+    time(|| {
+        // The copy goes on GPU `g`'s stream, so its context is the thread's.
+        g.context().bind_to_thread().expect("binding GPU 0");
+        // SAFETY: both buffers are alive for the whole call (held above) and `n` bytes long;
+        // the copy is waited for before the next one or the buffers' drop.
+        #[allow(unsafe_code)]
+        unsafe {
+            cudarc::driver::result::memcpy_peer_async(
+                other.cu_ctx(),
+                dst_ptr,
+                g.context().cu_ctx(),
+                src_ptr,
+                n,
+                stream.cu_stream(),
+            )
+        }
+        .expect("peer copy");
+        stream.synchronize().expect("sync");
+    })
+}
+
+/// The handoff over CUDA IPC into a second process on GPU `child_gpu`: the pages gathered here
+/// into an exported buffer, copied device to device by the decode process and scattered into
+/// its token pool, checked bit for bit there (against the same CPU reference) before and after
+/// the timed runs. `reference` times a plain copy of the same bytes, once the decode process
+/// is gone, and says how long it took.
+fn ipc_handoff(g: &GpuPages, child_gpu: usize, reference: impl FnOnce(usize) -> String) {
     let stream = g.stream().clone();
     let f = Fixture::new();
     let n = f.moved();
     let src = upload(&stream, &f.sregions);
     let mut staging = DeviceBuffer::zeroed(&stream, n).expect("staging buffer");
-    gather_checked(&g, &f, &src, staging.slice_mut());
+    gather_checked(g, &f, &src, staging.slice_mut());
     let handle = staging.export_ipc(0..n).expect("exporting the staging buffer");
     assert_eq!(IpcHandle::from_hex(&handle.to_hex()).expect("hex"), handle);
     let sum = fnv(&bytes(&f.pages));
 
-    let mut peer = Peer::spawn(&handle);
+    let mut peer = Peer::spawn(&handle, child_gpu);
     peer.expect("ready");
     peer.check(sum);
 
@@ -269,12 +334,11 @@ fn gpu_handoff_over_cuda_ipc() {
     peer.check(sum);
     drop(peer);
     let (handoff, moved, move_scatter) = (median(handoffs), median(moves), median(move_scatters));
-    let memcpy = memcpy_time(&stream, n);
     eprintln!(
         "CUDA IPC handoff, {:.1} MB ({} pages, {LEN} tokens, Qwen2.5-0.5B shape, FP16, FA-HND-16 → token pool, \
-         two processes), median of {REPS}: handoff (gather + sync, signal, copy + scatter + sync in the decode \
-         process, reply) {} = {}; move alone (cuMemcpyDtoDAsync from the mapped handle + sync) {} = {}; \
-         move + scatter {}; gather {}; device-to-device memcpy of the same bytes {} = {}",
+         two processes, the decode one on GPU {child_gpu}), median of {REPS}: handoff (gather + sync, signal, \
+         copy + scatter + sync in the decode process, reply) {} = {}; move alone (cuMemcpyDtoDAsync from the \
+         mapped handle + sync) {} = {}; move + scatter {}; gather {}; {}",
         n as f64 / 1e6,
         f.count,
         us(handoff),
@@ -283,8 +347,7 @@ fn gpu_handoff_over_cuda_ipc() {
         gbs(n, moved),
         us(move_scatter),
         us(gather),
-        us(memcpy),
-        gbs(n, memcpy),
+        reference(n),
     );
 }
 
@@ -303,7 +366,8 @@ fn gpu_ipc_child() {
         writeln!(out, "\n{MARK}{line}").and_then(|()| out.flush()).expect("stdout");
     };
     let handle = IpcHandle::from_hex(&hex).expect("the handle");
-    let g = GpuPages::new(0).expect("the GPU in the decode process");
+    let ordinal = std::env::var(CHILD_GPU_ENV).ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let g = GpuPages::new(ordinal).expect("the GPU in the decode process");
     let stream = g.stream().clone();
     let mapping = IpcMapping::open(g.context(), &handle).expect("opening the handle");
     let f = Fixture::new();
