@@ -19,6 +19,7 @@ request id is reported twice.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -169,7 +170,8 @@ class XinfConnector(KVConnectorBase_V1):
             except Exception as e:  # noqa: BLE001 - a failed publish must not stop the engine
                 log.error("request %s: publishing KV as room %d: %s", save.request_id, save.room, e)
                 continue
-            log.info("request %s: KV published as room %d; %s", save.request_id, save.room, dict(self._host.stats()))
+            if log.isEnabledFor(logging.INFO):  # the counters are read only to be logged
+                log.info("request %s: KV published as room %d; %s", save.request_id, save.room, dict(self._host.stats()))
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self._loader is not None:
@@ -180,7 +182,8 @@ class XinfConnector(KVConnectorBase_V1):
                 self._finished.add(request_id)
                 started = self._load_started.pop(request_id, None)
                 ms = -1.0 if started is None else (time.perf_counter() - started) * 1e3
-                log.info("request %s: KV load %s in %.1f ms; %s", request_id, error or "done", ms, dict(self._loader.stats()))
+                if log.isEnabledFor(logging.INFO):
+                    log.info("request %s: KV load %s in %.1f ms; %s", request_id, error or "done", ms, dict(self._loader.stats()))
         done, self._finished = self._finished, set()
         return None, (done or None)
 
