@@ -276,22 +276,24 @@ impl Forward {
         self.matmul_narrow(lane, &lw.wo, &bufs.act, &mut bufs.delta, [hid, h * d, t])?;
 
         self.add_rmsnorm(s, bufs, false, &lw.mlp_norm, t_i)?;
-        if self.gate_up_silu(lane, &lw.w_gate_up, &bufs.act, &mut bufs.gu, [inter, hid, t])? {
-            return self.matmul_narrow(lane, &lw.w_down, &bufs.gu, &mut bufs.delta, [hid, inter, t]);
+        // SiLU(gate) · up: by one kernel into the gate/up buffer where `gemv_glu` fits, else
+        // the product and then `silu_mul` into `act`.
+        let fused = self.gate_up_silu(lane, &lw.w_gate_up, &bufs.act, &mut bufs.gu, [inter, hid, t])?;
+        if !fused {
+            self.matmul_narrow(lane, &lw.w_gate_up, &bufs.act, &mut bufs.gu, [2 * inter, hid, t])?;
+            let inter_i = inter as i32;
+            let mut b = s.launch_builder(&self.k.silu_mul);
+            b.arg(&bufs.gu).arg(&mut bufs.act).arg(&inter_i);
+            let grid = LaunchConfig {
+                grid_dim: (t_i, inter.div_ceil(2048) as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: see `record`'s doc.
+            unsafe { b.launch(grid) }.map_err(driver)?;
         }
-        self.matmul_narrow(lane, &lw.w_gate_up, &bufs.act, &mut bufs.gu, [2 * inter, hid, t])?;
-
-        let inter_i = inter as i32;
-        let mut b = s.launch_builder(&self.k.silu_mul);
-        b.arg(&bufs.gu).arg(&mut bufs.act).arg(&inter_i);
-        let grid = LaunchConfig {
-            grid_dim: (t_i, inter.div_ceil(2048) as u32, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: see `record`'s doc.
-        unsafe { b.launch(grid) }.map_err(driver)?;
-        self.matmul_narrow(lane, &lw.w_down, &bufs.act, &mut bufs.delta, [hid, inter, t])
+        let activated = if fused { &bufs.gu } else { &bufs.act };
+        self.matmul_narrow(lane, &lw.w_down, activated, &mut bufs.delta, [hid, inter, t])
     }
 
     /// Enqueues the kernel after the QKV matmul of layer `li`: the bias, the Q/K norms, RoPE,
