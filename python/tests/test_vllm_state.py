@@ -84,6 +84,39 @@ def test_a_decode_that_continues_after_the_shown_first_token_loads_the_whole_roo
     assert s.matched("one", decode(1), 2, 0) == 1
 
 
+def test_a_load_is_synchronous_only_while_no_other_request_is_live():
+    s = SchedulerState(16)
+    assert s.matched("a", decode(130), 130, 0) == 129 and s.loads_synchronously("a")
+    # Asked again (its blocks did not fit), and meanwhile another request came: asynchronous,
+    # and the load vLLM is told about is the one the worker gets.
+    assert s.matched("x", None, 10, 0) == 0 and not s.loads_synchronously("x")
+    assert s.matched("a", decode(130), 130, 0) == 129 and not s.loads_synchronously("a")
+    s.allocated("a", decode(130), 130, list(range(1, 10)), 129)
+    [load] = s.step([], [], {}).loads
+    assert not load.sync
+    s.finished("x", ok=True)
+    assert s.matched("b", decode(70), 70, 0) == 69 and not s.loads_synchronously("b")  # "a" runs
+    s.finished("a", ok=True)
+    s.finished("b", ok=False)
+    assert s.matched("c", decode(70), 70, 0) == 69 and s.loads_synchronously("c")
+    s.allocated("c", decode(70), 70, [4, 5, 6, 7, 8], 69)
+    [load] = s.step([], [], {}).loads
+    assert load.sync and (load.start, load.end) == (0, 69)
+    s.finished("c", ok=True)
+    assert not s.loads_synchronously("c")
+    # Nothing to load is never a synchronous load.
+    assert s.matched("d", decode(64), 66, 0) == 0 and not s.loads_synchronously("d")
+
+
+def test_synchronous_loads_follow_the_limit_of_other_live_requests():
+    never = SchedulerState(16, sync_max_live=-1)
+    assert never.matched("a", decode(130), 130, 0) == 129 and not never.loads_synchronously("a")
+    two = SchedulerState(16, sync_max_live=2)
+    for i, sync in enumerate([True, True, True, False]):
+        assert two.matched(f"r{i}", decode(130), 130, 0) == 129
+        assert two.loads_synchronously(f"r{i}") == sync
+
+
 def test_a_decode_whose_room_holds_another_prompt_computes_it():
     s = SchedulerState(16)
     assert s.matched("d", decode(64), 66, 0) == 0

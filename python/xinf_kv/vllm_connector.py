@@ -9,12 +9,15 @@ The scheduler side (``vllm_state.SchedulerState``) decides; the worker side move
 through ``xinf_kv._native``: a prefill's KV is gathered into staging right after the forward
 that computed it and served as a room by a page server in this process (``PageHost``); a
 decode's KV is fetched and scattered into the blocks vLLM allocated, in the background
-(``PageLoader``), and reported through ``get_finished``. Only the per-request hooks are used,
-never the per-layer ones, so CUDA graphs need no change.
+(``PageLoader``), and reported through ``get_finished``; or, when the engine has nothing else
+to run, synchronously: ``start_load_kv`` waits for it before the step's forward, which saves
+vLLM's idle iterations (see ``vllm_state``). Only the per-request hooks are used, never the
+per-layer ones, so CUDA graphs need no change.
 
 Rules vLLM imposes, kept here: no scheduler hook raises (an exception stops EngineCore); a
-failed load is reported by its block ids, and its request still in ``finished_recving``; no
-request id is reported twice.
+failed load is reported by its block ids, and an asynchronous one's request still in
+``finished_recving``; a synchronous load's request never is (vLLM runs it already); no request
+id is reported twice.
 """
 
 from __future__ import annotations
@@ -37,8 +40,16 @@ from xinf_kv.log import log
 from xinf_kv.vllm_state import Meta, SchedulerState
 
 
-#: Time limit of one load, in milliseconds.
+#: Time limit of one load's fetch, in milliseconds.
 LOAD_TIMEOUT_MS = int(os.environ.get("XINF_KV_LOAD_TIMEOUT_MS", "30000"))
+#: The same for a synchronous load, which holds up the engine's step: past it the request's
+#: prompt is recomputed instead.
+SYNC_LOAD_TIMEOUT_MS = int(os.environ.get("XINF_KV_SYNC_LOAD_TIMEOUT_MS", "2000"))
+#: Loads are synchronous while at most this many other requests are live on the engine
+#: (-1: never).
+SYNC_LOAD_MAX_LIVE = int(os.environ.get("XINF_KV_SYNC_LOAD_MAX_LIVE", "0"))
+#: How long past its fetch's time limit a synchronous load may still take to scatter.
+SYNC_SCATTER_GRACE_S = 30.0
 
 
 @dataclass
@@ -71,17 +82,20 @@ class XinfConnector(KVConnectorBase_V1):
         self._role_name = getattr(cfg, "kv_role", "kv_both")
         self._page_ip = str(extra.get("page_ip", "127.0.0.1"))
         block_size = int(vllm_config.cache_config.block_size)
-        self._state = SchedulerState(block_size) if role == KVConnectorRole.SCHEDULER else None
+        self._state = SchedulerState(block_size, SYNC_LOAD_MAX_LIVE) if role == KVConnectorRole.SCHEDULER else None
         # Worker side.
         self._layout = None
         self._regions: list[int] = []
         self._host = None
         self._loader = None
+        self._device: int | None = None
         self._block_size = block_size
         self._loading: dict[str, list[int]] = {}
         # When each load started (``time.perf_counter``), for the debug timings.
         self._load_started: dict[str, float] = {}
         self._finished: set[str] = set()
+        # Synchronous loads started in this step and not yet done.
+        self._sync: set[str] = set()
         self._bad_blocks: set[int] = set()
 
     # ==== worker side =====================================================================
@@ -100,6 +114,7 @@ class XinfConnector(KVConnectorBase_V1):
         self._layout = _native.Layout(**args)
         self._regions = [vllm_layout.address(t) for t in tensors]
         device = tensors[0].device.index if tensors[0].is_cuda else None
+        self._device = device
         if self._role_name in ("kv_producer", "kv_both"):
             self._host = _native.PageHost(self._page_ip, device)
             _LOCAL = XinfHandshake(self._host.endpoint, self._host.kv_device)
@@ -123,6 +138,8 @@ class XinfConnector(KVConnectorBase_V1):
             return
         for load in meta.loads:
             self._loading[load.request_id] = self._load_blocks(load.block_ids, load.start, load.end)
+            if load.sync:
+                self._sync.add(load.request_id)
             if self._loader is None or self._layout is None:
                 log.error("request %s: this engine cannot load KV (no loader); recomputing", load.request_id)
                 self._fail(load.request_id)
@@ -138,11 +155,22 @@ class XinfConnector(KVConnectorBase_V1):
                     self._regions,
                     load.block_ids,
                     (load.start, load.end),
-                    LOAD_TIMEOUT_MS,
+                    SYNC_LOAD_TIMEOUT_MS if load.sync else LOAD_TIMEOUT_MS,
                 )
             except Exception as e:  # noqa: BLE001 - a bad load must not stop the engine
                 log.error("request %s: loading KV: %s", load.request_id, e)
                 self._fail(load.request_id)
+        # The step's forward reads what synchronous loads write: wait for each to be done
+        # (failed or not: a load that ran out of time still scatters what it fetched before it
+        # reports, so none writes after this returns).
+        give_up = time.monotonic() + SYNC_LOAD_TIMEOUT_MS / 1e3 + SYNC_SCATTER_GRACE_S
+        while self._sync and self._loader is not None:
+            self._harvest(self._loader.wait(0.05))
+            if self._sync and time.monotonic() > give_up:
+                # Only a load whose task died reports nothing: nothing of it can write later.
+                for request_id in list(self._sync):
+                    log.error("request %s: its KV load never reported; recomputing", request_id)
+                    self._fail(request_id)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return
@@ -154,6 +182,9 @@ class XinfConnector(KVConnectorBase_V1):
         meta = self._meta()
         if meta is None or not meta.saves:
             return
+        # The forward computed the KV on the current stream, and later steps reuse blocks on it:
+        # the gather is queued there and nothing waits (fetches wait for it).
+        stream = self._stream()
         for save in meta.saves:
             if self._host is None or self._layout is None:
                 log.error("request %s: this engine cannot publish KV (no page host)", save.request_id)
@@ -166,6 +197,7 @@ class XinfConnector(KVConnectorBase_V1):
                     save.block_ids,
                     save.prompt_len,
                     save.lease_ms,
+                    stream=stream,
                 )
             except Exception as e:  # noqa: BLE001 - a failed publish must not stop the engine
                 log.error("request %s: publishing KV as room %d: %s", save.request_id, save.room, e)
@@ -175,15 +207,7 @@ class XinfConnector(KVConnectorBase_V1):
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self._loader is not None:
-            for request_id, error in self._loader.poll():
-                blocks = self._loading.pop(request_id, [])
-                if error is not None:
-                    self._bad_blocks.update(blocks)
-                self._finished.add(request_id)
-                started = self._load_started.pop(request_id, None)
-                ms = -1.0 if started is None else (time.perf_counter() - started) * 1e3
-                if log.isEnabledFor(logging.INFO):
-                    log.info("request %s: KV load %s in %.1f ms; %s", request_id, error or "done", ms, dict(self._loader.stats()))
+            self._harvest(self._loader.poll())
         done, self._finished = self._finished, set()
         return None, (done or None)
 
@@ -205,7 +229,7 @@ class XinfConnector(KVConnectorBase_V1):
         except Exception as e:  # noqa: BLE001
             log.error("request %s: %s", getattr(request, "request_id", "?"), e)
             return 0, False
-        return n, n > 0
+        return n, n > 0 and not self._state.loads_synchronously(request.request_id)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         try:
@@ -259,14 +283,41 @@ class XinfConnector(KVConnectorBase_V1):
         m = self._get_connector_metadata()
         return m.meta if isinstance(m, XinfMetadata) else None
 
+    def _stream(self) -> int | None:
+        """The raw CUDA stream the engine runs its forward on (``None``: host memory)."""
+        if self._device is None:
+            return None
+        import torch
+
+        return int(torch.cuda.current_stream(self._device).cuda_stream)
+
     def _load_blocks(self, block_ids: list[int], start: int, end: int) -> list[int]:
         b = self._block_size
         return list(block_ids[start // b : -(-end // b)])
 
+    def _harvest(self, done: list[tuple[str, str | None]]) -> None:
+        """Takes in finished loads: a failed one's blocks are reported bad; an asynchronous one
+        is reported finished, a synchronous one only leaves the step's wait."""
+        for request_id, error in done:
+            blocks = self._loading.pop(request_id, [])
+            if error is not None:
+                self._bad_blocks.update(blocks)
+            self._finish(request_id)
+            started = self._load_started.pop(request_id, None)
+            ms = -1.0 if started is None else (time.perf_counter() - started) * 1e3
+            if log.isEnabledFor(logging.INFO):
+                log.info("request %s: KV load %s in %.1f ms; %s", request_id, error or "done", ms, dict(self._loader.stats()))
+
     def _fail(self, request_id: str) -> None:
         self._load_started.pop(request_id, None)
         self._bad_blocks.update(self._loading.pop(request_id, []))
-        self._finished.add(request_id)
+        self._finish(request_id)
+
+    def _finish(self, request_id: str) -> None:
+        if request_id in self._sync:
+            self._sync.discard(request_id)
+        else:
+            self._finished.add(request_id)
 
     def _learn_endpoint(self) -> None:
         if self._state is not None and self._state.endpoint is None and _LOCAL is not None:

@@ -15,6 +15,13 @@ engine: every method here is total (bad input is logged and ignored). The rules 
   ``ceil((N - 1) / 64)`` pages are imported), loaded asynchronously into the blocks vLLM
   allocates; tokens a local prefix-cache hit already holds are not loaded again. A load is
   asked for once per request: a request preempted later recomputes instead.
+- **synchronous loads when idle**: vLLM schedules a request whose load is asynchronous only
+  after at least three engine iterations without a forward (start, see it finished, process
+  that output), each ending in a 1 ms sleep. When no other request is live (at most
+  ``sync_max_live``), the load is asked for synchronously instead: the request is scheduled in
+  the same step, and the worker waits for its KV before that step's forward, which no other
+  request shares. The choice is made once per ``matched`` call and copied into the ``Load``, so
+  what vLLM acted on and what the worker does always agree.
 """
 
 from __future__ import annotations
@@ -50,6 +57,9 @@ class Load:
     block_ids: list[int]
     start: int
     end: int
+    #: Whether vLLM schedules the request in this same step: the worker must finish the load
+    #: before the forward and never report it in ``get_finished``.
+    sync: bool = False
 
 
 @dataclass
@@ -71,8 +81,10 @@ class _Prefill:
 class SchedulerState:
     """The connector's per-request bookkeeping on vLLM's scheduler."""
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, sync_max_live: int = 0) -> None:
         self.block_size = block_size
+        #: Loads are synchronous while at most this many other requests are live (-1: never).
+        self.sync_max_live = sync_max_live
         self.endpoint: str | None = None
         self.device: str | None = None
         self._prefills: dict[str, _Prefill] = {}
@@ -80,11 +92,26 @@ class SchedulerState:
         self._loads: list[Load] = []
         # Prompt tokens computed so far by each followed prefill.
         self._computed: dict[str, int] = {}
+        # Requests vLLM has asked about and not finished, and the last load mode told to vLLM.
+        self._live: set[str] = set()
+        self._sync: dict[str, bool] = {}
 
     # -- hooks ---------------------------------------------------------------------------
 
     def matched(self, request_id: str, params: object, prompt_len: int, num_computed: int) -> int:
-        """Tokens to load externally for a waiting request (0: none)."""
+        """Tokens to load externally for a waiting request (0: none); whether the load is
+        synchronous is then ``loads_synchronously``."""
+        self._live.add(request_id)
+        n = self._matched(request_id, params, prompt_len, num_computed)
+        others = len(self._live) - 1
+        self._sync[request_id] = n > 0 and 0 <= self.sync_max_live and others <= self.sync_max_live
+        return n
+
+    def loads_synchronously(self, request_id: str) -> bool:
+        """Whether the load the last ``matched`` call asked for is synchronous."""
+        return self._sync.get(request_id, False)
+
+    def _matched(self, request_id: str, params: object, prompt_len: int, num_computed: int) -> int:
         handoff = self._parse(request_id, params)
         if not isinstance(handoff, DecodeParams) or request_id in self._asked:
             return 0
@@ -110,8 +137,9 @@ class SchedulerState:
             self._asked.add(request_id)
             end = prompt_len - 1
             start = end - external
+            sync = self._sync.get(request_id, False)
             self._loads.append(
-                Load(request_id, handoff.room, handoff.endpoint, handoff.device, list(block_ids), start, end)
+                Load(request_id, handoff.room, handoff.endpoint, handoff.device, list(block_ids), start, end, sync)
             )
 
     def step(
@@ -152,6 +180,8 @@ class SchedulerState:
     def finished(self, request_id: str, ok: bool) -> dict | None:
         """The request is done; the ``kv_transfer_params`` its answer carries, if any."""
         self._asked.discard(request_id)
+        self._live.discard(request_id)
+        self._sync.pop(request_id, None)
         self._computed.pop(request_id, None)
         p = self._prefills.pop(request_id, None)
         if p is None or not p.saved or not ok:

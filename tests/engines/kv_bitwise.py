@@ -7,7 +7,8 @@ Opt-in (XINF_TEST_ENGINES=1 or XINF_TEST_GPU=1; needs a GPU, torch and a `cuda` 
 xinf_kv). For each direction — vLLM's paged-packed cache (NHD, blocks of 16) → SGLang's token
 pool, and SGLang's pool → vLLM's cache (all but the last token, as vLLM's decode imports) — at
 65, 129 and 193 tokens: a prefill process fills its cache with random bits and publishes a
-room (``PageHost.publish``, gathered into GPU staging), this process loads it into its own
+room (``PageHost.publish``, gathered into GPU staging; vLLM's cache on the stream that wrote
+it, which then overwrites it at once), this process loads it into its own
 cache (``PageLoader``, CUDA IPC) and compares every written slot with the source and every
 other slot with what was there; the counters must show GPU bytes moved and no host copy.
 
@@ -85,8 +86,19 @@ def prefill(conn):
             caches = vllm_caches(torch, nb, gen)
             table = torch.randperm(nb - 1, generator=torch.Generator().manual_seed(n))[: -(-n // B)].add(1).tolist()
             layout = _native.Layout(**vllm_layout.describe(caches))
-            host.publish(room, layout, [vllm_layout.address(c) for c in caches], table, n, 60_000)
-            ref = token_kv_vllm(torch, caches, table, n)
+            # As vLLM's connector publishes: on the stream the forward writes the KV on and
+            # later steps reuse the blocks on, with no host wait. The "forward" here comes late
+            # (behind a spin) and the blocks are overwritten right after the publish, so the
+            # room holds these bits only if the gather was ordered between the two.
+            kv = vllm_caches(torch, nb, gen)
+            ref = token_kv_vllm(torch, kv, table, n)
+            torch.cuda._sleep(20_000_000)
+            for c, k in zip(caches, kv):
+                c.copy_(k)
+            stream = torch.cuda.current_stream().cuda_stream
+            host.publish(room, layout, [vllm_layout.address(c) for c in caches], table, n, 60_000, stream=stream)
+            for c in caches:
+                c.zero_()
         else:
             pools = sglang_pools(torch, n + 50, gen)
             slots = torch.randperm(n + 49, generator=torch.Generator().manual_seed(n))[:n].add(1).tolist()

@@ -282,7 +282,34 @@ impl GpuPages {
         let copy =
             Copy { direction: Direction::Gather, desc, es: elem_bytes, block_table, start: 0, len, range };
         // SAFETY: the caller's contract is this function's.
-        unsafe { self.launch_raw(&copy, regions, pages, pages_len) }
+        unsafe { self.launch_raw(&self.stream, &copy, regions, pages, pages_len) }
+    }
+
+    /// [`gather_raw`](Self::gather_raw) queued on `stream` instead of this crate's own: the
+    /// stream another runtime computed the KV on and will reuse its memory on, so the gather
+    /// is ordered after the one and before the other without any host wait.
+    ///
+    /// # Safety
+    /// As for [`gather_raw`](Self::gather_raw), with "until the queued copy is over" meaning
+    /// until work recorded on `stream` after this call is done; and `stream` must be a live
+    /// stream of this context for the whole call.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gather_raw_on(
+        &self,
+        stream: &Arc<CudaStream>,
+        desc: &LayoutDescriptor,
+        elem_bytes: usize,
+        regions: &[u64],
+        block_table: &[u32],
+        len: usize,
+        range: Range<usize>,
+        pages: u64,
+        pages_len: usize,
+    ) -> Result<(), GpuError> {
+        let copy =
+            Copy { direction: Direction::Gather, desc, es: elem_bytes, block_table, start: 0, len, range };
+        // SAFETY: the caller's contract is this function's.
+        unsafe { self.launch_raw(stream, &copy, regions, pages, pages_len) }
     }
 
     /// Queues the scatter of `pages` (pages `range` of a `len`-token sequence) into engine memory
@@ -313,7 +340,7 @@ impl GpuPages {
             range,
         };
         // SAFETY: the caller's contract is this function's.
-        unsafe { self.launch_raw(&copy, regions, pages, pages_len) }
+        unsafe { self.launch_raw(&self.stream, &copy, regions, pages, pages_len) }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -347,13 +374,14 @@ impl GpuPages {
         let copy = Copy { direction, desc, es, block_table, start: 0, len, range };
         // SAFETY: the regions and pages are live buffers of this context, borrowed (with their
         // stream guards) for the whole call, of the lengths checked above and passed.
-        unsafe { self.launch_raw(&copy, &bases, pages_ptr, pages.len()) }
+        unsafe { self.launch_raw(stream, &copy, &bases, pages_ptr, pages.len()) }
     }
 
     /// # Safety
     /// As for [`gather_raw`](Self::gather_raw).
     unsafe fn launch_raw(
         &self,
+        stream: &Arc<CudaStream>,
         copy: &Copy<'_>,
         bases: &[u64],
         pages_ptr: u64,
@@ -381,7 +409,6 @@ impl GpuPages {
         {
             return shape(format!("the block table must name {needed} blocks below {}", desc.num_blocks));
         }
-        let stream = &self.stream;
         // The farthest engine byte a row can reach, checked against every plane's region.
         let max_blk = block_table.iter().take(needed).copied().max().unwrap_or(0) as usize;
         let row_span = ((h - 1) * desc.s_head + d) * es;

@@ -20,7 +20,9 @@
 # timings: XINF_LOG=info,xinf_engine_external=debug (xinf's log) and XINF_KV_LOG=info (the
 # connectors' load and publish times, in the engine servers' logs under ~/.xinf/logs).
 # VLLM_EXTRA and SGLANG_EXTRA add keys to every vLLM or SGLang replica's engine_config, e.g.
-# SGLANG_EXTRA='"enable_request_time_stats_logging":true' (SGLang's per-request stage times).
+# SGLANG_EXTRA='"enable_request_time_stats_logging":true' (SGLang's per-request stage times);
+# VLLM_ENV and SGLANG_ENV add variables to their servers' environment, e.g.
+# VLLM_ENV='"XINF_KV_SYNC_LOAD_MAX_LIVE":"-1"' (vLLM decode legs always load asynchronously).
 # Prefix caching is off in every engine; PREFIX_CACHE=1 turns it on in all of them (vLLM's
 # enable_prefix_caching, SGLang's radix cache, the native engine's enable_prefix_caching), and
 # SHARED_PREFIX=N makes every prompt begin with the same N tokens (`xinf bench
@@ -45,10 +47,10 @@ mkdir -p "$W" "$OUT"
 CACHE=$([ "${PREFIX_CACHE:-0}" = 1 ] && echo true || echo false)
 NO_CACHE=$([ "$CACHE" = true ] && echo false || echo true)
 vllm() {  # engine_config of a vLLM replica
-    echo "{\"env\":{\"PYTHONPATH\":\"${VLLM_PYTHONPATH:-}\",\"XINF_KV_LOG\":\"${XINF_KV_LOG:-}\",\"VLLM_USE_FLASHINFER_SAMPLER\":\"0\"},\"gpu_memory_utilization\":$MEM,\"enable_prefix_caching\":$CACHE,\"context_length\":4096${VLLM_EXTRA:+,$VLLM_EXTRA}}"
+    echo "{\"env\":{\"PYTHONPATH\":\"${VLLM_PYTHONPATH:-}\",\"XINF_KV_LOG\":\"${XINF_KV_LOG:-}\",\"VLLM_USE_FLASHINFER_SAMPLER\":\"0\"${VLLM_ENV:+,$VLLM_ENV}},\"gpu_memory_utilization\":$MEM,\"enable_prefix_caching\":$CACHE,\"context_length\":4096${VLLM_EXTRA:+,$VLLM_EXTRA}}"
 }
 sglang() {
-    echo "{\"env\":{\"PYTHONPATH\":\"${SGLANG_PYTHONPATH:-}\",\"XINF_KV_LOG\":\"${XINF_KV_LOG:-}\"},\"gpu_memory_utilization\":$MEM,\"attention_backend\":\"triton\",\"sampling_backend\":\"pytorch\",\"disable_radix_cache\":$NO_CACHE,\"context_length\":4096${SGLANG_EXTRA:+,$SGLANG_EXTRA}}"
+    echo "{\"env\":{\"PYTHONPATH\":\"${SGLANG_PYTHONPATH:-}\",\"XINF_KV_LOG\":\"${XINF_KV_LOG:-}\"${SGLANG_ENV:+,$SGLANG_ENV}},\"gpu_memory_utilization\":$MEM,\"attention_backend\":\"triton\",\"sampling_backend\":\"pytorch\",\"disable_radix_cache\":$NO_CACHE,\"context_length\":4096${SGLANG_EXTRA:+,$SGLANG_EXTRA}}"
 }
 native() {  # NATIVE_CONFIG replaces it
     echo "${NATIVE_CONFIG:-{\"gpu_memory_utilization\":$MEM,\"enable_prefix_caching\":$CACHE,\"context_length\":4096\}}"

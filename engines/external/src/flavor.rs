@@ -189,9 +189,11 @@ impl Flavor {
                 if role == KvRole::Producer {
                     // SGLang's prefill mode turns its prefill CUDA graph off, which an ordinary
                     // server keeps on: a 733-token prompt's prefill leg took 35.7 ms (median) on
-                    // an H200 against 14.1 ms with the graph, and 16.9 ms for the ordinary
-                    // server's first token. A user's own setting comes later and wins.
-                    push("cuda-graph-backend-prefill", "tc_piecewise".into());
+                    // an H200 against 14.1 ms with the graph. The backend is the ordinary CUDA
+                    // server's own, `breakable`: with it C1 TTFT p50 was 0.71× that with
+                    // `tc_piecewise` (five paired runs, H100). A user's own setting comes later
+                    // and wins.
+                    push("cuda-graph-backend-prefill", "breakable".into());
                 }
             }
             (_, None) => {}

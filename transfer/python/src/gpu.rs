@@ -7,6 +7,8 @@
 
 use crate::layout::Layout;
 use crate::load::{Counters, Load};
+use cudarc::driver::CudaEvent;
+use cudarc::driver::sys::CUstream;
 use pyo3::PyResult;
 use pyo3::exceptions::PyRuntimeError;
 use std::collections::HashMap;
@@ -120,10 +122,29 @@ fn scatter(gpu: &Gpu, load: &Load, first: u32, count: u32, pages: u64, len: usiz
     gpu.pages.synchronize().map_err(|e| e.to_string())
 }
 
+/// Where a prompt's KV is when [`gather`] is called, and how the gather is ordered with the
+/// engine's work.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum KvOrder {
+    /// On some stream of the engine's: the gather waits for everything queued on the device,
+    /// and for itself before returning.
+    Device,
+    /// Computed and waited for by the engine already: the gather waits only for itself.
+    Ready,
+    /// On this engine stream (a raw `CUstream`), which will also reuse the memory: the gather
+    /// is queued on it and nothing waits; the pages are ready once the returned event is.
+    Stream(u64),
+}
+
+/// A prompt's pages gathered into staging, and the event after which they are there.
+pub(crate) struct Gathered {
+    pub(crate) staged: Exported,
+    pub(crate) gpu: Arc<Gpu>,
+    pub(crate) done: CudaEvent,
+}
+
 /// Gathers a `prompt_len`-token prompt's pages on GPU `ordinal` into pooled staging memory of
-/// `len` bytes, waiting for the engine's queued work first (it computed the KV on streams of its
-/// own) unless `kv_ready` (the engine waited for it already), and for the gather itself before
-/// returning.
+/// `len` bytes, ordered with the engine's work as `order` says.
 pub(crate) fn gather(
     ordinal: usize,
     layout: &Layout,
@@ -131,35 +152,47 @@ pub(crate) fn gather(
     block_table: &[u32],
     prompt_len: usize,
     len: usize,
-    kv_ready: bool,
-) -> Result<(Exported, Arc<Gpu>), String> {
+    order: KvOrder,
+) -> Result<Gathered, String> {
     let gpu = gpu(ordinal).map_err(|e| e.to_string())?;
     let staged = gpu.handoff.export_staging(DeviceRoute::CudaIpc, len).map_err(|e| e.to_string())?;
     let addr = staged.buffer().map_err(|e| e.to_string())?.device_addr();
     let pages = xinf_transfer::pages_for(prompt_len);
-    {
-        let _busy = lock(&gpu.busy);
-        if !kv_ready {
+    let busy = lock(&gpu.busy);
+    let stream = match order {
+        // SAFETY: the engine passes its live stream of this GPU's primary context (torch's
+        // `current_stream().cuda_stream`), which outlives this call; work on it is ordered by
+        // the stream itself, and the staging memory is held until the event below is done.
+        KvOrder::Stream(s) => unsafe { gpu.pages.context().wrap_borrowed_stream(s as CUstream) },
+        KvOrder::Device => {
             gpu.pages.context().synchronize().map_err(|e| e.to_string())?;
+            gpu.pages.stream().clone()
         }
-        // SAFETY: `regions` are the engine's live KV tensors on this GPU (the connector passes
-        // their `data_ptr()`s, each `region_bytes` long as the layout was built from), `addr`
-        // the staging buffer of at least `len` bytes held above; the gather is waited for
-        // below, before either can go away.
-        unsafe {
-            gpu.pages.gather_raw(
-                &layout.desc,
-                layout.elem_bytes,
-                regions,
-                block_table,
-                prompt_len,
-                0..pages,
-                addr,
-                len,
-            )
-        }
-        .map_err(|e| e.to_string())?;
-        gpu.pages.synchronize().map_err(|e| e.to_string())?;
+        KvOrder::Ready => gpu.pages.stream().clone(),
+    };
+    // SAFETY: `regions` are the engine's live KV tensors on this GPU (the connector passes
+    // their `data_ptr()`s, each `region_bytes` long as the layout was built from), `addr` the
+    // staging buffer of at least `len` bytes, held with the event that says the gather is done
+    // (a room waits for it before serving or freeing them); the engine reuses its blocks only
+    // after this returns (`Device`, `Ready`: waited for below) or on `stream` after the gather.
+    unsafe {
+        gpu.pages.gather_raw_on(
+            &stream,
+            &layout.desc,
+            layout.elem_bytes,
+            regions,
+            block_table,
+            prompt_len,
+            0..pages,
+            addr,
+            len,
+        )
     }
-    Ok((staged, gpu))
+    .map_err(|e| e.to_string())?;
+    let done = stream.record_event(None).map_err(|e| e.to_string())?;
+    if !matches!(order, KvOrder::Stream(_)) {
+        done.synchronize().map_err(|e| e.to_string())?;
+    }
+    drop(busy);
+    Ok(Gathered { staged, gpu, done })
 }

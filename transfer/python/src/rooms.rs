@@ -30,8 +30,24 @@ const SWEEP: Duration = Duration::from_millis(250);
 /// What a room's pages are in.
 enum Memory {
     Host(Vec<u8>),
+    /// GPU staging, which holds the pages once its gather's event is done: a fetch waits for
+    /// that, and so does freeing the memory (the pool would hand it to another gather).
     #[cfg(feature = "cuda")]
-    Device(xinf_transfer::gpu_handoff::Exported, Arc<crate::gpu::Gpu>),
+    Device(crate::gpu::Gathered),
+}
+
+impl Memory {
+    /// Waits until the pages are in this memory.
+    fn ready(&self) -> Result<(), TransferError> {
+        #[cfg(feature = "cuda")]
+        if let Memory::Device(g) = self {
+            return g
+                .done
+                .synchronize()
+                .map_err(|e| TransferError::Source(format!("GPU: gathering the pages: {e}")));
+        }
+        Ok(())
+    }
 }
 
 /// A room's staged pages; their bytes leave the budget when the last holder (the room, or a
@@ -44,8 +60,19 @@ struct Staged {
 
 impl Drop for Staged {
     fn drop(&mut self) {
+        if let Err(e) = self.memory.ready() {
+            tracing::error!(error = %e, "freeing KV staging memory whose gather failed");
+        }
         self.accounted.staged_bytes.fetch_sub(self.len as u64, Ordering::Relaxed);
     }
+}
+
+/// How a publish is ordered with the engine's work (see [`PageHost::publish`]).
+#[derive(Clone, Copy)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+struct Order {
+    kv_ready: bool,
+    stream: Option<u64>,
 }
 
 struct Room {
@@ -134,6 +161,10 @@ impl PageProvider for Rooms {
         let counters = self.counters.clone();
         Box::pin(async move {
             let (staged, range) = claimed?;
+            let staged =
+                tokio::task::spawn_blocking(move || staged.memory.ready().map(|()| staged))
+                    .await
+                    .map_err(|e| TransferError::Source(format!("waiting for staged pages stopped: {e}")))??;
             let lease = device_lease(staged, range, route)?;
             counters.device_bytes_out.fetch_add(lease.len() as u64, Ordering::Relaxed);
             Ok(lease)
@@ -151,10 +182,11 @@ impl PageProvider for Rooms {
 
 /// Bytes `range` of staged pages, in host memory.
 fn read_host(staged: &Staged, range: std::ops::Range<usize>) -> Result<Vec<u8>, TransferError> {
+    staged.memory.ready()?;
     match &staged.memory {
         Memory::Host(bytes) => Ok(bytes[range].to_vec()),
         #[cfg(feature = "cuda")]
-        Memory::Device(exported, gpu) => {
+        Memory::Device(crate::gpu::Gathered { staged: exported, gpu, .. }) => {
             let gpu_err = |e: String| TransferError::Source(format!("GPU: {e}"));
             let buffer = exported.buffer().map_err(|e| gpu_err(e.to_string()))?;
             let view = buffer.slice().slice(range);
@@ -173,7 +205,7 @@ fn device_lease(
 ) -> Result<DeviceLease, TransferError> {
     match (&staged.memory, route) {
         #[cfg(feature = "cuda")]
-        (Memory::Device(exported, _), DeviceRoute::CudaIpc) => {
+        (Memory::Device(crate::gpu::Gathered { staged: exported, .. }), DeviceRoute::CudaIpc) => {
             let gpu_err = |e: String| TransferError::Source(format!("GPU: {e}"));
             let buffer = exported.buffer().map_err(|e| gpu_err(e.to_string()))?;
             let handle = buffer.export_ipc(range.clone()).map_err(|e| gpu_err(e.to_string()))?;
@@ -261,12 +293,17 @@ impl PageHost {
     /// `layout`, blocks `block_table`) into staging and publishes it as `room` for `lease_ms`.
     /// Returns the room's page count. The engine's memory may be reused once this returns.
     ///
-    /// On a GPU the gather first waits for all work queued on the device, since the engine may
-    /// have computed the KV on any of its streams; `kv_ready` says the engine has waited for that
-    /// work itself (SGLang, whose scheduler synchronizes a batch's results before handing its
-    /// requests over), so the gather does not wait for the batch the engine queued after it.
+    /// On a GPU the gather is ordered with the engine's work in one of three ways:
+    /// - `stream` (a raw `CUstream`, e.g. torch's `current_stream().cuda_stream`): the stream
+    ///   the engine computed the KV on and will reuse its blocks on. The gather is queued there
+    ///   and nothing waits: fetches of the room wait for it instead (vLLM, which publishes from
+    ///   its forward pass).
+    /// - `kv_ready`: the engine has waited for the KV itself (SGLang, whose scheduler
+    ///   synchronizes a batch's results before handing its requests over), so the gather does
+    ///   not wait for the batch the engine queued after it; it waits for itself.
+    /// - neither: it waits for all work queued on the device first, then for itself.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (room, layout, regions, block_table, prompt_len, lease_ms, kv_ready = false))]
+    #[pyo3(signature = (room, layout, regions, block_table, prompt_len, lease_ms, kv_ready = false, stream = None))]
     fn publish(
         &self,
         py: Python<'_>,
@@ -277,12 +314,14 @@ impl PageHost {
         prompt_len: usize,
         lease_ms: u64,
         kv_ready: bool,
+        stream: Option<u64>,
     ) -> PyResult<u32> {
         let pages = xinf_transfer::pages_for(prompt_len);
         layout.check(&regions, &block_table, &(0..prompt_len), &(0..pages))?;
         let len = pages * layout.page_bytes_usize();
         self.admit(room, layout, len)?;
-        let memory = match self.stage(py, layout, &regions, &block_table, prompt_len, len, kv_ready) {
+        let order = Order { kv_ready, stream };
+        let memory = match self.stage(py, layout, &regions, &block_table, prompt_len, len, order) {
             Ok(memory) => memory,
             Err(e) => {
                 // The bytes reserved above were never staged.
@@ -339,7 +378,7 @@ impl PageHost {
 
 impl PageHost {
     /// Gathers a prompt's pages into this host's staging memory: host memory, or pooled GPU
-    /// memory on the host's GPU (without the GIL: the gather waits for the engine's queued work).
+    /// memory on the host's GPU (without the GIL: the gather may wait for the engine's work).
     #[allow(clippy::too_many_arguments)]
     fn stage(
         &self,
@@ -349,7 +388,7 @@ impl PageHost {
         block_table: &[u32],
         prompt_len: usize,
         len: usize,
-        kv_ready: bool,
+        order: Order,
     ) -> PyResult<Memory> {
         let pages = xinf_transfer::pages_for(prompt_len);
         let Some(ordinal) = self.device else {
@@ -358,16 +397,20 @@ impl PageHost {
         };
         #[cfg(feature = "cuda")]
         {
-            let (staged, gpu) = py
-                .detach(|| {
-                    crate::gpu::gather(ordinal, layout, regions, block_table, prompt_len, len, kv_ready)
-                })
+            use crate::gpu::KvOrder;
+            let order = match order {
+                Order { stream: Some(s), .. } => KvOrder::Stream(s),
+                Order { kv_ready: true, .. } => KvOrder::Ready,
+                Order { .. } => KvOrder::Device,
+            };
+            let gathered = py
+                .detach(|| crate::gpu::gather(ordinal, layout, regions, block_table, prompt_len, len, order))
                 .map_err(|e| PyRuntimeError::new_err(format!("gathering KV pages on GPU {ordinal}: {e}")))?;
-            Ok(Memory::Device(staged, gpu))
+            Ok(Memory::Device(gathered))
         }
         #[cfg(not(feature = "cuda"))]
         {
-            let _ = (py, ordinal, len, kv_ready);
+            let _ = (py, ordinal, len, order);
             Err(PyRuntimeError::new_err("this build of xinf_kv has no GPU support"))
         }
     }

@@ -68,7 +68,7 @@ fn a_p_d_sglang_server_runs_with_xinf_s_transfer_backend() {
         assert!(a.windows(2).any(|w| w == ["--disaggregation-transfer-backend", "xinf"]), "{a:?}");
         assert!(a.windows(2).any(|w| w == ["--page-size", "1"]), "{a:?}");
         // A prefill server keeps the prefill CUDA graph SGLang's prefill mode turns off.
-        let graph = a.windows(2).any(|w| w == ["--cuda-graph-backend-prefill", "tc_piecewise"]);
+        let graph = a.windows(2).any(|w| w == ["--cuda-graph-backend-prefill", "breakable"]);
         assert_eq!(graph, role == KvRole::Producer, "{a:?}");
         assert_eq!(a.last().map(String::as_str), Some("--enforce-eager"));
     }
