@@ -10,7 +10,9 @@ block shape in `flash_threads` and `flash_rows` (the repository's does; these th
 the defines below). A version's block has the warps its `#define FW` says (4 where it has none), each
 warp 16 query rows of a tile times its `#define MT` (1 where it has none); versions named `pair*` take two tiles per block, the one with the most keys and the
 one with the fewest, so every block does about the same work; their tiles are listed in order
-of work, longest first.
+of work, longest first. A version whose grid is (heads, tiles) (the repository's: it reads its
+tile from `gridDim.y - 1 - blockIdx.y`) takes the tiles as the engine lists them, by the keys
+they attend to, fewest first.
 
     python3 flash_bench.py [--ncu] [--case NAME] base=engines/native/src/gpu/flash.cu other=/path/flash.cu [torch=sdpa]
 
@@ -196,15 +198,17 @@ class Case:
             run()
         return graph, lambda: torch.cat([o[0].transpose(0, 1) for o in outs])
 
-    def tiles(self, paired, tile):
+    def tiles(self, paired, tile, by_keys=False):
         tiles = [(first + a, min(tile, n - a)) for first, n in self.chunks for a in range(0, n, tile)]
+        pos = self.pos.tolist()
         if paired:
-            pos = self.pos.tolist()
             tiles = sorted(tiles, key=lambda tn: -(pos[tn[0]] + tn[1]))
+        elif by_keys:  # as the engine lists them: fewest keys first (the kernel runs them last)
+            tiles = sorted(tiles, key=lambda tn: pos[tn[0]] + tn[1])
         flat = [x for tn in tiles for x in tn]
         return torch.tensor(flat, dtype=torch.int32, device="cuda"), len(tiles)
 
-    def launch(self, kernel, paired, threads, tiles, ntiles, stream):
+    def launch(self, kernel, paired, threads, tiles, ntiles, stream, heads_x=False):
         scale_log2 = 1.0 / math.sqrt(self.hd) * math.log2(math.e)
         vals = [
             ctypes.c_uint64(self.q.data_ptr()),
@@ -226,9 +230,10 @@ class Case:
         ]
         params = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
         grid = (ntiles + 1) // 2 if paired else ntiles
+        gx, gy = (self.h, grid) if heads_x else (grid, self.h)
         check(
             CUDA.cuLaunchKernel(
-                kernel.func, grid, self.h, 1, threads, 1, 1, kernel.smem, ctypes.c_void_p(stream), params, None
+                kernel.func, gx, gy, 1, threads, 1, 1, kernel.smem, ctypes.c_void_p(stream), params, None
             ),
             "launch",
         )
@@ -276,6 +281,8 @@ def main():
         mt = re.search(r"^#define MT (\d+)", text, re.M)
         warps = int(fw.group(1)) if fw else 4
         by_defines = (32 * warps, 16 * warps * (int(mt.group(1)) if mt else 1))
+        # A version whose grid is (heads, tiles) takes the tiles as the engine lists them.
+        heads_x = "gridDim.y - 1 - blockIdx.y" in text
         for cname, c in cases:
             key = (path, c.hd, c.h, c.kvh)
             if key not in kernels:
@@ -283,21 +290,21 @@ def main():
             kernel = kernels[key]
             regs, local = kernel.regs, kernel.local
             threads, tile = (kernel.threads, kernel.rows) if kernel.threads else by_defines
-            tiles, ntiles = c.tiles(paired, tile)
+            tiles, ntiles = c.tiles(paired, tile, heads_x)
             c.out.fill_(float("nan"))
-            c.launch(kernel, paired, threads, tiles, ntiles, stream)
+            c.launch(kernel, paired, threads, tiles, ntiles, stream, heads_x)
             torch.cuda.synchronize()
             err = ((c.out.float() - c.ref).norm() / c.ref.norm()).item()
             if ncu:
                 rows.append((vname, cname, regs, local, err, 0.0, 0.0))
                 continue
             for _ in range(10):
-                c.launch(kernel, paired, threads, tiles, ntiles, stream)
+                c.launch(kernel, paired, threads, tiles, ntiles, stream, heads_x)
             times = []
             for _ in range(60):
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 a.record()
-                c.launch(kernel, paired, threads, tiles, ntiles, stream)
+                c.launch(kernel, paired, threads, tiles, ntiles, stream, heads_x)
                 b.record()
                 b.synchronize()
                 times.append(a.elapsed_time(b) * 1000)

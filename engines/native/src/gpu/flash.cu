@@ -13,10 +13,14 @@
 // scores re-used as the A operand straight from the registers and V's fragments read
 // transposed by `ldmatrix.trans`. Rows past the tile's end compute over the tile's keys and are
 // not written; a warp skips the key tiles past its own rows' last key. Blocks run the longest
-// tiles (the last of a chunk, which attend to the most keys) first.
+// tiles (those that attend to the most keys) first, over every head and every chunk of the step:
+// the host lists tiles from the fewest keys to the most and the heads are the grid's first
+// dimension, which the GPU hands out first, so the step's last blocks are its shortest (a
+// causal prompt's tiles differ in work up to its length in tiles) and a KV head's query heads
+// read its K/V tiles at about the same time.
 //
 // Scores and output accumulate in f32; Q and the probabilities enter the tensor cores in the
-// cache's type, as in FlashAttention itself. Grid (tiles, H), block FT.
+// cache's type, as in FlashAttention itself. Grid (H, tiles), block FT.
 //
 // What bounds it is the instructions a warp issues per tile besides the mma.sync ones, and the
 // shared-memory reads feeding them: so a K/V tile serves 128 rows, the cache's block of a key
@@ -181,9 +185,9 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
               long long s_tok, long long s_head, wt* out, int H, int KVH, float scale_log2) {
     GRID_DEP_WAIT();
     extern __shared__ __align__(16) unsigned char flash_smem[];
-    int tile = gridDim.x - 1 - blockIdx.x;  // the longest tiles first
+    int tile = gridDim.y - 1 - blockIdx.y;  // the longest tiles first
     int t0 = tiles[2 * tile], n = tiles[2 * tile + 1];
-    int h = blockIdx.y, kh = h / (H / KVH);
+    int h = blockIdx.x, kh = h / (H / KVH);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, tq = lane & 3;  // the fragment's row group and column pair
     const kt* K = (const kt*)k_plane;

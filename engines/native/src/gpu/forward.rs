@@ -391,7 +391,7 @@ impl Forward {
                 .arg(&kvh_i)
                 .arg(&scale_log2);
             let grid = LaunchConfig {
-                grid_dim: (tiles as u32, h as u32, 1),
+                grid_dim: (h as u32, tiles as u32, 1),
                 block_dim: (flash.threads, 1, 1),
                 shared_mem_bytes: flash.smem,
             };

@@ -32,6 +32,8 @@ const DECODE: &str = include_str!("decode.cu");
 /// Query tokens of one `flash_prefill` block (`flash_rows` in `flash.cu`, which the GPU code
 /// checks against this at load): the K and V tiles it copies serve that many rows.
 pub(super) const FLASH_TILE: usize = 128;
+/// The most `flash_prefill` tiles a step launches: the grid's second dimension.
+const FLASH_MAX_TILES: usize = 65_535;
 
 /// Warps of one `attention` block (one query token, the heads of one [`attention_group`], one
 /// split of its keys). Each warp
@@ -308,8 +310,9 @@ pub(super) struct StepPlan {
     /// For each of `rows`, whether its chunk asked for the argmax alone.
     pub(super) row_argmax: Vec<bool>,
     /// `flash_prefill`'s tiles, `(first token, tokens)` pairs flattened: the chunks of two
-    /// tokens or more, `FLASH_TILE` tokens a tile. Empty when the step has none or flash is
-    /// off; then `attention` runs over every token.
+    /// tokens or more, `FLASH_TILE` tokens a tile, from the tile that attends to the fewest
+    /// keys to the one that attends to the most (the kernel runs them the other way round).
+    /// Empty when the step has none or flash is off; then `attention` runs over every token.
     pub(super) tiles: Vec<i32>,
     /// With tiles, the tokens `attention` runs over: those of one-token chunks.
     pub(super) singles: Vec<i32>,
@@ -365,6 +368,8 @@ pub(super) fn plan_step(
         tiles: Vec::new(),
         singles: Vec::new(),
     };
+    // (keys its last row attends to, first token, tokens) of each flash tile.
+    let mut tiles: Vec<(usize, i32, i32)> = Vec::new();
     for c in chunks {
         let end = c.start + c.tokens.len();
         if end > max_positions {
@@ -388,7 +393,8 @@ pub(super) fn plan_step(
             p.singles.push(first as i32);
         } else {
             for at in (0..c.tokens.len()).step_by(FLASH_TILE) {
-                p.tiles.extend([(first + at) as i32, FLASH_TILE.min(c.tokens.len() - at) as i32]);
+                let n = FLASH_TILE.min(c.tokens.len() - at);
+                tiles.push((c.start + at + n, (first + at) as i32, n as i32));
             }
         }
         for (i, &t) in c.tokens.iter().enumerate() {
@@ -407,7 +413,12 @@ pub(super) fn plan_step(
     if p.tables.is_empty() {
         p.tables.push(0);
     }
-    if !flash || p.tiles.is_empty() {
+    tiles.sort_by_key(|&(keys, ..)| keys);
+    // Tiles are `flash_prefill`'s second grid dimension, at most 65,535 blocks: a step with more
+    // (no configuration xinf ships makes one) runs `attention` over every token instead.
+    let fits_grid = tiles.len() <= FLASH_MAX_TILES;
+    p.tiles = tiles.into_iter().flat_map(|(_, first, n)| [first, n]).collect();
+    if !flash || !fits_grid || p.tiles.is_empty() {
         p.tiles.clear();
         p.singles.clear();
     }

@@ -110,8 +110,10 @@ fn prompt_chunks_are_cut_into_flash_tiles_and_decode_tokens_listed() {
     let chunks =
         [chunk(&one, 30, &table, true), chunk(&long, 10, &table, true), chunk(&two, 0, &table, false)];
     let p = plan_step(&chunks, 16, 12, 200, 512, true).expect("plan");
-    // Tokens 1..151 are the long chunk: tiles of 128 and 22; the two-token chunk is a tile.
-    assert_eq!(p.tiles, vec![1, 128, 129, 22, 151, 2]);
+    // Tokens 1..151 are the long chunk (positions 10..160): tiles of 128 and 22; the two-token
+    // chunk (positions 0..2) is a tile. They are listed by the keys their last row attends to:
+    // 2, 138, 160.
+    assert_eq!(p.tiles, vec![151, 2, 1, 128, 129, 22]);
     assert_eq!(p.singles, vec![0]);
     assert!(p.tiles.len() <= 2 * p.ids.len() && p.singles.len() <= p.ids.len());
     // Without flash, or with decode tokens only, `attention` takes every token.
