@@ -258,43 +258,21 @@ impl GpuPages {
         self.stream.synchronize().map_err(driver)
     }
 
-    /// Queues the gather of pages `range` of a `len`-token sequence out of engine memory that
-    /// this crate does not own (another runtime's tensors: an engine server's KV cache) into
-    /// `pages`. Regions and pages are device addresses of this GPU.
+    /// Queues on `stream` the gather of pages `range` of a `len`-token sequence out of engine
+    /// memory that this crate does not own (another runtime's tensors: an engine server's KV
+    /// cache) into `pages`. Regions and pages are device addresses of this GPU. `stream` is
+    /// this crate's own ([`stream`](Self::stream)) or the one the other runtime computed the KV
+    /// on and will reuse its memory on, so the gather is ordered after the one and before the
+    /// other without any host wait.
     ///
     /// # Safety
     /// Each of `regions` must be the start of live device memory of this context holding at
     /// least `desc.region_len * elem_bytes` bytes, `pages` of at least `pages_len` bytes, and
-    /// both must stay allocated until the queued copy is over ([`synchronize`](Self::synchronize)).
-    /// Everything else (shapes, the block table, every offset against those lengths) is checked.
+    /// both must stay allocated until work queued on `stream` after this call is done; `stream`
+    /// must be a live stream of this context for the whole call. Everything else (shapes, the
+    /// block table, every offset against those lengths) is checked.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn gather_raw(
-        &self,
-        desc: &LayoutDescriptor,
-        elem_bytes: usize,
-        regions: &[u64],
-        block_table: &[u32],
-        len: usize,
-        range: Range<usize>,
-        pages: u64,
-        pages_len: usize,
-    ) -> Result<(), GpuError> {
-        let copy =
-            Copy { direction: Direction::Gather, desc, es: elem_bytes, block_table, start: 0, len, range };
-        // SAFETY: the caller's contract is this function's.
-        unsafe { self.launch_raw(&self.stream, &copy, regions, pages, pages_len) }
-    }
-
-    /// [`gather_raw`](Self::gather_raw) queued on `stream` instead of this crate's own: the
-    /// stream another runtime computed the KV on and will reuse its memory on, so the gather
-    /// is ordered after the one and before the other without any host wait.
-    ///
-    /// # Safety
-    /// As for [`gather_raw`](Self::gather_raw), with "until the queued copy is over" meaning
-    /// until work recorded on `stream` after this call is done; and `stream` must be a live
-    /// stream of this context for the whole call.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn gather_raw_on(
         &self,
         stream: &Arc<CudaStream>,
         desc: &LayoutDescriptor,
@@ -317,7 +295,7 @@ impl GpuPages {
     /// already holds stays untouched.
     ///
     /// # Safety
-    /// As for [`gather_raw`](Self::gather_raw).
+    /// As for [`gather_raw`](Self::gather_raw), on this crate's own stream.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn scatter_raw(
         &self,

@@ -176,7 +176,7 @@ pub(crate) fn gather(
     // (a room waits for it before serving or freeing them); the engine reuses its blocks only
     // after this returns (`Device`, `Ready`: waited for below) or on `stream` after the gather.
     unsafe {
-        gpu.pages.gather_raw_on(
+        gpu.pages.gather_raw(
             &stream,
             &layout.desc,
             layout.elem_bytes,
