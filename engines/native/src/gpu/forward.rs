@@ -69,21 +69,21 @@ struct Kernels {
 }
 
 impl Kernels {
-    /// Compiles the kernels for weights in `wdt`, a cache in `kdt`, heads of `head_dim`,
-    /// `attention` blocks of `group` heads and `gqa` query heads per KV head, for the GPU of
-    /// `s` (which reads `flash_prefill`'s launch constants).
+    /// Compiles the kernels for weights in `wdt`, a cache in `kdt` and a model of `shape`
+    /// (heads of `head_dim`, `attention` blocks of `group` heads, `gqa` query heads per KV
+    /// head, the hidden size), for the GPU of `s` (which reads `flash_prefill`'s launch
+    /// constants).
     fn compile(
         s: &Arc<CudaStream>,
         (wdt, kdt): (KvDtype, KvDtype),
-        head_dim: usize,
-        group: usize,
-        gqa: usize,
+        shape: [usize; 4],
     ) -> Result<Self, GpuError> {
+        let [head_dim, _, gqa, _] = shape;
         let ctx = s.context();
         let (major, minor) = ctx.compute_capability().map_err(driver)?;
         let opts =
             cudarc::nvrtc::CompileOptions { arch: Some(nvrtc_arch(major, minor)), ..Default::default() };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(kernel_source(wdt, kdt, head_dim, group, gqa), opts)
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(kernel_source(wdt, kdt, shape), opts)
             .map_err(|e| GpuError::Compile(e.to_string()))?;
         let module = ctx.load_module(ptx).map_err(driver)?;
         let f = |name: &str| module.load_function(name).map_err(driver);
@@ -162,7 +162,7 @@ impl Forward {
     ) -> Result<Self, GpuError> {
         let group = attention_group(cfg.num_heads, cfg.kv_heads);
         let gqa = cfg.num_heads / cfg.kv_heads.max(1);
-        let k = Kernels::compile(s, (wdt, kdt), cfg.head_dim, group, gqa)?;
+        let k = Kernels::compile(s, (wdt, kdt), [cfg.head_dim, group, gqa, cfg.hidden_size])?;
         let w = GpuWeights::upload(s, w, wdt, cfg.tie_word_embeddings)?;
         let (cos, sin) = rope_tables(&cfg, max_positions);
         let cos = s.clone_htod(&cos).map_err(driver)?;

@@ -108,8 +108,19 @@ __device__ __forceinline__ void wst4(wt* p, const float* v) {
 // RMSNorm(x[src]) * w, src = rows ? rows[r] : r.
 // grid (rows), block 256. With `hid` a multiple of 4 (rows on 16-byte boundaries) each thread
 // takes 4 consecutive values per access: a prompt's norms stream its whole residual stream.
-extern "C" __global__ void add_rmsnorm(float* x, const wt* delta, const int* rows, int use_rows,
-                                       const wt* w, wt* out, int hid, float eps) {
+// For the model's hidden size HID (defined by the host; up to 8,192 and a multiple of 4) each
+// thread's NORM_VECS accesses of x, delta and the weight are all loaded before any is used: a
+// decode step's norm is one block a row, whose time is the round trips to memory, and a loop
+// that stores x before its next load waits for each (five round trips at a hidden size of 4,096
+// instead of one). The sums and products are the loop's, in its order. Registers are sized by
+// HID, so a prompt's many rows keep enough blocks an SM to stream at memory speed.
+#ifndef HID
+#define HID 0  // unknown here: the loops below
+#endif
+#define NORM_VECS ((HID % 4 == 0 && HID <= 8192) ? (HID + 1023) / 1024 : 0)
+extern "C" __global__ void add_rmsnorm(float* __restrict__ x, const wt* __restrict__ delta, const int* rows,
+                                       int use_rows, const wt* __restrict__ w, wt* __restrict__ out, int hid,
+                                       float eps) {
     GRID_DEP_WAIT();
     __shared__ float sh[32];
     long long r = blockIdx.x;
@@ -118,6 +129,42 @@ extern "C" __global__ void add_rmsnorm(float* x, const wt* delta, const int* row
     const wt* dr = delta + src * hid;
     wt* orow = out + r * hid;
     float ss = 0.f;
+#if NORM_VECS > 0
+    if (hid == HID && blockDim.x == 256) {
+        f32x4 a[NORM_VECS];
+        float d[NORM_VECS][4], wv[NORM_VECS][4];
+#pragma unroll
+        for (int k = 0; k < NORM_VECS; k++) {
+            int i = (threadIdx.x + k * 256) * 4;
+            if (i < hid) {
+                a[k] = *(const f32x4*)(xr + i);
+                wld4(dr + i, d[k]);
+                wld4(w + i, wv[k]);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < NORM_VECS; k++) {
+            int i = (threadIdx.x + k * 256) * 4;
+            if (i < hid) {
+                a[k].x += d[k][0], a[k].y += d[k][1], a[k].z += d[k][2], a[k].w += d[k][3];
+                *(f32x4*)(xr + i) = a[k];
+                ss += a[k].x * a[k].x + a[k].y * a[k].y + a[k].z * a[k].z + a[k].w * a[k].w;
+            }
+        }
+        float inv = 1.0f / sqrtf(block_sum(ss, sh) / hid + eps);
+#pragma unroll
+        for (int k = 0; k < NORM_VECS; k++) {
+            int i = (threadIdx.x + k * 256) * 4;
+            if (i < hid) {
+                float o[4];
+                o[0] = wv[k][0] * (a[k].x * inv), o[1] = wv[k][1] * (a[k].y * inv),
+                o[2] = wv[k][2] * (a[k].z * inv), o[3] = wv[k][3] * (a[k].w * inv);
+                wst4(orow + i, o);
+            }
+        }
+        return;
+    }
+#endif
     if ((hid & 3) == 0) {
         for (int i = threadIdx.x * 4; i < hid; i += blockDim.x * 4) {
             f32x4 a = *(const f32x4*)(xr + i);

@@ -111,11 +111,16 @@ fn type_code(dt: KvDtype) -> u32 {
 }
 
 /// The kernels' source for weights in `wdt`, a cache in `kdt`, heads of `head_dim`, `group`
-/// query heads per `attention` block ([`attention_group`]) and `gqa` query heads per KV head.
-pub(super) fn kernel_source(wdt: KvDtype, kdt: KvDtype, head_dim: usize, group: usize, gqa: usize) -> String {
+/// query heads per `attention` block ([`attention_group`]), `gqa` query heads per KV head and a
+/// hidden size of `hidden`.
+pub(super) fn kernel_source(
+    wdt: KvDtype,
+    kdt: KvDtype,
+    [head_dim, group, gqa, hidden]: [usize; 4],
+) -> String {
     format!(
         "#define WT {}\n#define KT {}\n#define WARPS {ATTENTION_WARPS}\n#define HD {head_dim}\n#define GB {group}\n\
-         #define GQ {gqa}\n#define MAX_SPLITS {MAX_SPLITS}\n{KERNELS}\n{GEMV}\n{FLASH}\n{DECODE}",
+         #define GQ {gqa}\n#define HID {hidden}\n#define MAX_SPLITS {MAX_SPLITS}\n{KERNELS}\n{GEMV}\n{FLASH}\n{DECODE}",
         type_code(wdt),
         type_code(kdt)
     )

@@ -68,11 +68,11 @@ fn the_kernels_get_one_type_code_per_dtype() {
     assert_eq!([KvDtype::F32, KvDtype::F16, KvDtype::Bf16].map(type_code), [0, 1, 2]);
     assert_eq!([KvDtype::F32, KvDtype::F16, KvDtype::Bf16].map(elem_bytes), [4, 2, 2]);
     assert!(KERNELS.contains("#if WT == 0") && KERNELS.contains("#if KT == 0"));
-    let src = kernel_source(KvDtype::F16, KvDtype::Bf16, 64, 7, 7);
+    let src = kernel_source(KvDtype::F16, KvDtype::Bf16, [64, 7, 7, 896]);
     assert!(
         src.starts_with(&format!(
             "#define WT 1\n#define KT 2\n#define WARPS {ATTENTION_WARPS}\n#define HD 64\n#define GB 7\n\
-             #define GQ 7\n#define MAX_SPLITS {MAX_SPLITS}\n"
+             #define GQ 7\n#define HID 896\n#define MAX_SPLITS {MAX_SPLITS}\n"
         )),
         "{src}"
     );
