@@ -75,14 +75,6 @@ __device__ float block_sum(float v, float* sh) {
     return t;
 }
 
-// x[t] = embed[ids[t]]. grid (T), block 256.
-extern "C" __global__ void embed(const unsigned int* ids, const wt* emb, float* x, int hid) {
-    GRID_DEP_WAIT();
-    long long t = blockIdx.x;
-    const wt* e = emb + (long long)ids[t] * hid;
-    for (int i = threadIdx.x; i < hid; i += blockDim.x) x[t * hid + i] = wld(e[i]);
-}
-
 // Four consecutive values of the weights' dtype, from and to an 8- (16-bit) or 16-byte
 // (f32) aligned address.
 __device__ __forceinline__ void wld4(const wt* p, float* v) {
@@ -104,20 +96,51 @@ __device__ __forceinline__ void wst4(wt* p, const float* v) {
 #endif
 }
 
+// Rows of the model's hidden size HID (defined by the host), in blocks of 256 threads: with
+// HID a multiple of 4 and at most 8,192, a thread's part of a row is ROW_VECS accesses of four
+// values, which the row kernels below hold in registers at once, so a row costs one round trip
+// to memory rather than one per access (a decode step runs one block a row).
+#ifndef HID
+#define HID 0  // unknown here: the kernels' loops
+#endif
+#define ROW_VECS ((HID % 4 == 0 && HID <= 8192) ? (HID + 1023) / 1024 : 0)
+
+// x[t] = embed[ids[t]]. grid (T), block 256.
+extern "C" __global__ void embed(const unsigned int* ids, const wt* __restrict__ emb, float* __restrict__ x,
+                                 int hid) {
+    GRID_DEP_WAIT();
+    long long t = blockIdx.x;
+    const wt* e = emb + (long long)ids[t] * hid;
+    float* xt = x + t * hid;
+#if ROW_VECS > 0
+    if (hid == HID && blockDim.x == 256) {
+        float v[ROW_VECS][4];
+#pragma unroll
+        for (int k = 0; k < ROW_VECS; k++) {
+            int i = (threadIdx.x + k * 256) * 4;
+            if (i < hid) wld4(e + i, v[k]);
+        }
+#pragma unroll
+        for (int k = 0; k < ROW_VECS; k++) {
+            int i = (threadIdx.x + k * 256) * 4;
+            if (i < hid) *(f32x4*)(xt + i) = f32x4{v[k][0], v[k][1], v[k][2], v[k][3]};
+        }
+        return;
+    }
+#endif
+    for (int i = threadIdx.x; i < hid; i += blockDim.x) xt[i] = wld(e[i]);
+}
+
 // x[src] += delta[src] (delta in the weights' dtype, a product's output); out[r] =
 // RMSNorm(x[src]) * w, src = rows ? rows[r] : r.
 // grid (rows), block 256. With `hid` a multiple of 4 (rows on 16-byte boundaries) each thread
 // takes 4 consecutive values per access: a prompt's norms stream its whole residual stream.
-// For the model's hidden size HID (defined by the host; up to 8,192 and a multiple of 4) each
-// thread's NORM_VECS accesses of x, delta and the weight are all loaded before any is used: a
-// decode step's norm is one block a row, whose time is the round trips to memory, and a loop
-// that stores x before its next load waits for each (five round trips at a hidden size of 4,096
-// instead of one). The sums and products are the loop's, in its order. Registers are sized by
-// HID, so a prompt's many rows keep enough blocks an SM to stream at memory speed.
-#ifndef HID
-#define HID 0  // unknown here: the loops below
-#endif
-#define NORM_VECS ((HID % 4 == 0 && HID <= 8192) ? (HID + 1023) / 1024 : 0)
+// For the model's hidden size HID each thread's ROW_VECS accesses of x, delta and the weight
+// are all loaded before any is used: a decode step's norm is one block a row, whose time is the
+// round trips to memory, and a loop that stores x before its next load waits for each (five
+// round trips at a hidden size of 4,096 instead of one). The sums and products are the loop's,
+// in its order. Registers are sized by HID, so a prompt's many rows keep enough blocks an SM to
+// stream at memory speed.
 extern "C" __global__ void add_rmsnorm(float* __restrict__ x, const wt* __restrict__ delta, const int* rows,
                                        int use_rows, const wt* __restrict__ w, wt* __restrict__ out, int hid,
                                        float eps) {
@@ -129,12 +152,12 @@ extern "C" __global__ void add_rmsnorm(float* __restrict__ x, const wt* __restri
     const wt* dr = delta + src * hid;
     wt* orow = out + r * hid;
     float ss = 0.f;
-#if NORM_VECS > 0
+#if ROW_VECS > 0
     if (hid == HID && blockDim.x == 256) {
-        f32x4 a[NORM_VECS];
-        float d[NORM_VECS][4], wv[NORM_VECS][4];
+        f32x4 a[ROW_VECS];
+        float d[ROW_VECS][4], wv[ROW_VECS][4];
 #pragma unroll
-        for (int k = 0; k < NORM_VECS; k++) {
+        for (int k = 0; k < ROW_VECS; k++) {
             int i = (threadIdx.x + k * 256) * 4;
             if (i < hid) {
                 a[k] = *(const f32x4*)(xr + i);
@@ -143,7 +166,7 @@ extern "C" __global__ void add_rmsnorm(float* __restrict__ x, const wt* __restri
             }
         }
 #pragma unroll
-        for (int k = 0; k < NORM_VECS; k++) {
+        for (int k = 0; k < ROW_VECS; k++) {
             int i = (threadIdx.x + k * 256) * 4;
             if (i < hid) {
                 a[k].x += d[k][0], a[k].y += d[k][1], a[k].z += d[k][2], a[k].w += d[k][3];
@@ -153,7 +176,7 @@ extern "C" __global__ void add_rmsnorm(float* __restrict__ x, const wt* __restri
         }
         float inv = 1.0f / sqrtf(block_sum(ss, sh) / hid + eps);
 #pragma unroll
-        for (int k = 0; k < NORM_VECS; k++) {
+        for (int k = 0; k < ROW_VECS; k++) {
             int i = (threadIdx.x + k * 256) * 4;
             if (i < hid) {
                 float o[4];
