@@ -235,9 +235,18 @@ extern "C" __global__ void qkv_post(const wt* qkv, const wt* bias, int has_bias,
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int width = (H + 2 * KVH) * HD, half = HD / 2;
     // The token's slot from the host's positions and block tables, which no kernel writes:
-    // looked up before waiting on the kernel before this one (the QKV product).
+    // looked up before waiting on the kernel before this one (the QKV product); so are the
+    // lane's RoPE factors, from the tables made at load.
     int p = pos[t];
     long long slot = (long long)tables[tab_off[t] + p / bs] * s_blk + (long long)(p % bs) * s_tok;
+#if HD % 64 == 0
+    float rc[HD / 64], rs[HD / 64];
+#pragma unroll
+    for (int u = 0; u < HD / 64; u++) {
+        rc[u] = cos_t[(long long)p * half + lane + 32 * u];
+        rs[u] = sin_t[(long long)p * half + lane + 32 * u];
+    }
+#endif
     GRID_DEP_WAIT();
 #if HD % 64 != 0
     float* row = rows[warp];
@@ -272,7 +281,7 @@ extern "C" __global__ void qkv_post(const wt* qkv, const wt* bias, int has_bias,
 #pragma unroll
         for (int u = 0; u < HD / 64; u++) {
             int i = lane + 32 * u;
-            float c = cos_t[(long long)p * half + i], s = sin_t[(long long)p * half + i];
+            float c = rc[u], s = rs[u];
             float a = v[u], b = v[u + HD / 64];
             float o1 = a * c - b * s, o2 = b * c + a * s;
             if (kind == 0) {
