@@ -63,11 +63,19 @@ def original_never_called(*args, **kwargs):
     raise AssertionError(f"SGLang's all-reducing poll was called: {args} {kwargs}")
 
 
-def test_a_prefill_poll_of_xinfs_senders_alone_skips_both_reductions(one_process):
+def test_a_prefill_poll_of_xinfs_senders_alone_skips_both_reductions(one_process, caplog, monkeypatch):
+    monkeypatch.setattr(plugin, "_SKIPPED", False)
+    monkeypatch.setattr(plugin.log, "propagate", True)
     utils, calls = helpers(failed={1})
     pollers = [xinf_poller(sb.XinfKVSender, s) for s in (sb.SUCCESS, sb.SUCCESS, sb.WAITING_FOR_INPUT)]
-    polls = plugin.poll_tp_cp(utils, original_never_called, pollers, one_process, one_process)
-    assert polls == [sb.SUCCESS, sb.FAILED, sb.WAITING_FOR_INPUT] and calls == ["poll"]
+    with caplog.at_level("INFO", logger="xinf_kv"):
+        polls = plugin.poll_tp_cp(utils, original_never_called, pollers, one_process, one_process)
+        plugin.poll_tp_cp(utils, original_never_called, pollers, one_process, one_process)
+    assert polls == [sb.SUCCESS, sb.FAILED, sb.WAITING_FOR_INPUT] and calls == ["poll", "poll"]
+    # Said once a process, so that a server's log shows the hook took effect.
+    assert [r.getMessage() for r in caplog.records].count(
+        "polls of xinf's transfers skip their all-reduces (every group is one process)"
+    ) == 1
 
 
 def test_a_decode_poll_keeps_the_metadata_gate(one_process):

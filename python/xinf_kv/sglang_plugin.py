@@ -20,6 +20,8 @@ import enum
 import functools
 from typing import Any
 
+from xinf_kv.log import log
+
 BACKEND = "xinf"
 
 
@@ -57,18 +59,27 @@ def get_kv_class(original: Any, transfer_backend: Any, class_type: Any) -> Any:
     }.get(getattr(class_type, "value", class_type))
 
 
+# Whether a poll has been taken without its all-reduces yet (logged once a process).
+_SKIPPED = False
+
+
 def _ours_alone(pollers: Any, *groups: Any) -> bool:
     """Whether every poller is xinf's and every group one process: then the all-reduces of a
     poll would return the polls as they are."""
+    global _SKIPPED
     import torch.distributed as dist
 
     from xinf_kv import sglang_backend as b
 
-    return (
+    alone = (
         bool(pollers)
         and all(isinstance(p, (b.XinfKVSender, b.XinfKVReceiver)) for p in pollers)
         and all(g is not None and dist.get_world_size(group=g) == 1 for g in groups)
     )
+    if alone and not _SKIPPED:
+        _SKIPPED = True
+        log.info("polls of xinf's transfers skip their all-reduces (every group is one process)")
+    return alone
 
 
 def poll_one_group(
