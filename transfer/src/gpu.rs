@@ -290,15 +290,16 @@ impl GpuPages {
         unsafe { self.launch_raw(stream, &copy, regions, pages, pages_len) }
     }
 
-    /// Queues the scatter of `pages` (pages `range` of a `len`-token sequence) into engine memory
-    /// this crate does not own; only tokens `start..len` are written, so a prefix the engine
-    /// already holds stays untouched.
+    /// Queues on `stream` the scatter of `pages` (pages `range` of a `len`-token sequence) into
+    /// engine memory this crate does not own; only tokens `start..len` are written, so a prefix
+    /// the engine already holds stays untouched.
     ///
     /// # Safety
-    /// As for [`gather_raw`](Self::gather_raw), on this crate's own stream.
+    /// As for [`gather_raw`](Self::gather_raw).
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn scatter_raw(
         &self,
+        stream: &Arc<CudaStream>,
         desc: &LayoutDescriptor,
         elem_bytes: usize,
         regions: &[u64],
@@ -318,7 +319,7 @@ impl GpuPages {
             range,
         };
         // SAFETY: the caller's contract is this function's.
-        unsafe { self.launch_raw(&self.stream, &copy, regions, pages, pages_len) }
+        unsafe { self.launch_raw(stream, &copy, regions, pages, pages_len) }
     }
 
     #[allow(clippy::too_many_arguments)]

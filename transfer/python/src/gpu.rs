@@ -7,8 +7,8 @@
 
 use crate::layout::Layout;
 use crate::load::{Counters, Load};
-use cudarc::driver::CudaEvent;
 use cudarc::driver::sys::CUstream;
+use cudarc::driver::{CudaEvent, CudaStream};
 use pyo3::PyResult;
 use pyo3::exceptions::PyRuntimeError;
 use std::collections::HashMap;
@@ -25,7 +25,12 @@ use xinf_transfer::transport::{self, TransportPolicy};
 pub(crate) struct Gpu {
     pub(crate) pages: GpuPages,
     pub(crate) handoff: Arc<GpuHandoff>,
-    /// One conversion at a time on the kernel's stream: a gather and its wait are one step.
+    /// The stream gathers (but those queued on the engine's own stream) and scatters run on:
+    /// one that does not synchronize with the legacy default stream, where the engines' own
+    /// work runs (vLLM's forward, the tensors a scheduler builds), so a copy waits only for
+    /// what it was ordered after.
+    pub(crate) stream: Arc<CudaStream>,
+    /// One conversion at a time on `stream`: a gather and its wait are one step.
     pub(crate) busy: Mutex<()>,
 }
 
@@ -39,7 +44,8 @@ pub(crate) fn gpu(ordinal: usize) -> PyResult<Arc<Gpu>> {
     let failed = |e: String| PyRuntimeError::new_err(format!("GPU {ordinal}: {e}"));
     let pages = GpuPages::new(ordinal).map_err(|e| failed(e.to_string()))?;
     let handoff = Arc::new(GpuHandoff::new(pages.context()).map_err(|e| failed(e.to_string()))?);
-    let g = Arc::new(Gpu { pages, handoff, busy: Mutex::new(()) });
+    let stream = pages.context().new_stream().map_err(|e| failed(e.to_string()))?;
+    let g = Arc::new(Gpu { pages, handoff, stream, busy: Mutex::new(()) });
     gpus.insert(ordinal, g.clone());
     Ok(g)
 }
@@ -86,7 +92,7 @@ pub(crate) async fn load(
         return Err("no pages came".into());
     }
     blocking(move || {
-        let stream = gpu.pages.stream();
+        let stream = &gpu.stream;
         let mut buffer = DeviceBuffer::zeroed(stream, bytes.len()).map_err(|e| e.to_string())?;
         stream.memcpy_htod(&bytes, buffer.slice_mut()).map_err(|e| e.to_string())?;
         scatter(&gpu, &load, first, count, buffer.device_addr(), bytes.len())
@@ -108,6 +114,7 @@ fn scatter(gpu: &Gpu, load: &Load, first: u32, count: u32, pages: u64, len: usiz
     // buffer of `len` bytes the caller holds until then; the scatter is waited for below.
     unsafe {
         gpu.pages.scatter_raw(
+            &gpu.stream,
             &load.layout.desc,
             load.layout.elem_bytes,
             &load.regions,
@@ -119,7 +126,7 @@ fn scatter(gpu: &Gpu, load: &Load, first: u32, count: u32, pages: u64, len: usiz
         )
     }
     .map_err(|e| e.to_string())?;
-    gpu.pages.synchronize().map_err(|e| e.to_string())
+    gpu.stream.synchronize().map_err(|e| e.to_string())
 }
 
 /// Where a prompt's KV is when [`gather`] is called, and how the gather is ordered with the
@@ -166,9 +173,9 @@ pub(crate) fn gather(
         KvOrder::Stream(s) => unsafe { gpu.pages.context().wrap_borrowed_stream(s as CUstream) },
         KvOrder::Device => {
             gpu.pages.context().synchronize().map_err(|e| e.to_string())?;
-            gpu.pages.stream().clone()
+            gpu.stream.clone()
         }
-        KvOrder::Ready => gpu.pages.stream().clone(),
+        KvOrder::Ready => gpu.stream.clone(),
     };
     // SAFETY: `regions` are the engine's live KV tensors on this GPU (the connector passes
     // their `data_ptr()`s, each `region_bytes` long as the layout was built from), `addr` the

@@ -191,7 +191,7 @@ fn read_host(staged: &Staged, range: std::ops::Range<usize>) -> Result<Vec<u8>, 
             let buffer = exported.buffer().map_err(|e| gpu_err(e.to_string()))?;
             let view = buffer.slice().slice(range);
             let _busy = lock(&gpu.busy);
-            gpu.pages.stream().clone_dtoh(&view).map_err(|e| gpu_err(e.to_string()))
+            gpu.stream.clone_dtoh(&view).map_err(|e| gpu_err(e.to_string()))
         }
     }
 }
