@@ -108,9 +108,12 @@ def test_a_load_is_synchronous_only_while_no_other_request_is_live():
     assert s.matched("d", decode(64), 66, 0) == 0 and not s.loads_synchronously("d")
 
 
-def test_synchronous_loads_follow_the_limit_of_other_live_requests():
+def test_synchronous_loads_follow_the_limits_of_other_live_requests_and_tokens():
     never = SchedulerState(16, sync_max_live=-1)
     assert never.matched("a", decode(130), 130, 0) == 129 and not never.loads_synchronously("a")
+    short = SchedulerState(16, sync_max_tokens=128)
+    assert short.matched("a", decode(130), 130, 0) == 129 and not short.loads_synchronously("a")
+    assert short.matched("a", decode(130), 130, 32) == 97 and short.loads_synchronously("a")
     two = SchedulerState(16, sync_max_live=2)
     for i, sync in enumerate([True, True, True, False]):
         assert two.matched(f"r{i}", decode(130), 130, 0) == 129

@@ -48,6 +48,8 @@ SYNC_LOAD_TIMEOUT_MS = int(os.environ.get("XINF_KV_SYNC_LOAD_TIMEOUT_MS", "2000"
 #: Loads are synchronous while at most this many other requests are live on the engine
 #: (-1: never).
 SYNC_LOAD_MAX_LIVE = int(os.environ.get("XINF_KV_SYNC_LOAD_MAX_LIVE", "0"))
+#: Loads of more tokens than this are asynchronous whatever the engine's load.
+SYNC_LOAD_MAX_TOKENS = int(os.environ.get("XINF_KV_SYNC_LOAD_MAX_TOKENS", "8192"))
 #: How long past its fetch's time limit a synchronous load may still take to scatter.
 SYNC_SCATTER_GRACE_S = 30.0
 
@@ -82,7 +84,7 @@ class XinfConnector(KVConnectorBase_V1):
         self._role_name = getattr(cfg, "kv_role", "kv_both")
         self._page_ip = str(extra.get("page_ip", "127.0.0.1"))
         block_size = int(vllm_config.cache_config.block_size)
-        self._state = SchedulerState(block_size, SYNC_LOAD_MAX_LIVE) if role == KVConnectorRole.SCHEDULER else None
+        self._state = SchedulerState(block_size, SYNC_LOAD_MAX_LIVE, SYNC_LOAD_MAX_TOKENS) if role == KVConnectorRole.SCHEDULER else None
         # Worker side.
         self._layout = None
         self._regions: list[int] = []

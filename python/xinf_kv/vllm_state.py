@@ -20,7 +20,7 @@ engine: every method here is total (bad input is logged and ignored). The rules 
   that output), each ending in a 1 ms sleep. When no other request is live (at most
   ``sync_max_live``), the load is asked for synchronously instead: the request is scheduled in
   the same step, and the worker waits for its KV before that step's forward, which no other
-  request shares. The choice is made once per ``matched`` call and copied into the ``Load``, so
+  request shares. Loads of more than ``sync_max_tokens`` stay asynchronous. The choice is made once per ``matched`` call and copied into the ``Load``, so
   what vLLM acted on and what the worker does always agree.
 """
 
@@ -81,10 +81,13 @@ class _Prefill:
 class SchedulerState:
     """The connector's per-request bookkeeping on vLLM's scheduler."""
 
-    def __init__(self, block_size: int, sync_max_live: int = 0) -> None:
+    def __init__(self, block_size: int, sync_max_live: int = 0, sync_max_tokens: int = 8192) -> None:
         self.block_size = block_size
-        #: Loads are synchronous while at most this many other requests are live (-1: never).
+        #: Loads are synchronous while at most this many other requests are live (-1: never)...
         self.sync_max_live = sync_max_live
+        #: ...and of at most this many tokens: a long prompt's fetch (over TCP from another host)
+        #: could pass a synchronous load's time limit, and would then be computed.
+        self.sync_max_tokens = sync_max_tokens
         self.endpoint: str | None = None
         self.device: str | None = None
         self._prefills: dict[str, _Prefill] = {}
@@ -104,7 +107,9 @@ class SchedulerState:
         self._live.add(request_id)
         n = self._matched(request_id, params, prompt_len, num_computed)
         others = len(self._live) - 1
-        self._sync[request_id] = n > 0 and 0 <= self.sync_max_live and others <= self.sync_max_live
+        self._sync[request_id] = (
+            0 < n <= self.sync_max_tokens and 0 <= self.sync_max_live and others <= self.sync_max_live
+        )
         return n
 
     def loads_synchronously(self, request_id: str) -> bool:
