@@ -332,17 +332,21 @@ flash_decode(const float* q, unsigned long long k_plane, unsigned long long v_pl
     };
     const int first = z * DW + warp;
     long long next_off = first < tiles ? row_of(first) : 0;
+    // Two tiles' registers, a and b: a warp loads its next tile's K and V rows before it works
+    // on this one's, so its loads stay in flight behind its arithmetic. Its first tile's rows
+    // are loaded before the wait too, unless that tile holds the token's own key (the last
+    // tile), which the kernel before this one writes: the others are earlier steps' keys.
+    const int step = splits * DW;
+    unsigned int ka[DK / 8][KWORDS], kb[DK / 8][KWORDS];
+    unsigned int va[DK / 16][4][VWORDS], vb[DK / 16][4][VWORDS];
+    const bool early = first < tiles - 1;
+    if (early) load_tile(K, V, next_off, g, tq, ka, va);
     GRID_DEP_WAIT();
 
     DecodeRows rows;
     rows.init(q + (t * H + h0) * HD, g, tq, scale_log2);
-    // Two tiles' registers, a and b: a warp loads its next tile's K and V rows before it works
-    // on this one's, so its loads stay in flight behind its arithmetic.
-    const int step = splits * DW;
-    unsigned int ka[DK / 8][KWORDS], kb[DK / 8][KWORDS];
-    unsigned int va[DK / 16][4][VWORDS], vb[DK / 16][4][VWORDS];
     if (first < tiles) {
-        load_tile(K, V, next_off, g, tq, ka, va);
+        if (!early) load_tile(K, V, next_off, g, tq, ka, va);
         next_off = row_of(first + step);
     }
     // Row offsets past the last tile are the last key's again, never used.
