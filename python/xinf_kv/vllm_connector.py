@@ -84,7 +84,8 @@ class XinfConnector(KVConnectorBase_V1):
         self._role_name = getattr(cfg, "kv_role", "kv_both")
         self._page_ip = str(extra.get("page_ip", "127.0.0.1"))
         block_size = int(vllm_config.cache_config.block_size)
-        self._state = SchedulerState(block_size, SYNC_LOAD_MAX_LIVE, SYNC_LOAD_MAX_TOKENS) if role == KVConnectorRole.SCHEDULER else None
+        scheduler = role == KVConnectorRole.SCHEDULER
+        self._state = SchedulerState(block_size, SYNC_LOAD_MAX_LIVE, SYNC_LOAD_MAX_TOKENS) if scheduler else None
         # Worker side.
         self._layout = None
         self._regions: list[int] = []
@@ -162,9 +163,13 @@ class XinfConnector(KVConnectorBase_V1):
             except Exception as e:  # noqa: BLE001 - a bad load must not stop the engine
                 log.error("request %s: loading KV: %s", load.request_id, e)
                 self._fail(load.request_id)
-        # The step's forward reads what synchronous loads write: wait for each to be done
-        # (failed or not: a load that ran out of time still scatters what it fetched before it
-        # reports, so none writes after this returns).
+        if self._sync:
+            self._wait_sync()
+
+    def _wait_sync(self) -> None:
+        """The step's forward reads what synchronous loads write: waits for each to be done
+        (failed or not: a load that ran out of time still scatters what it fetched before it
+        reports, so none writes after this returns)."""
         give_up = time.monotonic() + SYNC_LOAD_TIMEOUT_MS / 1e3 + SYNC_SCATTER_GRACE_S
         while self._sync and self._loader is not None:
             self._harvest(self._loader.wait(0.05))

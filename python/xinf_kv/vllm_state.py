@@ -20,8 +20,9 @@ engine: every method here is total (bad input is logged and ignored). The rules 
   that output), each ending in a 1 ms sleep. When no other request is live (at most
   ``sync_max_live``), the load is asked for synchronously instead: the request is scheduled in
   the same step, and the worker waits for its KV before that step's forward, which no other
-  request shares. Loads of more than ``sync_max_tokens`` stay asynchronous. The choice is made once per ``matched`` call and copied into the ``Load``, so
-  what vLLM acted on and what the worker does always agree.
+  request shares. Loads of more than ``sync_max_tokens`` stay asynchronous. The choice is made
+  once per ``matched`` call and copied into the ``Load``, so what vLLM acted on and what the
+  worker does always agree.
 """
 
 from __future__ import annotations
@@ -95,9 +96,10 @@ class SchedulerState:
         self._loads: list[Load] = []
         # Prompt tokens computed so far by each followed prefill.
         self._computed: dict[str, int] = {}
-        # Requests vLLM has asked about and not finished, and the last load mode told to vLLM.
+        # Requests vLLM has asked about and not finished, and those whose last ``matched``
+        # answer asked for a synchronous load.
         self._live: set[str] = set()
-        self._sync: dict[str, bool] = {}
+        self._sync: set[str] = set()
 
     # -- hooks ---------------------------------------------------------------------------
 
@@ -107,14 +109,15 @@ class SchedulerState:
         self._live.add(request_id)
         n = self._matched(request_id, params, prompt_len, num_computed)
         others = len(self._live) - 1
-        self._sync[request_id] = (
-            0 < n <= self.sync_max_tokens and 0 <= self.sync_max_live and others <= self.sync_max_live
-        )
+        if 0 < n <= self.sync_max_tokens and 0 <= self.sync_max_live and others <= self.sync_max_live:
+            self._sync.add(request_id)
+        else:
+            self._sync.discard(request_id)
         return n
 
     def loads_synchronously(self, request_id: str) -> bool:
         """Whether the load the last ``matched`` call asked for is synchronous."""
-        return self._sync.get(request_id, False)
+        return request_id in self._sync
 
     def _matched(self, request_id: str, params: object, prompt_len: int, num_computed: int) -> int:
         handoff = self._parse(request_id, params)
@@ -142,7 +145,7 @@ class SchedulerState:
             self._asked.add(request_id)
             end = prompt_len - 1
             start = end - external
-            sync = self._sync.get(request_id, False)
+            sync = request_id in self._sync
             self._loads.append(
                 Load(request_id, handoff.room, handoff.endpoint, handoff.device, list(block_ids), start, end, sync)
             )
@@ -186,7 +189,7 @@ class SchedulerState:
         """The request is done; the ``kv_transfer_params`` its answer carries, if any."""
         self._asked.discard(request_id)
         self._live.discard(request_id)
-        self._sync.pop(request_id, None)
+        self._sync.discard(request_id)
         self._computed.pop(request_id, None)
         p = self._prefills.pop(request_id, None)
         if p is None or not p.saved or not ok:

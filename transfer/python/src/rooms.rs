@@ -67,14 +67,6 @@ impl Drop for Staged {
     }
 }
 
-/// How a publish is ordered with the engine's work (see [`PageHost::publish`]).
-#[derive(Clone, Copy)]
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-struct Order {
-    kv_ready: bool,
-    stream: Option<u64>,
-}
-
 struct Room {
     staged: Arc<Staged>,
     pages: u32,
@@ -320,8 +312,8 @@ impl PageHost {
         layout.check(&regions, &block_table, &(0..prompt_len), &(0..pages))?;
         let len = pages * layout.page_bytes_usize();
         self.admit(room, layout, len)?;
-        let order = Order { kv_ready, stream };
-        let memory = match self.stage(py, layout, &regions, &block_table, prompt_len, len, order) {
+        let memory = match self.stage(py, layout, &regions, &block_table, prompt_len, len, (kv_ready, stream))
+        {
             Ok(memory) => memory,
             Err(e) => {
                 // The bytes reserved above were never staged.
@@ -378,7 +370,8 @@ impl PageHost {
 
 impl PageHost {
     /// Gathers a prompt's pages into this host's staging memory: host memory, or pooled GPU
-    /// memory on the host's GPU (without the GIL: the gather may wait for the engine's work).
+    /// memory on the host's GPU (without the GIL: the gather may wait for the engine's work),
+    /// ordered with the engine's work as `publish`'s `(kv_ready, stream)` say.
     #[allow(clippy::too_many_arguments)]
     fn stage(
         &self,
@@ -388,7 +381,7 @@ impl PageHost {
         block_table: &[u32],
         prompt_len: usize,
         len: usize,
-        order: Order,
+        (kv_ready, stream): (bool, Option<u64>),
     ) -> PyResult<Memory> {
         let pages = xinf_transfer::pages_for(prompt_len);
         let Some(ordinal) = self.device else {
@@ -398,10 +391,10 @@ impl PageHost {
         #[cfg(feature = "cuda")]
         {
             use crate::gpu::KvOrder;
-            let order = match order {
-                Order { stream: Some(s), .. } => KvOrder::Stream(s),
-                Order { kv_ready: true, .. } => KvOrder::Ready,
-                Order { .. } => KvOrder::Device,
+            let order = match (stream, kv_ready) {
+                (Some(s), _) => KvOrder::Stream(s),
+                (None, true) => KvOrder::Ready,
+                (None, false) => KvOrder::Device,
             };
             let gathered = py
                 .detach(|| crate::gpu::gather(ordinal, layout, regions, block_table, prompt_len, len, order))
@@ -410,7 +403,7 @@ impl PageHost {
         }
         #[cfg(not(feature = "cuda"))]
         {
-            let _ = (py, ordinal, len, order);
+            let _ = (py, ordinal, len, kv_ready, stream);
             Err(PyRuntimeError::new_err("this build of xinf_kv has no GPU support"))
         }
     }
