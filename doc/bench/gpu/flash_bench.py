@@ -16,6 +16,9 @@ they attend to, fewest first.
 
     python3 flash_bench.py [--ncu] [--case NAME] base=engines/native/src/gpu/flash.cu other=/path/flash.cu [torch=sdpa]
 
+A version without a `flash_prefill` for a case's head dimension (`flash-versions/hopper.cu`
+has heads of 64 and 128 only, on sm_90) skips that case.
+
 A version `torch=sdpa` is PyTorch's own attention (`scaled_dot_product_attention`, causal, GQA,
 16-bit, the backend PyTorch picks) over the same prompts laid out densely, one call per prompt,
 captured in a CUDA graph and timed as the others: the bar the kernel is held to. `torch=flash`,
@@ -99,7 +102,8 @@ def load_kernel(flash_path, hd, h, kvh, arch):
     cubin = compile_cubin(defines + base + "\n" + open(flash_path).read(), arch)
     module, func = ctypes.c_void_p(), ctypes.c_void_p()
     check(CUDA.cuModuleLoadData(ctypes.byref(module), cubin), "cuModuleLoadData")
-    check(CUDA.cuModuleGetFunction(ctypes.byref(func), module, b"flash_prefill"), "cuModuleGetFunction")
+    if CUDA.cuModuleGetFunction(ctypes.byref(func), module, b"flash_prefill") != 0:
+        return None  # the version has no kernel for this head dimension (or GPU)
     regs = ctypes.c_int()
     CUDA.cuFuncGetAttribute(ctypes.byref(regs), 4, func)  # CU_FUNC_ATTRIBUTE_NUM_REGS
     local = ctypes.c_int()
@@ -288,6 +292,9 @@ def main():
             if key not in kernels:
                 kernels[key] = load_kernel(path, c.hd, c.h, c.kvh, arch)
             kernel = kernels[key]
+            if kernel is None:
+                print(f"{vname} {cname}: no flash_prefill for this shape")
+                continue
             regs, local = kernel.regs, kernel.local
             threads, tile = (kernel.threads, kernel.rows) if kernel.threads else by_defines
             tiles, ntiles = c.tiles(paired, tile, heads_x)
