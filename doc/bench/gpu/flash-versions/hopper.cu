@@ -140,88 +140,40 @@ __device__ __forceinline__ unsigned long long sw128_desc(unsigned int addr, unsi
            ((unsigned long long)(stride >> 4) << 32) | (1ull << 62);
 }
 
+// The accumulator operands of an m64nNk16 wgmma (N / 2 f32 registers a thread) and their
+// places in its register list.
+#define WG_D8(i) \
+    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define WG_D32 WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24)
+#define WG_D64 WG_D32, WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
+#define WG_R32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define WG_R64 WG_R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+                      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+
 // d = A · B (+ d where `acc`), m64n128k16; A and B in shared memory (descriptors), K-major.
 __device__ __forceinline__ void wgmma_ss_n128(float* d, unsigned long long a, unsigned long long b, int acc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32." WG_T "." WG_T " "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-        ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-        :
-          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(a), "l"(b), "r"(acc));
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32." WG_T
+                 "." WG_T " {" WG_R64 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : WG_D64
+                 : "l"(a), "l"(b), "r"(acc));
 }
 
-// d = A · B (+ d where `acc`), m64n128k16; A in registers (each warp's m16n8k16 A fragment of
-// its 16 rows), B in shared memory MN-major (transposed: its rows are k).
+// d = A · B (+ d where `acc`), m64n{128, 64}k16; A in registers (each warp's m16n8k16 A fragment
+// of its 16 rows), B in shared memory MN-major (transposed: its rows are k).
 __device__ __forceinline__ void wgmma_rs_n128(float* d, const unsigned int* a, unsigned long long b, int acc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32." WG_T "." WG_T " "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-        ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-        :
-          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32." WG_T
+                 "." WG_T " {" WG_R64 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : WG_D64
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
 }
 
-// d = A · B (+ d where `acc`), m64n64k16; A and B in shared memory (descriptors), K-major.
-__device__ __forceinline__ void wgmma_ss_n64(float* d, unsigned long long a, unsigned long long b, int acc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_T "." WG_T " "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-        ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-        :
-          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(a), "l"(b), "r"(acc));
-}
-
-// d = A · B (+ d where `acc`), m64n64k16; A in registers (each warp's m16n8k16 A fragment of
-// its 16 rows), B in shared memory MN-major (transposed: its rows are k).
 __device__ __forceinline__ void wgmma_rs_n64(float* d, const unsigned int* a, unsigned long long b, int acc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_T "." WG_T " "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-        ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-        :
-          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." WG_T
+                 "." WG_T " {" WG_R32 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : WG_D32
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
 }
-
 
 // S = Q · Kᵀ over the head dimension: HD / 16 k-steps, each 32 bytes further into a row's
 // 128-byte half (the hardware swizzles the address as the copies did).
@@ -372,22 +324,19 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
                 int j = kb * BC + key0 + i * CSTEP;
                 b[i] = j <= last ? tab[key_block(j, bs, shift)] : 0u;
             }
-            if (use > 0) mbar_wait(EMPTY_K(st), (use - 1) & 1);
+            // Once the warpgroups are done with the buffer's last tile: this tile's K, then its V.
+            auto fill = [&](unsigned int buf, const kt* src, unsigned int empty, unsigned int full) {
+                if (use > 0) mbar_wait(empty, (use - 1) & 1);
 #pragma unroll
-            for (int i = 0; i < CPER; i++) {
-                int j = kb * BC + key0 + i * CSTEP;
-                unsigned long long off = (unsigned long long)b[i] * sblk + (j - key_block(j, bs, shift) * bs) * stok;
-                cp_async16(sk + st * KV_TILE + at0 + i * CSTEP * 128, Kc + off, j <= last);
-            }
-            cp_async_arrive(FULL_K(st));
-            if (use > 0) mbar_wait(EMPTY_V(st), (use - 1) & 1);
-#pragma unroll
-            for (int i = 0; i < CPER; i++) {
-                int j = kb * BC + key0 + i * CSTEP;
-                unsigned long long off = (unsigned long long)b[i] * sblk + (j - key_block(j, bs, shift) * bs) * stok;
-                cp_async16(sv + st * KV_TILE + at0 + i * CSTEP * 128, Vc + off, j <= last);
-            }
-            cp_async_arrive(FULL_V(st));
+                for (int i = 0; i < CPER; i++) {
+                    int j = kb * BC + key0 + i * CSTEP;
+                    unsigned long long off = (unsigned long long)b[i] * sblk + (j - key_block(j, bs, shift) * bs) * stok;
+                    cp_async16(buf + st * KV_TILE + at0 + i * CSTEP * 128, src + off, j <= last);
+                }
+                cp_async_arrive(full);
+            };
+            fill(sk, Kc, EMPTY_K(st), FULL_K(st));
+            fill(sv, Vc, EMPTY_V(st), FULL_V(st));
         }
         return;
     }

@@ -19,6 +19,19 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 import flash_bench  # noqa: E402  (compile_cubin, check, the GPU source folder)
 
 CHECK = r"""
+// A 64 × N accumulator tile (N / 2 registers a thread: block nt of 8 columns holds row r0's
+// columns 2tq, 2tq + 1, then row r0 + 8's) written out row-major.
+template <int N>
+__device__ void store_tile(float* out, const float* a, int r0, int tq) {
+    for (int nt = 0; nt < N / 8; nt++) {
+        int c = nt * 8 + 2 * tq;
+        out[r0 * N + c] = a[4 * nt];
+        out[r0 * N + c + 1] = a[4 * nt + 1];
+        out[(r0 + 8) * N + c] = a[4 * nt + 2];
+        out[(r0 + 8) * N + c + 1] = a[4 * nt + 3];
+    }
+}
+
 // One warpgroup: Q (64 rows), K and V (128 key rows) in the swizzled layout, S and O out.
 extern "C" __global__ void __launch_bounds__(128) wgmma_check(const u16* q, const u16* k, const u16* v, float* s_out,
                                                           float* o_out) {
@@ -47,26 +60,14 @@ extern "C" __global__ void __launch_bounds__(128) wgmma_check(const u16* q, cons
     issue_qk(s, sq, sk);
     wgmma_wait<0>();
     pin<BC / 2>(s);
-    int r0 = w * 16 + g;
-    for (int nt = 0; nt < BC / 8; nt++) {
-        int c = nt * 8 + 2 * tq;
-        s_out[r0 * BC + c] = s[4 * nt];
-        s_out[r0 * BC + c + 1] = s[4 * nt + 1];
-        s_out[(r0 + 8) * BC + c] = s[4 * nt + 2];
-        s_out[(r0 + 8) * BC + c + 1] = s[4 * nt + 3];
-    }
+    const int r0 = w * 16 + g;
+    store_tile<BC>(s_out, s, r0, tq);
     to_p(p, s);
     wgmma_fence();
     issue_pv(o, p, sv);
     wgmma_wait<0>();
     pin<HD / 2>(o);
-    for (int d = 0; d < HD / 8; d++) {
-        int c = d * 8 + 2 * tq;
-        o_out[r0 * HD + c] = o[4 * d];
-        o_out[r0 * HD + c + 1] = o[4 * d + 1];
-        o_out[(r0 + 8) * HD + c] = o[4 * d + 2];
-        o_out[(r0 + 8) * HD + c + 1] = o[4 * d + 3];
-    }
+    store_tile<HD>(o_out, o, r0, tq);
 }
 """
 
