@@ -16,7 +16,9 @@ they attend to, fewest first.
 
     python3 flash_bench.py [--ncu] [--case NAME] base=engines/native/src/gpu/flash.cu other=/path/flash.cu [torch=sdpa]
 
-A version without a `flash_prefill` for a case's head dimension (`flash-versions/hopper.cu`
+A version whose `flash_persistent` is 1 is launched with one block an SM (at most one per
+item), which walk the (head, tile) items themselves; it takes the tiles' count as a last
+argument. A version without a `flash_prefill` for a case's head dimension (`flash-versions/hopper.cu`
 has heads of 64 and 128 only, on sm_90) skips that case.
 
 A version `torch=sdpa` is PyTorch's own attention (`scaled_dot_product_attention`, causal, GQA,
@@ -92,7 +94,7 @@ def compile_cubin(src, arch):
 
 # A compiled version: its function, dynamic shared memory, the block shape it states (None
 # where it states none), registers and local memory per thread.
-Kernel = collections.namedtuple("Kernel", "func smem threads rows regs local")
+Kernel = collections.namedtuple("Kernel", "func smem threads rows regs local persistent")
 
 
 def load_kernel(flash_path, hd, h, kvh, arch):
@@ -120,7 +122,8 @@ def load_kernel(flash_path, hd, h, kvh, arch):
     smem = constant(b"flash_smem_bytes") or 0
     if smem:
         check(CUDA.cuFuncSetAttribute(func, 8, smem), "cuFuncSetAttribute")  # MAX_DYNAMIC_SHARED_SIZE_BYTES
-    return Kernel(func, smem, constant(b"flash_threads"), constant(b"flash_rows"), regs.value, local.value)
+    persistent = bool(constant(b"flash_persistent"))
+    return Kernel(func, smem, constant(b"flash_threads"), constant(b"flash_rows"), regs.value, local.value, persistent)
 
 
 class Case:
@@ -212,7 +215,7 @@ class Case:
         flat = [x for tn in tiles for x in tn]
         return torch.tensor(flat, dtype=torch.int32, device="cuda"), len(tiles)
 
-    def launch(self, kernel, paired, threads, tiles, ntiles, stream, heads_x=False):
+    def launch(self, kernel, paired, threads, tiles, ntiles, stream, heads_x=False, blocks=None):
         scale_log2 = 1.0 / math.sqrt(self.hd) * math.log2(math.e)
         vals = [
             ctypes.c_uint64(self.q.data_ptr()),
@@ -235,6 +238,8 @@ class Case:
         params = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
         grid = (ntiles + 1) // 2 if paired else ntiles
         gx, gy = (self.h, grid) if heads_x else (grid, self.h)
+        if blocks:  # a persistent version: that many blocks walk the (head, tile) items
+            gx, gy = blocks, 1
         check(
             CUDA.cuLaunchKernel(
                 kernel.func, gx, gy, 1, threads, 1, 1, kernel.smem, ctypes.c_void_p(stream), params, None
@@ -253,6 +258,7 @@ def main():
     major, minor = torch.cuda.get_device_capability()
     arch = f"{major}{minor}"
     stream = torch.cuda.current_stream().cuda_stream
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     gen = torch.Generator().manual_seed(1)
     cases = [(name, Case(h, kvh, hd, lens, gen)) for name, h, kvh, hd, lens in CASES if name.startswith(only)]
     kernels = {}
@@ -297,21 +303,22 @@ def main():
                 continue
             regs, local = kernel.regs, kernel.local
             threads, tile = (kernel.threads, kernel.rows) if kernel.threads else by_defines
-            tiles, ntiles = c.tiles(paired, tile, heads_x)
+            tiles, ntiles = c.tiles(paired, tile, heads_x or kernel.persistent)
+            blocks = min(sms, c.h * ntiles) if kernel.persistent else None
             c.out.fill_(float("nan"))
-            c.launch(kernel, paired, threads, tiles, ntiles, stream, heads_x)
+            c.launch(kernel, paired, threads, tiles, ntiles, stream, heads_x, blocks)
             torch.cuda.synchronize()
             err = ((c.out.float() - c.ref).norm() / c.ref.norm()).item()
             if ncu:
                 rows.append((vname, cname, regs, local, err, 0.0, 0.0))
                 continue
             for _ in range(10):
-                c.launch(kernel, paired, threads, tiles, ntiles, stream, heads_x)
+                c.launch(kernel, paired, threads, tiles, ntiles, stream, heads_x, blocks)
             times = []
             for _ in range(60):
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 a.record()
-                c.launch(kernel, paired, threads, tiles, ntiles, stream, heads_x)
+                c.launch(kernel, paired, threads, tiles, ntiles, stream, heads_x, blocks)
                 b.record()
                 b.synchronize()
                 times.append(a.elapsed_time(b) * 1000)

@@ -36,11 +36,20 @@
 #ifndef PINGPONG
 #define PINGPONG 1                    // the two warpgroups take turns at the tensor cores
 #endif
+#ifndef PERSIST
+#define PERSIST 0                     // blocks stay resident and walk the work items
+#endif
+#if PERSIST
+#define PERSIST_ARG , int ntiles      // the host launches a block an SM and passes the tiles' count
+#else
+#define PERSIST_ARG
+#endif
 #define CSTEP (128 / (HD / 8))        // key rows between a copier thread's pieces (8 or 16)
 #define CPER (BC / CSTEP)             // pieces of a K (or V) tile a copier thread copies
 
 extern "C" __device__ const int flash_threads = FT;
 extern "C" __device__ const int flash_rows = 128;
+extern "C" __device__ const int flash_persistent = PERSIST;
 // The 16 mbarriers after the tiles, and 1 KB to align the start.
 extern "C" __device__ const int flash_smem_bytes = SM_BAR + 16 * 8 + 1024;
 
@@ -276,7 +285,7 @@ __device__ __forceinline__ void to_p(unsigned int (*p)[4], const float* s) {
 extern "C" __global__ void __launch_bounds__(FT, 1)
 flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_plane, const int* pos,
               const int* tab_off, const unsigned int* tables, const int* tiles, int bs, long long s_blk,
-              long long s_tok, long long s_head, wt* out, int H, int KVH, float scale_log2) {
+              long long s_tok, long long s_head, wt* out, int H, int KVH, float scale_log2 PERSIST_ARG) {
     GRID_DEP_WAIT();
     extern __shared__ __align__(1024) unsigned char flash_smem[];
     const unsigned int base = (smem_addr(flash_smem) + 1023) & ~1023u;
@@ -296,12 +305,14 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
     }
     __syncthreads();
 
-    const int tile = gridDim.y - 1 - blockIdx.y;  // the longest tiles first
-    const int t0 = tiles[2 * tile], n = tiles[2 * tile + 1];
-    const int h = blockIdx.x, kh = h / (H / KVH);
-    const int p0 = pos[t0];
-    const int last = p0 + n - 1;  // the last key any row of the tile attends to
-    const int nkb = last / BC + 1;
+    // The block's work items: (head, tile) pairs, item w being head w % H of the tile with the
+    // (w / H + 1)-th most keys. A persistent block takes every gridDim.x-th item from its own;
+    // otherwise the block is one item, (blockIdx.x, gridDim.y - 1 - blockIdx.y).
+#if PERSIST
+    const int total = H * ntiles, first = blockIdx.x, stride = gridDim.x;
+#else
+    const int ntiles = gridDim.y, total = H * ntiles, first = blockIdx.y * H + blockIdx.x, stride = total;
+#endif
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
     if (warp < 4) {
@@ -311,151 +322,165 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(COPY_REGS));
         const int key0 = threadIdx.x / (HD / 8), c8 = threadIdx.x % (HD / 8);
         const unsigned int at0 = (c8 >> 3) * (BC * 128) + key0 * 128 + (((c8 & 7) ^ (key0 & 7)) * 16);
-        const kt* Kc = (const kt*)k_plane + (long long)kh * s_head + c8 * 8;
-        const kt* Vc = (const kt*)v_plane + (long long)kh * s_head + c8 * 8;
-        const unsigned int* tab = tables + tab_off[t0];
         const int shift = block_shift(bs);
         const unsigned int sblk = (unsigned int)s_blk, stok = (unsigned int)s_tok;
-        for (int kb = 0; kb < nkb; kb++) {
-            const int st = kb % NST, use = kb / NST;
-            unsigned int b[CPER];
-#pragma unroll
-            for (int i = 0; i < CPER; i++) {
-                int j = kb * BC + key0 + i * CSTEP;
-                b[i] = j <= last ? tab[key_block(j, bs, shift)] : 0u;
-            }
-            // Once the warpgroups are done with the buffer's last tile: this tile's K, then its V.
-            auto fill = [&](unsigned int buf, const kt* src, unsigned int empty, unsigned int full) {
-                if (use > 0) mbar_wait(empty, (use - 1) & 1);
+        int it = 0;  // K/V tiles copied so far: its buffer is it % NST, that buffer's use it / NST
+        for (int w = first; w < total; w += stride) {
+            const int t0 = tiles[2 * (ntiles - 1 - w / H)], n = tiles[2 * (ntiles - 1 - w / H) + 1];
+            const int kh = (w % H) / (H / KVH), last = pos[t0] + n - 1, nkb = last / BC + 1;
+            const kt* Kc = (const kt*)k_plane + (long long)kh * s_head + c8 * 8;
+            const kt* Vc = (const kt*)v_plane + (long long)kh * s_head + c8 * 8;
+            const unsigned int* tab = tables + tab_off[t0];
+            for (int kb = 0; kb < nkb; kb++, it++) {
+                const int st = it % NST, use = it / NST;
+                unsigned int b[CPER];
 #pragma unroll
                 for (int i = 0; i < CPER; i++) {
                     int j = kb * BC + key0 + i * CSTEP;
-                    unsigned long long off = (unsigned long long)b[i] * sblk + (j - key_block(j, bs, shift) * bs) * stok;
-                    cp_async16(buf + st * KV_TILE + at0 + i * CSTEP * 128, src + off, j <= last);
+                    b[i] = j <= last ? tab[key_block(j, bs, shift)] : 0u;
                 }
-                cp_async_arrive(full);
-            };
-            fill(sk, Kc, EMPTY_K(st), FULL_K(st));
-            fill(sv, Vc, EMPTY_V(st), FULL_V(st));
+                // Once the warpgroups are done with the buffer's last tile: this tile's K, then V.
+                auto fill = [&](unsigned int buf, const kt* src, unsigned int empty, unsigned int full) {
+                    if (use > 0) mbar_wait(empty, (use - 1) & 1);
+#pragma unroll
+                    for (int i = 0; i < CPER; i++) {
+                        int j = kb * BC + key0 + i * CSTEP;
+                        unsigned long long off = (unsigned long long)b[i] * sblk + (j - key_block(j, bs, shift) * bs) * stok;
+                        cp_async16(buf + st * KV_TILE + at0 + i * CSTEP * 128, src + off, j <= last);
+                    }
+                    cp_async_arrive(full);
+                };
+                fill(sk, Kc, EMPTY_K(st), FULL_K(st));
+                fill(sv, Vc, EMPTY_V(st), FULL_V(st));
+            }
         }
         return;
     }
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(MMA_REGS));
-    const int cw = (warp >> 2) - 1;  // this warpgroup: rows 64 · cw onwards
+    const int cw = (warp >> 2) - 1;  // this warpgroup: rows 64 · cw onwards of each tile
     const int g = lane >> 2, tq = lane & 3;
     const int wr0 = cw * 64;
     const int r0 = wr0 + (warp & 3) * 16 + g, r1 = r0 + 8;
-    const int lim0 = p0 + min(r0, n - 1), lim1 = p0 + min(r1, n - 1);
-    const bool busy = wr0 < n;  // whether the warpgroup has a row to write
-    // Both warpgroups walk every key tile (the first's last one may be all masked), so they take
-    // the same number of turns at the tensor cores: with two, each issues its products while
-    // the other works out its softmax (FlashAttention 3's ping-pong, named barriers 3 and 4).
-    const int nkw = busy ? nkb : 0;
-    const bool pingpong = PINGPONG && n > 64;
     const unsigned int qw = sq + cw * Q_WG;
+    // With two warpgroups at work, each issues its products while the other works out its
+    // softmax (FlashAttention 3's ping-pong, named barriers 3 and 4): a warpgroup waits for its
+    // turn, issues, and hands the turn over; the first turn is the first warpgroup's. Turns
+    // left over at the end of an item carry over to the next.
+    if (PINGPONG && cw == 0) asm volatile("bar.arrive 3, 256;" ::: "memory");
+    int it = 0;  // K/V tiles consumed so far, as the copier counts them
+    for (int w = first; w < total; w += stride) {
+        const int t0 = tiles[2 * (ntiles - 1 - w / H)], n = tiles[2 * (ntiles - 1 - w / H) + 1];
+        const int h = w % H, p0 = pos[t0], nkb = (p0 + n - 1) / BC + 1;
+        const int lim0 = p0 + min(r0, n - 1), lim1 = p0 + min(r1, n - 1);
+        const bool busy = wr0 < n;  // whether the warpgroup has a row to write
+        // Both warpgroups walk every key tile (the first's last one may be all masked), so
+        // they take the same number of turns.
+        const int nkw = busy ? nkb : 0;
+        const bool pingpong = PINGPONG && n > 64;
 
-    if (busy) {
-        // The warpgroup's Q rows (rows past the tile's end repeat its last), pre-scaled, in the
-        // cache's type, swizzled as the K tiles.
-        for (int idx = threadIdx.x - 128 - cw * 128; idx < 64 * (HD / 8); idx += 128) {
-            int r = idx / (HD / 8), c8 = idx % (HD / 8);
-            const float4* src = (const float4*)(q + ((long long)(t0 + min(wr0 + r, n - 1)) * H + h) * HD + c8 * 8);
-            float4 a = src[0], b = src[1];
-            unsigned int at = qw + (c8 >> 3) * (64 * 128) + r * 128 + (((c8 & 7) ^ (r & 7)) * 16);
-            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(at),
-                         "r"(pack2(a.x * scale_log2, a.y * scale_log2)), "r"(pack2(a.z * scale_log2, a.w * scale_log2)),
-                         "r"(pack2(b.x * scale_log2, b.y * scale_log2)), "r"(pack2(b.z * scale_log2, b.w * scale_log2))
-                         : "memory");
+        if (busy) {
+            // The warpgroup's Q rows (rows past the tile's end repeat its last), pre-scaled, in
+            // the cache's type, swizzled as the K tiles. Its last item's products are done.
+            for (int idx = threadIdx.x - 128 - cw * 128; idx < 64 * (HD / 8); idx += 128) {
+                int r = idx / (HD / 8), c8 = idx % (HD / 8);
+                const float4* src = (const float4*)(q + ((long long)(t0 + min(wr0 + r, n - 1)) * H + h) * HD + c8 * 8);
+                float4 a = src[0], b = src[1];
+                unsigned int at = qw + (c8 >> 3) * (64 * 128) + r * 128 + (((c8 & 7) ^ (r & 7)) * 16);
+                asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(at),
+                             "r"(pack2(a.x * scale_log2, a.y * scale_log2)), "r"(pack2(a.z * scale_log2, a.w * scale_log2)),
+                             "r"(pack2(b.x * scale_log2, b.y * scale_log2)), "r"(pack2(b.z * scale_log2, b.w * scale_log2))
+                             : "memory");
+            }
+            fence_async();
+            asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
         }
-        fence_async();
-        asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
-    }
 
-    if (pingpong && cw == 0) asm volatile("bar.arrive 3, 256;" ::: "memory");  // the first goes first
-    float s[BC / 2], o[HD / 2];
-    unsigned int p[BC / 16][4];
-    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
+        float s[BC / 2], o[HD / 2];
+        unsigned int p[BC / 16][4];
+        float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
 #pragma unroll
-    for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
-    if (nkw > 0) {
-        mbar_wait(FULL_K(0), 0);
-        fence_async();
-        wgmma_fence();
-        issue_qk(s, qw, sk);
-        wgmma_wait<0>();
-        pin<BC / 2>(s);
-        mbar_release(EMPTY_K(0), lane);
-        mask_tile(s, 0, lim0, lim1, tq);
-        float c0, c1;
-        softmax_tile(s, m0, m1, l0, l1, c0, c1);
-        to_p(p, s);
-        for (int kb = 1; kb < nkw; kb++) {
-            const int st = kb % NST, pst = (kb - 1) % NST;
-            mbar_wait(FULL_K(st), (kb / NST) & 1);
-            fence_async();
-            if (pingpong) asm volatile("bar.sync %0, 256;" ::"r"(3 + cw) : "memory");
-            wgmma_fence();
-            issue_qk(s, qw, sk + st * KV_TILE);
-            // The outputs so far move to the last tile's maxima while Q · Kᵀ runs.
-            rescale(o, c0, c1);
-            mbar_wait(FULL_V(pst), ((kb - 1) / NST) & 1);
+        for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
+        if (nkw > 0) {
+            mbar_wait(FULL_K(it % NST), (it / NST) & 1);
             fence_async();
             wgmma_fence();
-            issue_pv(o, p, sv + pst * KV_TILE);
-            if (pingpong) asm volatile("bar.arrive %0, 256;" ::"r"(4 - cw) : "memory");
-            wgmma_wait<1>();  // Q · Kᵀ done; P · V may run on under the softmax
+            issue_qk(s, qw, sk + (it % NST) * KV_TILE);
+            wgmma_wait<0>();
             pin<BC / 2>(s);
-            mbar_release(EMPTY_K(st), lane);
-            mask_tile(s, kb, lim0, lim1, tq);
-            // Always taken (a running sum is never negative), but a branch: within one block
-            // ptxas would hoist the wait below above the softmax, which then no longer runs
-            // under P · V.
-            if (l0 >= 0.f) softmax_tile(s, m0, m1, l0, l1, c0, c1);
+            mbar_release(EMPTY_K(it % NST), lane);
+            mask_tile(s, 0, lim0, lim1, tq);
+            float c0, c1;
+            softmax_tile(s, m0, m1, l0, l1, c0, c1);
+            to_p(p, s);
+            for (int kb = 1; kb < nkw; kb++) {
+                const int i = it + kb, st = i % NST, pst = (i - 1) % NST;
+                mbar_wait(FULL_K(st), (i / NST) & 1);
+                fence_async();
+                if (pingpong) asm volatile("bar.sync %0, 256;" ::"r"(3 + cw) : "memory");
+                wgmma_fence();
+                issue_qk(s, qw, sk + st * KV_TILE);
+                // The outputs so far move to the last tile's maxima while Q · Kᵀ runs.
+                rescale(o, c0, c1);
+                mbar_wait(FULL_V(pst), ((i - 1) / NST) & 1);
+                fence_async();
+                wgmma_fence();
+                issue_pv(o, p, sv + pst * KV_TILE);
+                if (pingpong) asm volatile("bar.arrive %0, 256;" ::"r"(4 - cw) : "memory");
+                wgmma_wait<1>();  // Q · Kᵀ done; P · V runs on under the softmax
+                pin<BC / 2>(s);
+                mbar_release(EMPTY_K(st), lane);
+                mask_tile(s, kb, lim0, lim1, tq);
+                // Always taken (a running sum is never negative), but a branch: within one
+                // block ptxas would hoist the wait below above the softmax, which then no
+                // longer runs under P · V.
+                if (l0 >= 0.f) softmax_tile(s, m0, m1, l0, l1, c0, c1);
+                wgmma_wait<0>();
+                pin<HD / 2>(o);
+                pin<BC / 4>(&p[0][0]);
+                mbar_release(EMPTY_V(pst), lane);
+                to_p(p, s);
+            }
+            const int lst = (it + nkw - 1) % NST;
+            rescale(o, c0, c1);
+            mbar_wait(FULL_V(lst), ((it + nkw - 1) / NST) & 1);
+            fence_async();
+            wgmma_fence();
+            issue_pv(o, p, sv + lst * KV_TILE);
             wgmma_wait<0>();
             pin<HD / 2>(o);
-            pin<BC / 4>(&p[0][0]);
-            mbar_release(EMPTY_V(pst), lane);
-            to_p(p, s);
+            mbar_release(EMPTY_V(lst), lane);
         }
-        const int lst = (nkw - 1) % NST;
-        rescale(o, c0, c1);
-        mbar_wait(FULL_V(lst), ((nkw - 1) / NST) & 1);
-        fence_async();
-        wgmma_fence();
-        issue_pv(o, p, sv + lst * KV_TILE);
-        wgmma_wait<0>();
-        pin<HD / 2>(o);
-        mbar_release(EMPTY_V(lst), lane);
-    }
-    // A warpgroup without rows releases each tile once it has landed (that is, once the copier
-    // is past every earlier use of its buffers).
-    for (int kb = nkw; kb < nkb; kb++) {
-        const int st = kb % NST, ph = (kb / NST) & 1;
-        mbar_wait(FULL_K(st), ph);
-        mbar_release(EMPTY_K(st), lane);
-        mbar_wait(FULL_V(st), ph);
-        mbar_release(EMPTY_V(st), lane);
-    }
-    if (!busy) return;
-#pragma unroll
-    for (int sh = 1; sh < 4; sh <<= 1) {
-        l0 += __shfl_xor_sync(0xffffffffu, l0, sh);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, sh);
-    }
-    const float i0 = 1.f / l0, i1 = 1.f / l1;
-#pragma unroll
-    for (int d = 0; d < HD / 8; d++) {
-        int c = d * 8 + 2 * tq;
-        if (r0 < n) {
-            wt* w = out + ((long long)(t0 + r0) * H + h) * HD + c;
-            w[0] = wst(o[4 * d] * i0);
-            w[1] = wst(o[4 * d + 1] * i0);
+        // A warpgroup without rows releases each tile once it has landed (that is, once the
+        // copier is past every earlier use of its buffer).
+        for (int kb = nkw; kb < nkb; kb++) {
+            const int i = it + kb, st = i % NST, ph = (i / NST) & 1;
+            mbar_wait(FULL_K(st), ph);
+            mbar_release(EMPTY_K(st), lane);
+            mbar_wait(FULL_V(st), ph);
+            mbar_release(EMPTY_V(st), lane);
         }
-        if (r1 < n) {
-            wt* w = out + ((long long)(t0 + r1) * H + h) * HD + c;
-            w[0] = wst(o[4 * d + 2] * i1);
-            w[1] = wst(o[4 * d + 3] * i1);
+        it += nkb;
+        if (!busy) continue;
+#pragma unroll
+        for (int sh = 1; sh < 4; sh <<= 1) {
+            l0 += __shfl_xor_sync(0xffffffffu, l0, sh);
+            l1 += __shfl_xor_sync(0xffffffffu, l1, sh);
+        }
+        const float i0 = 1.f / l0, i1 = 1.f / l1;
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++) {
+            int c = d * 8 + 2 * tq;
+            if (r0 < n) {
+                wt* wr = out + ((long long)(t0 + r0) * H + h) * HD + c;
+                wr[0] = wst(o[4 * d] * i0);
+                wr[1] = wst(o[4 * d + 1] * i0);
+            }
+            if (r1 < n) {
+                wt* wr = out + ((long long)(t0 + r1) * H + h) * HD + c;
+                wr[0] = wst(o[4 * d + 2] * i1);
+                wr[1] = wst(o[4 * d + 3] * i1);
+            }
         }
     }
 }
