@@ -50,7 +50,7 @@
 extern "C" __device__ const int flash_threads = FT;
 extern "C" __device__ const int flash_rows = 128;
 extern "C" __device__ const int flash_persistent = PERSIST;
-// The 16 mbarriers after the tiles, and 1 KB to align the start.
+// Room for 16 mbarriers after the tiles (4 · NST are used), and 1 KB to align the start.
 extern "C" __device__ const int flash_smem_bytes = SM_BAR + 16 * 8 + 1024;
 
 #if KT == 1
