@@ -132,6 +132,7 @@ class Case:
     def __init__(self, h, kvh, hd, lens, gen):
         dev = "cuda"
         self.h, self.kvh, self.hd, self.lens = h, kvh, hd, lens
+        self.sms = torch.cuda.get_device_properties(0).multi_processor_count
         nblocks = sum(math.ceil(n / BLOCK) for n in lens) + 3
         order = torch.randperm(nblocks, generator=gen).tolist()
         self.k = torch.randn(nblocks, BLOCK, kvh, hd, generator=gen).half().to(dev)
@@ -215,7 +216,7 @@ class Case:
         flat = [x for tn in tiles for x in tn]
         return torch.tensor(flat, dtype=torch.int32, device="cuda"), len(tiles)
 
-    def launch(self, kernel, paired, threads, tiles, ntiles, stream, heads_x=False, blocks=None):
+    def launch(self, kernel, paired, threads, tiles, ntiles, stream, heads_x=False):
         scale_log2 = 1.0 / math.sqrt(self.hd) * math.log2(math.e)
         vals = [
             ctypes.c_uint64(self.q.data_ptr()),
@@ -238,8 +239,8 @@ class Case:
         params = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
         grid = (ntiles + 1) // 2 if paired else ntiles
         gx, gy = (self.h, grid) if heads_x else (grid, self.h)
-        if blocks:  # a persistent version: that many blocks walk the (head, tile) items
-            gx, gy = blocks, 1
+        if kernel.persistent:  # a block an SM (at most one per item) walks the (head, tile) items
+            gx, gy = min(self.sms, self.h * ntiles), 1
         check(
             CUDA.cuLaunchKernel(
                 kernel.func, gx, gy, 1, threads, 1, 1, kernel.smem, ctypes.c_void_p(stream), params, None
@@ -258,7 +259,6 @@ def main():
     major, minor = torch.cuda.get_device_capability()
     arch = f"{major}{minor}"
     stream = torch.cuda.current_stream().cuda_stream
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     gen = torch.Generator().manual_seed(1)
     cases = [(name, Case(h, kvh, hd, lens, gen)) for name, h, kvh, hd, lens in CASES if name.startswith(only)]
     kernels = {}
@@ -304,21 +304,20 @@ def main():
             regs, local = kernel.regs, kernel.local
             threads, tile = (kernel.threads, kernel.rows) if kernel.threads else by_defines
             tiles, ntiles = c.tiles(paired, tile, heads_x or kernel.persistent)
-            blocks = min(sms, c.h * ntiles) if kernel.persistent else None
             c.out.fill_(float("nan"))
-            c.launch(kernel, paired, threads, tiles, ntiles, stream, heads_x, blocks)
+            c.launch(kernel, paired, threads, tiles, ntiles, stream, heads_x)
             torch.cuda.synchronize()
             err = ((c.out.float() - c.ref).norm() / c.ref.norm()).item()
             if ncu:
                 rows.append((vname, cname, regs, local, err, 0.0, 0.0))
                 continue
             for _ in range(10):
-                c.launch(kernel, paired, threads, tiles, ntiles, stream, heads_x, blocks)
+                c.launch(kernel, paired, threads, tiles, ntiles, stream, heads_x)
             times = []
             for _ in range(60):
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 a.record()
-                c.launch(kernel, paired, threads, tiles, ntiles, stream, heads_x, blocks)
+                c.launch(kernel, paired, threads, tiles, ntiles, stream, heads_x)
                 b.record()
                 b.synchronize()
                 times.append(a.elapsed_time(b) * 1000)

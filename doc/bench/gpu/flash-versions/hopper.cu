@@ -326,27 +326,28 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
         const unsigned int sblk = (unsigned int)s_blk, stok = (unsigned int)s_tok;
         int it = 0;  // K/V tiles copied so far: its buffer is it % NST, that buffer's use it / NST
         for (int w = first; w < total; w += stride) {
-            const int t0 = tiles[2 * (ntiles - 1 - w / H)], n = tiles[2 * (ntiles - 1 - w / H) + 1];
+            const int ti = 2 * (ntiles - 1 - w / H), t0 = tiles[ti], n = tiles[ti + 1];
             const int kh = (w % H) / (H / KVH), last = pos[t0] + n - 1, nkb = last / BC + 1;
             const kt* Kc = (const kt*)k_plane + (long long)kh * s_head + c8 * 8;
             const kt* Vc = (const kt*)v_plane + (long long)kh * s_head + c8 * 8;
             const unsigned int* tab = tables + tab_off[t0];
             for (int kb = 0; kb < nkb; kb++, it++) {
                 const int st = it % NST, use = it / NST;
-                unsigned int b[CPER];
+                // Each piece's cache block and place in it, for K and V alike.
+                unsigned int b[CPER], in_blk[CPER];
 #pragma unroll
                 for (int i = 0; i < CPER; i++) {
-                    int j = kb * BC + key0 + i * CSTEP;
-                    b[i] = j <= last ? tab[key_block(j, bs, shift)] : 0u;
+                    int j = kb * BC + key0 + i * CSTEP, blk = key_block(j, bs, shift);
+                    b[i] = j <= last ? tab[blk] : 0u;
+                    in_blk[i] = (j - blk * bs) * stok;
                 }
                 // Once the warpgroups are done with the buffer's last tile: this tile's K, then V.
                 auto fill = [&](unsigned int buf, const kt* src, unsigned int empty, unsigned int full) {
                     if (use > 0) mbar_wait(empty, (use - 1) & 1);
 #pragma unroll
                     for (int i = 0; i < CPER; i++) {
-                        int j = kb * BC + key0 + i * CSTEP;
-                        unsigned long long off = (unsigned long long)b[i] * sblk + (j - key_block(j, bs, shift) * bs) * stok;
-                        cp_async16(buf + st * KV_TILE + at0 + i * CSTEP * 128, src + off, j <= last);
+                        unsigned long long off = (unsigned long long)b[i] * sblk + in_blk[i];
+                        cp_async16(buf + st * KV_TILE + at0 + i * CSTEP * 128, src + off, kb * BC + key0 + i * CSTEP <= last);
                     }
                     cp_async_arrive(full);
                 };
@@ -370,7 +371,7 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
     if (PINGPONG && cw == 0) asm volatile("bar.arrive 3, 256;" ::: "memory");
     int it = 0;  // K/V tiles consumed so far, as the copier counts them
     for (int w = first; w < total; w += stride) {
-        const int t0 = tiles[2 * (ntiles - 1 - w / H)], n = tiles[2 * (ntiles - 1 - w / H) + 1];
+        const int ti = 2 * (ntiles - 1 - w / H), t0 = tiles[ti], n = tiles[ti + 1];
         const int h = w % H, p0 = pos[t0], nkb = (p0 + n - 1) / BC + 1;
         const int lim0 = p0 + min(r0, n - 1), lim1 = p0 + min(r1, n - 1);
         const bool busy = wr0 < n;  // whether the warpgroup has a row to write
