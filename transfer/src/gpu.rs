@@ -119,6 +119,8 @@ pub fn nvrtc_arch(major: i32, minor: i32) -> &'static str {
         (8, 6) => "compute_86",
         (8, 7) => "compute_87",
         (8, 9) => "compute_89",
+        // Hopper's own: `wgmma` (the native engine's prefill attention), which only sm_90 runs.
+        (9, 0) => "compute_90a",
         (9, _) => "compute_90",
         (10, _) => "compute_100",
         (12, _) => "compute_120",

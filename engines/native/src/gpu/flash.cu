@@ -33,6 +33,16 @@
 
 #if KT != 0 && HD % 16 == 0 && HD <= 128 && __CUDA_ARCH__ >= 800
 
+// On Hopper, heads of 64 and 128 take `flash_sm90.cu`'s kernel (wgmma) instead of this file's;
+// the helpers below serve both. `FLASH_MMA_SYNC` keeps this one.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && (HD == 64 || HD == 128) && !defined(FLASH_MMA_SYNC)
+#define FLASH_SM90 1
+#else
+#define FLASH_SM90 0
+#endif
+
+#if !FLASH_SM90
+
 // The block's shape, by head dimension. Up to 64: 8 warps of one m16 tile of rows each, K/V
 // tiles of 64 keys. Above: 4 warps of two m16 tiles each (a K or V fragment read from shared
 // memory feeds both, halving those reads per mma), K/V tiles of 32 keys, Q's fragments read
@@ -72,6 +82,8 @@
 extern "C" __device__ const int flash_threads = FT;
 extern "C" __device__ const int flash_rows = 16 * FW * MT;
 extern "C" __device__ const int flash_smem_bytes = NST * 2 * TILE_BYTES + QS * 16 * FW * MT * KPAD * 2;
+
+#endif  // !FLASH_SM90
 
 #if KT == 1
 #define MMA16816 "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
@@ -129,6 +141,7 @@ __device__ __forceinline__ int key_block(int j, int bs, int shift) {
     return shift >= 0 ? j >> shift : j / bs;
 }
 
+#if !FLASH_SM90
 // One tile's step of the online softmax (base 2) for a warp's rows g and g + 8 (the m16 tile's
 // row halves): the tile's NT × 8 scores `s` (accumulator layout) become probabilities against the
 // new running maxima, which the 4 lanes of a row share; the running sums (this lane's part; the
@@ -470,5 +483,7 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
         }
     }
 }
+
+#endif  // !FLASH_SM90
 
 #endif

@@ -26,6 +26,9 @@ const GEMV: &str = include_str!("gemv.cu");
 /// only defined where [`flash_fits`] holds.
 const FLASH: &str = include_str!("flash.cu");
 
+/// Its Hopper kernel, in place of `flash.cu`'s where that file says (`FLASH_SM90`).
+const FLASH_SM90: &str = include_str!("flash_sm90.cu");
+
 /// The decode attention on tensor cores (`flash_decode`), on `flash.cu`'s fragment helpers.
 const DECODE: &str = include_str!("decode.cu");
 
@@ -120,7 +123,7 @@ pub(super) fn kernel_source(
 ) -> String {
     format!(
         "#define WT {}\n#define KT {}\n#define WARPS {ATTENTION_WARPS}\n#define HD {head_dim}\n#define GB {group}\n\
-         #define GQ {gqa}\n#define HID {hidden}\n#define MAX_SPLITS {MAX_SPLITS}\n{KERNELS}\n{GEMV}\n{FLASH}\n{DECODE}",
+         #define GQ {gqa}\n#define HID {hidden}\n#define MAX_SPLITS {MAX_SPLITS}\n{KERNELS}\n{GEMV}\n{FLASH}\n{FLASH_SM90}\n{DECODE}",
         type_code(wdt),
         type_code(kdt)
     )
