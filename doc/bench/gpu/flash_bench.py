@@ -1,25 +1,32 @@
 """Check and time versions of the native engine's prefill attention kernel (`flash_prefill`).
 
-Each version is a copy of `engines/native/src/gpu/flash.cu` (the repository's is `base`). The
-kernel is compiled with NVRTC exactly as the engine assembles it (the defines, `kernels.cu`,
-`gemv.cu`, then the version's `flash.cu`), run on a paged KV cache of random values laid out as
-the native engine's default (`paged-kv-first`, NHD, 16-token blocks, blocks in shuffled order),
-checked against PyTorch's attention in float32, and timed with CUDA events (median of many
-launches). A version with dynamic shared memory names its size in `flash_smem_bytes`, and its
-block shape in `flash_threads` and `flash_rows` (the repository's does; these then win over
-the defines below). A version's block has the warps its `#define FW` says (4 where it has none), each
-warp 16 query rows of a tile times its `#define MT` (1 where it has none); versions named `pair*` take two tiles per block, the one with the most keys and the
+A version is the source the engine appends to its other kernels for the prefill attention:
+`engines/native/src/gpu/flash.cu` (the `mma.sync` kernel, sm_80 on), then `flash_sm90.cu` (the
+`wgmma` kernel that takes its place on sm_90 for heads of 64 and 128), or a copy of either. It
+is named as files joined by `+`, read in that order; an element `-DNAME` or `-DNAME=VALUE` puts
+`#define NAME VALUE` before them. The kernel is compiled with NVRTC as the engine assembles it
+(the defines, `kernels.cu`, `gemv.cu`, then the version; sm_90 as sm_90a), run on a paged KV
+cache of random values laid out as the native engine's default (`paged-kv-first`, NHD, 16-token
+blocks, blocks in shuffled order), checked against PyTorch's attention in float32, and timed with
+CUDA events (median of many launches). A version with dynamic shared memory names its size in
+`flash_smem_bytes`, and its block shape in `flash_threads` and `flash_rows` (the repository's
+do; these then win over the defines below). A version's block has the warps its `#define FW`
+says (4 where it has none), each warp 16 query rows of a tile times its `#define MT` (1 where it
+has none); versions named `pair*` take two tiles per block, the one with the most keys and the
 one with the fewest, so every block does about the same work; their tiles are listed in order
 of work, longest first. A version whose grid is (heads, tiles) (the repository's: it reads its
 tile from `gridDim.y - 1 - blockIdx.y`) takes the tiles as the engine lists them, by the keys
 they attend to, fewest first.
 
-    python3 flash_bench.py [--ncu] [--case NAME] base=engines/native/src/gpu/flash.cu other=/path/flash.cu [torch=sdpa]
+    G=engines/native/src/gpu
+    python3 flash_bench.py [--ncu] [--case NAME] base=$G/flash.cu+$G/flash_sm90.cu \
+        mma=-DFLASH_MMA_SYNC+$G/flash.cu persist=-DPERSIST=1+$G/flash.cu+$G/flash_sm90.cu [torch=sdpa]
 
-A version whose `flash_persistent` is 1 is launched with one block an SM (at most one per
-item), which walk the (head, tile) items themselves; it takes the tiles' count as a last
-argument. A version without a `flash_prefill` for a case's head dimension (`flash-versions/hopper.cu`
-has heads of 64 and 128 only, on sm_90) skips that case.
+(On Hopper, `mma` is the `mma.sync` kernel the engine runs elsewhere, `persist` the `wgmma` one
+with its blocks resident.) A version whose `flash_persistent` is 1 is launched with one block an
+SM (at most one per item), which walk the (head, tile) items themselves; it takes the tiles'
+count as a last argument. A version without a `flash_prefill` for a case's head dimension skips
+that case.
 
 A version `torch=sdpa` is PyTorch's own attention (`scaled_dot_product_attention`, causal, GQA,
 16-bit, the backend PyTorch picks) over the same prompts laid out densely, one call per prompt,
@@ -97,11 +104,23 @@ def compile_cubin(src, arch):
 Kernel = collections.namedtuple("Kernel", "func smem threads rows regs local persistent")
 
 
-def load_kernel(flash_path, hd, h, kvh, arch):
+def version_source(spec):
+    """A version's source: its `+`-joined files in order, its `-D` elements as defines first."""
+    defines, files = [], []
+    for part in spec.split("+"):
+        if part.startswith("-D"):
+            name, _, value = part[2:].partition("=")
+            defines.append(f"#define {name} {value}\n")
+        else:
+            files.append(open(part).read())
+    return "".join(defines) + "\n".join(files)
+
+
+def load_kernel(text, hd, h, kvh, arch):
     base = open(f"{GPU_SRC}/kernels.cu").read() + "\n" + open(f"{GPU_SRC}/gemv.cu").read()
     gq = h // kvh
     defines = f"#define WT 1\n#define KT 1\n#define WARPS 4\n#define HD {hd}\n#define GB {gq}\n#define GQ {gq}\n#define MAX_SPLITS 16\n"
-    cubin = compile_cubin(defines + base + "\n" + open(flash_path).read(), arch)
+    cubin = compile_cubin(defines + base + "\n" + text, arch)
     module, func = ctypes.c_void_p(), ctypes.c_void_p()
     check(CUDA.cuModuleLoadData(ctypes.byref(module), cubin), "cuModuleLoadData")
     if CUDA.cuModuleGetFunction(ctypes.byref(func), module, b"flash_prefill") != 0:
@@ -286,7 +305,7 @@ def main():
                 rows.append((f"torch {path}", cname, 0, 0, err, med, c.flops / med / 1e6))
             continue
         paired = vname.startswith("pair")
-        text = open(path).read()
+        text = version_source(path)
         fw = re.search(r"^#define FW (\d+)", text, re.M)
         mt = re.search(r"^#define MT (\d+)", text, re.M)
         warps = int(fw.group(1)) if fw else 4
@@ -296,7 +315,7 @@ def main():
         for cname, c in cases:
             key = (path, c.hd, c.h, c.kvh)
             if key not in kernels:
-                kernels[key] = load_kernel(path, c.hd, c.h, c.kvh, arch)
+                kernels[key] = load_kernel(text, c.hd, c.h, c.kvh, arch)
             kernel = kernels[key]
             if kernel is None:
                 print(f"{vname} {cname}: no flash_prefill for this shape")

@@ -17,6 +17,10 @@ pub(super) struct Flash {
     pub(super) threads: u32,
     /// Dynamic shared memory of a block (`flash_smem_bytes`).
     pub(super) smem: u32,
+    /// Whether its blocks stay resident and walk the step's (head, tile) items
+    /// (`flash_persistent`): it is then launched with a block an SM, at most one per item, and
+    /// takes the tiles' count as a last argument.
+    pub(super) persistent: bool,
 }
 
 impl Flash {
@@ -43,6 +47,9 @@ impl Flash {
         };
         let (threads, rows, smem) =
             (constant("flash_threads")?, constant("flash_rows")?, constant("flash_smem_bytes")?);
+        // Only `flash_sm90.cu`'s kernel states it.
+        let persistent =
+            module.get_global("flash_persistent", s).is_ok() && constant("flash_persistent")? != 0;
         if rows as usize != FLASH_TILE {
             return Err(GpuError::Compile(format!(
                 "flash_prefill takes {rows} rows a block, the plan {FLASH_TILE}"
@@ -63,6 +70,6 @@ impl Flash {
         let f = module.load_function("flash_prefill").map_err(driver)?;
         f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
             .map_err(driver)?;
-        Ok(Some(Self { f, threads, smem }))
+        Ok(Some(Self { f, threads, smem, persistent }))
     }
 }

@@ -19,7 +19,16 @@
 // 1024-byte groups of 8 rows; each half of a tile is a block of its own.
 //
 // Scores and output accumulate in f32; Q (pre-scaled by log2(e) / sqrt(HD)) and the
-// probabilities enter the tensor cores in the cache's type, as in the repository's kernel.
+// probabilities enter the tensor cores in the cache's type, as in `flash.cu`'s kernel.
+//
+// Two switches for `doc/bench/gpu/flash_bench.py`'s versions: `PINGPONG 0` lets both warpgroups
+// issue whenever they are ready; `PERSIST 1` keeps a block an SM resident, walking every
+// gridDim.x-th (head, tile) item, longest first, its copier running into the next item while the
+// warpgroups finish the last (the host reads `flash_persistent` and launches it so). On an H100
+// the resident blocks took 0.97× the time of several prompts in one launch on the 8B shape and
+// 0.91× on sixteen 733-token prompts of the 0.5B shape, but 1.13× on one 2,833-token prompt of
+// it (322 items dealt in turn to 132 blocks), and served the same output tokens/s; so blocks
+// are launched one an item and the hardware deals them.
 
 #if FLASH_SM90
 

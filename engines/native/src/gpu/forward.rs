@@ -390,11 +390,15 @@ impl Forward {
                 .arg(&h_i)
                 .arg(&kvh_i)
                 .arg(&scale_log2);
-            let grid = LaunchConfig {
-                grid_dim: (h as u32, tiles as u32, 1),
-                block_dim: (flash.threads, 1, 1),
-                shared_mem_bytes: flash.smem,
+            let tiles_i = tiles as i32;
+            let grid_dim = if flash.persistent {
+                b.arg(&tiles_i);
+                ((h * tiles).min(self.sms) as u32, 1, 1)
+            } else {
+                (h as u32, tiles as u32, 1)
             };
+            let grid =
+                LaunchConfig { grid_dim, block_dim: (flash.threads, 1, 1), shared_mem_bytes: flash.smem };
             // SAFETY: see `record`'s doc; besides, the plan's tiles are `(first, count)` pairs of
             // tokens of one chunk each (below `t`), `flash` exists only for the dtype and head
             // dimension `flash.cu` is compiled for, and `c.aligned` says every row it reads in

@@ -1,11 +1,13 @@
-"""Check the pieces of `hopper.cu` one at a time on an sm_90 GPU: one warpgroup stores random Q,
-K and V tiles in shared memory in the kernel's 128-byte swizzled layout, then computes
-S = Q · Kᵀ (`issue_qk`: both operands by descriptor, K-major) and O = P · V with P = S in the
-cache's type taken from the score registers (`to_p`, `issue_pv`: V by descriptor, transposed),
-and writes both from the accumulator layout the kernel assumes. Each is compared with PyTorch:
-a wrong descriptor, swizzle or fragment layout shows as a large error in one of them.
+"""Check the pieces of the Hopper prefill attention (`engines/native/src/gpu/flash_sm90.cu`) one
+at a time on an sm_90 GPU: one warpgroup stores random Q, K and V tiles in shared memory in the
+kernel's 128-byte swizzled layout, then computes S = Q · Kᵀ (`issue_qk`: both operands by
+descriptor, K-major) and O = P · V with P = S in the cache's type taken from the score registers
+(`to_p`, `issue_pv`: V by descriptor, transposed), and writes both from the accumulator layout
+the kernel assumes. Each is compared with PyTorch: a wrong descriptor, swizzle or fragment
+layout shows as a large error in one of them. The source is the engine's (`flash.cu`, then
+`flash_sm90.cu`), or a version as `flash_bench.py` names one.
 
-    python3 doc/bench/gpu/flash-versions/wgmma_check.py [path/to/hopper.cu]
+    python3 doc/bench/gpu/wgmma_check.py [version]
 """
 
 import ctypes
@@ -14,9 +16,8 @@ import sys
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, ".."))
-import flash_bench  # noqa: E402  (compile_cubin, check, the GPU source folder)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import flash_bench  # noqa: E402  (compile_cubin, check, version_source, the GPU source folder)
 
 CHECK = r"""
 // A 64 × N accumulator tile (N / 2 registers a thread: block nt of 8 columns holds row r0's
@@ -72,11 +73,11 @@ extern "C" __global__ void __launch_bounds__(128) wgmma_check(const u16* q, cons
 """
 
 
-def run(path, hd, kt):
+def run(version, hd, kt):
     gpu = flash_bench.GPU_SRC
     defines = f"#define WT {kt}\n#define KT {kt}\n#define WARPS 4\n#define HD {hd}\n#define GB 4\n#define GQ 4\n#define MAX_SPLITS 16\n"
-    src = defines + open(f"{gpu}/kernels.cu").read() + "\n" + open(f"{gpu}/gemv.cu").read() + "\n" + open(path).read()
-    # the helpers are inside the kernel's own #if; the check goes in there too
+    src = defines + open(f"{gpu}/kernels.cu").read() + "\n" + open(f"{gpu}/gemv.cu").read() + "\n" + version
+    # the helpers are inside the kernel's own #if (the last one); the check goes in there too
     at = src.rindex("#endif")
     src = src[:at] + CHECK + src[at:]
     cubin = flash_bench.compile_cubin(src, "90")
@@ -109,9 +110,10 @@ def run(path, hd, kt):
 
 
 def main():
-    path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "hopper.cu")
+    g = flash_bench.GPU_SRC
+    version = flash_bench.version_source(sys.argv[1] if len(sys.argv) > 1 else f"{g}/flash.cu+{g}/flash_sm90.cu")
     torch.zeros(1, device="cuda")
-    results = [run(path, hd, kt) for hd in (128, 64) for kt in (1, 2)]
+    results = [run(version, hd, kt) for hd in (128, 64) for kt in (1, 2)]
     sys.exit(0 if all(results) else 1)
 
 
