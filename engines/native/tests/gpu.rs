@@ -47,14 +47,15 @@ fn make_model(dir: &Path, arch: Arch, dtype: candle_core::DType) -> ResolvedMode
     let name = format!("{arch:?}-{dtype:?}").to_lowercase();
     let path = dir.join(&name);
     std::fs::create_dir_all(&path).expect("mkdir");
-    // GQA groups of 4 (two KV heads), 7 (one) and 12 (two) query heads, heads of 16, 64 and 32:
+    // GQA groups of 4 (two KV heads), 7 (one) and 12 (two) query heads, heads of 16, 64 and 128:
     // the decode attention reads each K/V row once for a block of the group's heads (on tensor
     // cores, groups of up to 8 are a tile's columns, larger ones its rows), and its operand
-    // loads depend on the head dimension.
+    // loads depend on the head dimension; on Hopper, heads of 64 and 128 take the prefill
+    // attention's `wgmma` kernel, which shares its source with the decode attention.
     let (hidden, heads, kv_heads, head_dim, inter, layers) = match arch {
         Arch::Llama => (64, 8, 2, 16, 128, 3),
         Arch::Qwen2 => (64, 7, 1, 64, 160, 2),
-        Arch::Qwen3 => (64, 24, 2, 32, 128, 3),
+        Arch::Qwen3 => (64, 24, 2, 128, 128, 3),
     };
     let tied = matches!(arch, Arch::Qwen2);
     let config = match arch {

@@ -34,7 +34,7 @@
 #if KT != 0 && HD % 16 == 0 && HD <= 128 && __CUDA_ARCH__ >= 800
 
 // On Hopper, heads of 64 and 128 take `flash_sm90.cu`'s kernel (wgmma) instead of this file's;
-// the helpers below serve both. `FLASH_MMA_SYNC` keeps this one.
+// the helpers below serve both (and `decode.cu`). `FLASH_MMA_SYNC` keeps this one.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) && (HD == 64 || HD == 128) && !defined(FLASH_MMA_SYNC)
 #define FLASH_SM90 1
 #else
@@ -141,7 +141,6 @@ __device__ __forceinline__ int key_block(int j, int bs, int shift) {
     return shift >= 0 ? j >> shift : j / bs;
 }
 
-#if !FLASH_SM90
 // One tile's step of the online softmax (base 2) for a warp's rows g and g + 8 (the m16 tile's
 // row halves): the tile's NT × 8 scores `s` (accumulator layout) become probabilities against the
 // new running maxima, which the 4 lanes of a row share; the running sums (this lane's part; the
@@ -184,6 +183,7 @@ __device__ __forceinline__ void online_softmax(float (*s)[4], float (*o)[4], flo
     }
 }
 
+#if !FLASH_SM90
 // One k-step's A fragments of a warp's m16 tile from shared memory (`at`: this lane's row and
 // column half of the step, as `q_lane` computes).
 __device__ __forceinline__ void q_frag(unsigned int* a, unsigned int at) {
