@@ -162,6 +162,9 @@ pub(super) struct StepBufs {
     /// How many splits of each `attention` block's query have written their partial, `[part_rows]
     /// [heads]` (the last one merges them and sets the count back to 0).
     pub(super) counters: CudaSlice<u32>,
+    /// `flash_decode`'s blocks dealt to the step's queries (`plan::deal_decode_blocks`): as many
+    /// as the most splits of the partial buffer's rows, or one a token past them.
+    pub(super) deal: CudaSlice<i32>,
 }
 
 impl StepBufs {
@@ -195,6 +198,7 @@ impl StepBufs {
             part: s.alloc_zeros(rows * h * MAX_SPLITS * (d + 2)).map_err(driver)?,
             part_rows: rows,
             counters: s.alloc_zeros(rows * h).map_err(driver)?,
+            deal: s.alloc_zeros((rows * MAX_SPLITS).max(t)).map_err(driver)?,
         })
     }
 
@@ -203,10 +207,19 @@ impl StepBufs {
         self.capacity.fits(plan)
     }
 
-    /// Copies the plan into the buffers' prefixes, ordered on `s` before the step's kernels.
-    pub(super) fn upload(&mut self, s: &Arc<CudaStream>, plan: &StepPlan) -> Result<(), GpuError> {
-        if !self.fits(plan) {
+    /// Copies the plan and `flash_decode`'s deal into the buffers' prefixes, ordered on `s`
+    /// before the step's kernels.
+    pub(super) fn upload(
+        &mut self,
+        s: &Arc<CudaStream>,
+        plan: &StepPlan,
+        deal: &[i32],
+    ) -> Result<(), GpuError> {
+        if !self.fits(plan) || deal.len() > self.deal.len() {
             return Err(GpuError::Shape("a step larger than its buffers".into()));
+        }
+        if !deal.is_empty() {
+            s.memcpy_htod(deal, &mut self.deal).map_err(driver)?;
         }
         s.memcpy_htod(&plan.ids[..], &mut self.ids).map_err(driver)?;
         s.memcpy_htod(&plan.pos[..], &mut self.pos).map_err(driver)?;

@@ -25,17 +25,19 @@
 // the same way, and each form writes them back in order.
 //
 // Each warp's (max, sum, output) meet in shared memory; with several splits the last block of a
-// query merges all partials (merge_splits, natural-log maxima). A query takes only the splits
-// its keys fill, one tile per warp, up to the grid's: the grid is sized from the step's shape
-// (a graph replays it whatever the lengths), but a short sequence in a grid of 16 splits would
-// otherwise leave most blocks empty and still pay a merge across all 16; with one split there
-// is none. The blocks past a query's splits return at once. Its arguments are `attention`'s
-// (`vec` unused: the host runs it on caches whose rows are whole aligned words), but for the
-// scale, log2(e) / sqrt(HD) as in flash_prefill.
+// query merges all partials (merge_splits, natural-log maxima). The grid is sized from the
+// step's shape (queries × KVH × splits, which a graph replays whatever the lengths), and the
+// host deals each KV head's queries × splits blocks to the queries by length every step
+// (`plan::deal_decode_blocks`): a serving batch mixes contexts of 40 and 2,833 tokens, and as
+// many splits for each would leave the step waiting on the longest one's blocks. Entry
+// blockIdx.z · gridDim.x + blockIdx.x of `deal` is the block's (query slot << 8 | split << 4 |
+// splits − 1), or −1 for a block with no work, which returns at once. Its arguments are
+// `attention`'s (`vec` unused: the host runs it on caches whose rows are whole aligned words),
+// then `deal`, but for the scale, log2(e) / sqrt(HD) as in flash_prefill.
 
 #if KT != 0 && HD % 16 == 0 && HD <= 128 && __CUDA_ARCH__ >= 800 && GQ <= 16
 #define DW 4                    // warps per flash_decode block
-#define DK (HD > 64 ? 16 : 32)  // keys per warp tile: its K and V segments stay in registers
+#define DK (HD > 64 ? 16 : 32)  // keys per warp tile (K and V segments in registers; plan::decode_tile_keys)
 #define KWORDS (HD / 8)         // words of a lane's K row segment (HD/4 elements)
 #define VWORDS (HD / 16)        // words of a lane's V row segment (HD/8 elements)
 #define LN2F 0.6931471805599453f  // ln 2: the merges' maxima are in natural-log units
@@ -304,19 +306,20 @@ extern "C" __global__ void __launch_bounds__(32 * DW)
 flash_decode(const float* q, unsigned long long k_plane, unsigned long long v_plane, const int* pos,
              const int* tab_off, const unsigned int* tables, const int* toks, int use_toks, int vec, int bs,
              long long s_blk, long long s_tok, long long s_head, wt* out, float* part, unsigned int* counters,
-             int H, int KVH, float scale_log2) {
+             int H, int KVH, float scale_log2, const int* deal) {
     __shared__ float so[DW][GQ][HD];
     __shared__ float sm[DW][GQ], sl[DW][GQ];
-    // The positions and block tables are the host's, copied in before the step's first kernel
-    // and written by none: their chain of loads, down to the first tile's row offsets, runs
+    // The deal, positions and block tables are the host's, copied in before the step's first
+    // kernel and written by none: their chain of loads, down to the first tile's row offsets, runs
     // before the wait, while the kernel before this one (which writes Q and this token's K and
     // V) ends.
-    long long t = use_toks ? toks[blockIdx.x] : blockIdx.x;
+    const int dealt = deal[blockIdx.z * gridDim.x + blockIdx.x];
+    if (dealt < 0) return;  // the same for the whole block: no barrier is left waiting
+    const int slot = dealt >> 8, z = (dealt >> 4) & 15, splits = (dealt & 15) + 1;
+    long long t = use_toks ? toks[slot] : slot;
     int kh = blockIdx.y, h0 = kh * GQ;
     int len = pos[t] + 1;
     int tiles = (len + DK - 1) / DK;
-    int z = blockIdx.z, splits = min((int)gridDim.z, (tiles + DW - 1) / DW);
-    if (z >= splits) return;  // the same for the whole block: no barrier is left waiting
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, tq = lane & 3;
     const unsigned int* tab = tables + tab_off[t];
@@ -366,6 +369,6 @@ flash_decode(const float* q, unsigned long long k_plane, unsigned long long v_pl
     }
     rows.store(so[warp], sm[warp], sl[warp], g, tq);
     __syncthreads();
-    merge_warps<GQ, DW>(sm, sl, so, part, counters, out, t, h0, H, splits);
+    merge_warps<GQ, DW>(sm, sl, so, part, counters, out, t, slot, z, h0, H, splits);
 }
 #endif

@@ -24,8 +24,9 @@ use super::error::{GpuError, driver};
 use super::flash::Flash;
 use super::pages::CacheView;
 use super::plan::{
-    ATTENTION_WARPS, DECODE_WARPS, GEMV_ROWS, StepShape, attention_group, attention_heads, attention_splits,
-    decode_splits, elem_bytes, flash_decode_fits, kernel_source, rope_tables,
+    ATTENTION_WARPS, DECODE_WARPS, GEMV_ROWS, StepPlan, StepShape, attention_group, attention_heads,
+    attention_splits, deal_decode_blocks, decode_splits, decode_tile_keys, elem_bytes, flash_decode_fits,
+    kernel_source, rope_tables,
 };
 use crate::weights::Weights;
 use cudarc::cublas::CudaBlas;
@@ -447,6 +448,9 @@ impl Forward {
             .arg(&h_i)
             .arg(&kvh_i)
             .arg(&scale);
+        if self.k.flash_decode.is_some() && c.aligned {
+            b.arg(&bufs.deal);
+        }
         let grid = LaunchConfig {
             grid_dim: (blocks as u32, heads_splits.0 as u32, heads_splits.1 as u32),
             block_dim: (threads, 1, 1),
@@ -459,9 +463,29 @@ impl Forward {
         // groups it is compiled for) divide the heads of a KV head (`attention_group`), and with
         // more than one split `attention_splits`/`decode_splits` checked that `part` holds the
         // `blocks` rows of partials written and `counters` (as many rows of `h` entries, zeroed
-        // at allocation and set back to zero by the kernel) their counts.
+        // at allocation and set back to zero by the kernel) their counts; `flash_decode` reads
+        // `deal`'s first `blocks × splits` entries, which `decode_deal` wrote for this step
+        // (slots below `blocks`, splits up to MAX_SPLITS, `part`'s stride per query and head).
         unsafe { b.launch(grid) }.map_err(driver)?;
         Ok(())
+    }
+
+    /// `flash_decode`'s deal of its blocks for the step of `plan` ([`deal_decode_blocks`]), for
+    /// the step buffers' partial rows `part_rows`: the queries `attention` gives it (the
+    /// one-token chunks when the step has `flash_prefill` tiles, else every token) and its
+    /// grid's splits. Empty where the step runs no `flash_decode`.
+    pub(super) fn decode_deal(&self, plan: &StepPlan, c: &CacheView, part_rows: usize) -> Vec<i32> {
+        if self.k.flash_decode.is_none() || !c.aligned {
+            return Vec::new();
+        }
+        let len = |t: usize| plan.pos.get(t).map_or(1, |&p| p.max(0) as usize + 1);
+        let lens: Vec<usize> = if self.k.flash.is_some() && !plan.tiles.is_empty() {
+            plan.singles.iter().map(|&t| len(t as usize)).collect()
+        } else {
+            (0..plan.pos.len()).map(len).collect()
+        };
+        let splits = decode_splits(lens.len(), self.cfg.kv_heads, self.sms, part_rows);
+        deal_decode_blocks(&lens, splits, decode_tile_keys(self.cfg.head_dim))
     }
 
     /// Enqueues the fused residual add and RMSNorm: `x += delta`, then `act = RMSNorm(x) ·

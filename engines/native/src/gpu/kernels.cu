@@ -417,17 +417,18 @@ __device__ __forceinline__ void add_values(float (*acc)[NV], const kt* V, unsign
 // (max in natural-log units, sum, unnormalised output per head: `part`'s rows of HD + 2): the last
 // split of the query to get here merges everyone's partials into `out`. Each block's writes
 // are released before its count, and the last block acquires them all after reading it; it
-// sets the count back to 0 for the next launch. Grid (queries, head blocks, splits); the
-// query's `splits` (≤ gridDim.z) blocks take part; the block's G heads start at h0.
+// sets the count back to 0 for the next launch. Grid (query slots, head blocks, splits); the
+// block serves slot `slot` (token t), whose `splits` (≤ MAX_SPLITS) blocks take part; the
+// block's G heads start at h0. A slot's partials are `part`'s rows MAX_SPLITS apart per head.
 template <int G>
-__device__ __forceinline__ void merge_splits(const float* part, unsigned int* counters, wt* out, long long t, int h0,
-                                             int H, int splits) {
+__device__ __forceinline__ void merge_splits(const float* part, unsigned int* counters, wt* out, long long t,
+                                             long long slot, int h0, int H, int splits) {
     __shared__ float pm[G][MAX_SPLITS], pl[G][MAX_SPLITS];
     __shared__ int last;
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
     __syncthreads();
     if (threadIdx.x == 0) {
-        unsigned int* c = counters + (long long)blockIdx.x * gridDim.y + blockIdx.y;
+        unsigned int* c = counters + slot * gridDim.y + blockIdx.y;
         last = atomicAdd(c, 1u) == (unsigned int)(splits - 1);
         if (last) *c = 0u;  // every split has counted: ready for the next launch
     }
@@ -438,7 +439,7 @@ __device__ __forceinline__ void merge_splits(const float* part, unsigned int* co
     // (head, element) reads all splits' outputs with its loads in flight together.
     for (int e = threadIdx.x; e < G * splits; e += blockDim.x) {
         int g = e / splits, zz = e % splits;
-        const float* pz = part + ((((long long)blockIdx.x * H + h0 + g) * splits) + zz) * (HD + 2);
+        const float* pz = part + (((slot * H + h0 + g) * MAX_SPLITS) + zz) * (HD + 2);
         pm[g][zz] = __ldcg(pz);
         pl[g][zz] = __ldcg(pz + 1);
     }
@@ -446,7 +447,7 @@ __device__ __forceinline__ void merge_splits(const float* part, unsigned int* co
     for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
         int g = e / HD, i = e % HD;
         long long h = h0 + g;
-        const float* pp = part + (((long long)blockIdx.x * H + h) * splits) * (HD + 2) + 2 + i;
+        const float* pp = part + ((slot * H + h) * MAX_SPLITS) * (HD + 2) + 2 + i;
         float v[MAX_SPLITS];
 #pragma unroll
         for (int zz = 0; zz < MAX_SPLITS; zz++) v[zz] = zz < splits ? __ldcg(pp + zz * (HD + 2)) : 0.f;
@@ -465,13 +466,12 @@ __device__ __forceinline__ void merge_splits(const float* part, unsigned int* co
 
 // The end of a query's attention in a block of NW warps, each of which left its (max in
 // natural-log units, sum, unnormalised output) per head in shared memory: merged one (head,
-// element) per thread into `out`, or with several splits (this is split blockIdx.z of
-// `splits`) into this split's partial and then by merge_splits.
+// element) per thread into `out`, or with several splits (this is split z of `splits` of slot
+// `slot`) into this split's partial and then by merge_splits.
 template <int G, int NW>
 __device__ __forceinline__ void merge_warps(const float (*sm)[G], const float (*sl)[G], const float (*sacc)[G][HD],
-                                            float* part, unsigned int* counters, wt* out, long long t, int h0,
-                                            int H, int splits) {
-    int z = blockIdx.z;
+                                            float* part, unsigned int* counters, wt* out, long long t,
+                                            long long slot, int z, int h0, int H, int splits) {
     for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
         int g = e / HD, i = e % HD;
         float M = NEG_INF;
@@ -487,14 +487,14 @@ __device__ __forceinline__ void merge_warps(const float (*sm)[G], const float (*
             out[(t * H + h) * HD + i] = wst(o / L);
             continue;
         }
-        float* pp = part + (((long long)blockIdx.x * H + h) * splits + z) * (HD + 2);
+        float* pp = part + ((slot * H + h) * MAX_SPLITS + z) * (HD + 2);
         if (i == 0) {
             pp[0] = M;
             pp[1] = L;
         }
         pp[2 + i] = o;
     }
-    if (splits > 1) merge_splits<G>(part, counters, out, t, h0, H, splits);
+    if (splits > 1) merge_splits<G>(part, counters, out, t, slot, h0, H, splits);
 }
 
 // Paged attention of one query token for G heads that share one KV head (GQA), over its
@@ -582,7 +582,7 @@ __device__ __forceinline__ void attention_heads(const float* q, unsigned long lo
         }
     }
     __syncthreads();
-    merge_warps<G, WARPS>(sm, sl, sacc, part, counters, out, t, h0, H, gridDim.z);
+    merge_warps<G, WARPS>(sm, sl, sacc, part, counters, out, t, blockIdx.x, blockIdx.z, h0, H, gridDim.z);
 }
 
 // The kernel for steps with many queries: blocks of the GB heads of a KV head, each K/V row

@@ -164,7 +164,8 @@ impl GpuModel {
             self.graphs.follow(&self.stream)?;
         }
         let stream = self.graphs.lane(self.main_lane(), graphed).stream.clone();
-        bufs.upload(&stream, plan)?;
+        let deal = self.fwd.decode_deal(plan, self.kv.view(), bufs.part_rows);
+        bufs.upload(&stream, plan, &deal)?;
         let (fwd, cache) = (&self.fwd, self.kv.view());
         if !(graphed && self.graphs.replay(t, |lane| fwd.record(lane, bufs, cache, StepShape::decode(t)))?) {
             self.fwd.record(self.graphs.lane(self.main_lane(), graphed), bufs, cache, plan.shape())?;

@@ -146,6 +146,10 @@ pub(super) fn flash_decode_fits(kdt: KvDtype, head_dim: usize, major: i32, gqa: 
 /// Warps of one `flash_decode` block (`DW` in `decode.cu`).
 pub(super) const DECODE_WARPS: u32 = 4;
 
+mod deal;
+#[cfg_attr(not(feature = "cuda"), allow(unused_imports))]
+pub(super) use deal::{deal_decode_blocks, decode_tile_keys};
+
 /// `flash_decode` blocks per SM to launch at most, over all splits: one. Fewer splits give
 /// each warp more 16-key tiles to walk, and what a block pays once (its block-table and Q
 /// loads, the merge of its warps and of the splits) is spread over more keys. On an H100, for
@@ -156,8 +160,8 @@ const DECODE_BLOCKS_PER_SM: usize = 1;
 /// How many blocks share each query's keys in `flash_decode`, for `queries` queries of
 /// `kv_heads` blocks each on a GPU of `sms` SMs, when the partial buffer holds `part_rows`
 /// queries: about a block per SM, up to [`MAX_SPLITS`], or 1 (no merge) past the buffer.
-/// Depends on the step's shape alone, so a captured graph stays valid; it is the grid's, and a
-/// query whose keys fill fewer (one tile per warp) uses fewer, its other blocks idle.
+/// Depends on the step's shape alone, so a captured graph stays valid; it is the grid's, whose
+/// blocks the host deals to the queries by length every step ([`deal_decode_blocks`]).
 pub(super) fn decode_splits(queries: usize, kv_heads: usize, sms: usize, part_rows: usize) -> usize {
     fill_splits(queries, kv_heads, sms * DECODE_BLOCKS_PER_SM, part_rows)
 }

@@ -167,14 +167,14 @@ fn decode_step_time_at_batch_1() {
     assert_eq!(outputs[0], outputs[1], "graphs and eager launches decode the same tokens");
 }
 
-/// Per-token times of `n` concurrent greedy requests of `len`-token prompts (words below
-/// `vocab`) on `engine`, after their first tokens (the steps that only decode): the median gap
-/// between one request's tokens, in ms. With `window`, the profiler collects from when every
+/// Per-token times of `n` concurrent greedy requests of prompts of `lens` tokens (request i's
+/// `lens[i % lens.len()]`; words below `vocab`) on `engine`, after their first tokens (the
+/// steps that only decode): the median gap between one request's tokens, in ms. With `window`, the profiler collects from when every
 /// request has its fifth token until the first has its twentieth (decode-only steps alone).
 fn decode_gap_ms(
     engine: &NativeEngine,
     n: usize,
-    len: usize,
+    lens: &[usize],
     tokens: usize,
     vocab: usize,
     window: bool,
@@ -185,7 +185,7 @@ fn decode_gap_ms(
     let gaps = rt().block_on(futures::future::join_all((0..n).map(|i| async move {
         let mut sampling = SamplingParams::greedy(tokens);
         sampling.ignore_eos = true;
-        let ids = prompt(len, 40 + i as u32, vocab);
+        let ids = prompt(lens[i % lens.len()], 40 + i as u32, vocab);
         let request =
             GenerateRequest { request_id: format!("b{n}-{i}"), prompt: Prompt::Tokens(ids), sampling };
         let mut stream = engine.submit(request).expect("submit");
@@ -239,28 +239,41 @@ fn decode_step_time_by_batch() {
     let cfg = serde_json::json!({"device": "cuda", "kv_cache_tokens": 131_072});
     let engine =
         NativeEngine::load(&model, EngineOptions::from_engine_config(&cfg).expect("options")).expect("load");
-    let _ = decode_gap_ms(&engine, 4, 64, 16, shape.vocab, false);
+    let _ = decode_gap_ms(&engine, 4, &[64], 16, shape.vocab, false);
     for n in [1usize, 2, 4, 8, 16, 64] {
-        let ms = decode_gap_ms(&engine, n, 1000, 48, shape.vocab, false);
+        let ms = decode_gap_ms(&engine, n, &[1000], 48, shape.vocab, false);
         eprintln!(
             "{}, 1,000-token prompts: decode-only batch {n}: per-token p50 {ms:.3} ms, {:.0} tokens/s",
             shape.label(),
             n as f64 / ms * 1e3
         );
     }
+    // A serving run's mix of lengths: the batch's longest contexts are 70 times its shortest.
+    for n in [4usize, 16, 64] {
+        let ms = decode_gap_ms(&engine, n, &SERVING_MIX, 48, shape.vocab, false);
+        eprintln!(
+            "{}, prompts of 40/173/733/2,833 tokens: decode-only batch {n}: per-token p50 {ms:.3} ms, {:.0} tokens/s",
+            shape.label(),
+            n as f64 / ms * 1e3
+        );
+    }
 }
+
+/// The prompt lengths of the serving benchmarks (`xinf bench --prompt-tokens`).
+const SERVING_MIX: [usize; 4] = [40, 173, 733, 2833];
 
 /// A profiling target, not a check: with `XINF_PROFILE` set, the model of `XINF_BENCH_SHAPE`
 /// runs one workload with CUDA graphs off, so a profiler sees every kernel: `prefillN`, one
 /// prompt pass of N tokens (2,833 without N); `decodeN`, N requests of 1,000-token prompts decoding 32 tokens
 /// each, the profiler collecting only some of their decode-only steps (15 of them, give or
-/// take the steps in flight). Under Nsight Compute, e.g. `XINF_TEST_GPU=1 XINF_PROFILE=decode16
+/// take the steps in flight); `decodemixN`, the same with the serving benchmarks' prompt
+/// lengths in turn. Under Nsight Compute, e.g. `XINF_TEST_GPU=1 XINF_PROFILE=decode16
 /// ncu --profile-from-start off --metrics gpu__time_duration.sum --print-summary per-kernel
 /// ./gpu-<hash> profile_target` (without `--profile-from-start off` for `prefillN`).
 #[test]
 fn profile_target() {
     let Ok(what) = std::env::var("XINF_PROFILE") else {
-        eprintln!("SKIPPED profile_target: set XINF_PROFILE to prefill or decodeN");
+        eprintln!("SKIPPED profile_target: set XINF_PROFILE to prefill, decodeN or decodemixN");
         return;
     };
     if !gpu_enabled("profile_target") {
@@ -276,8 +289,12 @@ fn profile_target() {
         let len = if len.is_empty() { 2833 } else { len.parse().expect("XINF_PROFILE=prefillN") };
         rt().block_on(engine.prompt_logits(prompt(len, 9, shape.vocab))).expect("prompt logits");
     } else {
-        let n = what.trim_start_matches("decode").parse().expect("XINF_PROFILE=decodeN");
-        let ms = decode_gap_ms(&engine, n, 1000, 32, shape.vocab, true);
+        let (n, lens) = match what.strip_prefix("decodemix") {
+            Some(n) => (n, &SERVING_MIX[..]),
+            None => (what.trim_start_matches("decode"), &[1000][..]),
+        };
+        let n = n.parse().expect("XINF_PROFILE=decodeN or decodemixN");
+        let ms = decode_gap_ms(&engine, n, lens, 32, shape.vocab, true);
         eprintln!("profile_target {what}: per-token p50 {ms:.3} ms");
     }
 }
