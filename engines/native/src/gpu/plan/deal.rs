@@ -19,8 +19,9 @@ pub(in crate::gpu) fn decode_tile_keys(head_dim: usize) -> usize {
 }
 
 /// The deal of one KV head's `lens.len() × splits` `flash_decode` blocks to queries of `lens`
-/// keys (tiles of `tile_keys`): entry `z × queries + q` is block (q, z)'s `slot << 8 | split << 4
-/// | splits − 1` (query slot, which of its splits, how many it has) or −1 (no work).
+/// keys (tiles of `tile_keys`): entry `f` is what the block `blockIdx.z × queries + blockIdx.x`
+/// of every KV head works on, `slot << 8 | split << 4 | splits − 1` (the query's slot, which of
+/// its splits, how many it has), or −1 (nothing).
 ///
 /// A query of `n` tiles takes `ceil(n / c)` splits for the least `c` (tiles a split, at least a
 /// warp's tile for each of the block's warps and a [`MAX_SPLITS`]-th of the longest query's)
