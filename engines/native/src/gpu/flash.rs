@@ -48,8 +48,7 @@ impl Flash {
         let (threads, rows, smem) =
             (constant("flash_threads")?, constant("flash_rows")?, constant("flash_smem_bytes")?);
         // Only `flash_sm90.cu`'s kernel states it.
-        let persistent =
-            module.get_global("flash_persistent", s).is_ok() && constant("flash_persistent")? != 0;
+        let persistent = constant("flash_persistent").is_ok_and(|v| v != 0);
         if rows as usize != FLASH_TILE {
             return Err(GpuError::Compile(format!(
                 "flash_prefill takes {rows} rows a block, the plan {FLASH_TILE}"

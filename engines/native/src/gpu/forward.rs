@@ -372,7 +372,7 @@ impl Forward {
         let scale = 1.0f32 / (d as f32).sqrt();
         let [kp, vp] = c.planes[li];
         let (use_toks, vec) = (i32::from(tiles > 0), i32::from(c.aligned));
-        let flash = self.k.flash.as_ref().filter(|_| tiles > 0 && c.aligned);
+        let flash = self.prefill_flash(tiles, c);
         if let Some(flash) = flash {
             let scale_log2 = scale * std::f32::consts::LOG2_E;
             let mut b = s.launch_builder(&flash.f);
@@ -412,9 +412,10 @@ impl Forward {
         }
         let use_toks = if flash.is_some() { use_toks } else { 0 };
         // `flash_decode` where it exists (its arguments are `attention`'s, but for a base-2
-        // scale), else `attention` with blocks of one head or of a GQA group's heads.
-        let (kernel, heads_splits, threads, scale) = match self.k.flash_decode.as_ref().filter(|_| c.aligned)
-        {
+        // scale, then the step's deal), else `attention` with blocks of one head or of a GQA
+        // group's heads.
+        let decode = self.decode_flash(c);
+        let (kernel, heads_splits, threads, scale) = match decode {
             Some(decode) => {
                 let kvh = cfg.kv_heads;
                 let splits = decode_splits(blocks, kvh, self.sms, bufs.part_rows);
@@ -448,7 +449,7 @@ impl Forward {
             .arg(&h_i)
             .arg(&kvh_i)
             .arg(&scale);
-        if self.k.flash_decode.is_some() && c.aligned {
+        if decode.is_some() {
             b.arg(&bufs.deal);
         }
         let grid = LaunchConfig {
@@ -470,16 +471,27 @@ impl Forward {
         Ok(())
     }
 
+    /// `flash_prefill`, where it runs a step's prompt chunks: it exists, the step has tiles
+    /// (`tiles`, counted in any unit) and the cache's rows are whole aligned words.
+    fn prefill_flash(&self, tiles: usize, c: &CacheView) -> Option<&Flash> {
+        self.k.flash.as_ref().filter(|_| tiles > 0 && c.aligned)
+    }
+
+    /// `flash_decode`, where it runs a step's one-token queries instead of `attention`.
+    fn decode_flash(&self, c: &CacheView) -> Option<&CudaFunction> {
+        self.k.flash_decode.as_ref().filter(|_| c.aligned)
+    }
+
     /// `flash_decode`'s deal of its blocks for the step of `plan` ([`deal_decode_blocks`]), for
     /// the step buffers' partial rows `part_rows`: the queries `attention` gives it (the
     /// one-token chunks when the step has `flash_prefill` tiles, else every token) and its
     /// grid's splits. Empty where the step runs no `flash_decode`.
     pub(super) fn decode_deal(&self, plan: &StepPlan, c: &CacheView, part_rows: usize) -> Vec<i32> {
-        if self.k.flash_decode.is_none() || !c.aligned {
+        if self.decode_flash(c).is_none() {
             return Vec::new();
         }
         let len = |t: usize| plan.pos.get(t).map_or(1, |&p| p.max(0) as usize + 1);
-        let lens: Vec<usize> = if self.k.flash.is_some() && !plan.tiles.is_empty() {
+        let lens: Vec<usize> = if self.prefill_flash(plan.tiles.len(), c).is_some() {
             plan.singles.iter().map(|&t| len(t as usize)).collect()
         } else {
             (0..plan.pos.len()).map(len).collect()
