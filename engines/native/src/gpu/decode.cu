@@ -37,7 +37,8 @@
 
 #if KT != 0 && HD % 16 == 0 && HD <= 128 && __CUDA_ARCH__ >= 800 && GQ <= 16
 #define DW 4                    // warps per flash_decode block
-#define DK (HD > 64 ? 16 : 32)  // keys per warp tile (K and V segments in registers; plan::decode_tile_keys)
+// DK, the keys of a warp's tile (its K and V segments stay in registers), is the host's
+// (`plan::decode_tile_keys`), as the deal of the blocks counts tiles of it.
 #define KWORDS (HD / 8)         // words of a lane's K row segment (HD/4 elements)
 #define VWORDS (HD / 16)        // words of a lane's V row segment (HD/8 elements)
 #define LN2F 0.6931471805599453f  // ln 2: the merges' maxima are in natural-log units

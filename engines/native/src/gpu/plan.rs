@@ -123,9 +123,11 @@ pub(super) fn kernel_source(
 ) -> String {
     format!(
         "#define WT {}\n#define KT {}\n#define WARPS {ATTENTION_WARPS}\n#define HD {head_dim}\n#define GB {group}\n\
-         #define GQ {gqa}\n#define HID {hidden}\n#define MAX_SPLITS {MAX_SPLITS}\n{KERNELS}\n{GEMV}\n{FLASH}\n{FLASH_SM90}\n{DECODE}",
+         #define GQ {gqa}\n#define HID {hidden}\n#define MAX_SPLITS {MAX_SPLITS}\n#define DK {}\n\
+         {KERNELS}\n{GEMV}\n{FLASH}\n{FLASH_SM90}\n{DECODE}",
         type_code(wdt),
-        type_code(kdt)
+        type_code(kdt),
+        decode_tile_keys(head_dim)
     )
 }
 

@@ -12,8 +12,8 @@ use super::{DECODE_WARPS, MAX_SPLITS};
 // A deal entry packs a split and the query's split count in 4 bits each.
 const _: () = assert!(MAX_SPLITS <= 16);
 
-/// Keys of a `flash_decode` warp's tile (`DK` in `decode.cu`): 16 for heads above 64, else 32
-/// (a tile's K and V row segments stay in a lane's registers).
+/// Keys of a `flash_decode` warp's tile (`DK`, which the kernels' source defines from here): 16
+/// for heads above 64, else 32 (a tile's K and V row segments stay in a lane's registers).
 pub(in crate::gpu) fn decode_tile_keys(head_dim: usize) -> usize {
     if head_dim > 64 { 16 } else { 32 }
 }
