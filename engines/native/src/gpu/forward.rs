@@ -4,7 +4,10 @@
 //! normalizes Q/K heads (Qwen3), applies RoPE and writes K and V into the cache through the
 //! block table, paged attention over each token's own sequence (prefill chunks and decode
 //! tokens alike), the output projection, RMSNorm, the fused gate/up matmul, SiLU·up, the down
-//! projection; the residual adds are fused into the norms. The residual stream is f32; the
+//! projection; the residual adds are fused into the norms. In decode steps of one sequence of
+//! a small model (`Forward::norms_fused`) the norms run inside the products after them
+//! instead, and the products before them add into the residual stream: six kernels a layer,
+//! not eight, summing the same values in the same order. The residual stream is f32; the
 //! layers' matmuls accumulate in f32 and write their outputs in the model's dtype (as the
 //! weights, the matmul inputs and the cache are), which the kernels after them read back into
 //! f32 (the residual add, the QKV post-processing, SiLU·up): rounded once, as a model computed
@@ -17,16 +20,20 @@
 // SAFETY comments say which check covers which call.
 #![allow(unsafe_code)]
 
+mod kernels;
 mod products;
+
+use kernels::{Kernels, sm_count};
+use products::Rows;
 
 use super::buffers::{Buf, GpuLayer, GpuWeights, StepBufs};
 use super::error::{GpuError, driver};
 use super::flash::Flash;
 use super::pages::CacheView;
 use super::plan::{
-    ATTENTION_WARPS, DECODE_WARPS, GEMV_ROWS, StepPlan, StepShape, attention_group, attention_heads,
-    attention_splits, deal_decode_blocks, decode_splits, decode_tile_keys, elem_bytes, flash_decode_fits,
-    kernel_source, rope_tables,
+    ATTENTION_WARPS, DECODE_WARPS, StepPlan, StepShape, attention_group, attention_heads, attention_splits,
+    deal_decode_blocks, decode_splits, decode_tile_keys, elem_bytes, gemv_glu_fits, gemv_glu_groups,
+    gemv_groups, norm_groups_fit, norms_fused_fit, rope_tables,
 };
 use crate::weights::Weights;
 use cudarc::cublas::CudaBlas;
@@ -35,89 +42,12 @@ use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKern
 use std::sync::Arc;
 use xinf_engine::KvDtype;
 use xinf_models::ModelConfig;
-use xinf_transfer::gpu::nvrtc_arch;
 
 /// A stream and the cuBLAS handle that enqueues on it: where a step's work goes.
 #[derive(Clone, Copy)]
 pub(super) struct Lane<'a> {
     pub(super) stream: &'a Arc<CudaStream>,
     pub(super) blas: &'a CudaBlas,
-}
-
-/// The forward pass's kernels, compiled for one pair of weight and cache dtypes.
-struct Kernels {
-    embed: CudaFunction,
-    add_rmsnorm: CudaFunction,
-    qkv_post: CudaFunction,
-    /// `attention` with blocks of the GQA group's heads, and with blocks of one head
-    /// (`plan::attention_heads` picks per step).
-    attention: CudaFunction,
-    attention_one: CudaFunction,
-    /// The tensor-core prefill attention, where `plan::flash_fits` says it exists and the GPU
-    /// gives its shared memory.
-    flash: Option<Flash>,
-    /// The tensor-core decode attention (one walk over the keys for a GQA group's heads), where
-    /// `plan::flash_decode_fits` says it exists; it then takes every token `flash` does not.
-    flash_decode: Option<CudaFunction>,
-    silu_mul: CudaFunction,
-    argmax_rows: CudaFunction,
-    /// Products of one or two rows with 16-bit weights (absent for f32 weights): one kernel per
-    /// row capacity, `plan::gemv_kernel` picks.
-    gemv: Option<[CudaFunction; GEMV_ROWS]>,
-    /// The MLP's gate/up product and SiLU·up in one kernel for the same steps, where
-    /// `plan::gemv_glu_fits` (absent for f32 weights).
-    gemv_glu: Option<[CudaFunction; GEMV_ROWS]>,
-}
-
-impl Kernels {
-    /// Compiles the kernels for weights in `wdt`, a cache in `kdt` and a model of `shape`
-    /// (heads of `head_dim`, `attention` blocks of `group` heads, `gqa` query heads per KV
-    /// head, the hidden size), for the GPU of `s` (which reads `flash_prefill`'s launch
-    /// constants).
-    fn compile(
-        s: &Arc<CudaStream>,
-        (wdt, kdt): (KvDtype, KvDtype),
-        shape: [usize; 4],
-    ) -> Result<Self, GpuError> {
-        let [head_dim, _, gqa, _] = shape;
-        let ctx = s.context();
-        let (major, minor) = ctx.compute_capability().map_err(driver)?;
-        let opts =
-            cudarc::nvrtc::CompileOptions { arch: Some(nvrtc_arch(major, minor)), ..Default::default() };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(kernel_source(wdt, kdt, shape), opts)
-            .map_err(|e| GpuError::Compile(e.to_string()))?;
-        let module = ctx.load_module(ptx).map_err(driver)?;
-        let f = |name: &str| module.load_function(name).map_err(driver);
-        Ok(Self {
-            embed: f("embed")?,
-            add_rmsnorm: f("add_rmsnorm")?,
-            qkv_post: f("qkv_post")?,
-            attention: f("attention")?,
-            attention_one: f("attention_one")?,
-            flash: Flash::load(s, &module, kdt, head_dim, major)?,
-            flash_decode: flash_decode_fits(kdt, head_dim, major, gqa)
-                .then(|| f("flash_decode"))
-                .transpose()?,
-            silu_mul: f("silu_mul")?,
-            argmax_rows: f("argmax_rows")?,
-            gemv: (wdt != KvDtype::F32).then(|| Ok::<_, GpuError>([f("gemv1")?, f("gemv2")?])).transpose()?,
-            gemv_glu: (wdt != KvDtype::F32)
-                .then(|| Ok::<_, GpuError>([f("gemv_glu1")?, f("gemv_glu2")?]))
-                .transpose()?,
-        })
-    }
-}
-
-impl Kernels {
-    /// Every kernel, by the address of its `CUfunction` (how a captured graph names it).
-    fn ids(&self) -> Vec<usize> {
-        let mut all =
-            vec![&self.embed, &self.add_rmsnorm, &self.qkv_post, &self.attention, &self.attention_one];
-        all.extend([&self.silu_mul, &self.argmax_rows]);
-        all.extend(self.flash.iter().map(|f| &f.f).chain(&self.flash_decode));
-        all.extend(self.gemv.iter().chain(&self.gemv_glu).flatten());
-        all.into_iter().map(|f| f.cu_function() as usize).collect()
-    }
 }
 
 fn cuda_type(dt: KvDtype) -> cudaDataType_t {
@@ -169,11 +99,7 @@ impl Forward {
         let cos = s.clone_htod(&cos).map_err(driver)?;
         let sin = s.clone_htod(&sin).map_err(driver)?;
         let none = s.alloc_zeros::<u8>(16).map_err(driver)?;
-        let sms = s
-            .context()
-            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(driver)?
-            .max(1) as usize;
+        let sms = sm_count(s)?;
         Ok(Self { cfg, wdt, k, w, cos, sin, none, sms, group })
     }
 
@@ -270,18 +196,35 @@ impl Forward {
         let qkv_w = (h + 2 * kvh) * d;
         let t_i = t as u32;
 
-        self.add_rmsnorm(s, bufs, false, &lw.attn_norm, t_i)?;
-        self.matmul_narrow(lane, &lw.wqkv, &bufs.act, &mut bufs.qkv, [qkv_w, hid, t])?;
+        // Where the norms are fused the products before them add into `x` and `delta` stays
+        // zero (the final norm's add then adds nothing).
+        let fused = self.norms_fused(t);
+        let attn_in = if fused {
+            Rows::Normed { res: &bufs.x, w: &lw.attn_norm }
+        } else {
+            self.add_rmsnorm(s, bufs, false, &lw.attn_norm, t_i)?;
+            Rows::Plain(&bufs.act)
+        };
+        self.matmul_narrow(lane, &lw.wqkv, attn_in, &mut bufs.qkv, [qkv_w, hid, t])?;
         self.qkv_post(s, bufs, cache, [li, t], lw)?;
         self.attention(s, bufs, cache, [li, t, shape.tiles, shape.singles])?;
-        self.matmul_narrow(lane, &lw.wo, &bufs.act, &mut bufs.delta, [hid, h * d, t])?;
+        if fused {
+            self.matmul_add(lane, &lw.wo, &bufs.act, &mut bufs.x, [hid, h * d, t])?;
+        } else {
+            self.matmul_narrow(lane, &lw.wo, Rows::Plain(&bufs.act), &mut bufs.delta, [hid, h * d, t])?;
+        }
 
-        self.add_rmsnorm(s, bufs, false, &lw.mlp_norm, t_i)?;
+        let mlp_in = if fused {
+            Rows::Normed { res: &bufs.x, w: &lw.mlp_norm }
+        } else {
+            self.add_rmsnorm(s, bufs, false, &lw.mlp_norm, t_i)?;
+            Rows::Plain(&bufs.act)
+        };
         // SiLU(gate) · up: by one kernel into the gate/up buffer where `gemv_glu` fits, else
         // the product and then `silu_mul` into `act`.
-        let fused = self.gate_up_silu(lane, &lw.w_gate_up, &bufs.act, &mut bufs.gu, [inter, hid, t])?;
-        if !fused {
-            self.matmul_narrow(lane, &lw.w_gate_up, &bufs.act, &mut bufs.gu, [2 * inter, hid, t])?;
+        let glu = self.gate_up_silu(lane, &lw.w_gate_up, mlp_in, &mut bufs.gu, [inter, hid, t])?;
+        if !glu {
+            self.matmul_narrow(lane, &lw.w_gate_up, mlp_in, &mut bufs.gu, [2 * inter, hid, t])?;
             let inter_i = inter as i32;
             let mut b = s.launch_builder(&self.k.silu_mul);
             b.arg(&bufs.gu).arg(&mut bufs.act).arg(&inter_i);
@@ -293,8 +236,35 @@ impl Forward {
             // SAFETY: see `record`'s doc.
             unsafe { b.launch(grid) }.map_err(driver)?;
         }
-        let activated = if fused { &bufs.gu } else { &bufs.act };
-        self.matmul_narrow(lane, &lw.w_down, activated, &mut bufs.delta, [hid, inter, t])
+        let activated = if glu { &bufs.gu } else { &bufs.act };
+        if fused {
+            self.matmul_add(lane, &lw.w_down, activated, &mut bufs.x, [hid, inter, t])
+        } else {
+            self.matmul_narrow(lane, &lw.w_down, Rows::Plain(activated), &mut bufs.delta, [hid, inter, t])
+        }
+    }
+
+    /// Whether a step of `t` tokens runs its norms inside the products after them: where they
+    /// fit the model (`plan::norms_fused_fit`) and the kernels exist, and the QKV and gate/up
+    /// products' groups are few enough for the blocks the GPU holds (`plan::norm_groups_fit`).
+    fn norms_fused(&self, t: usize) -> bool {
+        let c = &self.cfg;
+        let (hid, inter) = (c.hidden_size, c.intermediate_size);
+        let dims = [hid, c.num_heads * c.head_dim, inter];
+        let (Some(norm), Some(glu)) = (&self.k.gemv_norm, &self.k.gemv_glu_norm) else {
+            return false;
+        };
+        if !norms_fused_fit(t, dims) {
+            return false;
+        }
+        let (norm, glu) = (norm.launch().1 as usize, glu.launch().1 as usize);
+        let qkv = gemv_groups((c.num_heads + 2 * c.kv_heads) * c.head_dim, hid);
+        let mlp = if gemv_glu_fits(t, hid) {
+            norm_groups_fit(gemv_glu_groups(inter, hid), glu)
+        } else {
+            norm_groups_fit(gemv_groups(2 * inter, hid), norm)
+        };
+        norm_groups_fit(qkv, norm) && mlp
     }
 
     /// Enqueues the kernel after the QKV matmul of layer `li`: the bias, the Q/K norms, RoPE,

@@ -192,6 +192,43 @@ pub(super) fn gemv_glu_fits(rows: usize, inp: usize) -> bool {
     (1..=GEMV_ROWS).contains(&rows) && inp.is_multiple_of(8) && gemv_split(inp) <= 4
 }
 
+/// Whether a decode step of `rows` sequences runs its layers' norms inside the products after
+/// them (`gemv_norm`, `gemv_glu_norm`), the products before them adding into the residual
+/// stream: a step of one sequence with 16-bit weights (the `gemv` kernels exist), every
+/// product's input whole 16-byte words (`hidden`, the attention output's `heads_dim` and
+/// `inter` multiples of 8), and a norm's row `add_rmsnorm`'s whole-register row (`hidden` at
+/// most 8,192; `HID` and `ROW_VECS` in the kernels). Two kernels a layer fewer. On an H100, 0.5B
+/// shape, a decode step of one sequence took 0.95× the unfused one's time, one of two 1.04×:
+/// each block works both rows' norms out, one after the other, before its first product.
+pub(super) fn norms_fused_fit(rows: usize, [hidden, heads_dim, inter]: [usize; 3]) -> bool {
+    rows == 1 && [hidden, heads_dim, inter].iter().all(|d| d.is_multiple_of(8)) && hidden <= 8192
+}
+
+/// Row groups of a `gemv` product of `out` rows of `inp` values (a group is the 8 / S rows a
+/// block takes at once, S = [`gemv_split`]), and of a `gemv_glu` product of `inter` gate/up row
+/// pairs (4 / S pairs a group): the plain kernels' grids.
+pub(super) fn gemv_groups(out: usize, inp: usize) -> usize {
+    out.div_ceil(8 / gemv_split(inp))
+}
+
+pub(super) fn gemv_glu_groups(inter: usize, inp: usize) -> usize {
+    inter.div_ceil(4 / gemv_split(inp))
+}
+
+/// Whether a `_norm` product of `groups` row groups is worth its fused norm on a GPU that
+/// holds `resident` of its blocks at once: each block then takes at most
+/// [`NORM_GROUPS_A_BLOCK`] groups in turn. A block's groups wait on their weights one after
+/// another, where the plain kernel's blocks (half the registers, so twice as many an SM) keep
+/// more of them in flight. On an H100 the 0.5B shape's products take up to 3 groups a block
+/// and its batch-1 decode step is 0.95× the unfused one's; the 8B shape's take 8 and 36, and
+/// its step was 1.06×.
+pub(super) fn norm_groups_fit(groups: usize, resident: usize) -> bool {
+    groups <= NORM_GROUPS_A_BLOCK * resident
+}
+
+/// See [`norm_groups_fit`].
+const NORM_GROUPS_A_BLOCK: usize = 4;
+
 /// Warps of one `gemv` block that share an output row (the rest of its 8 warps take other
 /// rows): enough that each lane loads at most 4 of the row's 16-byte words (`inp` 16-bit values,
 /// a multiple of 8), all in flight at once; a power of two up to 8.

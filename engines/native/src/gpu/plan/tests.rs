@@ -342,6 +342,25 @@ fn gemv_kernels_hold_their_rows() {
         assert!(GEMV.contains(&format!("GEMV_KERNEL(gemv{cap}, {cap})")));
         assert!(GEMV.contains(&format!("GEMV_GLU_KERNEL(gemv_glu{cap}, {cap})")));
     }
+    // The kernels that work a norm out take one row (`norms_fused_fit`).
+    assert!(
+        GEMV.contains("GEMV_NORM_KERNEL(gemv_norm, 1)")
+            && GEMV.contains("GEMV_GLU_NORM_KERNEL(gemv_glu_norm, 1)")
+    );
+}
+
+#[test]
+fn decode_steps_of_one_row_fuse_their_norms_where_rows_are_whole_words() {
+    // The 0.5B (896, 14 × 64, 4,864) and 8B (4,096, 32 × 128, 14,336) shapes fit at one row
+    // (the 8B shape's products then have too many groups: `norm_groups_fit`).
+    for dims in [[896, 896, 4864], [4096, 4096, 14336]] {
+        assert!(norms_fused_fit(1, dims), "{dims:?}");
+        assert!(!norms_fused_fit(2, dims) && !norms_fused_fit(0, dims), "{dims:?}");
+    }
+    // A norm row past the kernels' registers (`ROW_VECS`), or any product's rows not whole words.
+    assert!(norms_fused_fit(1, [8192, 8192, 28672]) && !norms_fused_fit(1, [8200, 8192, 28672]));
+    assert!(!norms_fused_fit(1, [900, 896, 4864]) && !norms_fused_fit(1, [896, 900, 4864]));
+    assert!(!norms_fused_fit(1, [896, 896, 4868]));
 }
 
 #[test]
@@ -352,4 +371,15 @@ fn gate_up_and_silu_share_a_kernel_where_a_block_holds_a_row_pair() {
     assert!(gemv_glu_fits(1, 896) && gemv_glu_fits(2, 4096));
     assert!(!gemv_glu_fits(1, 8192) && !gemv_glu_fits(GEMV_ROWS + 1, 896) && !gemv_glu_fits(0, 896));
     assert!(!gemv_glu_fits(1, 900), "rows of whole 16-byte words only");
+}
+
+#[test]
+fn fused_norms_stop_where_a_resident_block_would_take_many_groups() {
+    // The 0.5B shape at batch 1 on an H100 (132 SMs, 4 blocks an SM): QKV 144 groups, gate/up
+    // 1,216 pairs' groups: at most 3 a block, fused.
+    assert_eq!((gemv_groups(1152, 896), gemv_glu_groups(4864, 896)), (144, 1216));
+    assert!(norm_groups_fit(144, 528) && norm_groups_fit(1216, 528));
+    // The 8B shape (3 blocks an SM): QKV 3,072 and gate/up 14,336 groups, 8 and 36 a block.
+    assert_eq!((gemv_groups(6144, 4096), gemv_glu_groups(14336, 4096)), (3072, 14336));
+    assert!(!norm_groups_fit(3072, 396) && !norm_groups_fit(14336, 396));
 }
