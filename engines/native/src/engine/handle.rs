@@ -46,6 +46,34 @@ pub struct NativeEngine {
     /// Compiles structured-output requests' schemas; built by the first such request (the
     /// vocabulary's trie takes a moment and memory that other requests never need).
     grammars: OnceLock<Result<Grammars, String>>,
+    /// The compute thread, waited for when the handle drops.
+    worker: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How long dropping the handle waits for the compute thread to end: a step and freeing the
+/// model's memory, unless requests whose streams are still held keep it computing.
+const WORKER_END_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Drop for NativeEngine {
+    /// Stops the compute thread (its command channel closes) and waits for it to free what it
+    /// holds, so that a process exiting after dropping its engine does not tear the GPU driver
+    /// down under a thread still releasing device memory. A thread still serving requests whose
+    /// streams are held elsewhere is left to finish them after [`WORKER_END_WAIT`].
+    fn drop(&mut self) {
+        drop(std::mem::replace(&mut self.tx, std_mpsc::channel().0));
+        let Some(worker) = self.worker.take() else { return };
+        let deadline = std::time::Instant::now() + WORKER_END_WAIT;
+        while !worker.is_finished() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        if worker.is_finished() {
+            if worker.join().is_err() {
+                tracing::error!("the native engine's compute thread panicked");
+            }
+        } else {
+            tracing::warn!("the native engine's compute thread still serves requests; not waiting for it");
+        }
+    }
 }
 
 impl std::fmt::Debug for NativeEngine {
@@ -69,7 +97,7 @@ impl NativeEngine {
             parts.options.clone(),
             tokenizer.clone(),
         );
-        worker.spawn()?;
+        let worker = Some(worker.spawn()?);
         Ok(Self {
             tx,
             shared,
@@ -83,6 +111,7 @@ impl NativeEngine {
             graph_steps: parts.graph_steps,
             graph_links: parts.graph_links,
             grammars: OnceLock::new(),
+            worker,
         })
     }
 

@@ -68,12 +68,12 @@ impl Worker {
         Self { backend, cache, rx, shared, waiting, running, pinned, options, tokenizer }
     }
 
-    /// Starts the compute thread.
-    pub(super) fn spawn(mut self) -> Result<(), EngineError> {
+    /// Starts the compute thread. It ends once every handle is gone and no request is left,
+    /// after freeing what the worker holds (on a GPU its memory, graphs and streams).
+    pub(super) fn spawn(mut self) -> Result<std::thread::JoinHandle<()>, EngineError> {
         std::thread::Builder::new()
             .name("xinf-native-engine".into())
             .spawn(move || self.run())
-            .map(drop)
             .map_err(|e| EngineError::Internal(format!("starting the engine thread: {e}")))
     }
 
