@@ -55,13 +55,14 @@ pub struct NativeEngine {
 const WORKER_END_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Drop for NativeEngine {
-    /// Stops the compute thread (its command channel closes) and waits for it to free what it
-    /// holds, so that a process exiting after dropping its engine does not tear the GPU driver
-    /// down under a thread still releasing device memory. A thread still serving requests whose
-    /// streams are held elsewhere is left to finish them after [`WORKER_END_WAIT`].
+    /// Stops the compute thread (its command channel closes) and, on a GPU, waits for it to
+    /// free what it holds, so that a process exiting after dropping its engine does not tear the
+    /// GPU driver down under a thread still releasing device memory. A thread still serving
+    /// requests whose streams are held elsewhere is left to finish them after
+    /// [`WORKER_END_WAIT`]; on the CPU, where a step may take seconds, nothing is waited for.
     fn drop(&mut self) {
         drop(std::mem::replace(&mut self.tx, std_mpsc::channel().0));
-        let Some(worker) = self.worker.take() else { return };
+        let Some(worker) = self.worker.take().filter(|_| self.device.is_some()) else { return };
         let deadline = std::time::Instant::now() + WORKER_END_WAIT;
         while !worker.is_finished() && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(1));
