@@ -210,8 +210,8 @@ __device__ __forceinline__ void gemv_glu_group(const wt* w, const wt* x, const N
 }
 
 // The plain kernels take one group a block (grid: the groups). The `_norm` kernels' grid is
-// kept to the blocks resident at once (`plan::norm_groups_fit`), and each block works its rows
-// out once, then takes groups blockIdx.x, + gridDim.x, ...
+// kept to the blocks resident at once (the host asks the driver how many), and each block
+// works its row out once, then takes groups blockIdx.x, + gridDim.x, ...
 #define GEMV_KERNEL(NAME, NR)                                                                                  \
     extern "C" __global__ void __launch_bounds__(256) NAME(const wt* w, const wt* x, unsigned long long y, int out, \
                                                            int K, int n, int S, int mode) {                       \
