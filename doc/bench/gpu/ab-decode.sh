@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Two builds of the native engine's GPU test binary compared on decode step times, alternating
 # in one run so that both meet the same GPU: per-token p50 of a batch-1 decode (graphs on and
-# off) and of decode-only batches of 1/16/64, on each shape of SHAPES (`XINF_BENCH_SHAPE`:
-# q05, q05v, l8b; default "q05 l8b"), ROUNDS times each (default 2). Prints every line, then
-# the medians over the rounds side by side with the ratio B / A.
+# off) and of decode-only batches of 1 to 64 sequences with 1,000-token contexts and of the
+# serving mix, on each shape of SHAPES (`XINF_BENCH_SHAPE`: q05, q05v, l8b; default "q05 l8b"),
+# ROUNDS times each (default 2). TESTS picks the timings (default "decode_step_time_at_batch_1
+# decode_step_time_by_batch"; the second alone takes seconds a round on the 0.5B shape). Prints
+# every line, then the medians over the rounds side by side with the ratio of the last build
+# to the first.
 #
 #     ab-decode.sh A=path/to/gpu-<hash> B=path/to/other/gpu-<hash>
 #
@@ -22,7 +25,7 @@ log=$(mktemp)
 for shape in ${SHAPES:-q05 l8b}; do
     for _ in $(seq "${ROUNDS:-2}"); do
         for name in "${names[@]}"; do
-            for t in decode_step_time_at_batch_1 decode_step_time_by_batch; do
+            for t in ${TESTS:-decode_step_time_at_batch_1 decode_step_time_by_batch}; do
                 XINF_BENCH_SHAPE=$shape timeout 300 "${BIN[$name]}" --test-threads=1 --nocapture --exact "timing::$t" 2>&1 |
                     grep -E "per-token|panicked" | sed "s/^/$name $shape | /" | tee -a "$log"
             done
@@ -38,6 +41,8 @@ for line in open(log):
     if not m:
         continue
     name, shape, what, ms = m.group(1), m.group(2), m.group(3), float(m.group(4))
+    if "40/173" in line:  # the serving mix's batches, apart from the 1,000-token ones
+        what = what.replace("decode-only", "serving mix,")
     key = (shape, what)
     if key not in seen:
         seen.append(key)
