@@ -158,8 +158,11 @@ impl Forward {
         // SAFETY: see this function's doc.
         unsafe { b.launch(cfg1(t_i, 256)) }.map_err(driver)?;
 
+        // Where the norms are fused the products before them add into `x` and `delta` stays
+        // zero (the final norm's add then adds nothing). The same for every layer of the step.
+        let fused = self.norms_fused(t);
         for (li, lw) in self.w.layers.iter().enumerate() {
-            self.record_layer(lane, bufs, cache, li, lw, shape)?;
+            self.record_layer(lane, bufs, cache, (li, lw), (shape, fused))?;
         }
         if n_rows == 0 {
             return Ok(());
@@ -178,15 +181,15 @@ impl Forward {
         Ok(())
     }
 
-    /// Enqueues layer `li` (weights `lw`) of a step of `shape`.
+    /// Enqueues layer `li` (weights `lw`) of a step of `shape`, with its norms inside the
+    /// products where `fused` ([`Self::norms_fused`]).
     fn record_layer(
         &self,
         lane: Lane<'_>,
         bufs: &mut StepBufs,
         cache: &CacheView,
-        li: usize,
-        lw: &GpuLayer,
-        shape: StepShape,
+        (li, lw): (usize, &GpuLayer),
+        (shape, fused): (StepShape, bool),
     ) -> Result<(), GpuError> {
         let t = shape.tokens;
         let cfg = &self.cfg;
@@ -196,9 +199,6 @@ impl Forward {
         let qkv_w = (h + 2 * kvh) * d;
         let t_i = t as u32;
 
-        // Where the norms are fused the products before them add into `x` and `delta` stays
-        // zero (the final norm's add then adds nothing).
-        let fused = self.norms_fused(t);
         let attn_in = if fused {
             Rows::Normed { res: &bufs.x, w: &lw.attn_norm }
         } else {
@@ -257,7 +257,7 @@ impl Forward {
         if !norms_fused_fit(t, dims) {
             return false;
         }
-        let (norm, glu) = (norm.launch().1 as usize, glu.launch().1 as usize);
+        let (norm, glu) = (norm.blocks(), glu.blocks());
         let qkv = gemv_groups((c.num_heads + 2 * c.kv_heads) * c.head_dim, hid);
         let mlp = if gemv_glu_fits(t, hid) {
             norm_groups_fit(gemv_glu_groups(inter, hid), glu)

@@ -56,6 +56,11 @@ impl Resident {
     pub(super) fn launch(&self) -> (&CudaFunction, u32) {
         (&self.f, self.blocks)
     }
+
+    /// Its blocks resident at once on the whole GPU.
+    pub(super) fn blocks(&self) -> usize {
+        self.blocks as usize
+    }
 }
 
 impl Kernels {
