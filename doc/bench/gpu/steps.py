@@ -7,7 +7,12 @@ native replica logs its sequences, its decode tokens, its prompt tokens and its 
 
 - decode-only, mixed (decodes and prompt chunks) and prompt-only steps: how many, their share
   of the time, their median time and prompt tokens;
-- decode-only steps by batch size, median time;
+- decode-only steps by batch size: median time, of it the part after the forward pass
+  (sampling, stops, streaming), and the host's time between steps (commands, admission,
+  planning);
+- where the log has `xinf::step::gpu` lines (GPU replicas): the host's time until a step's
+  work was enqueued and the wait for its results, for decode-only steps by batch size and
+  for those with prompts;
 - the prompt tokens per second of the steps that carried prompts (mixed and prompt-only);
 - the time between tokens a decoding sequence saw (each step's time counted once per decode it
   carried), over all steps and over the decode-only ones: their ratio is how much the steps
@@ -27,7 +32,7 @@ import re
 import statistics
 import sys
 
-KV = re.compile(r"\b(seqs|decodes|prompt_tokens|us)=(\d+)")
+KV = re.compile(r"\b(seqs|decodes|prompt_tokens|us|sample_us|between_us)=(\d+)")
 
 
 def unix(stamp):
@@ -39,7 +44,8 @@ def unix(stamp):
 
 
 def steps(path):
-    """(seqs, decodes, prompt_tokens, us, unix time or None) of each step line."""
+    """(seqs, decodes, prompt_tokens, us, unix time or None, sample_us, between_us) of each step
+    line; the last two are None in logs of builds that did not log them."""
     out = []
     for line in open(path, errors="replace"):
         if "xinf::step" not in line:
@@ -49,13 +55,39 @@ def steps(path):
             try:
                 j = json.loads(line)
                 f = j.get("fields", {})
-                out.append((f["seqs"], f["decodes"], f["prompt_tokens"], f["us"], unix(j.get("timestamp", ""))))
+                out.append((f["seqs"], f["decodes"], f["prompt_tokens"], f["us"], unix(j.get("timestamp", "")),
+                            f.get("sample_us"), f.get("between_us")))
             except (ValueError, KeyError, AttributeError):
                 pass
             continue
         kv = dict((k, int(v)) for k, v in KV.findall(line))
+        if all(k in kv for k in ("seqs", "decodes", "prompt_tokens", "us")):
+            out.append((kv["seqs"], kv["decodes"], kv["prompt_tokens"], kv["us"], unix(line.split(" ", 1)[0]),
+                        kv.get("sample_us"), kv.get("between_us")))
+    return out
+
+
+GPU_KV = re.compile(r"\b(tokens|rows|host_us|wait_us)=(\d+)")
+
+
+def gpu_steps(path):
+    """(tokens, rows, host_us, wait_us, unix time or None) of each `xinf::step::gpu` line."""
+    out = []
+    for line in open(path, errors="replace"):
+        if "xinf::step::gpu" not in line:
+            continue
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                j = json.loads(line)
+                f = j.get("fields", {})
+                out.append((f["tokens"], f["rows"], f["host_us"], f["wait_us"], unix(j.get("timestamp", ""))))
+            except (ValueError, KeyError, AttributeError):
+                pass
+            continue
+        kv = dict((k, int(v)) for k, v in GPU_KV.findall(line))
         if len(kv) == 4:
-            out.append((kv["seqs"], kv["decodes"], kv["prompt_tokens"], kv["us"], unix(line.split(" ", 1)[0])))
+            out.append((kv["tokens"], kv["rows"], kv["host_us"], kv["wait_us"], unix(line.split(" ", 1)[0])))
     return out
 
 
@@ -79,12 +111,12 @@ def main():
     if len(args) != 1:
         print(__doc__, file=sys.stderr)
         sys.exit(2)
-    rows = steps(args[0])
+    rows, gpu = steps(args[0]), gpu_steps(args[0])
     if not rows:
         print("no step lines (was xinf run with XINF_LOG=...,xinf::step=trace?)", file=sys.stderr)
         sys.exit(1)
     if bench is None:
-        report(rows)
+        report(rows, gpu)
         return
     for level in json.load(open(bench))["results"]:
         start, wall = level.get("started_unix_s"), level.get("wall_s")
@@ -97,14 +129,14 @@ def main():
         # A step logs when it ends: those ending within the level, plus the one it began inside.
         mine = [r for r in rows if r[4] is not None and start <= r[4] <= start + wall]
         if mine:
-            report(mine)
+            report(mine, [g for g in gpu if g[4] is not None and start <= g[4] <= start + wall])
         else:
             print("no steps logged while it ran")
         print()
 
 
-def report(rows):
-    """The tables of the steps in `rows`."""
+def report(rows, gpu):
+    """The tables of the steps in `rows`, and of the GPU's side of them in `gpu`."""
     total = sum(r[3] for r in rows)
     kinds = {
         "decode-only": [r for r in rows if r[2] == 0],
@@ -122,14 +154,36 @@ def report(rows):
         print(f"| {name} | {len(rs)} | {100 * t / total:.1f} % | {statistics.median(r[3] for r in rs) / 1e3:.3f} | "
               f"{statistics.median(r[2] for r in rs):.0f} | {statistics.median(r[1] for r in rs):.0f} |")
     print()
-    print("| decode-only batch (up to) | steps | median ms |")
-    print("|---|---|---|")
+    # Sampling and the host's time between steps, where the log has them (the first step
+    # of a stretch waited idle before it: medians, not sums).
+    print("| decode-only batch (up to) | steps | median ms | of it after the forward, ms | host between steps, ms |")
+    print("|---|---|---|---|---|")
     by = {}
     for r in kinds["decode-only"]:
-        by.setdefault(bucket(r[1]), []).append(r[3])
+        by.setdefault(bucket(r[1]), []).append(r)
+
+    def median_ms(values):
+        values = [v for v in values if v is not None]
+        return f"{statistics.median(values) / 1e3:.3f}" if values else "–"
+
     for b in sorted(by):
-        print(f"| {b} | {len(by[b])} | {statistics.median(by[b]) / 1e3:.3f} |")
+        rs = by[b]
+        print(f"| {b} | {len(rs)} | {median_ms(r[3] for r in rs)} | {median_ms(r[5] for r in rs)} | "
+              f"{median_ms(r[6] for r in rs)} |")
     print()
+
+    if gpu:
+        # Decode-only steps have one row a token; the rest carried prompt chunks.
+        print("| GPU steps | count | median host ms (until enqueued) | median wait ms |")
+        print("|---|---|---|---|")
+        by = {}
+        for g in gpu:
+            by.setdefault(f"decode-only, batch up to {bucket(g[0])}" if g[0] == g[1] else "with prompts", []).append(g)
+        for name in sorted(by, key=lambda k: (k == "with prompts", len(k), k)):
+            gs = by[name]
+            print(f"| {name} | {len(gs)} | {statistics.median(g[2] for g in gs) / 1e3:.3f} | "
+                  f"{statistics.median(g[3] for g in gs) / 1e3:.3f} |")
+        print()
 
     def gap(rs):
         tokens = sum(r[1] for r in rs)

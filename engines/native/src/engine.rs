@@ -25,6 +25,7 @@ mod prompt;
 mod scheduler;
 mod seq;
 mod shared;
+mod step_trace;
 mod worker;
 
 pub use handle::NativeEngine;

@@ -518,8 +518,8 @@ fn greedy4_tagged(engine: &NativeEngine, tag: &str, n: usize) -> Vec<Vec<u32>> {
 
 /// Decode steps replayed from CUDA graphs give exactly the tokens of the same steps launched
 /// one kernel at a time (the same kernels and gemms with the same arguments), and graphs are
-/// really replayed: mixed prefill/decode steps run eagerly, the first decode step of each batch
-/// size warms up, the second is captured, the rest replay.
+/// really replayed: mixed prefill/decode steps run eagerly, and decode steps replay the graph
+/// of their batch size, which the model's warm-up at load ran once and captured.
 #[test]
 fn cuda_graphs_decode_exactly_as_eager_launches() {
     if !gpu_enabled("cuda_graphs_decode_exactly_as_eager_launches") {

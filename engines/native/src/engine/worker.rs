@@ -6,6 +6,7 @@
 use super::scheduler::{self, Admission, Limits, Plan, Work};
 use super::seq::{Mode, PinnedReply, Seq};
 use super::shared::{Command, Shared, dequeued};
+use super::step_trace::{StepTimes, trace_step};
 use crate::grammar::{Constraint, Mask};
 use crate::kv_cache::KvCache;
 use crate::model::{Chunk, ComputeBackend, Row};
@@ -21,19 +22,6 @@ use xinf_engine::{
 use xinf_models::TextTokenizer;
 use xinf_transfer::device::{DeviceLease, DeviceRoute};
 use xinf_transfer::sync::lock;
-
-/// Each step's shape and time, at trace level under the target `xinf::step`
-/// (`XINF_LOG=xinf::step=trace`): where a serving run's time goes, step by step, for
-/// `doc/bench/gpu/steps.py`. A step's time runs from its forward pass to its last token sampled
-/// (on a GPU, past the step's one synchronisation).
-fn trace_step(work: &[Work], took: std::time::Duration) {
-    if tracing::enabled!(target: "xinf::step", tracing::Level::TRACE) {
-        let decodes = work.iter().filter(|w| w.tokens == 1).count();
-        let prompt_tokens: usize = work.iter().filter(|w| w.tokens > 1).map(|w| w.tokens).sum();
-        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
-        tracing::trace!(target: "xinf::step", seqs = work.len(), decodes, prompt_tokens, us, "step");
-    }
-}
 
 /// A planned part's grammar mask, computed beside the forward pass; `None` for a part without
 /// a grammar or that samples nothing this step.
@@ -53,6 +41,8 @@ pub(super) struct Worker {
     pinned: HashMap<String, (Vec<u32>, usize)>,
     options: EngineOptions,
     tokenizer: Arc<TextTokenizer>,
+    /// When the last step ended, for the step trace.
+    last_step: Option<std::time::Instant>,
 }
 
 impl Worker {
@@ -65,7 +55,7 @@ impl Worker {
         tokenizer: Arc<TextTokenizer>,
     ) -> Self {
         let (waiting, running, pinned) = (VecDeque::new(), Vec::new(), HashMap::new());
-        Self { backend, cache, rx, shared, waiting, running, pinned, options, tokenizer }
+        Self { backend, cache, rx, shared, waiting, running, pinned, options, tokenizer, last_step: None }
     }
 
     /// Starts the compute thread. It ends once every handle is gone and no request is left,
@@ -344,10 +334,15 @@ impl Worker {
             }
         };
         let started = std::time::Instant::now();
+        let mut sampled = started;
         if let Some((logits, masks)) = self.forward(&work) {
+            sampled = std::time::Instant::now();
             self.sample(&work, logits, masks);
         }
-        trace_step(&work, started.elapsed());
+        let ended = std::time::Instant::now();
+        let between = self.last_step.map(|e| started.duration_since(e));
+        self.last_step = Some(ended);
+        trace_step(&work, StepTimes { took: ended - started, sample: ended - sampled, between });
     }
 
     /// Imported first tokens are emitted without compute.

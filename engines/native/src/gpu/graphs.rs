@@ -108,6 +108,17 @@ impl Graphs {
         decode && n_rows == t && self.on && t < self.slots.len()
     }
 
+    /// How many decode steps of `t` sequences bring its slot to a captured graph (the first
+    /// runs eagerly, the second is captured): 2 where `t` is graphed, else 1 (a run eagerly).
+    pub(super) fn warm_up_steps(&self, t: usize) -> usize {
+        if self.takes(true, t, t) { 2 } else { 1 }
+    }
+
+    /// Sets the count of steps replayed back to 0 (after the warm-up's).
+    pub(super) fn forget_steps(&self) {
+        self.steps.store(0, Ordering::Relaxed);
+    }
+
     /// Orders the graph lane after whatever `main` still has queued, for a step that `takes`.
     pub(super) fn follow(&self, main: &Arc<CudaStream>) -> Result<(), GpuError> {
         if let Some(g) = &self.lane {

@@ -1,5 +1,6 @@
 //! The GPU backend: one model on one GPU, with its KV cache. It opens the GPU, builds the
-//! parts (weights and kernels, cache, step buffers, graphs) and runs each step: the plan
+//! parts (weights and kernels, cache, step buffers, graphs), runs the step shapes a replica
+//! meets once before any request (`warm_up`), and runs each step: the plan
 //! checked and uploaded, then either a graph replayed or the forward pass launched eagerly,
 //! then the wanted logits copied back for the CPU sampler. Everything runs on one stream at a
 //! time, synchronized at the end of each step.
@@ -10,6 +11,8 @@
 // Loading cuBLAS and turning cudarc's event tracking off are `unsafe`; the SAFETY comments say
 // why each call is sound.
 #![allow(unsafe_code)]
+
+mod warm_up;
 
 use super::buffers::{Buf, StepBufs, give_workspace};
 use super::error::{GpuError, driver};
@@ -98,7 +101,7 @@ impl GpuModel {
         let bufs = StepBufs::new(&stream, fwd.cfg(), elem_bytes(wdt), limits.capacity(desc.num_blocks))?;
         let graphs = Graphs::new(&ctx, &limits, fwd.kernel_ids())?;
         stream.synchronize().map_err(driver)?;
-        Ok(Self {
+        let mut model = Self {
             graphs,
             fwd,
             kv,
@@ -110,7 +113,9 @@ impl GpuModel {
             stream,
             blas,
             _blas_workspace: blas_workspace,
-        })
+        };
+        model.warm_up(&limits)?;
+        Ok(model)
     }
 
     /// The engine's GPU handoff side (its decode-side sink, and where it says its KV lives).
@@ -121,6 +126,7 @@ impl GpuModel {
     /// Computes a step; with `argmax`, the rows of chunks that asked for it come back as
     /// [`Row::Argmax`], all others (every row without `argmax`) as their logits.
     fn step(&mut self, chunks: &[Chunk<'_>], argmax: bool) -> Result<Vec<Row>, GpuError> {
+        let started = std::time::Instant::now();
         let vocab = self.fwd.cfg().vocab_size;
         let flash = self.fwd.flash(self.kv.view());
         let mut plan =
@@ -136,7 +142,7 @@ impl GpuModel {
         let decode = is_decode(chunks);
         match self.bufs.take() {
             Some(mut bufs) if bufs.fits(&plan) => {
-                let out = self.run(&mut bufs, &plan, decode);
+                let out = self.run(&mut bufs, &plan, decode, started);
                 self.bufs = Some(bufs);
                 out
             }
@@ -144,7 +150,7 @@ impl GpuModel {
                 self.bufs = kept;
                 let es = elem_bytes(self.wdt);
                 let mut own = StepBufs::new(&self.stream, self.fwd.cfg(), es, StepCapacity::of(&plan))?;
-                self.run(&mut own, &plan, false)
+                self.run(&mut own, &plan, false, started)
             }
         }
     }
@@ -156,7 +162,15 @@ impl GpuModel {
 
     /// Uploads the plan into `bufs`, computes the step (replaying its graph when `decode` allows
     /// one) and returns the wanted rows: the argmax where the plan asks for it, else the logits.
-    fn run(&mut self, bufs: &mut StepBufs, plan: &StepPlan, decode: bool) -> Result<Vec<Row>, GpuError> {
+    /// At trace level (`xinf::step::gpu`) it logs the host's time from the step's start
+    /// (`started`) until its work is enqueued, and the wait for the GPU after that.
+    fn run(
+        &mut self,
+        bufs: &mut StepBufs,
+        plan: &StepPlan,
+        decode: bool,
+        started: std::time::Instant,
+    ) -> Result<Vec<Row>, GpuError> {
         let (t, n_rows, vocab) = (plan.ids.len(), plan.rows.len(), self.fwd.cfg().vocab_size);
         let graphed = self.graphs.takes(decode, t, n_rows);
         if graphed {
@@ -170,8 +184,10 @@ impl GpuModel {
         if !(graphed && self.graphs.replay(t, |lane| fwd.record(lane, bufs, cache, StepShape::decode(t)))?) {
             self.fwd.record(self.graphs.lane(self.main_lane(), graphed), bufs, cache, plan.shape())?;
         }
+        let enqueued = std::time::Instant::now();
         if n_rows == 0 {
             stream.synchronize().map_err(driver)?;
+            trace_gpu_step(plan, graphed, enqueued - started, enqueued.elapsed());
             return Ok(Vec::new());
         }
         let short = || GpuError::Shape(format!("{n_rows} rows of logits past the buffer"));
@@ -187,7 +203,20 @@ impl GpuModel {
             }
         }
         stream.synchronize().map_err(driver)?;
+        trace_gpu_step(plan, graphed, enqueued - started, enqueued.elapsed());
         Ok(out)
+    }
+}
+
+/// A step's host time until its work was enqueued (`host_us`: planning, uploads, launches or a
+/// graph's replay) and the wait for its results after that (`wait_us`), at trace level under
+/// `xinf::step::gpu`, for `doc/bench/gpu/steps.py`: what of a step the GPU waits on the host.
+fn trace_gpu_step(plan: &StepPlan, graphed: bool, host: std::time::Duration, wait: std::time::Duration) {
+    if tracing::enabled!(target: "xinf::step::gpu", tracing::Level::TRACE) {
+        let micros = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let (tokens, rows) = (plan.ids.len(), plan.rows.len());
+        let (host_us, wait_us) = (micros(host), micros(wait));
+        tracing::trace!(target: "xinf::step::gpu", tokens, rows, graphed, host_us, wait_us, "gpu step");
     }
 }
 
