@@ -32,7 +32,7 @@ import re
 import statistics
 import sys
 
-KV = re.compile(r"\b(seqs|decodes|prompt_tokens|us|sample_us|between_us)=(\d+)")
+FIELD = re.compile(r"\b(\w+)=(\d+)\b")
 
 
 def unix(stamp):
@@ -43,52 +43,38 @@ def unix(stamp):
         return None
 
 
-def steps(path):
-    """(seqs, decodes, prompt_tokens, us, unix time or None, sample_us, between_us) of each step
-    line; the last two are None in logs of builds that did not log them."""
+def records(path, marker, required, optional=()):
+    """Of each log line holding `marker` (plain or JSON) with every integer field in `required`:
+    those fields, the line's unix time (None if unreadable), then the fields in `optional`
+    (None where absent)."""
     out = []
     for line in open(path, errors="replace"):
-        if "xinf::step" not in line:
+        if marker not in line:
             continue
         line = line.strip()
         if line.startswith("{"):
             try:
                 j = json.loads(line)
-                f = j.get("fields", {})
-                out.append((f["seqs"], f["decodes"], f["prompt_tokens"], f["us"], unix(j.get("timestamp", "")),
-                            f.get("sample_us"), f.get("between_us")))
-            except (ValueError, KeyError, AttributeError):
-                pass
+                fields, stamp = j.get("fields", {}), j.get("timestamp", "")
+            except (ValueError, AttributeError):
+                continue
+        else:
+            fields, stamp = {k: int(v) for k, v in FIELD.findall(line)}, line.split(" ", 1)[0]
+        if not isinstance(fields, dict) or not all(k in fields for k in required):
             continue
-        kv = dict((k, int(v)) for k, v in KV.findall(line))
-        if all(k in kv for k in ("seqs", "decodes", "prompt_tokens", "us")):
-            out.append((kv["seqs"], kv["decodes"], kv["prompt_tokens"], kv["us"], unix(line.split(" ", 1)[0]),
-                        kv.get("sample_us"), kv.get("between_us")))
+        out.append(tuple(fields[k] for k in required) + (unix(stamp),) + tuple(fields.get(k) for k in optional))
     return out
 
 
-GPU_KV = re.compile(r"\b(tokens|rows|host_us|wait_us)=(\d+)")
+def steps(path):
+    """(seqs, decodes, prompt_tokens, us, unix time or None, sample_us, between_us) of each step
+    line; the last two are None in logs of builds that did not log them."""
+    return records(path, "xinf::step", ("seqs", "decodes", "prompt_tokens", "us"), ("sample_us", "between_us"))
 
 
 def gpu_steps(path):
     """(tokens, rows, host_us, wait_us, unix time or None) of each `xinf::step::gpu` line."""
-    out = []
-    for line in open(path, errors="replace"):
-        if "xinf::step::gpu" not in line:
-            continue
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                j = json.loads(line)
-                f = j.get("fields", {})
-                out.append((f["tokens"], f["rows"], f["host_us"], f["wait_us"], unix(j.get("timestamp", ""))))
-            except (ValueError, KeyError, AttributeError):
-                pass
-            continue
-        kv = dict((k, int(v)) for k, v in GPU_KV.findall(line))
-        if len(kv) == 4:
-            out.append((kv["tokens"], kv["rows"], kv["host_us"], kv["wait_us"], unix(line.split(" ", 1)[0])))
-    return out
+    return records(path, "xinf::step::gpu", ("tokens", "rows", "host_us", "wait_us"))
 
 
 def bucket(n):
