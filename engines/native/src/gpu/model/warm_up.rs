@@ -1,5 +1,5 @@
 //! The steps a model runs once it is loaded, before any request: every decode batch size it
-//! graphs, and prompt chunks of sizes up to its largest step.
+//! graphs, and prompt steps of sizes up to its largest step.
 //!
 //! The first use of a product shape makes cuBLAS pick an algorithm and the driver load that
 //! algorithm's kernel (CUDA loads kernels lazily), and the first decode steps of a batch size
@@ -17,44 +17,26 @@ use crate::gpu::plan::{GEMV_ROWS, StepLimits};
 use crate::model::Chunk;
 
 impl GpuModel {
-    /// Runs the warm-up steps for steps within `limits`: decode batches of 1 to
-    /// `max_seqs` sequences (twice where graphed: run, then captured), then prompt chunks of
-    /// [`prompt_sizes`] tokens, all within the cache's blocks and the model's positions.
+    /// Runs the warm-up steps for steps within `limits` ([`WarmUp`]): decode batches of 1 to
+    /// `max_seqs` sequences (twice where graphed: run, then captured), then the prompt steps.
     pub(super) fn warm_up(&mut self, limits: &StepLimits) -> Result<(), GpuError> {
         let started = std::time::Instant::now();
-        let (bs, blocks) = (self.desc.block_size(), self.desc.num_blocks);
-        let vocab = u32::try_from(self.fwd.cfg().vocab_size).unwrap_or(u32::MAX).max(1);
-        // A decode batch of n: sequence i's one token at position 0 of block i.
-        let seqs = limits.max_seqs.min(blocks);
-        let tables: Vec<[u32; 1]> = (0..seqs).map(|b| [b as u32]).collect();
-        let token = [0u32];
-        for n in 1..=seqs {
-            let chunks: Vec<Chunk<'_>> = tables[..n].iter().map(|table| one_token(&token, table)).collect();
+        let (bs, blocks, vocab) = (self.desc.block_size(), self.desc.num_blocks, self.fwd.cfg().vocab_size);
+        let plan = WarmUp::new(limits, [bs, blocks], self.max_positions, vocab);
+        for n in 1..=plan.seqs {
+            let chunks = plan.decode(n);
             for _ in 0..self.graphs.warm_up_steps(n) {
                 self.step(&chunks, true)?;
             }
         }
-        // One prompt chunk a step, from position 0 over blocks 0, 1, ...
-        let most = limits.max_tokens.min(self.max_positions).min(blocks.saturating_mul(bs));
-        let ids: Vec<u32> = (0..most as u32).map(|i| i % vocab).collect();
-        let table: Vec<u32> = (0..most.div_ceil(bs) as u32).collect();
-        let sizes = prompt_sizes(most);
+        let sizes = prompt_sizes(plan.most);
         for &t in &sizes {
-            let chunk = Chunk {
-                tokens: &ids[..t],
-                start: 0,
-                block_table: &table,
-                want_logits: true,
-                all_logits: false,
-                prompt_len: t,
-                argmax: true,
-            };
-            self.step(&[chunk], true)?;
+            self.step(&plan.prompt(t), true)?;
         }
         // The counter tells requests' steps replayed from graphs, not these.
         self.graphs.forget_steps();
         tracing::debug!(
-            decode_batches = seqs,
+            decode_batches = plan.seqs,
             prompt_sizes = sizes.len(),
             ms = started.elapsed().as_millis() as u64,
             "GPU model warmed up"
@@ -63,20 +45,74 @@ impl GpuModel {
     }
 }
 
-/// A decode chunk: one token at position 0 of a sequence whose table is `table`.
-fn one_token<'a>(token: &'a [u32; 1], table: &'a [u32; 1]) -> Chunk<'a> {
+/// The warm-up's sequences, within a cache of `blocks` blocks of `bs` tokens and the model's
+/// positions.
+///
+/// A decode batch of n: sequence i's one token (id 0) at position 0 of block i. A prompt step
+/// of `t` tokens: chunks of at most `per` tokens (the positions or the cache, in whole blocks
+/// where that is room for one), sequence j from position 0 over its own `per_blocks` blocks,
+/// so that a step as large as `max_batch_tokens` runs whatever the context length; no more
+/// chunks than a step has rows. Token ids count up from 0, wrapping at the vocabulary.
+struct WarmUp {
+    /// Decode batches run: 1 to this.
+    seqs: usize,
+    /// Most prompt tokens a step.
+    most: usize,
+    per: usize,
+    per_blocks: usize,
+    ids: Vec<u32>,
+    /// Block ids 0, 1, ...: every sequence's table is a slice of it.
+    table: Vec<u32>,
+}
+
+impl WarmUp {
+    /// For steps within `limits`, a cache of `blocks` blocks of `bs` tokens, `positions`
+    /// positions and a vocabulary of `vocab` words.
+    fn new(limits: &StepLimits, [bs, blocks]: [usize; 2], positions: usize, vocab: usize) -> Self {
+        let seqs = limits.max_seqs.min(blocks);
+        let room = positions.min(blocks.saturating_mul(bs));
+        let per = if room >= bs { room / bs * bs } else { room.max(1) };
+        let per_blocks = per.div_ceil(bs);
+        let most = limits.max_tokens.min(blocks / per_blocks * per).min(limits.max_seqs.saturating_mul(per));
+        let vocab = u32::try_from(vocab).unwrap_or(u32::MAX).max(1);
+        let ids: Vec<u32> = (0..per.min(most) as u32).map(|i| i % vocab).collect();
+        let table: Vec<u32> = (0..seqs.max(most.div_ceil(per) * per_blocks) as u32).collect();
+        Self { seqs, most, per, per_blocks, ids, table }
+    }
+
+    /// A decode step of `n` sequences (`n ≤ seqs`).
+    fn decode(&self, n: usize) -> Vec<Chunk<'_>> {
+        (0..n).map(|i| chunk(&ZERO, &self.table[i..=i])).collect()
+    }
+
+    /// A prompt step of `t` tokens (`t ≤ most`).
+    fn prompt(&self, t: usize) -> Vec<Chunk<'_>> {
+        (0..t.div_ceil(self.per))
+            .map(|j| {
+                let len = self.per.min(t - j * self.per);
+                chunk(&self.ids[..len], &self.table[j * self.per_blocks..(j + 1) * self.per_blocks])
+            })
+            .collect()
+    }
+}
+
+static ZERO: [u32; 1] = [0];
+
+/// A chunk of `tokens` from position 0 of a sequence whose table is `table`, its last token's
+/// argmax wanted.
+fn chunk<'a>(tokens: &'a [u32], table: &'a [u32]) -> Chunk<'a> {
     Chunk {
-        tokens: token,
+        tokens,
         start: 0,
         block_table: table,
         want_logits: true,
         all_logits: false,
-        prompt_len: 1,
+        prompt_len: tokens.len(),
         argmax: true,
     }
 }
 
-/// Prompt chunk sizes for the warm-up, largest first: `most`, then below it each power of two
+/// Prompt step sizes for the warm-up, largest first: `most`, then below it each power of two
 /// and the point halfway to the next, down to the smallest step cuBLAS multiplies (more rows
 /// than `GEMV_ROWS`). Two sizes an octave reach the algorithms cuBLAS picks across a range of
 /// sizes without paying for every size.
@@ -100,24 +136,4 @@ fn prompt_sizes(most: usize) -> Vec<usize> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::prompt_sizes;
-
-    #[test]
-    fn prompt_sizes_fall_by_half_octaves_from_the_largest_step() {
-        assert_eq!(
-            prompt_sizes(8192),
-            [
-                8192, 6144, 4096, 3072, 2048, 1536, 1024, 768, 512, 384, 256, 192, 128, 96, 64, 48, 32, 24,
-                16, 12, 8, 6, 4, 3
-            ]
-        );
-        assert_eq!(
-            prompt_sizes(1000),
-            [1000, 768, 512, 384, 256, 192, 128, 96, 64, 48, 32, 24, 16, 12, 8, 6, 4, 3]
-        );
-        assert_eq!(prompt_sizes(3), [3]);
-        assert!(prompt_sizes(2).is_empty());
-        assert!(prompt_sizes(0).is_empty());
-    }
-}
+mod tests;
