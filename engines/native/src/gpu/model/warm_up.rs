@@ -58,8 +58,10 @@ struct WarmUp {
     seqs: usize,
     /// Most prompt tokens a step.
     most: usize,
+    /// Most tokens a prompt chunk, and the blocks each chunk's sequence holds.
     per: usize,
     per_blocks: usize,
+    /// A chunk's tokens (the first `len` of them).
     ids: Vec<u32>,
     /// Block ids 0, 1, ...: every sequence's table is a slice of it.
     table: Vec<u32>,
