@@ -167,6 +167,27 @@ fn decode_step_time_at_batch_1() {
     assert_eq!(outputs[0], outputs[1], "graphs and eager launches decode the same tokens");
 }
 
+/// The time `n` concurrent requests of prompts of `lens` tokens (request i's `lens[i %
+/// lens.len()]`, words below `vocab`, varied by `salt`) take to their first token, in ms.
+fn prompts_ms(engine: &NativeEngine, n: usize, lens: &[usize], salt: u32, vocab: usize) -> f64 {
+    let t0 = std::time::Instant::now();
+    rt().block_on(futures::future::join_all((0..n).map(|i| async move {
+        let ids = prompt(lens[i % lens.len()], salt * 1000 + i as u32, vocab);
+        let request = GenerateRequest {
+            request_id: format!("p{salt}-{i}"),
+            prompt: Prompt::Tokens(ids),
+            sampling: SamplingParams::greedy(1),
+        };
+        let mut stream = engine.submit(request).expect("submit");
+        while let Some(ev) = stream.next().await {
+            if let TokenEvent::Finished { .. } = ev.expect("event") {
+                break;
+            }
+        }
+    })));
+    t0.elapsed().as_secs_f64() * 1e3
+}
+
 /// Per-token times of `n` concurrent greedy requests of prompts of `lens` tokens (request i's
 /// `lens[i % lens.len()]`; words below `vocab`) on `engine`, after their first tokens (the
 /// steps that only decode): the median gap between one request's tokens, in ms. With `window`, the profiler collects from when every
@@ -264,16 +285,19 @@ const SERVING_MIX: [usize; 4] = [40, 173, 733, 2833];
 
 /// A profiling target, not a check: with `XINF_PROFILE` set, the model of `XINF_BENCH_SHAPE`
 /// runs one workload with CUDA graphs off, so a profiler sees every kernel: `prefillN`, one
-/// prompt pass of N tokens (2,833 without N); `decodeN`, N requests of 1,000-token prompts decoding 32 tokens
+/// prompt pass of N tokens (2,833 without N); `prefillmixN`, N prompts of the serving
+/// benchmarks' lengths in turn, to their first tokens (8 of them fill one step of 7,558
+/// tokens, the shape of a loaded server's prompt steps); `decodeN`, N requests of 1,000-token prompts decoding 32 tokens
 /// each, the profiler collecting only some of their decode-only steps (15 of them, give or
 /// take the steps in flight); `decodemixN`, the same with the serving benchmarks' prompt
-/// lengths in turn. Under Nsight Compute, e.g. `XINF_TEST_GPU=1 XINF_PROFILE=decode16
-/// ncu --profile-from-start off --metrics gpu__time_duration.sum --print-summary per-kernel
-/// ./gpu-<hash> profile_target` (without `--profile-from-start off` for `prefillN`).
+/// lengths in turn. The profiler collects one prompt pass after five timed ones, or some
+/// decode steps, never the load's warm-up. Under Nsight Compute, e.g. `XINF_TEST_GPU=1
+/// XINF_PROFILE=decode16 ncu --profile-from-start off --metrics gpu__time_duration.sum
+/// --print-summary per-kernel ./gpu-<hash> profile_target`.
 #[test]
 fn profile_target() {
     let Ok(what) = std::env::var("XINF_PROFILE") else {
-        eprintln!("SKIPPED profile_target: set XINF_PROFILE to prefill, decodeN or decodemixN");
+        eprintln!("SKIPPED profile_target: set XINF_PROFILE to prefillN, prefillmixN, decodeN or decodemixN");
         return;
     };
     if !gpu_enabled("profile_target") {
@@ -285,9 +309,26 @@ fn profile_target() {
     let cfg = serde_json::json!({"device": "cuda", "kv_cache_tokens": 131_072, "cuda_graphs": false});
     let engine =
         NativeEngine::load(&model, EngineOptions::from_engine_config(&cfg).expect("options")).expect("load");
-    if let Some(len) = what.strip_prefix("prefill") {
-        let len = if len.is_empty() { 2833 } else { len.parse().expect("XINF_PROFILE=prefillN") };
-        rt().block_on(engine.prompt_logits(prompt(len, 9, shape.vocab))).expect("prompt logits");
+    let prefill = if let Some(n) = what.strip_prefix("prefillmix") {
+        Some((n.parse().expect("XINF_PROFILE=prefillmixN"), SERVING_MIX.to_vec()))
+    } else {
+        let len = what.strip_prefix("prefill");
+        len.map(|len| {
+            (1, vec![if len.is_empty() { 2833 } else { len.parse().expect("XINF_PROFILE=prefillN") }])
+        })
+    };
+    if let Some((n, lens)) = prefill {
+        let mut salt = 0;
+        let mut pass = || {
+            salt += 1;
+            prompts_ms(&engine, n, &lens, salt, shape.vocab)
+        };
+        let mut ms: Vec<f64> = (0..5).map(|_| pass()).collect();
+        ms.sort_by(f64::total_cmp);
+        eprintln!("profile_target {what}: whole prompt pass p50 {:.2} ms (min {:.2})", ms[2], ms[0]);
+        profiler(true);
+        pass();
+        profiler(false);
     } else {
         let (n, lens) = match what.strip_prefix("decodemix") {
             Some(n) => (n, &SERVING_MIX[..]),
