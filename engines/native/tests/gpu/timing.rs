@@ -286,8 +286,9 @@ const SERVING_MIX: [usize; 4] = [40, 173, 733, 2833];
 /// A profiling target, not a check: with `XINF_PROFILE` set, the model of `XINF_BENCH_SHAPE`
 /// runs one workload with CUDA graphs off, so a profiler sees every kernel: `prefillN`, one
 /// prompt pass of N tokens (2,833 without N); `prefillmixN`, N prompts of the serving
-/// benchmarks' lengths in turn, to their first tokens (8 of them fill one step of 7,558
-/// tokens, the shape of a loaded server's prompt steps); `decodeN`, N requests of 1,000-token prompts decoding 32 tokens
+/// benchmarks' lengths in turn, submitted together, to their first tokens (8 of them are 7,558
+/// tokens, which the engine steps as requests arriving together: those queued when a step
+/// begins, then the rest — the prompt steps of a loaded server); `decodeN`, N requests of 1,000-token prompts decoding 32 tokens
 /// each, the profiler collecting only some of their decode-only steps (15 of them, give or
 /// take the steps in flight); `decodemixN`, the same with the serving benchmarks' prompt
 /// lengths in turn. The profiler collects one prompt pass after five timed ones, or some
