@@ -448,19 +448,21 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
             l1 += __shfl_xor_sync(0xffffffffu, l1, sh);
         }
         const float i0 = 1.f / l0, i1 = 1.f / l1;
+        // A lane's two neighbouring columns as one word (even columns, rows of whole words).
+        auto put = [&](int r, int c, float a, float b) {
+            wt* wr = out + ((long long)(t0 + r) * H + h) * HD + c;
+#if WT == 0
+            wr[0] = a;
+            wr[1] = b;
+#else
+            *(unsigned int*)wr = (unsigned int)wst(a) | ((unsigned int)wst(b) << 16);
+#endif
+        };
 #pragma unroll
         for (int d = 0; d < HD / 8; d++) {
             int c = d * 8 + 2 * tq;
-            if (r0 < n) {
-                wt* wr = out + ((long long)(t0 + r0) * H + h) * HD + c;
-                wr[0] = wst(o[4 * d] * i0);
-                wr[1] = wst(o[4 * d + 1] * i0);
-            }
-            if (r1 < n) {
-                wt* wr = out + ((long long)(t0 + r1) * H + h) * HD + c;
-                wr[0] = wst(o[4 * d + 2] * i1);
-                wr[1] = wst(o[4 * d + 3] * i1);
-            }
+            if (r0 < n) put(r0, c, o[4 * d] * i0, o[4 * d + 1] * i0);
+            if (r1 < n) put(r1, c, o[4 * d + 2] * i1, o[4 * d + 3] * i1);
         }
     }
 }

@@ -58,6 +58,20 @@ fn cuda_type(dt: KvDtype) -> cudaDataType_t {
     }
 }
 
+/// `qkv_post`'s launch for `t` tokens of `heads` heads (Q, K and V) of `hd`: for heads of a
+/// multiple of 64 up to 512, a token's heads in blocks of whole warps, `hd / 16` threads a head; else a
+/// warp a head, eight a block.
+fn qkv_post_grid(t: usize, heads: usize, hd: usize) -> LaunchConfig {
+    let (threads, y) = if hd.is_multiple_of(64) && hd <= 512 {
+        let per = heads * (hd / 16);
+        let threads = per.next_multiple_of(32).min(1024);
+        (threads, per.div_ceil(threads))
+    } else {
+        (256, heads.div_ceil(8))
+    };
+    LaunchConfig { grid_dim: (t as u32, y as u32, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: 0 }
+}
+
 fn cfg1(blocks: u32, threads: u32) -> LaunchConfig {
     LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
 }
@@ -312,13 +326,8 @@ impl Forward {
             .arg(&h_i)
             .arg(&kvh_i)
             .arg(&eps);
-        let grid = LaunchConfig {
-            grid_dim: (t as u32, (h + 2 * kvh).div_ceil(8) as u32, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
         // SAFETY: see `record`'s doc.
-        unsafe { b.launch(grid) }.map_err(driver)?;
+        unsafe { b.launch(qkv_post_grid(t, h + 2 * kvh, cfg.head_dim)) }.map_err(driver)?;
         Ok(())
     }
 

@@ -217,20 +217,127 @@ extern "C" __global__ void add_rmsnorm(float* __restrict__ x, const wt* __restri
     for (int i = threadIdx.x; i < hid; i += blockDim.x) orow[i] = wst(wld(w[i]) * (xr[i] * inv));
 }
 
-// After the QKV projection, for one token: per head of Q, K and V, the bias, per-head RMSNorm
-// (Q, K), RoPE (Q, K); Q goes to q_out, K and V into the paged cache at the token's slot, found
-// through the block table and the layout's strides (elements). One warp per head, lanes over
-// the head dimension; where HD is a multiple of 64 each lane holds both elements of its RoPE
-// pairs, else a warp's row sits in shared memory for them. grid (T, ceil((H + 2 KVH) / 8)),
-// block 256.
+// Eight consecutive values of the weights' dtype from a 16-byte aligned address, as f32.
+__device__ __forceinline__ void wld8(const wt* p, float* v) {
+    wld4(p, v);
+    wld4(p + 4, v + 4);
+}
+// Eight values into the cache's dtype: whole words where `p` is 16-byte aligned (every layout's
+// rows are, but a layout's strides are not checked here), else one by one.
+__device__ __forceinline__ void kst8(kt* p, const float* v) {
+    if (((unsigned long long)p & 15) != 0) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) p[j] = kst(v[j]);
+        return;
+    }
+#if KT == 0
+    *(f32x4*)p = f32x4{v[0], v[1], v[2], v[3]};
+    *(f32x4*)(p + 4) = f32x4{v[4], v[5], v[6], v[7]};
+#else
+    *(u32x4*)p = u32x4{(unsigned int)kst(v[0]) | ((unsigned int)kst(v[1]) << 16),
+                       (unsigned int)kst(v[2]) | ((unsigned int)kst(v[3]) << 16),
+                       (unsigned int)kst(v[4]) | ((unsigned int)kst(v[5]) << 16),
+                       (unsigned int)kst(v[6]) | ((unsigned int)kst(v[7]) << 16)};
+#endif
+}
+
+#if HD % 64 == 0 && HD <= 512
+#define QKV_TPH (HD / 16)  // threads a head: each takes 8 elements of each half of it
+#endif
+
+// After the QKV projection: per head of Q, K and V of each token, the bias, per-head RMSNorm
+// (Q, K), RoPE (Q, K); Q goes to q_out (f32), K and V into the paged cache at the token's slot,
+// found through the block table and the layout's strides (elements).
+//
+// Where HD is a multiple of 64 (up to 512), QKV_TPH neighbouring threads take a head, each 8 elements of its
+// first half and the 8 they pair with in RoPE, in 16-byte words: a token's heads are 8 words a
+// thread in flight instead of a warp's 2-byte lanes, which is what kept the kernel at half the
+// HBM's speed on long prompts. grid (T, ceil((H + 2 KVH) · QKV_TPH / block)), the block whole
+// warps, at most 1,024 threads (`forward::qkv_post_grid`). Other
+// head sizes: one warp per head, lanes over the head dimension, the row in shared memory for
+// RoPE's pairs; grid (T, ceil((H + 2 KVH) / 8)), block 256.
 extern "C" __global__ void qkv_post(const wt* qkv, const wt* bias, int has_bias, const wt* qn, const wt* kn,
                                     int has_norm, const float* cos_t, const float* sin_t, const int* pos,
                                     const int* tab_off, const unsigned int* tables, unsigned long long k_plane,
                                     unsigned long long v_plane, int bs, long long s_blk, long long s_tok,
                                     long long s_head, float* q_out, int H, int KVH, float eps) {
-#if HD % 64 != 0
+#ifdef QKV_TPH
+    int heads = H + 2 * KVH, half = HD / 2;
+    long long t = blockIdx.x;
+    int g = blockIdx.y * blockDim.x + threadIdx.x;
+    int hh = g / QKV_TPH, c = g % QKV_TPH * 8;
+    bool live = hh < heads;
+    int kind = hh < H ? 0 : (hh < H + KVH ? 1 : 2);
+    // The token's slot from the host's positions and block tables, which no kernel writes:
+    // looked up before waiting on the kernel before this one (the QKV product); so are the
+    // thread's RoPE factors, from the tables made at load.
+    long long slot = 0;
+    float rc[8], rs[8];
+    if (live) {
+        int p = pos[t];
+        slot = (long long)tables[tab_off[t] + p / bs] * s_blk + (long long)(p % bs) * s_tok;
+        const float* cp = cos_t + (long long)p * half + c;
+        const float* sp = sin_t + (long long)p * half + c;
+        f32x4 c0 = *(const f32x4*)cp, c1 = *(const f32x4*)(cp + 4);
+        f32x4 s0 = *(const f32x4*)sp, s1 = *(const f32x4*)(sp + 4);
+        rc[0] = c0.x, rc[1] = c0.y, rc[2] = c0.z, rc[3] = c0.w, rc[4] = c1.x, rc[5] = c1.y, rc[6] = c1.z, rc[7] = c1.w;
+        rs[0] = s0.x, rs[1] = s0.y, rs[2] = s0.z, rs[3] = s0.w, rs[4] = s1.x, rs[5] = s1.y, rs[6] = s1.z, rs[7] = s1.w;
+    }
+    GRID_DEP_WAIT();
+    if (!live) return;
+    const wt* src = qkv + t * (long long)(heads * HD) + (long long)hh * HD;
+    float a[8], b[8];
+    wld8(src + c, a);
+    wld8(src + half + c, b);
+    if (has_bias) {
+        float ba[8], bb[8];
+        wld8(bias + hh * HD + c, ba);
+        wld8(bias + hh * HD + half + c, bb);
+#pragma unroll
+        for (int j = 0; j < 8; j++) a[j] += ba[j], b[j] += bb[j];
+    }
+    if (kind == 2) {
+        kt* dst = (kt*)v_plane + slot + (long long)(hh - H - KVH) * s_head;
+        kst8(dst + c, a);
+        kst8(dst + half + c, b);
+        return;
+    }
+    if (has_norm) {
+        float ss = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) ss += a[j] * a[j] + b[j] * b[j];
+        // The head's threads are QKV_TPH neighbouring lanes (blocks of whole warps), all live
+        // and all of one kind.
+        int lane = threadIdx.x & 31;
+        unsigned int mask = QKV_TPH == 32 ? 0xffffffffu : ((1u << QKV_TPH) - 1) << (lane & ~(QKV_TPH - 1));
+        for (int o = QKV_TPH / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(mask, ss, o);
+        float inv = 1.0f / sqrtf(ss / HD + eps);
+        float wa[8], wb[8];
+        const wt* nw = kind == 0 ? qn : kn;
+        wld8(nw + c, wa);
+        wld8(nw + half + c, wb);
+#pragma unroll
+        for (int j = 0; j < 8; j++) a[j] = wa[j] * (a[j] * inv), b[j] = wb[j] * (b[j] * inv);
+    }
+    float o1[8], o2[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        o1[j] = a[j] * rc[j] - b[j] * rs[j];
+        o2[j] = b[j] * rc[j] + a[j] * rs[j];
+    }
+    if (kind == 0) {
+        float* q = q_out + (t * H + hh) * HD;
+        *(f32x4*)(q + c) = f32x4{o1[0], o1[1], o1[2], o1[3]};
+        *(f32x4*)(q + c + 4) = f32x4{o1[4], o1[5], o1[6], o1[7]};
+        *(f32x4*)(q + half + c) = f32x4{o2[0], o2[1], o2[2], o2[3]};
+        *(f32x4*)(q + half + c + 4) = f32x4{o2[4], o2[5], o2[6], o2[7]};
+    } else {
+        kt* dst = (kt*)k_plane + slot + (long long)(hh - H) * s_head;
+        kst8(dst + c, o1);
+        kst8(dst + half + c, o2);
+    }
+#else
     __shared__ float rows[8][HD];
-#endif
     long long t = blockIdx.x;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int width = (H + 2 * KVH) * HD, half = HD / 2;
@@ -239,62 +346,11 @@ extern "C" __global__ void qkv_post(const wt* qkv, const wt* bias, int has_bias,
     // lane's RoPE factors, from the tables made at load.
     int p = pos[t];
     long long slot = (long long)tables[tab_off[t] + p / bs] * s_blk + (long long)(p % bs) * s_tok;
-#if HD % 64 == 0
-    float rc[HD / 64], rs[HD / 64];
-#pragma unroll
-    for (int u = 0; u < HD / 64; u++) {
-        rc[u] = cos_t[(long long)p * half + lane + 32 * u];
-        rs[u] = sin_t[(long long)p * half + lane + 32 * u];
-    }
-#endif
     GRID_DEP_WAIT();
-#if HD % 64 != 0
     float* row = rows[warp];
-#endif
     for (int hh = blockIdx.y * 8 + warp; hh < H + 2 * KVH; hh += 8 * gridDim.y) {
         const wt* src = qkv + t * width + (long long)hh * HD;
         int kind = hh < H ? 0 : (hh < H + KVH ? 1 : 2);
-#if HD % 64 == 0
-        // Lane l holds elements l + 32u; RoPE's pair of element i < HD/2 is i + HD/2, element
-        // u + HD/64 of the same lane: the head stays in registers.
-        float v[HD / 32];
-        float ss = 0.f;
-#pragma unroll
-        for (int u = 0; u < HD / 32; u++) {
-            v[u] = wld(src[lane + 32 * u]);
-            if (has_bias) v[u] += wld(bias[hh * HD + lane + 32 * u]);
-            ss += v[u] * v[u];
-        }
-        if (kind == 2) {
-            kt* dst = (kt*)v_plane + slot + (long long)(hh - H - KVH) * s_head;
-#pragma unroll
-            for (int u = 0; u < HD / 32; u++) dst[lane + 32 * u] = kst(v[u]);
-            continue;
-        }
-        if (has_norm) {
-            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            float inv = 1.0f / sqrtf(ss / HD + eps);
-            const wt* nw = kind == 0 ? qn : kn;
-#pragma unroll
-            for (int u = 0; u < HD / 32; u++) v[u] = wld(nw[lane + 32 * u]) * (v[u] * inv);
-        }
-#pragma unroll
-        for (int u = 0; u < HD / 64; u++) {
-            int i = lane + 32 * u;
-            float c = rc[u], s = rs[u];
-            float a = v[u], b = v[u + HD / 64];
-            float o1 = a * c - b * s, o2 = b * c + a * s;
-            if (kind == 0) {
-                float* q = q_out + (t * H + hh) * HD;
-                q[i] = o1;
-                q[i + half] = o2;
-            } else {
-                kt* dst = (kt*)k_plane + slot + (long long)(hh - H) * s_head;
-                dst[i] = kst(o1);
-                dst[i + half] = kst(o2);
-            }
-        }
-#else
         float ss = 0.f;
         for (int i = lane; i < HD; i += 32) {
             float v = wld(src[i]);
@@ -329,8 +385,8 @@ extern "C" __global__ void qkv_post(const wt* qkv, const wt* bias, int has_bias,
             }
         }
         __syncwarp();  // the row is rewritten for the next head
-#endif
     }
+#endif
 }
 
 #define NV ((HD + 31) / 32)  // head elements per lane
