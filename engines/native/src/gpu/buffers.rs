@@ -140,7 +140,8 @@ pub(super) struct StepBufs {
     /// `flash_prefill`'s tiles (pairs; at most one per token) and `attention`'s listed tokens.
     pub(super) tiles: CudaSlice<i32>,
     pub(super) singles: CudaSlice<i32>,
-    pub(super) x: CudaSlice<f32>,
+    /// The residual stream, `[tokens][hidden]` in the weights' dtype (as PyTorch keeps it).
+    pub(super) x: Buf,
     /// What each attention and MLP block adds to the residual stream `x`, in the weights'
     /// dtype: its products write it so (f32 accumulation, rounded once), and the residual add
     /// reads it back in f32.
@@ -187,7 +188,7 @@ impl StepBufs {
             rows: s.alloc_zeros(rows).map_err(driver)?,
             tiles: s.alloc_zeros(2 * t).map_err(driver)?,
             singles: s.alloc_zeros(t).map_err(driver)?,
-            x: s.alloc_zeros(t * hid).map_err(driver)?,
+            x: s.alloc_zeros(t * hid * es).map_err(driver)?,
             delta: s.alloc_zeros(t * hid * es).map_err(driver)?,
             act: s.alloc_zeros(t * hid.max(h * d).max(inter) * es).map_err(driver)?,
             qkv: s.alloc_zeros(t * (h + 2 * kvh) * d * es).map_err(driver)?,

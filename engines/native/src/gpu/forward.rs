@@ -7,12 +7,12 @@
 //! projection; the residual adds are fused into the norms. In decode steps of one sequence of
 //! a small model (`Forward::norms_fused`) the norms run inside the products after them
 //! instead, and the products before them add into the residual stream: six kernels a layer,
-//! not eight, summing the same values in the same order. The residual stream is f32; the
-//! layers' matmuls accumulate in f32 and write their outputs in the model's dtype (as the
-//! weights, the matmul inputs and the cache are), which the kernels after them read back into
-//! f32 (the residual add, the QKV post-processing, SiLU·up): rounded once, as a model computed
-//! in its own dtype rounds them, at half the bytes an f32 copy writes and reads. The logits are
-//! f32. Kernels are compiled at run time with NVRTC, for the weights' and the cache's dtypes.
+//! not eight, summing the same values in the same order. The layers' matmuls accumulate in f32
+//! and write their outputs in the model's dtype (as the weights, the matmul inputs, the
+//! residual stream and the cache are), which the kernels after them read back into f32 (the
+//! residual add, the QKV post-processing, SiLU·up): rounded once, as a model computed in its
+//! own dtype rounds them, at half the bytes an f32 copy writes and reads. The residual stream
+//! is rounded at each add, as PyTorch's models add in their dtype. The logits are f32. Kernels are compiled at run time with NVRTC, for the weights' and the cache's dtypes.
 
 // cudarc's kernel launches, cuBLAS calls and raw device pointers are `unsafe`. Every index a
 // kernel computes comes from values checked on the host (the step plan, the layout's reach

@@ -24,9 +24,9 @@ __device__ __forceinline__ void unpack8(u32x4 v, float* f) {
 // a lane keeps NR sums, so a batch of one needs fewer registers and more blocks stay resident
 // to keep the weights' loads in flight.
 // `mode` says where y[r][o] goes: 0 an f32 y, 1 a y in the weights' dtype, 2 added into the
-// f32 residual stream y after rounding to the weights' dtype (what writing it narrow and then
-// `add_rmsnorm`'s add give, one kernel fewer: the products before a norm in a decode step).
-// The `_norm` kernels (one row) take the f32 residual stream instead of x, and each block works
+// residual stream y (the weights' dtype) after rounding to it, the sum rounded again (what
+// writing it narrow and then `add_rmsnorm`'s add give, one kernel fewer: the products before a
+// norm in a decode step). The `_norm` kernels (one row) take the residual stream instead of x, and each block works
 // RMSNorm(res) · nw out into shared memory before its products, where `add_rmsnorm` would have
 // written it to x: the same threads sum the same values in the same order, so a decode step of
 // one sequence runs no norm kernel (HID-wide rows, K = HID).
@@ -34,9 +34,9 @@ __device__ __forceinline__ void unpack8(u32x4 v, float* f) {
 #define GEMV_ROWS 2
 #if WT != 0
 // Where a `_norm` kernel's activation rows come from: the residual stream's first n rows (HID
-// f32 values each), the norm's weight and epsilon, and the block's shared rows to write.
+// values each, in the weights' dtype), the norm's weight and epsilon, and the block's shared rows to write.
 struct NormIn {
-    const float* res;
+    const wt* res;
     const wt* w;
     float eps;
     wt* act;
@@ -48,14 +48,13 @@ __device__ __forceinline__ void norm_rows(const NormIn& nm, int n) {
 #if ROW_VECS > 0
     __shared__ float sh[32];
     for (int r = 0; r < n; r++) {
-        const float* xr = nm.res + (long long)r * HID;
-        f32x4 a[ROW_VECS];
-        float wv[ROW_VECS][4];
+        const wt* xr = nm.res + (long long)r * HID;
+        float a[ROW_VECS][4], wv[ROW_VECS][4];
 #pragma unroll
         for (int k = 0; k < ROW_VECS; k++) {
             int i = (threadIdx.x + k * 256) * 4;
             if (i < HID) {
-                a[k] = *(const f32x4*)(xr + i);
+                wld4(xr + i, a[k]);
                 wld4(nm.w + i, wv[k]);
             }
         }
@@ -63,7 +62,7 @@ __device__ __forceinline__ void norm_rows(const NormIn& nm, int n) {
 #pragma unroll
         for (int k = 0; k < ROW_VECS; k++) {
             int i = (threadIdx.x + k * 256) * 4;
-            if (i < HID) ss += a[k].x * a[k].x + a[k].y * a[k].y + a[k].z * a[k].z + a[k].w * a[k].w;
+            if (i < HID) ss += a[k][0] * a[k][0] + a[k][1] * a[k][1] + a[k][2] * a[k][2] + a[k][3] * a[k][3];
         }
         float inv = 1.0f / sqrtf(block_sum(ss, sh) / HID + nm.eps);
 #pragma unroll
@@ -71,8 +70,8 @@ __device__ __forceinline__ void norm_rows(const NormIn& nm, int n) {
             int i = (threadIdx.x + k * 256) * 4;
             if (i < HID) {
                 float o[4];
-                o[0] = wv[k][0] * (a[k].x * inv), o[1] = wv[k][1] * (a[k].y * inv),
-                o[2] = wv[k][2] * (a[k].z * inv), o[3] = wv[k][3] * (a[k].w * inv);
+                o[0] = wv[k][0] * (a[k][0] * inv), o[1] = wv[k][1] * (a[k][1] * inv),
+                o[2] = wv[k][2] * (a[k][2] * inv), o[3] = wv[k][3] * (a[k][3] * inv);
                 wst4(nm.act + (long long)r * HID + i, o);
             }
         }
@@ -171,7 +170,7 @@ __device__ __forceinline__ void gemv_group(const wt* w, const wt* x, const NormI
     if (mode == 1)
         ((wt*)y)[at] = wst(v);
     else if (mode == 2)
-        ((float*)y)[at] += wld(wst(v));
+        ((wt*)y)[at] = wst(wld(((wt*)y)[at]) + wld(wst(v)));
     else
         ((float*)y)[at] = v;
 }
@@ -235,7 +234,7 @@ GEMV_GLU_KERNEL(gemv_glu2, 2)
 // one row only (`plan::norms_fused_fit`).
 #define GEMV_NORM_KERNEL(NAME, NR)                                                                           \
     extern "C" __global__ void __launch_bounds__(256)                                                        \
-        NAME(const wt* w, const float* res, const wt* nw, float eps, unsigned long long y, int out, int n, int S, \
+        NAME(const wt* w, const wt* res, const wt* nw, float eps, unsigned long long y, int out, int n, int S, \
              int mode) {                                                                                     \
         __shared__ __align__(16) wt act[NR * HID];                                                           \
         __shared__ float red[8][NR];                                                                         \
@@ -249,7 +248,7 @@ GEMV_NORM_KERNEL(gemv_norm, 1)
 
 #define GEMV_GLU_NORM_KERNEL(NAME, NR)                                                                       \
     extern "C" __global__ void __launch_bounds__(256)                                                        \
-        NAME(const wt* w, const float* res, const wt* nw, float eps, wt* out, int I, int n, int S) {         \
+        NAME(const wt* w, const wt* res, const wt* nw, float eps, wt* out, int I, int n, int S) {         \
         __shared__ __align__(16) wt act[NR * HID];                                                           \
         __shared__ float red[8][NR];                                                                         \
         int groups = (I + 4 / S - 1) / (4 / S);                                                              \

@@ -1,9 +1,10 @@
 // The native engine's forward pass on NVIDIA GPUs, compiled at run time with NVRTC.
 //
 // The host prepends `#define WT n` (weights and matmul inputs) and `#define KT n` (KV cache),
-// n = 0 f32, 1 f16, 2 bf16. Everything accumulates in f32; the residual stream and the matmul
-// outputs are f32 (cuBLAS writes f32 from f16/bf16 inputs) but for the gate/up projection's;
-// it, the matmul inputs and the cache are stored in the narrow types. No #includes: 16-bit
+// n = 0 f32, 1 f16, 2 bf16. Everything accumulates in f32; the residual stream, the matmul
+// inputs and outputs and the cache are stored in the narrow types, as PyTorch models keep them
+// (the residual stream in the weights' dtype: each add rounds, and the norms read half the
+// bytes an f32 stream would take). No #includes: 16-bit
 // types are converted by hand.
 
 typedef unsigned short u16;
@@ -105,34 +106,26 @@ __device__ __forceinline__ void wst4(wt* p, const float* v) {
 #endif
 #define ROW_VECS ((HID % 4 == 0 && HID <= 8192) ? (HID + 1023) / 1024 : 0)
 
-// x[t] = embed[ids[t]]. grid (T), block 256.
-extern "C" __global__ void embed(const unsigned int* ids, const wt* __restrict__ emb, float* __restrict__ x,
+// x[t] = embed[ids[t]] (the residual stream, in the weights' dtype). grid (T), block 256.
+extern "C" __global__ void embed(const unsigned int* ids, const wt* __restrict__ emb, wt* __restrict__ x,
                                  int hid) {
     GRID_DEP_WAIT();
     long long t = blockIdx.x;
     const wt* e = emb + (long long)ids[t] * hid;
-    float* xt = x + t * hid;
-#if ROW_VECS > 0
-    if (hid == HID && blockDim.x == 256) {
-        float v[ROW_VECS][4];
-#pragma unroll
-        for (int k = 0; k < ROW_VECS; k++) {
-            int i = (threadIdx.x + k * 256) * 4;
-            if (i < hid) wld4(e + i, v[k]);
-        }
-#pragma unroll
-        for (int k = 0; k < ROW_VECS; k++) {
-            int i = (threadIdx.x + k * 256) * 4;
-            if (i < hid) *(f32x4*)(xt + i) = f32x4{v[k][0], v[k][1], v[k][2], v[k][3]};
+    wt* xt = x + t * hid;
+    if ((hid & 3) == 0) {
+        for (int i = threadIdx.x * 4; i < hid; i += blockDim.x * 4) {
+            float v[4];
+            wld4(e + i, v);
+            wst4(xt + i, v);
         }
         return;
     }
-#endif
-    for (int i = threadIdx.x; i < hid; i += blockDim.x) xt[i] = wld(e[i]);
+    for (int i = threadIdx.x; i < hid; i += blockDim.x) xt[i] = e[i];
 }
 
-// x[src] += delta[src] (delta in the weights' dtype, a product's output); out[r] =
-// RMSNorm(x[src]) * w, src = rows ? rows[r] : r.
+// x[src] += delta[src], rounded to the weights' dtype (the residual stream and delta, a product's
+// output, are both in it); out[r] = RMSNorm(x[src]) * w, src = rows ? rows[r] : r.
 // grid (rows), block 256. With `hid` a multiple of 4 (rows on 16-byte boundaries) each thread
 // takes 4 consecutive values per access: a prompt's norms stream its whole residual stream.
 // For the model's hidden size HID each thread's ROW_VECS accesses of x, delta and the weight
@@ -141,26 +134,25 @@ extern "C" __global__ void embed(const unsigned int* ids, const wt* __restrict__
 // round trips at a hidden size of 4,096 instead of one). The sums and products are the loop's,
 // in its order. Registers are sized by HID, so a prompt's many rows keep enough blocks an SM to
 // stream at memory speed.
-extern "C" __global__ void add_rmsnorm(float* __restrict__ x, const wt* __restrict__ delta, const int* rows,
+extern "C" __global__ void add_rmsnorm(wt* __restrict__ x, const wt* __restrict__ delta, const int* rows,
                                        int use_rows, const wt* __restrict__ w, wt* __restrict__ out, int hid,
                                        float eps) {
     GRID_DEP_WAIT();
     __shared__ float sh[32];
     long long r = blockIdx.x;
     long long src = use_rows ? rows[r] : r;
-    float* xr = x + src * hid;
+    wt* xr = x + src * hid;
     const wt* dr = delta + src * hid;
     wt* orow = out + r * hid;
     float ss = 0.f;
 #if ROW_VECS > 0
     if (hid == HID && blockDim.x == 256) {
-        f32x4 a[ROW_VECS];
-        float d[ROW_VECS][4], wv[ROW_VECS][4];
+        float a[ROW_VECS][4], d[ROW_VECS][4], wv[ROW_VECS][4];
 #pragma unroll
         for (int k = 0; k < ROW_VECS; k++) {
             int i = (threadIdx.x + k * 256) * 4;
             if (i < hid) {
-                a[k] = *(const f32x4*)(xr + i);
+                wld4(xr + i, a[k]);
                 wld4(dr + i, d[k]);
                 wld4(w + i, wv[k]);
             }
@@ -169,9 +161,11 @@ extern "C" __global__ void add_rmsnorm(float* __restrict__ x, const wt* __restri
         for (int k = 0; k < ROW_VECS; k++) {
             int i = (threadIdx.x + k * 256) * 4;
             if (i < hid) {
-                a[k].x += d[k][0], a[k].y += d[k][1], a[k].z += d[k][2], a[k].w += d[k][3];
-                *(f32x4*)(xr + i) = a[k];
-                ss += a[k].x * a[k].x + a[k].y * a[k].y + a[k].z * a[k].z + a[k].w * a[k].w;
+                // The sum is rounded to the stream's dtype, and the norm reads it so.
+#pragma unroll
+                for (int j = 0; j < 4; j++) a[k][j] = wld(wst(a[k][j] + d[k][j]));
+                wst4(xr + i, a[k]);
+                ss += a[k][0] * a[k][0] + a[k][1] * a[k][1] + a[k][2] * a[k][2] + a[k][3] * a[k][3];
             }
         }
         float inv = 1.0f / sqrtf(block_sum(ss, sh) / hid + eps);
@@ -180,8 +174,8 @@ extern "C" __global__ void add_rmsnorm(float* __restrict__ x, const wt* __restri
             int i = (threadIdx.x + k * 256) * 4;
             if (i < hid) {
                 float o[4];
-                o[0] = wv[k][0] * (a[k].x * inv), o[1] = wv[k][1] * (a[k].y * inv),
-                o[2] = wv[k][2] * (a[k].z * inv), o[3] = wv[k][3] * (a[k].w * inv);
+                o[0] = wv[k][0] * (a[k][0] * inv), o[1] = wv[k][1] * (a[k][1] * inv),
+                o[2] = wv[k][2] * (a[k][2] * inv), o[3] = wv[k][3] * (a[k][3] * inv);
                 wst4(orow + i, o);
             }
         }
@@ -190,31 +184,34 @@ extern "C" __global__ void add_rmsnorm(float* __restrict__ x, const wt* __restri
 #endif
     if ((hid & 3) == 0) {
         for (int i = threadIdx.x * 4; i < hid; i += blockDim.x * 4) {
-            f32x4 a = *(const f32x4*)(xr + i);
-            float d[4];
+            float a[4], d[4];
+            wld4(xr + i, a);
             wld4(dr + i, d);
-            a.x += d[0], a.y += d[1], a.z += d[2], a.w += d[3];
-            *(f32x4*)(xr + i) = a;
-            ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                a[j] = wld(wst(a[j] + d[j]));
+                ss += a[j] * a[j];
+            }
+            wst4(xr + i, a);
         }
         float inv = 1.0f / sqrtf(block_sum(ss, sh) / hid + eps);
         for (int i = threadIdx.x * 4; i < hid; i += blockDim.x * 4) {
-            f32x4 a = *(const f32x4*)(xr + i);  // this thread's own write above
-            float wv[4], o[4];
+            float a[4], wv[4], o[4];
+            wld4(xr + i, a);  // this thread's own write above
             wld4(w + i, wv);
-            o[0] = wv[0] * (a.x * inv), o[1] = wv[1] * (a.y * inv), o[2] = wv[2] * (a.z * inv),
-            o[3] = wv[3] * (a.w * inv);
+#pragma unroll
+            for (int j = 0; j < 4; j++) o[j] = wv[j] * (a[j] * inv);
             wst4(orow + i, o);
         }
         return;
     }
     for (int i = threadIdx.x; i < hid; i += blockDim.x) {
-        float v = xr[i] + wld(dr[i]);
-        xr[i] = v;
+        float v = wld(wst(wld(xr[i]) + wld(dr[i])));
+        xr[i] = wst(v);
         ss += v * v;
     }
     float inv = 1.0f / sqrtf(block_sum(ss, sh) / hid + eps);
-    for (int i = threadIdx.x; i < hid; i += blockDim.x) orow[i] = wst(wld(w[i]) * (xr[i] * inv));
+    for (int i = threadIdx.x; i < hid; i += blockDim.x) orow[i] = wst(wld(w[i]) * (wld(xr[i]) * inv));
 }
 
 // Eight consecutive values of the weights' dtype from a 16-byte aligned address, as f32.

@@ -531,15 +531,14 @@ impl StepLimits {
 
 /// Bytes of the forward pass's buffers on a GPU for steps of up to `tokens` tokens and `seqs`
 /// sequences, matmul inputs in `es`-byte elements (what `StepBufs::new` allocates):
-/// per token the residual stream and Q in f32, the residual's delta, Q/K/V, the activations
-/// and the gate/up projection in the weights' dtype; per sequence a row of logits and attention's
+/// per token Q in f32, the residual stream and its delta, Q/K/V, the activations and the
+/// gate/up projection in the weights' dtype; per sequence a row of logits and attention's
 /// partial results. Set aside with the weights, so a large `max_batch_tokens` takes its room
 /// from the KV cache rather than failing at the first long prompt.
 pub fn step_buffer_bytes(cfg: &ModelConfig, tokens: usize, seqs: usize, es: usize) -> u64 {
     let (h, kvh, d) = (cfg.num_heads, cfg.kv_heads, cfg.head_dim);
     let (hid, inter) = (cfg.hidden_size, cfg.intermediate_size);
-    let per_token =
-        4 * (hid + h * d) + es * (hid + (h + 2 * kvh) * d + hid.max(h * d).max(inter) + 2 * inter);
+    let per_token = 4 * h * d + es * (2 * hid + (h + 2 * kvh) * d + hid.max(h * d).max(inter) + 2 * inter);
     let per_seq = 4 * (cfg.vocab_size + h * MAX_SPLITS * (d + 2));
     (tokens as u64)
         .saturating_mul(per_token as u64)

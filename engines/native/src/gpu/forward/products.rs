@@ -23,10 +23,10 @@ use xinf_engine::KvDtype;
 pub(in crate::gpu) enum Rows<'a> {
     /// `[rows][inp]` in the weights' dtype.
     Plain(&'a Buf),
-    /// `RMSNorm(res[0]) · w` of the f32 residual stream's first row (`inp` its hidden size),
+    /// `RMSNorm(res[0]) · w` of the residual stream's first row (`inp` its hidden size),
     /// which each `gemv_norm` block works out itself: `add_rmsnorm`'s output, without its launch.
     /// Products of one row only (`plan::norms_fused_fit`).
-    Normed { res: &'a CudaSlice<f32>, w: &'a Buf },
+    Normed { res: &'a Buf, w: &'a Buf },
 }
 
 impl Rows<'_> {
@@ -36,7 +36,7 @@ impl Rows<'_> {
     fn bytes(&self, es: usize, inp: usize, hidden: usize) -> usize {
         match *self {
             Rows::Plain(x) => x.len(),
-            Rows::Normed { res, w } if inp == hidden && w.len() >= inp * es => res.len() * es,
+            Rows::Normed { res, w } if inp == hidden && w.len() >= inp * es => res.len(),
             Rows::Normed { .. } => 0,
         }
     }
@@ -57,8 +57,9 @@ pub(in crate::gpu) enum Out {
     F32 = 0,
     /// Values in the weights' dtype.
     Narrow = 1,
-    /// Rounded to the weights' dtype, then added into the f32 residual stream (`gemv` only).
-    AddF32 = 2,
+    /// Rounded to the weights' dtype, then added into the residual stream (also of the weights'
+    /// dtype, the sum rounded; `gemv` only).
+    AddRes = 2,
 }
 
 impl Forward {
@@ -85,12 +86,12 @@ impl Forward {
         lane: Lane<'_>,
         w: &Buf,
         x: &Buf,
-        res: &mut CudaSlice<f32>,
+        res: &mut Buf,
         dims: [usize; 3],
     ) -> Result<(), GpuError> {
-        let bytes = res.len() * 4;
+        let bytes = res.len();
         let (yp, _y) = res.device_ptr_mut(lane.stream);
-        self.gemm(lane, w, Rows::Plain(x), (yp, bytes, Out::AddF32), dims)
+        self.gemm(lane, w, Rows::Plain(x), (yp, bytes, Out::AddRes), dims)
     }
 
     /// [`Self::matmul`] with `y` in the weights' dtype: for outputs only an elementwise kernel
@@ -148,7 +149,7 @@ impl Forward {
         }
         b.arg(&rows_i).arg(&split_i);
         // SAFETY: the buffers were checked above to hold the matrices (`w` [2 · inter][inp] and
-        // the rows [rows][inp] in the weights' 16-bit dtype — or the f32 residual rows and the
+        // the rows [rows][inp] in the weights' 16-bit dtype — or the residual rows and the
         // norm's weight of `inp`, the hidden size the `_norm` kernel is compiled for — the
         // kernel existing only for those; `y` [rows][2 · inter] of it, of which the kernel
         // writes [rows][inter]); the rows and `y` are different buffers, so no block reads
@@ -174,7 +175,7 @@ impl Forward {
         (yp, y_bytes, out_to): (u64, usize, Out),
         [out, inp, rows]: [usize; 3],
     ) -> Result<(), GpuError> {
-        let ydt = if out_to == Out::Narrow { self.wdt } else { KvDtype::F32 };
+        let ydt = if out_to == Out::F32 { KvDtype::F32 } else { self.wdt };
         let eb = elem_bytes(self.wdt);
         check_matmul(
             [w.len(), x.bytes(eb, inp, self.cfg.hidden_size), y_bytes],
@@ -199,12 +200,12 @@ impl Forward {
             }
             b.arg(&rows_i).arg(&split_i).arg(&mode);
             // SAFETY: the buffers were checked above to hold the matrices (`w` [out][inp] and
-            // the rows [rows][inp] in the weights' 16-bit dtype — or the f32 residual rows and
+            // the rows [rows][inp] in the weights' 16-bit dtype — or the residual rows and
             // the norm's weight of `inp`, the hidden size the `_norm` kernels are compiled for —
             // the kernel existing only for those; `yp` the caller's `y_bytes` for [rows][out] of
-            // f32, or of the weights' dtype for `Out::Narrow`); rows of `inp`, a multiple of 8,
+            // f32, or of the weights' dtype for `Out::Narrow` and `Out::AddRes`); rows of `inp`, a multiple of 8,
             // are whole 16-byte words of 16-byte aligned buffers; the kernel indexes outputs
-            // below `out` and rows below `rows` ≤ GEMV_ROWS; `AddF32` reads and writes each
+            // below `out` and rows below `rows` ≤ GEMV_ROWS; `AddRes` reads and writes each
             // output once, in a buffer the rows are not read from.
             // (A grid below the rows' groups is looped over by its blocks.)
             unsafe { b.launch(cfg1((gemv_groups(out, inp) as u32).min(most_blocks), 256)) }
