@@ -198,7 +198,7 @@ pub(crate) fn fit_kv_cache(
             cfg,
             options.max_batch_tokens.max(options.max_num_seqs),
             options.max_num_seqs,
-            weights_dtype.size(),
+            [weights_dtype, kv_dtype],
         )),
         bytes_per_token: kv_bytes_per_token(cfg.num_layers, cfg.kv_heads, cfg.head_dim, kv_dtype),
         block_size: options.kv_layout.block_size,

@@ -149,7 +149,9 @@ pub(super) struct StepBufs {
     pub(super) act: Buf,
     /// The QKV projection, in the weights' dtype (as `delta`).
     pub(super) qkv: Buf,
-    pub(super) q: CudaSlice<f32>,
+    /// Q after its norm and RoPE, `[tokens][heads][head_dim]` in the cache's dtype: attention
+    /// multiplies it with the cached keys in that type, and reads it in half the bytes of f32.
+    pub(super) q: Buf,
     /// The gate/up projection, in the weights' dtype.
     pub(super) gu: Buf,
     pub(super) logits: CudaSlice<f32>,
@@ -169,14 +171,15 @@ pub(super) struct StepBufs {
 }
 
 impl StepBufs {
-    /// Buffers for steps within `capacity`, the matmul inputs in `es`-byte elements.
+    /// Buffers for steps within `capacity`, for weights in `wdt` and a cache in `kdt`.
     pub(super) fn new(
         s: &Arc<CudaStream>,
         cfg: &ModelConfig,
-        es: usize,
+        [wdt, kdt]: [KvDtype; 2],
         capacity: StepCapacity,
     ) -> Result<Self, GpuError> {
         let StepCapacity { tokens: t, tables, rows } = capacity;
+        let (es, kes) = (wdt.size(), kdt.size());
         let (h, kvh, d) = (cfg.num_heads, cfg.kv_heads, cfg.head_dim);
         let (hid, inter) = (cfg.hidden_size, cfg.intermediate_size);
         Ok(Self {
@@ -192,7 +195,7 @@ impl StepBufs {
             delta: s.alloc_zeros(t * hid * es).map_err(driver)?,
             act: s.alloc_zeros(t * hid.max(h * d).max(inter) * es).map_err(driver)?,
             qkv: s.alloc_zeros(t * (h + 2 * kvh) * d * es).map_err(driver)?,
-            q: s.alloc_zeros(t * h * d).map_err(driver)?,
+            q: s.alloc_zeros(t * h * d * kes).map_err(driver)?,
             gu: s.alloc_zeros(t * 2 * inter * es).map_err(driver)?,
             logits: s.alloc_zeros(rows * cfg.vocab_size).map_err(driver)?,
             argmax: s.alloc_zeros(rows).map_err(driver)?,

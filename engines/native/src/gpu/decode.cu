@@ -103,14 +103,14 @@ struct KeyRows {
     float m0, m1, l0, l1;  // heads 2tq, 2tq + 1: running maxima (base 2) and this lane's sums
 
     // `q0`: the group's first head's query row.
-    __device__ __forceinline__ void init(const float* q0, int g, int tq, float scale) {
-        const float* qg = q0 + g * HD + tq * (HD / 4);
+    __device__ __forceinline__ void init(const kt* q0, int g, int tq, float scale) {
+        const kt* qg = q0 + g * HD + tq * (HD / 4);
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
             float a[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
             for (int e = 0; e < 4; e++)
-                if (g < GQ) a[e] = qg[4 * kk + e] * scale;
+                if (g < GQ) a[e] = kld(qg[4 * kk + e]) * scale;
             qb[kk][0] = pack2(a[0], a[1]);
             qb[kk][1] = pack2(a[2], a[3]);
         }
@@ -223,16 +223,16 @@ struct HeadRows {
     float o[HD / 8][4];
     float m0, m1, l0, l1;  // rows g, g + 8: running maxima (base 2) and this lane's sums
 
-    __device__ __forceinline__ void init(const float* q0, int g, int tq, float scale) {
-        const float* qg = q0 + g * HD + tq * (HD / 4);
-        const float* qg8 = qg + 8 * HD;
+    __device__ __forceinline__ void init(const kt* q0, int g, int tq, float scale) {
+        const kt* qg = q0 + g * HD + tq * (HD / 4);
+        const kt* qg8 = qg + 8 * HD;
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
             float a[4] = {0.f, 0.f, 0.f, 0.f}, b[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                if (g < GQ) a[e] = qg[4 * kk + e] * scale;
-                if (g + 8 < GQ) b[e] = qg8[4 * kk + e] * scale;
+                if (g < GQ) a[e] = kld(qg[4 * kk + e]) * scale;
+                if (g + 8 < GQ) b[e] = kld(qg8[4 * kk + e]) * scale;
             }
             qa[kk][0] = pack2(a[0], a[1]);
             qa[kk][1] = pack2(b[0], b[1]);
@@ -304,7 +304,7 @@ typedef HeadRows DecodeRows;
 #endif
 
 extern "C" __global__ void __launch_bounds__(32 * DW)
-flash_decode(const float* q, unsigned long long k_plane, unsigned long long v_plane, const int* pos,
+flash_decode(const kt* q, unsigned long long k_plane, unsigned long long v_plane, const int* pos,
              const int* tab_off, const unsigned int* tables, const int* toks, int use_toks, int vec, int bs,
              long long s_blk, long long s_tok, long long s_head, wt* out, float* part, unsigned int* counters,
              int H, int KVH, float scale_log2, const int* deal) {

@@ -193,7 +193,7 @@ __device__ __forceinline__ void q_frag(unsigned int* a, unsigned int at) {
 }
 
 extern "C" __global__ void __launch_bounds__(FT, MINB)
-flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_plane, const int* pos,
+flash_prefill(const kt* q, unsigned long long k_plane, unsigned long long v_plane, const int* pos,
               const int* tab_off, const unsigned int* tables, const int* tiles, int bs, long long s_blk,
               long long s_tok, long long s_head, wt* out, int H, int KVH, float scale_log2) {
     GRID_DEP_WAIT();
@@ -298,13 +298,13 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
         u16* qsm = (u16*)(flash_smem + 2 * NST * TILE_BYTES);
         for (int idx = threadIdx.x; idx < 16 * FW * MT * (HD / 8); idx += FT) {
             int r = idx / (HD / 8), c8 = (idx % (HD / 8)) * 8;
-            const float4* src = (const float4*)(q + ((long long)(t0 + min(r, n - 1)) * H + h) * HD + c8);
-            float4 a = src[0], b = src[1];
+            float a[8];
+            kld8(q + ((long long)(t0 + min(r, n - 1)) * H + h) * HD + c8, a);
             uint4 w;
-            w.x = pack2(a.x * scale_log2, a.y * scale_log2);
-            w.y = pack2(a.z * scale_log2, a.w * scale_log2);
-            w.z = pack2(b.x * scale_log2, b.y * scale_log2);
-            w.w = pack2(b.z * scale_log2, b.w * scale_log2);
+            w.x = pack2(a[0] * scale_log2, a[1] * scale_log2);
+            w.y = pack2(a[2] * scale_log2, a[3] * scale_log2);
+            w.z = pack2(a[4] * scale_log2, a[5] * scale_log2);
+            w.w = pack2(a[6] * scale_log2, a[7] * scale_log2);
             *(uint4*)(qsm + r * KPAD + c8) = w;
         }
     }
@@ -313,15 +313,15 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
     unsigned int qa[MT][HD / 16][4];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
-        const float* q0 = q + ((long long)(t0 + min(wr0 + mt * 16 + g, n - 1)) * H + h) * HD;
-        const float* q1 = q + ((long long)(t0 + min(wr0 + mt * 16 + g + 8, n - 1)) * H + h) * HD;
+        const kt* q0 = q + ((long long)(t0 + min(wr0 + mt * 16 + g, n - 1)) * H + h) * HD;
+        const kt* q1 = q + ((long long)(t0 + min(wr0 + mt * 16 + g + 8, n - 1)) * H + h) * HD;
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
             int c = kk * 16 + 2 * tq;
-            qa[mt][kk][0] = pack2(q0[c] * scale_log2, q0[c + 1] * scale_log2);
-            qa[mt][kk][1] = pack2(q1[c] * scale_log2, q1[c + 1] * scale_log2);
-            qa[mt][kk][2] = pack2(q0[c + 8] * scale_log2, q0[c + 9] * scale_log2);
-            qa[mt][kk][3] = pack2(q1[c + 8] * scale_log2, q1[c + 9] * scale_log2);
+            qa[mt][kk][0] = pack2(kld(q0[c]) * scale_log2, kld(q0[c + 1]) * scale_log2);
+            qa[mt][kk][1] = pack2(kld(q1[c]) * scale_log2, kld(q1[c + 1]) * scale_log2);
+            qa[mt][kk][2] = pack2(kld(q0[c + 8]) * scale_log2, kld(q0[c + 9]) * scale_log2);
+            qa[mt][kk][3] = pack2(kld(q1[c + 8]) * scale_log2, kld(q1[c + 9]) * scale_log2);
         }
     }
 #endif

@@ -262,7 +262,7 @@ __device__ __forceinline__ void to_p(unsigned int (*p)[4], const float* s) {
 }
 
 extern "C" __global__ void __launch_bounds__(FT, 1)
-flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_plane, const int* pos,
+flash_prefill(const kt* q, unsigned long long k_plane, unsigned long long v_plane, const int* pos,
               const int* tab_off, const unsigned int* tables, const int* tiles, int bs, long long s_blk,
               long long s_tok, long long s_head, wt* out, int H, int KVH, float scale_log2 PERSIST_ARG) {
     GRID_DEP_WAIT();
@@ -364,12 +364,12 @@ flash_prefill(const float* q, unsigned long long k_plane, unsigned long long v_p
             // the cache's type, swizzled as the K tiles. Its last item's products are done.
             for (int idx = threadIdx.x - 128 - cw * 128; idx < 64 * (HD / 8); idx += 128) {
                 int r = idx / (HD / 8), c8 = idx % (HD / 8);
-                const float4* src = (const float4*)(q + ((long long)(t0 + min(wr0 + r, n - 1)) * H + h) * HD + c8 * 8);
-                float4 a = src[0], b = src[1];
+                float a[8];
+                kld8(q + ((long long)(t0 + min(wr0 + r, n - 1)) * H + h) * HD + c8 * 8, a);
                 unsigned int at = qw + (c8 >> 3) * (64 * 128) + r * 128 + (((c8 & 7) ^ (r & 7)) * 16);
                 asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(at),
-                             "r"(pack2(a.x * scale_log2, a.y * scale_log2)), "r"(pack2(a.z * scale_log2, a.w * scale_log2)),
-                             "r"(pack2(b.x * scale_log2, b.y * scale_log2)), "r"(pack2(b.z * scale_log2, b.w * scale_log2))
+                             "r"(pack2(a[0] * scale_log2, a[1] * scale_log2)), "r"(pack2(a[2] * scale_log2, a[3] * scale_log2)),
+                             "r"(pack2(a[4] * scale_log2, a[5] * scale_log2)), "r"(pack2(a[6] * scale_log2, a[7] * scale_log2))
                              : "memory");
             }
             fence_async();

@@ -219,6 +219,18 @@ __device__ __forceinline__ void wld8(const wt* p, float* v) {
     wld4(p, v);
     wld4(p + 4, v + 4);
 }
+// Eight values of the cache's dtype from a 16-byte aligned address, as f32.
+__device__ __forceinline__ void kld8(const kt* p, float* v) {
+#if KT == 0
+    f32x4 a = *(const f32x4*)p, b = *(const f32x4*)(p + 4);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+#else
+    u32x4 w = *(const u32x4*)p;
+    unsigned int u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) v[2 * j] = kld((u16)(u[j] & 0xffffu)), v[2 * j + 1] = kld((u16)(u[j] >> 16));
+#endif
+}
 // Eight values into the cache's dtype: whole words where `p` is 16-byte aligned (every layout's
 // rows are, but a layout's strides are not checked here), else one by one.
 __device__ __forceinline__ void kst8(kt* p, const float* v) {
@@ -243,7 +255,7 @@ __device__ __forceinline__ void kst8(kt* p, const float* v) {
 #endif
 
 // After the QKV projection: per head of Q, K and V of each token, the bias, per-head RMSNorm
-// (Q, K), RoPE (Q, K); Q goes to q_out (f32), K and V into the paged cache at the token's slot,
+// (Q, K), RoPE (Q, K); Q goes to q_out in the cache's dtype (what attention multiplies it in), K and V into the paged cache at the token's slot,
 // found through the block table and the layout's strides (elements).
 //
 // Where HD is a multiple of 64 (up to 512), QKV_TPH neighbouring threads take a head, each 8 elements of its
@@ -257,7 +269,7 @@ extern "C" __global__ void qkv_post(const wt* qkv, const wt* bias, int has_bias,
                                     int has_norm, const float* cos_t, const float* sin_t, const int* pos,
                                     const int* tab_off, const unsigned int* tables, unsigned long long k_plane,
                                     unsigned long long v_plane, int bs, long long s_blk, long long s_tok,
-                                    long long s_head, float* q_out, int H, int KVH, float eps) {
+                                    long long s_head, kt* q_out, int H, int KVH, float eps) {
 #ifdef QKV_TPH
     int heads = H + 2 * KVH, half = HD / 2;
     long long t = blockIdx.x;
@@ -323,11 +335,9 @@ extern "C" __global__ void qkv_post(const wt* qkv, const wt* bias, int has_bias,
         o2[j] = b[j] * rc[j] + a[j] * rs[j];
     }
     if (kind == 0) {
-        float* q = q_out + (t * H + hh) * HD;
-        *(f32x4*)(q + c) = f32x4{o1[0], o1[1], o1[2], o1[3]};
-        *(f32x4*)(q + c + 4) = f32x4{o1[4], o1[5], o1[6], o1[7]};
-        *(f32x4*)(q + half + c) = f32x4{o2[0], o2[1], o2[2], o2[3]};
-        *(f32x4*)(q + half + c + 4) = f32x4{o2[4], o2[5], o2[6], o2[7]};
+        kt* q = q_out + (t * H + hh) * HD;
+        kst8(q + c, o1);
+        kst8(q + half + c, o2);
     } else {
         kt* dst = (kt*)k_plane + slot + (long long)(hh - H) * s_head;
         kst8(dst + c, o1);
@@ -372,9 +382,9 @@ extern "C" __global__ void qkv_post(const wt* qkv, const wt* bias, int has_bias,
             float a = row[i], b = row[i + half];
             float o1 = a * c - b * s, o2 = b * c + a * s;
             if (kind == 0) {
-                float* q = q_out + (t * H + hh) * HD;
-                q[i] = o1;
-                q[i + half] = o2;
+                kt* q = q_out + (t * H + hh) * HD;
+                q[i] = kst(o1);
+                q[i + half] = kst(o2);
             } else {
                 kt* dst = (kt*)k_plane + slot + (long long)(hh - H) * s_head;
                 dst[i] = kst(o1);
@@ -565,7 +575,7 @@ __device__ __forceinline__ void merge_warps(const float (*sm)[G], const float (*
 // (n, H / G, splits) over the tokens listed in `toks` (the one-token chunks of a step whose
 // longer chunks run `flash_prefill`).
 template <int G>
-__device__ __forceinline__ void attention_heads(const float* q, unsigned long long k_plane,
+__device__ __forceinline__ void attention_heads(const kt* q, unsigned long long k_plane,
                                                 unsigned long long v_plane, const int* pos, const int* tab_off,
                                                 const unsigned int* tables, const int* toks, int use_toks, int vec,
                                                 int bs, long long s_blk, long long s_tok, long long s_head, wt* out,
@@ -579,10 +589,10 @@ __device__ __forceinline__ void attention_heads(const float* q, unsigned long lo
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const kt* K = (const kt*)k_plane;
     const kt* V = (const kt*)v_plane;
-    const float* qp = q + (t * H + h0) * HD;  // the G heads' rows are consecutive
+    const kt* qp = q + (t * H + h0) * HD;  // the G heads' rows are consecutive
     int len = pos[t] + 1;
     const unsigned int* tab = tables + tab_off[t];
-    for (int i = threadIdx.x; i < G * HD; i += blockDim.x) sq[i / HD][i % HD] = qp[i] * scale;
+    for (int i = threadIdx.x; i < G * HD; i += blockDim.x) sq[i / HD][i % HD] = kld(qp[i]) * scale;
     __syncthreads();
     float acc[G][NV], m[G], l[G];
 #pragma unroll
@@ -640,7 +650,7 @@ __device__ __forceinline__ void attention_heads(const float* q, unsigned long lo
 
 // The kernel for steps with many queries: blocks of the GB heads of a KV head, each K/V row
 // read once for all of them (the reads that bound a large batch).
-extern "C" __global__ void attention(const float* q, unsigned long long k_plane, unsigned long long v_plane,
+extern "C" __global__ void attention(const kt* q, unsigned long long k_plane, unsigned long long v_plane,
                                      const int* pos, const int* tab_off, const unsigned int* tables,
                                      const int* toks, int use_toks, int vec, int bs, long long s_blk,
                                      long long s_tok, long long s_head, wt* out, float* part,
@@ -652,7 +662,7 @@ extern "C" __global__ void attention(const float* q, unsigned long long k_plane,
 
 // The kernel for steps with few queries (decoding a few sequences): a block per head, so the
 // key walks are spread over GB times as many warps (the time is each warp's chain of loads).
-extern "C" __global__ void attention_one(const float* q, unsigned long long k_plane, unsigned long long v_plane,
+extern "C" __global__ void attention_one(const kt* q, unsigned long long k_plane, unsigned long long v_plane,
                                          const int* pos, const int* tab_off, const unsigned int* tables,
                                          const int* toks, int use_toks, int vec, int bs, long long s_blk,
                                          long long s_tok, long long s_head, wt* out, float* part,

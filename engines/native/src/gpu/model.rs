@@ -20,7 +20,7 @@ use super::forward::{Forward, Lane};
 use super::graphs::Graphs;
 use super::pages::KvMemory;
 use super::plan::{
-    StepCapacity, StepLimits, StepPlan, StepShape, check_model, elem_bytes, is_decode, logit_runs, plan_step,
+    StepCapacity, StepLimits, StepPlan, StepShape, check_model, is_decode, logit_runs, plan_step,
 };
 use crate::kv_cache::KvCache;
 use crate::model::{Chunk, ComputeBackend, Row};
@@ -47,6 +47,8 @@ pub(crate) struct GpuModel {
     bufs: Option<StepBufs>,
     /// The weights' (compute) dtype.
     wdt: KvDtype,
+    /// The cache's dtype.
+    kdt: KvDtype,
     desc: LayoutDescriptor,
     max_positions: usize,
     ctx: Arc<CudaContext>,
@@ -98,7 +100,7 @@ impl GpuModel {
         let blas_workspace = give_workspace(&blas, &stream)?;
         let fwd = Forward::new(&stream, cfg, w, wdt, kdt, max_positions)?;
         let kv = KvMemory::new(pages, desc.clone(), kdt, &planes)?;
-        let bufs = StepBufs::new(&stream, fwd.cfg(), elem_bytes(wdt), limits.capacity(desc.num_blocks))?;
+        let bufs = StepBufs::new(&stream, fwd.cfg(), [wdt, kdt], limits.capacity(desc.num_blocks))?;
         let graphs = Graphs::new(&ctx, &limits, fwd.kernel_ids())?;
         stream.synchronize().map_err(driver)?;
         let mut model = Self {
@@ -107,6 +109,7 @@ impl GpuModel {
             kv,
             bufs: Some(bufs),
             wdt,
+            kdt,
             desc,
             max_positions,
             ctx,
@@ -148,8 +151,8 @@ impl GpuModel {
             }
             kept => {
                 self.bufs = kept;
-                let es = elem_bytes(self.wdt);
-                let mut own = StepBufs::new(&self.stream, self.fwd.cfg(), es, StepCapacity::of(&plan))?;
+                let dtypes = [self.wdt, self.kdt];
+                let mut own = StepBufs::new(&self.stream, self.fwd.cfg(), dtypes, StepCapacity::of(&plan))?;
                 self.run(&mut own, &plan, false, started)
             }
         }

@@ -530,15 +530,17 @@ impl StepLimits {
 }
 
 /// Bytes of the forward pass's buffers on a GPU for steps of up to `tokens` tokens and `seqs`
-/// sequences, matmul inputs in `es`-byte elements (what `StepBufs::new` allocates):
-/// per token Q in f32, the residual stream and its delta, Q/K/V, the activations and the
-/// gate/up projection in the weights' dtype; per sequence a row of logits and attention's
+/// sequences, for weights in `wdt` and a cache in `kdt` (what `StepBufs::new` allocates):
+/// per token Q in the cache's dtype, the residual stream and its delta, Q/K/V, the activations
+/// and the gate/up projection in the weights'; per sequence a row of logits and attention's
 /// partial results. Set aside with the weights, so a large `max_batch_tokens` takes its room
 /// from the KV cache rather than failing at the first long prompt.
-pub fn step_buffer_bytes(cfg: &ModelConfig, tokens: usize, seqs: usize, es: usize) -> u64 {
+pub fn step_buffer_bytes(cfg: &ModelConfig, tokens: usize, seqs: usize, [wdt, kdt]: [KvDtype; 2]) -> u64 {
     let (h, kvh, d) = (cfg.num_heads, cfg.kv_heads, cfg.head_dim);
     let (hid, inter) = (cfg.hidden_size, cfg.intermediate_size);
-    let per_token = 4 * h * d + es * (2 * hid + (h + 2 * kvh) * d + hid.max(h * d).max(inter) + 2 * inter);
+    let es = wdt.size();
+    let per_token =
+        kdt.size() * h * d + es * (2 * hid + (h + 2 * kvh) * d + hid.max(h * d).max(inter) + 2 * inter);
     let per_seq = 4 * (cfg.vocab_size + h * MAX_SPLITS * (d + 2));
     (tokens as u64)
         .saturating_mul(per_token as u64)
