@@ -168,23 +168,29 @@ fn decode_step_time_at_batch_1() {
 }
 
 /// The time `n` concurrent requests of prompts of `lens` tokens (request i's `lens[i %
-/// lens.len()]`, words below `vocab`, varied by `salt`) take to their first token, in ms.
+/// lens.len()]`, words below `vocab`, varied by `salt`) take to their first token, in ms. The
+/// requests are built first and submitted back to back, so the engine's first step finds as
+/// many of them queued as it can.
 fn prompts_ms(engine: &NativeEngine, n: usize, lens: &[usize], salt: u32, vocab: usize) -> f64 {
-    let t0 = std::time::Instant::now();
-    rt().block_on(futures::future::join_all((0..n).map(|i| async move {
-        let ids = prompt(lens[i % lens.len()], salt * 1000 + i as u32, vocab);
-        let request = GenerateRequest {
+    let requests: Vec<GenerateRequest> = (0..n)
+        .map(|i| GenerateRequest {
             request_id: format!("p{salt}-{i}"),
-            prompt: Prompt::Tokens(ids),
+            prompt: Prompt::Tokens(prompt(lens[i % lens.len()], salt * 1000 + i as u32, vocab)),
             sampling: SamplingParams::greedy(1),
-        };
-        let mut stream = engine.submit(request).expect("submit");
-        while let Some(ev) = stream.next().await {
-            if let TokenEvent::Finished { .. } = ev.expect("event") {
-                break;
+        })
+        .collect();
+    let t0 = std::time::Instant::now();
+    rt().block_on(async {
+        let streams: Vec<_> = requests.into_iter().map(|r| engine.submit(r).expect("submit")).collect();
+        futures::future::join_all(streams.into_iter().map(|mut stream| async move {
+            while let Some(ev) = stream.next().await {
+                if let TokenEvent::Finished { .. } = ev.expect("event") {
+                    break;
+                }
             }
-        }
-    })));
+        }))
+        .await
+    });
     t0.elapsed().as_secs_f64() * 1e3
 }
 
@@ -287,8 +293,8 @@ const SERVING_MIX: [usize; 4] = [40, 173, 733, 2833];
 /// runs one workload with CUDA graphs off, so a profiler sees every kernel: `prefillN`, one
 /// prompt pass of N tokens (2,833 without N); `prefillmixN`, N prompts of the serving
 /// benchmarks' lengths in turn, submitted together, to their first tokens (8 of them are 7,558
-/// tokens, which the engine steps as requests arriving together: those queued when a step
-/// begins, then the rest — the prompt steps of a loaded server); `decodeN`, N requests of 1,000-token prompts decoding 32 tokens
+/// tokens: one step when all are queued as it begins, else those that are and then the rest,
+/// as in a loaded server; a profile's grid sizes say which); `decodeN`, N requests of 1,000-token prompts decoding 32 tokens
 /// each, the profiler collecting only some of their decode-only steps (15 of them, give or
 /// take the steps in flight); `decodemixN`, the same with the serving benchmarks' prompt
 /// lengths in turn. The profiler collects one prompt pass after five timed ones, or some
