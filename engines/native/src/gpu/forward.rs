@@ -12,7 +12,8 @@
 //! residual stream and the cache are), which the kernels after them read back into f32 (the
 //! residual add, the QKV post-processing, SiLU·up): rounded once, as a model computed in its
 //! own dtype rounds them, at half the bytes an f32 copy writes and reads. The residual stream
-//! is rounded at each add, as PyTorch's models add in their dtype. The logits are f32. Kernels are compiled at run time with NVRTC, for the weights' and the cache's dtypes.
+//! is rounded at each add, as PyTorch's models add in their dtype. The logits are f32. Kernels
+//! are compiled at run time with NVRTC, for the weights' and the cache's dtypes.
 
 // cudarc's kernel launches, cuBLAS calls and raw device pointers are `unsafe`. Every index a
 // kernel computes comes from values checked on the host (the step plan, the layout's reach

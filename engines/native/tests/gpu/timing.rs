@@ -196,8 +196,9 @@ fn prompts_ms(engine: &NativeEngine, n: usize, lens: &[usize], salt: u32, vocab:
 
 /// Per-token times of `n` concurrent greedy requests of prompts of `lens` tokens (request i's
 /// `lens[i % lens.len()]`; words below `vocab`) on `engine`, after their first tokens (the
-/// steps that only decode): the median gap between one request's tokens, in ms. With `window`, the profiler collects from when every
-/// request has its fifth token until the first has its twentieth (decode-only steps alone).
+/// steps that only decode): the median gap between one request's tokens, in ms. With `window`,
+/// the profiler collects from when every request has its fifth token until the first has its
+/// twentieth (decode-only steps alone).
 fn decode_gap_ms(
     engine: &NativeEngine,
     n: usize,
@@ -289,18 +290,18 @@ fn decode_step_time_by_batch() {
 /// The prompt lengths of the serving benchmarks (`xinf bench --prompt-tokens`).
 const SERVING_MIX: [usize; 4] = [40, 173, 733, 2833];
 
-/// A profiling target, not a check: with `XINF_PROFILE` set, the model of `XINF_BENCH_SHAPE`
-/// runs one workload with CUDA graphs off, so a profiler sees every kernel: `prefillN`, one
-/// prompt pass of N tokens (2,833 without N); `prefillmixN`, N prompts of the serving
-/// benchmarks' lengths in turn, submitted together, to their first tokens (8 of them are 7,558
-/// tokens: one step when all are queued as it begins, else those that are and then the rest,
-/// as in a loaded server; a profile's grid sizes say which); `decodeN`, N requests of 1,000-token prompts decoding 32 tokens
-/// each, the profiler collecting only some of their decode-only steps (15 of them, give or
-/// take the steps in flight); `decodemixN`, the same with the serving benchmarks' prompt
-/// lengths in turn. The profiler collects one prompt pass after five timed ones, or some
-/// decode steps, never the load's warm-up. Under Nsight Compute, e.g. `XINF_TEST_GPU=1
-/// XINF_PROFILE=decode16 ncu --profile-from-start off --metrics gpu__time_duration.sum
-/// --print-summary per-kernel ./gpu-<hash> profile_target`.
+/// A profiling target, not a check: with `XINF_PROFILE` set, the model of `XINF_BENCH_SHAPE` runs
+/// one workload with CUDA graphs off, so a profiler sees every kernel: `prefillN`, one prompt pass
+/// of N tokens (2,833 without N); `prefillmixN`, N prompts of the serving benchmarks' lengths in
+/// turn, submitted together, to their first tokens (8 of them are 7,558 tokens: one step when all
+/// are queued as it begins, else those that are and then the rest, as in a loaded server; a
+/// profile's grid sizes say which); `decodeN`, N requests of 1,000-token prompts decoding 32 tokens
+/// each, the profiler collecting only some of their decode-only steps (15 of them, give or take the
+/// steps in flight); `decodemixN`, the same with the serving benchmarks' prompt lengths in turn.
+/// The profiler collects one prompt pass after five timed ones, or some decode steps, never the
+/// load's warm-up. Under Nsight Compute, e.g. `XINF_TEST_GPU=1 XINF_PROFILE=decode16 ncu
+/// --profile-from-start off --metrics gpu__time_duration.sum --print-summary per-kernel
+/// ./gpu-<hash> profile_target`.
 #[test]
 fn profile_target() {
     let Ok(what) = std::env::var("XINF_PROFILE") else {

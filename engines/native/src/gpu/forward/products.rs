@@ -199,14 +199,14 @@ impl Forward {
                 b.arg(&inp_i);
             }
             b.arg(&rows_i).arg(&split_i).arg(&mode);
-            // SAFETY: the buffers were checked above to hold the matrices (`w` [out][inp] and
-            // the rows [rows][inp] in the weights' 16-bit dtype — or the residual rows and
-            // the norm's weight of `inp`, the hidden size the `_norm` kernels are compiled for —
-            // the kernel existing only for those; `yp` the caller's `y_bytes` for [rows][out] of
-            // f32, or of the weights' dtype for `Out::Narrow` and `Out::AddRes`); rows of `inp`, a multiple of 8,
-            // are whole 16-byte words of 16-byte aligned buffers; the kernel indexes outputs
-            // below `out` and rows below `rows` ≤ GEMV_ROWS; `AddRes` reads and writes each
-            // output once, in a buffer the rows are not read from.
+            // SAFETY: the buffers were checked above to hold the matrices (`w` [out][inp] and the
+            // rows [rows][inp] in the weights' 16-bit dtype — or the residual rows and the norm's
+            // weight of `inp`, the hidden size the `_norm` kernels are compiled for — the kernel
+            // existing only for those; `yp` the caller's `y_bytes` for [rows][out] of f32, or of
+            // the weights' dtype for `Out::Narrow` and `Out::AddRes`); rows of `inp`, a multiple of
+            // 8, are whole 16-byte words of 16-byte aligned buffers; the kernel indexes outputs
+            // below `out` and rows below `rows` ≤ GEMV_ROWS; `AddRes` reads and writes each output
+            // once, in a buffer the rows are not read from.
             // (A grid below the rows' groups is looped over by its blocks.)
             unsafe { b.launch(cfg1((gemv_groups(out, inp) as u32).min(most_blocks), 256)) }
                 .map_err(driver)?;
