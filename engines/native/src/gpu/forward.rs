@@ -60,8 +60,8 @@ fn cuda_type(dt: KvDtype) -> cudaDataType_t {
 }
 
 /// `qkv_post`'s launch for `t` tokens of `heads` heads (Q, K and V) of `hd`: for heads of a
-/// multiple of 64 up to 512, a token's heads in blocks of whole warps, `hd / 16` threads a head; else a
-/// warp a head, eight a block.
+/// multiple of 64 up to 512, a token's heads in blocks of whole warps, `hd / 16` threads a head;
+/// else a warp a head, eight a block.
 fn qkv_post_grid(t: usize, heads: usize, hd: usize) -> LaunchConfig {
     let (threads, y) = if hd.is_multiple_of(64) && hd <= 512 {
         let per = heads * (hd / 16);

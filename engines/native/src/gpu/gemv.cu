@@ -24,17 +24,18 @@ __device__ __forceinline__ void unpack8(u32x4 v, float* f) {
 // a lane keeps NR sums, so a batch of one needs fewer registers and more blocks stay resident
 // to keep the weights' loads in flight.
 // `mode` says where y[r][o] goes: 0 an f32 y, 1 a y in the weights' dtype, 2 added into the
-// residual stream y (the weights' dtype) after rounding to it, the sum rounded again (what
-// writing it narrow and then `add_rmsnorm`'s add give, one kernel fewer: the products before a
-// norm in a decode step). The `_norm` kernels (one row) take the residual stream instead of x, and each block works
-// RMSNorm(res) · nw out into shared memory before its products, where `add_rmsnorm` would have
-// written it to x: the same threads sum the same values in the same order, so a decode step of
+// residual stream y (the weights' dtype) after rounding to it, the sum rounded again (what writing
+// it narrow and then `add_rmsnorm`'s add give, one kernel fewer: the products before a norm in a
+// decode step). The `_norm` kernels (one row) take the residual stream instead of x, and each block
+// works RMSNorm(res) · nw out into shared memory before its products, where `add_rmsnorm` would
+// have written it to x: the same threads sum the same values in the same order, so a decode step of
 // one sequence runs no norm kernel (HID-wide rows, K = HID).
 // grid (ceil(out / (8 / S))).
 #define GEMV_ROWS 2
 #if WT != 0
 // Where a `_norm` kernel's activation rows come from: the residual stream's first n rows (HID
-// values each, in the weights' dtype), the norm's weight and epsilon, and the block's shared rows to write.
+// values each, in the weights' dtype), the norm's weight and epsilon, and the block's shared rows
+// to write.
 struct NormIn {
     const wt* res;
     const wt* w;
@@ -248,7 +249,7 @@ GEMV_NORM_KERNEL(gemv_norm, 1)
 
 #define GEMV_GLU_NORM_KERNEL(NAME, NR)                                                                       \
     extern "C" __global__ void __launch_bounds__(256)                                                        \
-        NAME(const wt* w, const wt* res, const wt* nw, float eps, wt* out, int I, int n, int S) {         \
+        NAME(const wt* w, const wt* res, const wt* nw, float eps, wt* out, int I, int n, int S) {            \
         __shared__ __align__(16) wt act[NR * HID];                                                           \
         __shared__ float red[8][NR];                                                                         \
         int groups = (I + 4 / S - 1) / (4 / S);                                                              \

@@ -1,11 +1,10 @@
 // The native engine's forward pass on NVIDIA GPUs, compiled at run time with NVRTC.
 //
 // The host prepends `#define WT n` (weights and matmul inputs) and `#define KT n` (KV cache),
-// n = 0 f32, 1 f16, 2 bf16. Everything accumulates in f32; the residual stream, the matmul
-// inputs and outputs and the cache are stored in the narrow types, as PyTorch models keep them
-// (the residual stream in the weights' dtype: each add rounds, and the norms read half the
-// bytes an f32 stream would take). No #includes: 16-bit
-// types are converted by hand.
+// n = 0 f32, 1 f16, 2 bf16. Everything accumulates in f32; the residual stream, the matmul inputs
+// and outputs and the cache are stored in the narrow types, as PyTorch models keep them (the
+// residual stream in the weights' dtype: each add rounds, and the norms read half the bytes an f32
+// stream would take). No #includes: 16-bit types are converted by hand.
 
 typedef unsigned short u16;
 #define NEG_INF __int_as_float(0xff800000)
@@ -254,17 +253,18 @@ __device__ __forceinline__ void kst8(kt* p, const float* v) {
 #define QKV_TPH (HD / 16)  // threads a head: each takes 8 elements of each half of it
 #endif
 
-// After the QKV projection: per head of Q, K and V of each token, the bias, per-head RMSNorm
-// (Q, K), RoPE (Q, K); Q goes to q_out in the cache's dtype (what attention multiplies it in), K and V into the paged cache at the token's slot,
-// found through the block table and the layout's strides (elements).
+// After the QKV projection: per head of Q, K and V of each token, the bias, per-head RMSNorm (Q,
+// K), RoPE (Q, K); Q goes to q_out in the cache's dtype (what attention multiplies it in), K and V
+// into the paged cache at the token's slot, found through the block table and the layout's strides
+// (elements).
 //
-// Where HD is a multiple of 64 (up to 512), QKV_TPH neighbouring threads take a head, each 8 elements of its
-// first half and the 8 they pair with in RoPE, in 16-byte words: a token's heads are 8 words a
-// thread in flight instead of a warp's 2-byte lanes, which is what kept the kernel at half the
-// HBM's speed on long prompts. grid (T, ceil((H + 2 KVH) · QKV_TPH / block)), the block whole
-// warps, at most 1,024 threads (`forward::qkv_post_grid`). Other
-// head sizes: one warp per head, lanes over the head dimension, the row in shared memory for
-// RoPE's pairs; grid (T, ceil((H + 2 KVH) / 8)), block 256.
+// Where HD is a multiple of 64 (up to 512), QKV_TPH neighbouring threads take a head, each 8
+// elements of its first half and the 8 they pair with in RoPE, in 16-byte words: a token's heads
+// are 8 words a thread in flight instead of a warp's 2-byte lanes, which is what kept the kernel at
+// half the HBM's speed on long prompts. grid (T, ceil((H + 2 KVH) · QKV_TPH / block)), the block
+// whole warps, at most 1,024 threads (`forward::qkv_post_grid`). Other head sizes: one warp per
+// head, lanes over the head dimension, the row in shared memory for RoPE's pairs; grid (T, ceil((H
+// + 2 KVH) / 8)), block 256.
 extern "C" __global__ void qkv_post(const wt* qkv, const wt* bias, int has_bias, const wt* qn, const wt* kn,
                                     int has_norm, const float* cos_t, const float* sin_t, const int* pos,
                                     const int* tab_off, const unsigned int* tables, unsigned long long k_plane,
@@ -419,10 +419,8 @@ __device__ __forceinline__ void dot_rows(const float (*sq)[HD], const kt* kr, in
 #else
 #pragma unroll
         for (int i = 0; i < HD; i += 8) {
-            u32x4 w = *(const u32x4*)(kr + i);
-            float k[8] = {kld((u16)(w.x & 0xffffu)), kld((u16)(w.x >> 16)), kld((u16)(w.y & 0xffffu)),
-                          kld((u16)(w.y >> 16)),     kld((u16)(w.z & 0xffffu)), kld((u16)(w.z >> 16)),
-                          kld((u16)(w.w & 0xffffu)), kld((u16)(w.w >> 16))};
+            float k[8];
+            kld8(kr + i, k);
 #pragma unroll
             for (int g = 0; g < G; g++) {
                 f32x4 a = *(const f32x4*)(&sq[g][i]), b = *(const f32x4*)(&sq[g][i + 4]);
