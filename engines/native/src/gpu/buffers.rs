@@ -120,15 +120,13 @@ fn opt_upload(stream: &Arc<CudaStream>, t: &Option<Tensor>, dt: KvDtype) -> Resu
 /// needs. A step that does not fit (a long prompt given to `prompt_logits` alone) gets a set
 /// of its own.
 ///
-/// Nothing needs zeroing between steps, except `delta`, because the kernels only read, per
-/// buffer, what the same step wrote before: `x` is written for every token by `embed`; `act`
-/// by `add_rmsnorm` (token rows × hidden), `attention` (× heads × head_dim) and `silu_mul`
+/// Nothing needs zeroing between steps, because the kernels only read, per buffer, what the
+/// same step wrote before: `x` is written for every token by `embed` (and then added into);
+/// `act` by `rmsnorm` (token rows × hidden), `attention` (× heads × head_dim) and `silu_mul`
 /// (× intermediate) before each matmul reads that many; `qkv`, `gu` and `logits` are matmul
 /// outputs written whole for the step's rows; `q` is written by `qkv_post` for every Q head and
 /// every element (RoPE writes both halves of an even head dimension, which the config checks);
-/// the plan's arrays are uploaded for the step's tokens, tables and rows. `delta` is read by the
-/// first layer's residual add before anything wrote it, so its prefix is cleared at the start
-/// of each step (in the graph too).
+/// the plan's arrays are uploaded for the step's tokens, tables and rows.
 pub(super) struct StepBufs {
     /// The room the buffers below were allocated with.
     capacity: StepCapacity,
@@ -140,14 +138,11 @@ pub(super) struct StepBufs {
     /// `flash_prefill`'s tiles (pairs; at most one per token) and `attention`'s listed tokens.
     pub(super) tiles: CudaSlice<i32>,
     pub(super) singles: CudaSlice<i32>,
-    /// The residual stream, `[tokens][hidden]` in the weights' dtype (as PyTorch keeps it).
+    /// The residual stream, `[tokens][hidden]` in the weights' dtype (as PyTorch keeps it): the
+    /// output and down products add into it.
     pub(super) x: Buf,
-    /// What each attention and MLP block adds to the residual stream `x`, in the weights'
-    /// dtype: its products write it so (f32 accumulation, rounded once), and the residual add
-    /// reads it back in f32.
-    pub(super) delta: Buf,
     pub(super) act: Buf,
-    /// The QKV projection, in the weights' dtype (as `delta`).
+    /// The QKV projection, in the weights' dtype.
     pub(super) qkv: Buf,
     /// Q after its norm and RoPE, `[tokens][heads][head_dim]` in the cache's dtype: attention
     /// multiplies it with the cached keys in that type, and reads it in half the bytes of f32.
@@ -192,7 +187,6 @@ impl StepBufs {
             tiles: s.alloc_zeros(2 * t).map_err(driver)?,
             singles: s.alloc_zeros(t).map_err(driver)?,
             x: s.alloc_zeros(t * hid * es).map_err(driver)?,
-            delta: s.alloc_zeros(t * hid * es).map_err(driver)?,
             act: s.alloc_zeros(t * hid.max(h * d).max(inter) * es).map_err(driver)?,
             qkv: s.alloc_zeros(t * (h + 2 * kvh) * d * es).map_err(driver)?,
             q: s.alloc_zeros(t * h * d * kes).map_err(driver)?,

@@ -4,16 +4,17 @@
 //! normalizes Q/K heads (Qwen3), applies RoPE and writes K and V into the cache through the
 //! block table, paged attention over each token's own sequence (prefill chunks and decode
 //! tokens alike), the output projection, RMSNorm, the fused gate/up matmul, SiLU·up, the down
-//! projection; the residual adds are fused into the norms. In decode steps of one sequence of
-//! a small model (`Forward::norms_fused`) the norms run inside the products after them
-//! instead, and the products before them add into the residual stream: six kernels a layer,
-//! not eight, summing the same values in the same order. The layers' matmuls accumulate in f32
-//! and write their outputs in the model's dtype (as the weights, the matmul inputs, the
-//! residual stream and the cache are), which the kernels after them read back into f32 (the
-//! residual add, the QKV post-processing, SiLU·up): rounded once, as a model computed in its
-//! own dtype rounds them, at half the bytes an f32 copy writes and reads. The residual stream
-//! is rounded at each add, as PyTorch's models add in their dtype. The logits are f32. Kernels
-//! are compiled at run time with NVRTC, for the weights' and the cache's dtypes.
+//! projection; the output and down projections add into the residual stream themselves, so a
+//! norm only reads the stream. In decode steps of one sequence of a small model
+//! (`Forward::norms_fused`) the norms run inside the products after them instead: six kernels
+//! a layer, not eight, summing the same values in the same order. The layers' matmuls
+//! accumulate in f32 and write their outputs in the model's dtype (as the weights, the matmul
+//! inputs, the residual stream and the cache are), which the kernels after them read back into
+//! f32 (the QKV post-processing, SiLU·up): rounded once, as a model computed in its own dtype
+//! rounds them, at half the bytes an f32 copy writes and reads. The residual stream is rounded
+//! at each add, as PyTorch's models add in their dtype (cuBLAS adds the product before
+//! rounding it, so rounds once where PyTorch rounds twice). The logits are f32. Kernels are
+//! compiled at run time with NVRTC, for the weights' and the cache's dtypes.
 
 // cudarc's kernel launches, cuBLAS calls and raw device pointers are `unsafe`. Every index a
 // kernel computes comes from values checked on the host (the step plan, the layout's reach
@@ -33,8 +34,8 @@ use super::flash::Flash;
 use super::pages::CacheView;
 use super::plan::{
     ATTENTION_WARPS, DECODE_WARPS, StepPlan, StepShape, attention_group, attention_heads, attention_splits,
-    deal_decode_blocks, decode_splits, decode_tile_keys, elem_bytes, gemv_glu_fits, gemv_glu_groups,
-    gemv_groups, norm_groups_fit, norms_fused_fit, rope_tables,
+    deal_decode_blocks, decode_splits, decode_tile_keys, gemv_glu_fits, gemv_glu_groups, gemv_groups,
+    norm_groups_fit, norms_fused_fit, rope_tables,
 };
 use crate::weights::Weights;
 use cudarc::cublas::CudaBlas;
@@ -159,22 +160,13 @@ impl Forward {
         let StepShape { tokens: t, rows: n_rows, .. } = shape;
         let s = lane.stream;
         let (hid, vocab) = (self.cfg.hidden_size, self.cfg.vocab_size);
-        // The first residual add reads `delta` before any layer wrote it.
-        {
-            let mut first = bufs
-                .delta
-                .try_slice_mut(..t * hid * elem_bytes(self.wdt))
-                .ok_or_else(|| GpuError::Shape(format!("{t} tokens past the step buffers")))?;
-            s.memset_zeros(&mut first).map_err(driver)?;
-        }
         let (hid_i, t_i) = (hid as i32, t as u32);
         let mut b = s.launch_builder(&self.k.embed);
         b.arg(&bufs.ids).arg(&self.w.embed).arg(&mut bufs.x).arg(&hid_i);
         // SAFETY: see this function's doc.
         unsafe { b.launch(cfg1(t_i, 256)) }.map_err(driver)?;
 
-        // Where the norms are fused the products before them add into `x` and `delta` stays
-        // zero (the final norm's add then adds nothing). The same for every layer of the step.
+        // Whether the norms run inside the products after them: the same for every layer.
         let fused = self.norms_fused(t);
         for (li, lw) in self.w.layers.iter().enumerate() {
             self.record_layer(lane, bufs, cache, (li, lw), (shape, fused))?;
@@ -182,9 +174,9 @@ impl Forward {
         if n_rows == 0 {
             return Ok(());
         }
-        // The last residual add and the final norm, for the rows whose logits are wanted only
-        // (`rows` were built from token indices below `t`).
-        self.add_rmsnorm(s, bufs, true, &self.w.final_norm, n_rows as u32)?;
+        // The final norm, for the rows whose logits are wanted only (`rows` were built from
+        // token indices below `t`).
+        self.rmsnorm(s, bufs, true, &self.w.final_norm, n_rows as u32)?;
         self.matmul(lane, self.w.head(), &bufs.act, &mut bufs.logits, [vocab, hid, n_rows])?;
         // Every row's argmax, which the host copies instead of the logits for greedy rows.
         let vocab_i = vocab as i32;
@@ -217,22 +209,18 @@ impl Forward {
         let attn_in = if fused {
             Rows::Normed { res: &bufs.x, w: &lw.attn_norm }
         } else {
-            self.add_rmsnorm(s, bufs, false, &lw.attn_norm, t_i)?;
+            self.rmsnorm(s, bufs, false, &lw.attn_norm, t_i)?;
             Rows::Plain(&bufs.act)
         };
         self.matmul_narrow(lane, &lw.wqkv, attn_in, &mut bufs.qkv, [qkv_w, hid, t])?;
         self.qkv_post(s, bufs, cache, [li, t], lw)?;
         self.attention(s, bufs, cache, [li, t, shape.tiles, shape.singles])?;
-        if fused {
-            self.matmul_add(lane, &lw.wo, &bufs.act, &mut bufs.x, [hid, h * d, t])?;
-        } else {
-            self.matmul_narrow(lane, &lw.wo, Rows::Plain(&bufs.act), &mut bufs.delta, [hid, h * d, t])?;
-        }
+        self.matmul_add(lane, &lw.wo, &bufs.act, &mut bufs.x, [hid, h * d, t])?;
 
         let mlp_in = if fused {
             Rows::Normed { res: &bufs.x, w: &lw.mlp_norm }
         } else {
-            self.add_rmsnorm(s, bufs, false, &lw.mlp_norm, t_i)?;
+            self.rmsnorm(s, bufs, false, &lw.mlp_norm, t_i)?;
             Rows::Plain(&bufs.act)
         };
         // SiLU(gate) · up: by one kernel into the gate/up buffer where `gemv_glu` fits, else
@@ -252,11 +240,7 @@ impl Forward {
             unsafe { b.launch(grid) }.map_err(driver)?;
         }
         let activated = if glu { &bufs.gu } else { &bufs.act };
-        if fused {
-            self.matmul_add(lane, &lw.w_down, activated, &mut bufs.x, [hid, inter, t])
-        } else {
-            self.matmul_narrow(lane, &lw.w_down, Rows::Plain(activated), &mut bufs.delta, [hid, inter, t])
-        }
+        self.matmul_add(lane, &lw.w_down, activated, &mut bufs.x, [hid, inter, t])
     }
 
     /// Whether a step of `t` tokens runs its norms inside the products after them: where they
@@ -480,10 +464,10 @@ impl Forward {
         deal_decode_blocks(&lens, splits, decode_tile_keys(self.cfg.head_dim))
     }
 
-    /// Enqueues the fused residual add and RMSNorm: `x += delta`, then `act = RMSNorm(x) ·
-    /// weight`, one block per row — the first `blocks` rows, or the rows listed in `rows` when
-    /// `use_rows` (the final norm, for the rows whose logits are wanted).
-    fn add_rmsnorm(
+    /// Enqueues the RMSNorm `act = RMSNorm(x) · weight`, one block per row — the first `blocks`
+    /// rows, or the rows listed in `rows` when `use_rows` (the final norm, for the rows whose
+    /// logits are wanted).
+    fn rmsnorm(
         &self,
         s: &Arc<CudaStream>,
         bufs: &mut StepBufs,
@@ -493,15 +477,8 @@ impl Forward {
     ) -> Result<(), GpuError> {
         let (hid, eps, use_rows) =
             (self.cfg.hidden_size as i32, self.cfg.rms_norm_eps as f32, i32::from(use_rows));
-        let mut b = s.launch_builder(&self.k.add_rmsnorm);
-        b.arg(&mut bufs.x)
-            .arg(&bufs.delta)
-            .arg(&bufs.rows)
-            .arg(&use_rows)
-            .arg(weight)
-            .arg(&mut bufs.act)
-            .arg(&hid)
-            .arg(&eps);
+        let mut b = s.launch_builder(&self.k.rmsnorm);
+        b.arg(&bufs.x).arg(&bufs.rows).arg(&use_rows).arg(weight).arg(&mut bufs.act).arg(&hid).arg(&eps);
         // SAFETY: the kernel reads exactly these arguments, in this order and with these types;
         // `record` passes step buffers of at least `blocks` rows of `hidden_size` (and `rows`
         // holding indices below the step's token count), as its SAFETY comment says.

@@ -24,12 +24,12 @@ __device__ __forceinline__ void unpack8(u32x4 v, float* f) {
 // a lane keeps NR sums, so a batch of one needs fewer registers and more blocks stay resident
 // to keep the weights' loads in flight.
 // `mode` says where y[r][o] goes: 0 an f32 y, 1 a y in the weights' dtype, 2 added into the
-// residual stream y (the weights' dtype) after rounding to it, the sum rounded again (what writing
-// it narrow and then `add_rmsnorm`'s add give, one kernel fewer: the products before a norm in a
-// decode step). The `_norm` kernels (one row) take the residual stream instead of x, and each block
-// works RMSNorm(res) · nw out into shared memory before its products, where `add_rmsnorm` would
-// have written it to x: the same threads sum the same values in the same order, so a decode step of
-// one sequence runs no norm kernel (HID-wide rows, K = HID).
+// residual stream y (the weights' dtype) after rounding to it, the sum rounded again (as
+// PyTorch's models round a product and then its residual add: the products before a norm). The
+// `_norm` kernels (one row) take the residual stream instead of x, and each block works
+// RMSNorm(res) · nw out into shared memory before its products, where `rmsnorm` would have
+// written it to act: the same threads sum the same values in the same order, so a decode step
+// of one sequence runs no norm kernel (HID-wide rows, K = HID).
 // grid (ceil(out / (8 / S))).
 #define GEMV_ROWS 2
 #if WT != 0
@@ -43,7 +43,7 @@ struct NormIn {
     wt* act;
 };
 
-// act[r] = RMSNorm(res[r]) · w for r < n, by the whole block (256 threads, `add_rmsnorm`'s
+// act[r] = RMSNorm(res[r]) · w for r < n, by the whole block (256 threads, `rmsnorm`'s
 // partition of a row and its sums), then a barrier: afterwards every warp reads any row.
 __device__ __forceinline__ void norm_rows(const NormIn& nm, int n) {
 #if ROW_VECS > 0

@@ -123,49 +123,38 @@ extern "C" __global__ void embed(const unsigned int* ids, const wt* __restrict__
     for (int i = threadIdx.x; i < hid; i += blockDim.x) xt[i] = e[i];
 }
 
-// x[src] += delta[src], rounded to the weights' dtype (the residual stream and delta, a product's
-// output, are both in it); out[r] = RMSNorm(x[src]) * w, src = rows ? rows[r] : r.
-// grid (rows), block 256. With `hid` a multiple of 4 (rows on 16-byte boundaries) each thread
-// takes 4 consecutive values per access: a prompt's norms stream its whole residual stream.
-// For the model's hidden size HID each thread's ROW_VECS accesses of x, delta and the weight
-// are all loaded before any is used: a decode step's norm is one block a row, whose time is the
-// round trips to memory, and a loop that stores x before its next load waits for each (five
-// round trips at a hidden size of 4,096 instead of one). The sums and products are the loop's,
-// in its order. Registers are sized by HID, so a prompt's many rows keep enough blocks an SM to
-// stream at memory speed.
-extern "C" __global__ void add_rmsnorm(wt* __restrict__ x, const wt* __restrict__ delta, const int* rows,
-                                       int use_rows, const wt* __restrict__ w, wt* __restrict__ out, int hid,
-                                       float eps) {
+// out[r] = RMSNorm(x[src]) * w, src = rows ? rows[r] : r: the products before a norm add into
+// the residual stream x themselves. grid (rows), block 256. With `hid` a multiple of 4 (rows on
+// 16-byte boundaries) each thread takes 4 consecutive values per access: a prompt's norms stream
+// its whole residual stream. For the model's hidden size HID each thread's ROW_VECS accesses of
+// x and the weight are all loaded before any is used: a decode step's norm is one block a row,
+// whose time is the round trips to memory. Registers are sized by HID, so a prompt's many rows
+// keep enough blocks an SM to stream at memory speed. The `_norm` products (`gemv.cu`) sum the
+// same values in the same order.
+extern "C" __global__ void rmsnorm(const wt* __restrict__ x, const int* rows, int use_rows, const wt* __restrict__ w,
+                                   wt* __restrict__ out, int hid, float eps) {
     GRID_DEP_WAIT();
     __shared__ float sh[32];
     long long r = blockIdx.x;
     long long src = use_rows ? rows[r] : r;
-    wt* xr = x + src * hid;
-    const wt* dr = delta + src * hid;
+    const wt* xr = x + src * hid;
     wt* orow = out + r * hid;
     float ss = 0.f;
 #if ROW_VECS > 0
     if (hid == HID && blockDim.x == 256) {
-        float a[ROW_VECS][4], d[ROW_VECS][4], wv[ROW_VECS][4];
+        float a[ROW_VECS][4], wv[ROW_VECS][4];
 #pragma unroll
         for (int k = 0; k < ROW_VECS; k++) {
             int i = (threadIdx.x + k * 256) * 4;
             if (i < hid) {
                 wld4(xr + i, a[k]);
-                wld4(dr + i, d[k]);
                 wld4(w + i, wv[k]);
             }
         }
 #pragma unroll
         for (int k = 0; k < ROW_VECS; k++) {
             int i = (threadIdx.x + k * 256) * 4;
-            if (i < hid) {
-                // The sum is rounded to the stream's dtype, and the norm reads it so.
-#pragma unroll
-                for (int j = 0; j < 4; j++) a[k][j] = wld(wst(a[k][j] + d[k][j]));
-                wst4(xr + i, a[k]);
-                ss += a[k][0] * a[k][0] + a[k][1] * a[k][1] + a[k][2] * a[k][2] + a[k][3] * a[k][3];
-            }
+            if (i < hid) ss += a[k][0] * a[k][0] + a[k][1] * a[k][1] + a[k][2] * a[k][2] + a[k][3] * a[k][3];
         }
         float inv = 1.0f / sqrtf(block_sum(ss, sh) / hid + eps);
 #pragma unroll
@@ -183,20 +172,14 @@ extern "C" __global__ void add_rmsnorm(wt* __restrict__ x, const wt* __restrict_
 #endif
     if ((hid & 3) == 0) {
         for (int i = threadIdx.x * 4; i < hid; i += blockDim.x * 4) {
-            float a[4], d[4];
+            float a[4];
             wld4(xr + i, a);
-            wld4(dr + i, d);
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                a[j] = wld(wst(a[j] + d[j]));
-                ss += a[j] * a[j];
-            }
-            wst4(xr + i, a);
+            ss += a[0] * a[0] + a[1] * a[1] + a[2] * a[2] + a[3] * a[3];
         }
         float inv = 1.0f / sqrtf(block_sum(ss, sh) / hid + eps);
         for (int i = threadIdx.x * 4; i < hid; i += blockDim.x * 4) {
             float a[4], wv[4], o[4];
-            wld4(xr + i, a);  // this thread's own write above
+            wld4(xr + i, a);
             wld4(w + i, wv);
 #pragma unroll
             for (int j = 0; j < 4; j++) o[j] = wv[j] * (a[j] * inv);
@@ -205,8 +188,7 @@ extern "C" __global__ void add_rmsnorm(wt* __restrict__ x, const wt* __restrict_
         return;
     }
     for (int i = threadIdx.x; i < hid; i += blockDim.x) {
-        float v = wld(wst(wld(xr[i]) + wld(dr[i])));
-        xr[i] = wst(v);
+        float v = wld(xr[i]);
         ss += v * v;
     }
     float inv = 1.0f / sqrtf(block_sum(ss, sh) / hid + eps);

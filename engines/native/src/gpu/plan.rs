@@ -196,7 +196,7 @@ pub(super) fn gemv_glu_fits(rows: usize, inp: usize) -> bool {
 /// them (`gemv_norm`, `gemv_glu_norm`), the products before them adding into the residual
 /// stream: a step of one sequence with 16-bit weights (the `gemv` kernels exist), every
 /// product's input whole 16-byte words (`hidden`, the attention output's `heads_dim` and
-/// `inter` multiples of 8), and a norm's row `add_rmsnorm`'s whole-register row (`hidden` at
+/// `inter` multiples of 8), and a norm's row `rmsnorm`'s whole-register row (`hidden` at
 /// most 8,192; `HID` and `ROW_VECS` in the kernels). Two kernels a layer fewer. On an H100, 0.5B
 /// shape, a decode step of one sequence took 0.95× the unfused one's time, one of two 1.04×:
 /// each block works both rows' norms out, one after the other, before its first product.
@@ -531,8 +531,8 @@ impl StepLimits {
 
 /// Bytes of the forward pass's buffers on a GPU for steps of up to `tokens` tokens and `seqs`
 /// sequences, for weights in `wdt` and a cache in `kdt` (what `StepBufs::new` allocates):
-/// per token Q in the cache's dtype, the residual stream and its delta, Q/K/V, the activations
-/// and the gate/up projection in the weights'; per sequence a row of logits and attention's
+/// per token Q in the cache's dtype, the residual stream, Q/K/V, the activations and the
+/// gate/up projection in the weights'; per sequence a row of logits and attention's
 /// partial results. Set aside with the weights, so a large `max_batch_tokens` takes its room
 /// from the KV cache rather than failing at the first long prompt.
 pub fn step_buffer_bytes(cfg: &ModelConfig, tokens: usize, seqs: usize, [wdt, kdt]: [KvDtype; 2]) -> u64 {
@@ -540,7 +540,7 @@ pub fn step_buffer_bytes(cfg: &ModelConfig, tokens: usize, seqs: usize, [wdt, kd
     let (hid, inter) = (cfg.hidden_size, cfg.intermediate_size);
     let es = wdt.size();
     let per_token =
-        kdt.size() * h * d + es * (2 * hid + (h + 2 * kvh) * d + hid.max(h * d).max(inter) + 2 * inter);
+        kdt.size() * h * d + es * (hid + (h + 2 * kvh) * d + hid.max(h * d).max(inter) + 2 * inter);
     let per_seq = 4 * (cfg.vocab_size + h * MAX_SPLITS * (d + 2));
     (tokens as u64)
         .saturating_mul(per_token as u64)

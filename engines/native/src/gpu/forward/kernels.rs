@@ -11,7 +11,7 @@ use xinf_transfer::gpu::nvrtc_arch;
 /// The forward pass's kernels, compiled for one pair of weight and cache dtypes.
 pub(super) struct Kernels {
     pub(super) embed: CudaFunction,
-    pub(super) add_rmsnorm: CudaFunction,
+    pub(super) rmsnorm: CudaFunction,
     pub(super) qkv_post: CudaFunction,
     /// `attention` with blocks of the GQA group's heads, and with blocks of one head
     /// (`plan::attention_heads` picks per step).
@@ -88,7 +88,7 @@ impl Kernels {
         let resident = |name: &str| Resident::new(f(name)?, sms);
         Ok(Self {
             embed: f("embed")?,
-            add_rmsnorm: f("add_rmsnorm")?,
+            rmsnorm: f("rmsnorm")?,
             qkv_post: f("qkv_post")?,
             attention: f("attention")?,
             attention_one: f("attention_one")?,
@@ -111,8 +111,7 @@ impl Kernels {
 impl Kernels {
     /// Every kernel, by the address of its `CUfunction` (how a captured graph names it).
     pub(super) fn ids(&self) -> Vec<usize> {
-        let mut all =
-            vec![&self.embed, &self.add_rmsnorm, &self.qkv_post, &self.attention, &self.attention_one];
+        let mut all = vec![&self.embed, &self.rmsnorm, &self.qkv_post, &self.attention, &self.attention_one];
         all.extend([&self.silu_mul, &self.argmax_rows]);
         all.extend(self.flash.iter().map(|f| &f.f).chain(&self.flash_decode));
         all.extend(self.gemv.iter().chain(&self.gemv_glu).flatten());

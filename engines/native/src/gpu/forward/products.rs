@@ -24,7 +24,7 @@ pub(in crate::gpu) enum Rows<'a> {
     /// `[rows][inp]` in the weights' dtype.
     Plain(&'a Buf),
     /// `RMSNorm(res[0]) · w` of the residual stream's first row (`inp` its hidden size),
-    /// which each `gemv_norm` block works out itself: `add_rmsnorm`'s output, without its launch.
+    /// which each `gemv_norm` block works out itself: `rmsnorm`'s output, without its launch.
     /// Products of one row only (`plan::norms_fused_fit`).
     Normed { res: &'a Buf, w: &'a Buf },
 }
@@ -57,8 +57,9 @@ pub(in crate::gpu) enum Out {
     F32 = 0,
     /// Values in the weights' dtype.
     Narrow = 1,
-    /// Rounded to the weights' dtype, then added into the residual stream (also of the weights'
-    /// dtype, the sum rounded; `gemv` only).
+    /// Added into the residual stream (of the weights' dtype, the sum rounded): by `gemv` after
+    /// rounding the product to that dtype, as PyTorch's models round; by cuBLAS in f32
+    /// (beta 1), so rounded once.
     AddRes = 2,
 }
 
@@ -78,9 +79,9 @@ impl Forward {
         self.gemm(lane, w, Rows::Plain(x), (yp, bytes, Out::F32), dims)
     }
 
-    /// `res[t][o] += round(Σ_i x[t][i] · w[o][i])` (rounded to the weights' dtype, as a narrow
-    /// output the residual add reads back) by `gemv`: the products before a norm in a step whose
-    /// norms are fused (`plan::norms_fused_fit`). An error where `gemv` does not take it.
+    /// `res[t][o] += Σ_i x[t][i] · w[o][i]` into the residual stream `res` (the weights' dtype;
+    /// [`Out::AddRes`] says how it is rounded): the products before a norm, so the norm only
+    /// reads the stream, instead of a product's output and the stream and writing the stream.
     pub(super) fn matmul_add(
         &self,
         lane: Lane<'_>,
@@ -166,7 +167,7 @@ impl Forward {
     /// The product of both: `y` is a device pointer, its buffer's bytes and what the product
     /// writes there. Steps of at most `GEMV_ROWS` rows with 16-bit weights take `gemv` (it
     /// streams the weights once; see `plan::GEMV_ROWS` for why so few); others a cuBLAS gemm,
-    /// which takes plain rows into f32 or narrow outputs only.
+    /// which takes plain rows only.
     fn gemm(
         &self,
         lane: Lane<'_>,
@@ -212,18 +213,21 @@ impl Forward {
                 .map_err(driver)?;
             return Ok(());
         }
-        let (Rows::Plain(x), Out::F32 | Out::Narrow) = (x, out_to) else {
+        let Rows::Plain(x) = x else {
             return Err(GpuError::Shape(format!("a product of {rows} rows that only `gemv` computes")));
         };
         let ty = cuda_type(self.wdt);
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        // Adding into the stream: cuBLAS reads its C (the stream) and writes the sum there.
+        let (alpha, beta) = (1.0f32, if out_to == Out::AddRes { 1.0f32 } else { 0.0 });
         let (wp, _w) = w.device_ptr(lane.stream);
         let (xp, _x) = x.device_ptr(lane.stream);
         // Column-major view: Yᵀ[out, rows] = W[out, inp] (row-major Wᵀ, transposed) · Xᵀ[inp, rows].
         // SAFETY: the three buffers were checked above to hold the matrices the sizes, element
         // types and leading dimensions describe (`yp` points at the `y_bytes` the caller's
         // borrow of its buffer keeps alive); alpha and beta are f32 as CUBLAS_COMPUTE_32F
-        // requires, and live until the call returns (cuBLAS reads host scalars before returning).
+        // requires, and live until the call returns (cuBLAS reads host scalars before returning);
+        // with beta 1 the output is also the input C, which a gemm reads and writes in place,
+        // and never the rows' buffer (`act` or `gu`, not the stream).
         unsafe {
             cudarc::cublas::result::gemm_ex(
                 *lane.blas.handle(),
