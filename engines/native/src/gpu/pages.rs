@@ -7,7 +7,7 @@
 
 use super::buffers::Buf;
 use super::error::{GpuError, driver};
-use super::plan::{elem_bytes, page_bytes, pages_for, rows_aligned};
+use super::plan::{page_bytes, pages_for, rows_aligned};
 use cudarc::driver::DevicePtr;
 use std::sync::Arc;
 use xinf_engine::KvDtype;
@@ -53,7 +53,7 @@ impl KvMemory {
         planes: &[[(usize, usize); 2]],
     ) -> Result<Self, GpuError> {
         let s = pages.stream();
-        let es = elem_bytes(kdt);
+        let es = kdt.size();
         let mut regions = Vec::with_capacity(desc.num_regions);
         for _ in 0..desc.num_regions {
             regions.push(s.alloc_zeros::<u8>(desc.region_len * es).map_err(driver)?);
@@ -112,7 +112,7 @@ impl KvMemory {
         let stream = self.pages.stream();
         self.pages.context().bind_to_thread().map_err(driver)?;
         let mut staging = stream.alloc_zeros::<u8>(count * self.page_bytes()).map_err(driver)?;
-        let es = elem_bytes(self.kdt);
+        let es = self.kdt.size();
         self.pages.gather(&self.desc, es, &self.regions, table, len, first..first + count, &mut staging)?;
         let host = stream.clone_dtoh(&staging).map_err(driver)?;
         stream.synchronize().map_err(driver)?;
@@ -135,7 +135,7 @@ impl KvMemory {
         }
         self.pages.context().bind_to_thread().map_err(driver)?;
         let mut staged = self.handoff.export_staging(route, bytes)?;
-        let es = elem_bytes(self.kdt);
+        let es = self.kdt.size();
         let dst = staged.slice_mut()?;
         self.pages.gather(&self.desc, es, &self.regions, table, len, first..first + count, dst)?;
         // The pages are complete before anyone may read them: an event after the gather,
@@ -161,7 +161,7 @@ impl KvMemory {
             .ok_or_else(|| GpuError::Shape("pages received by another kind of engine".into()))?;
         let src = received.slice()?;
         self.pages.context().bind_to_thread().map_err(driver)?;
-        let es = elem_bytes(self.kdt);
+        let es = self.kdt.size();
         self.pages.scatter(&self.desc, es, &mut self.regions, table, len, 0..count, src)?;
         self.pages.stream().synchronize().map_err(driver)
     }
@@ -175,7 +175,7 @@ impl KvMemory {
         }
         self.pages.context().bind_to_thread().map_err(driver)?;
         let staging = self.pages.stream().clone_htod(&pages[..count * page_bytes]).map_err(driver)?;
-        let es = elem_bytes(self.kdt);
+        let es = self.kdt.size();
         self.pages.scatter(&self.desc, es, &mut self.regions, table, len, 0..count, &staging)?;
         self.pages.stream().synchronize().map_err(driver)
     }

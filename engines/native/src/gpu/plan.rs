@@ -96,14 +96,6 @@ const MAX_HEAD_DIM: usize = 256;
 /// size: launch overhead dominates small batches, and this bounds the graphs kept to 64.
 const MAX_GRAPH_BATCH: usize = 64;
 
-/// Bytes of one element.
-pub(super) fn elem_bytes(dt: KvDtype) -> usize {
-    match dt {
-        KvDtype::F32 => 4,
-        KvDtype::F16 | KvDtype::Bf16 => 2,
-    }
-}
-
 /// The kernels' type code (`WT`/`KT`).
 fn type_code(dt: KvDtype) -> u32 {
     match dt {
@@ -278,7 +270,7 @@ pub(super) fn check_model(
         + (desc.block_size() - 1) * desc.s_tok
         + (desc.kv_heads - 1) * desc.s_head
         + desc.head_dim;
-    let es = elem_bytes(kdt);
+    let es = kdt.size();
     let mut planes = Vec::with_capacity(desc.num_layers);
     for (layer, pl) in desc.planes.iter().enumerate() {
         let mut pair = [(0, 0); 2];
@@ -299,7 +291,7 @@ pub(super) fn check_model(
 
 /// Bytes of one canonical page of `desc` in `dt`.
 pub(super) fn page_bytes(desc: &LayoutDescriptor, dt: KvDtype) -> usize {
-    2 * desc.num_layers * PAGE_TOKENS * desc.kv_heads * desc.head_dim * elem_bytes(dt)
+    2 * desc.num_layers * PAGE_TOKENS * desc.kv_heads * desc.head_dim * dt.size()
 }
 
 /// Checks that canonical pages of `have` bytes cover a `len`-token sequence; returns how many

@@ -11,7 +11,7 @@ use super::{Forward, Lane, cfg1, cuda_type};
 use crate::gpu::buffers::Buf;
 use crate::gpu::error::{GpuError, driver};
 use crate::gpu::plan::{
-    GEMV_ROWS, check_matmul, elem_bytes, gemv_glu_fits, gemv_glu_groups, gemv_groups, gemv_kernel, gemv_split,
+    GEMV_ROWS, check_matmul, gemv_glu_fits, gemv_glu_groups, gemv_groups, gemv_kernel, gemv_split,
 };
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t};
 use cudarc::driver::LaunchArgs;
@@ -131,7 +131,7 @@ impl Forward {
         let Some((glu, most_blocks)) = glu.filter(|_| gemv_glu_fits(rows, inp)) else {
             return Ok(false);
         };
-        let eb = elem_bytes(self.wdt);
+        let eb = self.wdt.size();
         check_matmul(
             [w.len(), x.bytes(eb, inp, self.cfg.hidden_size), y.len()],
             [eb, eb],
@@ -177,10 +177,10 @@ impl Forward {
         [out, inp, rows]: [usize; 3],
     ) -> Result<(), GpuError> {
         let ydt = if out_to == Out::F32 { KvDtype::F32 } else { self.wdt };
-        let eb = elem_bytes(self.wdt);
+        let eb = self.wdt.size();
         check_matmul(
             [w.len(), x.bytes(eb, inp, self.cfg.hidden_size), y_bytes],
-            [eb, elem_bytes(ydt)],
+            [eb, ydt.size()],
             [out, inp, rows],
         )
         .map_err(GpuError::Shape)?;
