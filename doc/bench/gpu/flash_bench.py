@@ -35,6 +35,8 @@ captured in a CUDA graph and timed as the others: the bar the kernel is held to.
 
 Needs a CUDA GPU, PyTorch and the CUDA toolkit's NVRTC (`/usr/local/cuda`). With `--ncu` each
 version runs once per case, for Nsight Compute; `--case` keeps the cases whose name starts so.
+`FLASH_BENCH_NVRTC` adds NVRTC options, e.g. `--generate-line-info` for Nsight Compute's source
+view (`ncu --set full --import-source yes -k regex:flash_prefill`).
 """
 
 import collections
@@ -86,6 +88,7 @@ def compile_cubin(src, arch):
     check(NVRTC.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"k.cu", 0, None, None), "nvrtcCreateProgram")
     # sm_90a where the GPU is sm_90: the same code, plus Hopper's wgmma for versions that use it.
     opts = [f"--gpu-architecture=sm_{arch}{'a' if arch == '90' else ''}".encode()]
+    opts += [o.encode() for o in os.environ.get("FLASH_BENCH_NVRTC", "").split()]
     r = NVRTC.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
     n = ctypes.c_size_t()
     NVRTC.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
