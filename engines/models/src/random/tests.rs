@@ -38,3 +38,28 @@ fn weights_have_the_asked_scale_and_repeat_by_seed() {
     assert_eq!(RandomDtype::parse("bfloat16"), Some(RandomDtype::Bf16));
     assert_eq!(RandomDtype::parse("int8"), None);
 }
+
+#[test]
+fn weights_are_the_same_bytes_whatever_the_threads() {
+    let a = 0.02 * 3f32.sqrt();
+    for dtype in [RandomDtype::F16, RandomDtype::Bf16, RandomDtype::F32] {
+        // Past one part of 64 Ki elements, and not a multiple of it, from a stream already begun.
+        let n = 3 * (1 << 16) + 12_345;
+        let mut rng = SplitMix64::new(11);
+        rng.skip(1_000);
+        let mut one_by_one = SplitMix64::new(11);
+        for _ in 0..1_000 {
+            one_by_one.next_u64();
+        }
+        let mut want = vec![0u8; n * dtype.size()];
+        want.chunks_exact_mut(dtype.size()).for_each(|e| dtype.put(one_by_one.uniform(a), e));
+        for threads in [1, 2, 3, 8] {
+            let mut got = vec![0u8; n * dtype.size()];
+            fill_uniform(dtype, &rng, a, &mut got, threads);
+            assert!(got == want, "{dtype:?} on {threads} threads");
+        }
+        // The generator the caller keeps is not moved; skipping past the part continues it.
+        rng.skip(n as u64);
+        assert_eq!(rng.next_u64(), one_by_one.next_u64());
+    }
+}
