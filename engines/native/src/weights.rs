@@ -16,7 +16,10 @@ use std::sync::Arc;
 use xinf_models::ModelError;
 use xinf_models::{Architecture, ModelConfig};
 
+mod bytes;
 mod footprint;
+#[cfg(feature = "cuda")]
+pub(crate) use bytes::with_le_bytes;
 pub(crate) use footprint::gguf_held_bytes;
 
 /// A projection's weight, `[out, in]`.

@@ -8,7 +8,7 @@
 
 use super::error::{GpuError, driver};
 use super::plan::{MAX_SPLITS, StepCapacity, StepPlan};
-use crate::weights::Weights;
+use crate::weights::{Weights, with_le_bytes};
 use candle_core::{DType, Tensor};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
@@ -96,17 +96,7 @@ fn upload_linear(stream: &Arc<CudaStream>, l: &crate::weights::Linear, dt: KvDty
 
 fn upload(stream: &Arc<CudaStream>, t: &Tensor, dt: KvDtype) -> Result<Buf, GpuError> {
     let w = |e: candle_core::Error| GpuError::Weights(e.to_string());
-    let flat = t.flatten_all().and_then(|t| t.to_dtype(candle_dtype(dt))).map_err(w)?;
-    let bytes: Vec<u8> = match dt {
-        KvDtype::F32 => flat.to_vec1::<f32>().map_err(w)?.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        KvDtype::F16 => {
-            flat.to_vec1::<half::f16>().map_err(w)?.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect()
-        }
-        KvDtype::Bf16 => {
-            flat.to_vec1::<half::bf16>().map_err(w)?.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect()
-        }
-    };
-    stream.clone_htod(&bytes).map_err(driver)
+    with_le_bytes(t, candle_dtype(dt), |bytes| stream.clone_htod(bytes)).map_err(w)?.map_err(driver)
 }
 
 fn opt_upload(stream: &Arc<CudaStream>, t: &Option<Tensor>, dt: KvDtype) -> Result<Option<Buf>, GpuError> {
