@@ -181,7 +181,7 @@ fn tensor_shapes(config: &Value) -> Result<Vec<(String, Vec<usize>, bool)>, Mode
 
 /// Fills `out` with `rng`'s next uniform values in `[-a, a)` as `dtype` elements, the values
 /// `rng.uniform(a)` would give one after another, on up to `threads` threads: an 8B model's
-/// sixteen billion values take a minute on one core. Each thread starts its part's stream
+/// eight billion values take a minute on one core. Each thread starts its part's stream
 /// where that part begins ([`SplitMix64::skip`]), so the bytes do not depend on `threads`.
 fn fill_uniform(dtype: RandomDtype, rng: &SplitMix64, a: f32, out: &mut [u8], threads: usize) {
     let es = dtype.size();
