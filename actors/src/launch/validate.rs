@@ -95,6 +95,15 @@ pub(crate) fn validate(
     })
 }
 
+/// The longest model or replica uid, in bytes: a uid is a path segment of the REST API, whose
+/// URIs the HTTP server bounds, and a name in logs and metrics.
+const MAX_UID_BYTES: usize = 256;
+
+/// The most replicas one launch asks for (`replica`, or `replica_config`'s entries), as one scale
+/// call adds at most [`MAX_SCALE`](super::MAX_SCALE): the drafts of every replica are built
+/// before any is placed.
+const MAX_LAUNCH_REPLICAS: usize = super::MAX_SCALE as usize;
+
 /// Names: `model_name`, and `model_uid` when given.
 fn check_names(req: &LaunchRequest) -> Result<(), ActorError> {
     if blank(&req.model_name) {
@@ -105,21 +114,35 @@ fn check_names(req: &LaunchRequest) -> Result<(), ActorError> {
             return Err(invalid(LaunchRule::InvalidField, "model_uid must not be empty or whitespace-only")
                 .at("model_uid"));
         }
-        if uid.contains('/') || uid.chars().any(char::is_whitespace) {
-            return Err(invalid(
-                LaunchRule::InvalidField,
-                format!("model_uid '{uid}' must not contain '/' or whitespace"),
-            )
-            .at("model_uid"));
+        if let Some(why) = uid_flaw(uid) {
+            return Err(invalid(LaunchRule::InvalidField, format!("model_uid {why}")).at("model_uid"));
         }
     }
     Ok(())
 }
 
-/// Counts: `replica` ≥ 1, and one worker per replica (no sharded launch).
+/// What makes `uid` unusable as a path segment and a name, if anything: a `/`, whitespace or a
+/// control character, or more than [`MAX_UID_BYTES`] bytes. Quotes only a uid short enough.
+fn uid_flaw(uid: &str) -> Option<String> {
+    if uid.len() > MAX_UID_BYTES {
+        return Some(format!("must be at most {MAX_UID_BYTES} bytes, got {}", uid.len()));
+    }
+    (uid.contains('/') || uid.chars().any(|c| c.is_whitespace() || c.is_control()))
+        .then(|| format!("'{}' must not contain '/', whitespace or control characters", uid.escape_debug()))
+}
+
+/// Counts: `replica` between 1 and [`MAX_LAUNCH_REPLICAS`], and one worker per replica (no
+/// sharded launch).
 fn check_counts(req: &LaunchRequest, has_replica_config: bool) -> Result<(), ActorError> {
     if req.replica == Some(0) {
         return Err(invalid(LaunchRule::InvalidField, "replica must be an integer ≥ 1").at("replica"));
+    }
+    if let Some(n) = req.replica.filter(|&n| n as usize > MAX_LAUNCH_REPLICAS) {
+        return Err(invalid(
+            LaunchRule::InvalidField,
+            format!("replica must be at most {MAX_LAUNCH_REPLICAS}, got {n}"),
+        )
+        .at("replica"));
     }
     match req.n_worker {
         Some(0) => Err(invalid(LaunchRule::InvalidField, "n_worker must be an integer ≥ 1").at("n_worker")),
@@ -145,6 +168,13 @@ fn check_entries<'a>(
     if entries.is_empty() {
         return Err(invalid(LaunchRule::InvalidField, "replica_config must be a non-empty array")
             .at("replica_config"));
+    }
+    if entries.len() > MAX_LAUNCH_REPLICAS {
+        return Err(invalid(
+            LaunchRule::InvalidField,
+            format!("replica_config must have at most {MAX_LAUNCH_REPLICAS} entries, got {}", entries.len()),
+        )
+        .at("replica_config"));
     }
     let legacy_n_gpu = matches!(req.n_gpu, Some(GpuCount::Count(_)));
     if req.worker_ip.is_some() || req.gpu_idx.is_some() || legacy_n_gpu {
@@ -232,12 +262,9 @@ fn check_replica_uid(i: usize, uid: &str) -> Result<(), ActorError> {
         )
         .at(format!("replica_config[{i}].replica_uid")));
     }
-    if uid.contains('/') || uid.chars().any(char::is_whitespace) {
-        return Err(invalid(
-            LaunchRule::InvalidField,
-            format!("replica_uid '{uid}' must not contain '/' or whitespace"),
-        )
-        .at(format!("replica_config[{i}].replica_uid")));
+    if let Some(why) = uid_flaw(uid) {
+        return Err(invalid(LaunchRule::InvalidField, format!("replica_uid {why}"))
+            .at(format!("replica_config[{i}].replica_uid")));
     }
     Ok(())
 }

@@ -27,6 +27,48 @@ fn replica_must_be_positive() {
 }
 
 #[test]
+fn replica_is_at_most_a_launchs_limit() {
+    let e = validate_err(json!({"model_name": "smollm2-instruct", "replica": 4_294_967_295u32}), true);
+    assert_rule(&e, LaunchRule::InvalidField, "replica must be at most 64, got 4294967295");
+    assert!(
+        validate(&parse(json!({"model_name": "smollm2-instruct", "replica": 64})), true, &engines()).is_ok()
+    );
+    let many: Vec<Value> = (0..65).map(|_| json!({})).collect();
+    let e = validate_err(json!({"model_name": "smollm2-instruct", "replica_config": many}), true);
+    assert_rule(&e, LaunchRule::InvalidField, "replica_config must have at most 64 entries, got 65");
+}
+
+#[test]
+fn uids_too_long_or_with_control_characters_are_refused() {
+    let long = "a".repeat(257);
+    let e = validate_err(json!({"model_name": "smollm2-instruct", "model_uid": long}), true);
+    assert_rule(&e, LaunchRule::InvalidField, "model_uid must be at most 256 bytes, got 257");
+    assert!(
+        validate(
+            &parse(json!({"model_name": "smollm2-instruct", "model_uid": "a".repeat(256)})),
+            true,
+            &engines()
+        )
+        .is_ok()
+    );
+    let e = validate_err(json!({"model_name": "smollm2-instruct", "model_uid": "\u{202e}\u{0}x"}), true);
+    assert_rule(
+        &e,
+        LaunchRule::InvalidField,
+        "model_uid '\\u{202e}\\0x' must not contain '/', whitespace or control characters",
+    );
+    let e = validate_err(
+        json!({"model_name": "smollm2-instruct", "replica_config": [{"role": "prefill", "replica_uid": "p\u{7}"}, {"role": "decode"}]}),
+        true,
+    );
+    assert_rule(
+        &e,
+        LaunchRule::InvalidField,
+        "replica_uid 'p\\u{7}' must not contain '/', whitespace or control characters",
+    );
+}
+
+#[test]
 fn empty_uid_and_name_are_refused() {
     let e = validate_err(json!({"model_name": "smollm2-instruct", "model_uid": "  "}), true);
     assert_rule(&e, LaunchRule::InvalidField, "model_uid must not be empty or whitespace-only");
