@@ -338,6 +338,29 @@ fn oversize_bodies_get_413() {
     assert_eq!(res.status, 200, "{}", res.text());
 }
 
+/// A body that stops arriving gets 408 once `body_idle` passes without a byte, and the
+/// connection is let go: a client cannot hold it (and its descriptors) by stalling mid-body.
+#[test]
+fn a_body_that_stalls_gets_408() {
+    let s = Server::start(
+        util::shared_smollm2(),
+        ApiConfig { body_idle: Duration::from_secs(1), ..ApiConfig::default() },
+    );
+    // The head declares 100 bytes of body; 9 follow, then nothing.
+    let mut stream = std::net::TcpStream::connect(s.addr()).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(30))).expect("read timeout");
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+                Content-Length: 100\r\n\r\n{\"model\":";
+    std::io::Write::write_all(&mut stream, head.as_bytes()).expect("write");
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).expect("the server answers and closes");
+    let res = http::parse(&raw);
+    assert_error(&res, 408, None, "1 s");
+    assert_eq!(res.json()["error"]["code"], "request_timeout");
+    let res = http::post(s.addr(), "/v1/chat/completions", &chat(json!({"max_tokens": 2})));
+    assert_eq!(res.status, 200, "{}", res.text());
+}
+
 #[test]
 fn models_stats_health_metrics_and_abort() {
     let s = shared();

@@ -50,6 +50,8 @@ pub(crate) enum Problem {
     TooLarge { limit: usize },
     /// The body could not be read.
     BadBody(String),
+    /// The body stopped arriving: no bytes for `secs` seconds.
+    BodyStalled { secs: u64 },
     /// No or a wrong API key.
     Unauthorized,
     /// No such route.
@@ -113,6 +115,7 @@ impl Problem {
             | Self::InvalidField { .. }
             | Self::Field { .. }
             | Self::BadBody(_) => StatusCode::BAD_REQUEST,
+            Self::BodyStalled { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::RouteNotFound { .. } => StatusCode::NOT_FOUND,
@@ -140,6 +143,7 @@ impl Problem {
             Self::Field { code, .. } => code,
             Self::TooLarge { .. } => "payload_too_large",
             Self::BadBody(_) => "invalid_body",
+            Self::BodyStalled { .. } => "request_timeout",
             Self::Unauthorized => "invalid_api_key",
             Self::RouteNotFound { .. } => "route_not_found",
             Self::MethodNotAllowed { .. } => "method_not_allowed",
@@ -160,7 +164,9 @@ impl Problem {
             Self::Service(_) => None,
             Self::UnknownField(f) | Self::MissingField(f) => Some(f.clone()),
             Self::InvalidField { field, .. } | Self::Field { field, .. } => Some(field.clone()),
-            Self::InvalidJson(_) | Self::TooLarge { .. } | Self::BadBody(_) => None,
+            Self::InvalidJson(_) | Self::TooLarge { .. } | Self::BadBody(_) | Self::BodyStalled { .. } => {
+                None
+            }
             Self::Unauthorized | Self::RouteNotFound { .. } | Self::MethodNotAllowed { .. } => None,
             Self::AtParam { param, .. } => Some(param.clone()),
         }
@@ -182,6 +188,7 @@ impl Problem {
             },
             Self::TooLarge { limit } => cat.text("api-body-too-large", &[("limit", &limit.to_string())]),
             Self::BadBody(detail) => cat.text("api-bad-body", &[("detail", detail)]),
+            Self::BodyStalled { secs } => cat.text("api-body-stalled", &[("secs", &secs.to_string())]),
             Self::Unauthorized => cat.text("api-unauthorized", &[]),
             Self::RouteNotFound { method, path } => {
                 cat.text("api-route-not-found", &[("method", method), ("path", path)])

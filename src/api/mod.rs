@@ -89,6 +89,10 @@ pub struct ApiConfig {
     pub workers: Option<usize>,
     /// Seconds a graceful stop waits for requests in flight. Default 10.
     pub shutdown_timeout_secs: u64,
+    /// How long a request body may go without a byte arriving before the request gets 408.
+    /// Default 30 s. (Headers have actix's own 5 s.) Without it a client could hold a
+    /// connection, and its file descriptors, for ever by stopping mid-body.
+    pub body_idle: std::time::Duration,
 }
 
 impl Default for ApiConfig {
@@ -100,6 +104,7 @@ impl Default for ApiConfig {
             max_body_bytes: 4 << 20,
             workers: None,
             shutdown_timeout_secs: 10,
+            body_idle: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -109,6 +114,8 @@ pub(crate) struct AppState {
     pub(crate) service: Arc<dyn ModelService>,
     pub(crate) api_key: Option<String>,
     pub(crate) max_body_bytes: usize,
+    /// [`ApiConfig::body_idle`].
+    pub(crate) body_idle: std::time::Duration,
     /// The requests running as several choices, for the abort route.
     pub(crate) fanouts: choices::Fanouts,
 }
@@ -150,6 +157,26 @@ impl ServerHandle {
     }
 }
 
+/// The connections each of `workers` HTTP workers holds at most, for a process that may open
+/// `files` descriptors (`None`: unknown). A connection holds two (its socket and the duplicate
+/// `peer` watches), and the HTTP server gets half of them: the rest stays for the cluster's
+/// links, engine servers, page transfers and files, which a flood of idle connections would
+/// otherwise starve. Past the cap a worker stops accepting until a connection closes (clients
+/// wait in the listen backlog), where an exhausted process would refuse everyone. actix's own
+/// default, 25,000 a worker, is the most.
+fn connections_per_worker(files: Option<u64>, workers: usize) -> usize {
+    const ACTIX_DEFAULT: usize = 25_000;
+    let Some(files) = files else { return ACTIX_DEFAULT };
+    let total = usize::try_from(files / 4).unwrap_or(usize::MAX);
+    (total / workers.max(1)).clamp(16, ACTIX_DEFAULT)
+}
+
+/// The process's limit on open file descriptors (its soft limit), where the system tells it.
+fn open_file_limit() -> Option<u64> {
+    let (soft, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).ok()?;
+    (soft != nix::sys::resource::RLIM_INFINITY).then_some(soft)
+}
+
 /// Binds `config.host:config.port` and serves `service` until the handle is stopped.
 ///
 /// Must be awaited inside a tokio runtime; the server's own task runs on it. Signals are not
@@ -159,6 +186,7 @@ pub async fn serve(config: ApiConfig, service: Arc<dyn ModelService>) -> std::io
         service,
         api_key: config.api_key.clone().filter(|k| !k.is_empty()),
         max_body_bytes: config.max_body_bytes,
+        body_idle: config.body_idle,
         fanouts: choices::Fanouts::default(),
     });
     let mut server = HttpServer::new(move || {
@@ -170,9 +198,11 @@ pub async fn serve(config: ApiConfig, service: Arc<dyn ModelService>) -> std::io
     .on_connect(peer::on_connect)
     .disable_signals()
     .shutdown_timeout(config.shutdown_timeout_secs);
-    if let Some(n) = config.workers {
-        server = server.workers(n.max(1));
-    }
+    // actix's default: a worker per core the process may use.
+    let workers =
+        config.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
+    let cap = connections_per_worker(open_file_limit(), workers);
+    server = server.workers(workers).max_connections(cap);
     let server = server.bind((config.host.as_str(), config.port))?;
     let addr = server.addrs().first().copied().ok_or_else(|| {
         std::io::Error::new(std::io::ErrorKind::AddrNotAvailable, format!("{}:{}", config.host, config.port))
@@ -182,4 +212,20 @@ pub async fn serve(config: ApiConfig, service: Arc<dyn ModelService>) -> std::io
     let task = tokio::spawn(server);
     tracing::info!(target: "xinf::api", %addr, "serving the OpenAI API");
     Ok(ServerHandle { addr, handle, task: Some(task) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::connections_per_worker;
+
+    #[test]
+    fn connections_take_half_the_descriptors_two_each() {
+        // The common default soft limit: 1,024 descriptors, 256 connections over 2 workers.
+        assert_eq!(connections_per_worker(Some(1024), 2), 128);
+        assert_eq!(connections_per_worker(Some(20_000), 2), 2_500);
+        // Never below 16 a worker, never above actix's 25,000, which an unknown limit keeps.
+        assert_eq!(connections_per_worker(Some(100), 8), 16);
+        assert_eq!(connections_per_worker(Some(1 << 20), 1), 25_000);
+        assert_eq!(connections_per_worker(None, 4), 25_000);
+    }
 }

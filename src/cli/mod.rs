@@ -71,11 +71,37 @@ fn expand_short_flags(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std
     .collect()
 }
 
+/// Raises the process's soft limit on open files to its hard limit, as servers do: every HTTP
+/// connection, cluster link, engine server and page transfer holds descriptors, and the soft
+/// limit many systems start a process with (1,024) is a few hundred clients. The HTTP server
+/// sizes its connection cap from the limit it finds (`api::serve`).
+fn raise_open_file_limit() {
+    use nix::sys::resource::{RLIM_INFINITY, Resource, getrlimit, setrlimit};
+    // Linux refuses a soft limit past `fs.nr_open` (2^20 unless raised), an infinite one too.
+    const NR_OPEN: u64 = 1 << 20;
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) => {
+            let to = if hard == RLIM_INFINITY { NR_OPEN } else { hard };
+            if soft >= to {
+                return;
+            }
+            match setrlimit(Resource::RLIMIT_NOFILE, to, hard) {
+                Ok(()) => tracing::debug!(target: "xinf", from = soft, to, "raised the open-file limit"),
+                Err(e) => {
+                    tracing::warn!(target: "xinf", limit = soft, error = %e, "cannot raise the open-file limit")
+                }
+            }
+        }
+        Err(e) => tracing::warn!(target: "xinf", error = %e, "cannot read the open-file limit"),
+    }
+}
+
 /// Runs the command line and returns the process exit code.
 pub fn main() -> ExitCode {
     let args = launch::extra_engine_options(expand_short_flags(std::env::args_os()), &Cli::command());
     let cli = Cli::parse_from(args);
     logging::init();
+    raise_open_file_limit();
     let cat = Catalog::from_env();
     // Before anything in this process touches CUDA, so that it is a client of the daemon too;
     // dropped last, once the cluster has stopped its engine servers.

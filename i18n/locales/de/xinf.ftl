@@ -34,6 +34,7 @@ api-missing-field = fehlendes Feld `{ $field }`
 api-invalid-field = ungültiger Wert für `{ $field }`: { $detail }
 api-body-too-large = der Anfragerumpf überschreitet die Grenze von { $limit } Bytes
 api-bad-body = der Anfragerumpf konnte nicht gelesen werden: { $detail }
+api-body-stalled = der Anfragerumpf kam nicht mehr an: { $secs } s lang keine Bytes
 api-body-not-object = der Anfragerumpf muss ein JSON-Objekt sein
 api-scale-field-refused = `{ $field }` darf nicht angegeben werden: { $reason }
 api-unauthorized = API-Schlüssel fehlt oder ist ungültig; senden Sie den Header `Authorization: Bearer <key>`

@@ -34,6 +34,7 @@ api-missing-field = missing field `{ $field }`
 api-invalid-field = invalid value for `{ $field }`: { $detail }
 api-body-too-large = the request body is larger than the limit of { $limit } bytes
 api-bad-body = the request body could not be read: { $detail }
+api-body-stalled = the request body stopped arriving: no bytes for { $secs } s
 api-body-not-object = the request body must be a JSON object
 api-scale-field-refused = `{ $field }` may not be given: { $reason }
 api-unauthorized = missing or invalid API key; send the header `Authorization: Bearer <key>`

@@ -34,6 +34,7 @@ api-missing-field = falta el campo `{ $field }`
 api-invalid-field = valor no válido para `{ $field }`: { $detail }
 api-body-too-large = el cuerpo de la solicitud supera el límite de { $limit } bytes
 api-bad-body = no se pudo leer el cuerpo de la solicitud: { $detail }
+api-body-stalled = el cuerpo de la solicitud dejó de llegar: ningún byte en { $secs } s
 api-body-not-object = el cuerpo de la solicitud debe ser un objeto JSON
 api-scale-field-refused = no se puede indicar `{ $field }`: { $reason }
 api-unauthorized = falta la clave de API o no es válida; envíe la cabecera `Authorization: Bearer <key>`

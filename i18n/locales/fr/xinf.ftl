@@ -34,6 +34,7 @@ api-missing-field = champ manquant `{ $field }`
 api-invalid-field = valeur invalide pour `{ $field }` : { $detail }
 api-body-too-large = le corps de la requête dépasse la limite de { $limit } octets
 api-bad-body = impossible de lire le corps de la requête : { $detail }
+api-body-stalled = le corps de la requête a cessé d’arriver : aucun octet depuis { $secs } s
 api-body-not-object = le corps de la requête doit être un objet JSON
 api-scale-field-refused = `{ $field }` ne peut pas être indiqué : { $reason }
 api-unauthorized = clé d'API absente ou invalide ; envoyez l'en-tête `Authorization: Bearer <key>`

@@ -34,6 +34,7 @@ api-missing-field = フィールド `{ $field }` がありません
 api-invalid-field = `{ $field }` の値が無効です：{ $detail }
 api-body-too-large = リクエストボディが上限の { $limit } バイトを超えています
 api-bad-body = リクエストボディを読み取れませんでした：{ $detail }
+api-body-stalled = リクエストボディの受信が止まりました：{ $secs } 秒間バイトが届いていません
 api-body-not-object = リクエストボディは JSON オブジェクトでなければなりません
 api-scale-field-refused = `{ $field }` は指定できません：{ $reason }
 api-unauthorized = API キーがないか、無効です。ヘッダー `Authorization: Bearer <key>` を送信してください

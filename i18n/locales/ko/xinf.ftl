@@ -34,6 +34,7 @@ api-missing-field = 필드 `{ $field }`이(가) 없습니다
 api-invalid-field = `{ $field }`의 값이 올바르지 않습니다: { $detail }
 api-body-too-large = 요청 본문이 한도인 { $limit }바이트보다 큽니다
 api-bad-body = 요청 본문을 읽을 수 없습니다: { $detail }
+api-body-stalled = 요청 본문 수신이 멈췄습니다: { $secs }초 동안 바이트가 오지 않았습니다
 api-body-not-object = 요청 본문은 JSON 객체여야 합니다
 api-scale-field-refused = `{ $field }`은(는) 지정할 수 없습니다: { $reason }
 api-unauthorized = API 키가 없거나 올바르지 않습니다. `Authorization: Bearer <key>` 헤더를 보내세요

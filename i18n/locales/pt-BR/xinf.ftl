@@ -34,6 +34,7 @@ api-missing-field = campo ausente `{ $field }`
 api-invalid-field = valor inválido para `{ $field }`: { $detail }
 api-body-too-large = o corpo da requisição excede o limite de { $limit } bytes
 api-bad-body = não foi possível ler o corpo da requisição: { $detail }
+api-body-stalled = o corpo da requisição parou de chegar: nenhum byte em { $secs } s
 api-body-not-object = o corpo da requisição deve ser um objeto JSON
 api-scale-field-refused = `{ $field }` não pode ser informado: { $reason }
 api-unauthorized = chave de API ausente ou inválida; envie o cabeçalho `Authorization: Bearer <key>`

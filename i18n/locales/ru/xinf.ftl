@@ -34,6 +34,7 @@ api-missing-field = отсутствует поле `{ $field }`
 api-invalid-field = недопустимое значение поля `{ $field }`: { $detail }
 api-body-too-large = тело запроса превышает предел в { $limit } байт
 api-bad-body = не удалось прочитать тело запроса: { $detail }
+api-body-stalled = тело запроса перестало поступать: ни одного байта за { $secs } с
 api-body-not-object = тело запроса должно быть JSON-объектом
 api-scale-field-refused = `{ $field }` указывать нельзя: { $reason }
 api-unauthorized = API-ключ отсутствует или недействителен; передайте заголовок `Authorization: Bearer <key>`

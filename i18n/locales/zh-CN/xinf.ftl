@@ -34,6 +34,7 @@ api-missing-field = 缺少字段 `{ $field }`
 api-invalid-field = 字段 `{ $field }` 的值无效：{ $detail }
 api-body-too-large = 请求体超过了 { $limit } 字节的上限
 api-bad-body = 无法读取请求体：{ $detail }
+api-body-stalled = 请求体停止到达：{ $secs } 秒内没有收到任何字节
 api-body-not-object = 请求体必须是 JSON 对象
 api-scale-field-refused = 不能指定 `{ $field }`：{ $reason }
 api-unauthorized = API 密钥缺失或无效；请发送请求头 `Authorization: Bearer <key>`

@@ -34,6 +34,7 @@ api-missing-field = 缺少欄位 `{ $field }`
 api-invalid-field = 欄位 `{ $field }` 的值無效：{ $detail }
 api-body-too-large = 請求內容超過 { $limit } 位元組的上限
 api-bad-body = 無法讀取請求內容：{ $detail }
+api-body-stalled = 請求內容停止傳送：{ $secs } 秒內沒有收到任何位元組
 api-body-not-object = 請求內容必須是 JSON 物件
 api-scale-field-refused = 不可指定 `{ $field }`：{ $reason }
 api-unauthorized = API 金鑰缺少或無效；請傳送標頭 `Authorization: Bearer <key>`

@@ -112,11 +112,12 @@ pub(crate) async fn not_found(req: HttpRequest) -> Result<HttpResponse, ApiError
 /// client, which is still sending, sees the 413 answer instead of a reset connection.
 const DRAIN_LIMIT: usize = 64 << 20;
 
-/// Reads the body, refusing more than `limit` bytes.
+/// Reads the body, refusing more than `limit` bytes and a body that goes `idle` without a byte
+/// (`ApiConfig::body_idle`).
 pub(crate) async fn read_body(
     req: &HttpRequest,
     mut payload: web::Payload,
-    limit: usize,
+    (limit, idle): (usize, std::time::Duration),
 ) -> Result<Bytes, Problem> {
     let declared = req
         .headers()
@@ -126,7 +127,11 @@ pub(crate) async fn read_body(
     let mut body = BytesMut::new();
     let mut seen = 0usize;
     let mut too_large = declared.is_some_and(|n| n > limit);
-    while let Some(chunk) = payload.next().await {
+    loop {
+        let Ok(next) = tokio::time::timeout(idle, payload.next()).await else {
+            return Err(Problem::BodyStalled { secs: idle.as_secs() });
+        };
+        let Some(chunk) = next else { break };
         let chunk = match chunk {
             Ok(c) => c,
             Err(_) if too_large => break,
@@ -222,7 +227,7 @@ async fn create<R: GenerationRequest>(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let result = async {
-        let body = read_body(&req, payload, state.max_body_bytes).await?;
+        let body = read_body(&req, payload, (state.max_body_bytes, state.body_idle)).await?;
         let job = R::generation(&req, parse_json(&body)?)?;
         generate(&state, &req, job).await
     }

@@ -53,7 +53,7 @@ pub(crate) async fn launch(
 ) -> Result<HttpResponse, ApiError> {
     let result = async {
         let wait = wait_ready(&req)?;
-        let body = read_body(&req, payload, state.max_body_bytes).await?;
+        let body = read_body(&req, payload, (state.max_body_bytes, state.body_idle)).await?;
         let request: LaunchRequest = parse_json(&body)?;
         let name = request.model_name.clone();
         // Answers are read for the marks of the model's family (the engines never see them).
@@ -89,7 +89,7 @@ pub(crate) async fn scale(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let result = async {
-        let body = read_body(&req, payload, state.max_body_bytes).await?;
+        let body = read_body(&req, payload, (state.max_body_bytes, state.body_idle)).await?;
         let raw: serde_json::Map<String, serde_json::Value> = parse_json(&body)?;
         if let Some((key, why)) = raw.keys().find_map(|k| xinf_actors::scale_refused_key(k).map(|w| (k, w))) {
             return Err(Problem::field_with(
