@@ -302,6 +302,26 @@ fn bad_requests_get_typed_errors() {
     drop(s);
     let ok = rt.block_on(util::run(e.as_ref(), "after", text(), SamplingParams::greedy(3)));
     assert_eq!(ok.ids.len(), 3);
+    // A P/D prefill checks the whole request's max_tokens against the context before it
+    // computes anything, and computes one token of it when it fits.
+    let ids = e.prompt_token_ids(&Prompt::Text("word ".repeat(20))).expect("ids");
+    let prefill = |rid: &str, max_tokens: usize| GenerateRequest {
+        request_id: rid.into(),
+        prompt: Prompt::Tokens(ids.clone()),
+        sampling: SamplingParams::greedy(max_tokens),
+    };
+    let computed = e.stats().prompt_tokens;
+    let over = 64 - ids.len() + 1;
+    match rt.block_on(e.prefill_pinned(prefill("too-long", over))) {
+        Err(EngineError::ContextLength { max_tokens, context_length: 64, .. }) => {
+            assert_eq!(max_tokens, over)
+        }
+        other => panic!("a prefill past the context: {:?}", other.map(|p| p.first_token)),
+    }
+    assert_eq!(e.stats().prompt_tokens, computed, "nothing computed for a refused prefill");
+    let pinned = rt.block_on(e.prefill_pinned(prefill("fits", over - 1))).expect("a prefill that fits");
+    assert_eq!(pinned.prompt_ids, ids);
+    assert!(e.release_pinned("fits"));
 }
 
 #[test]

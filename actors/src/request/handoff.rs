@@ -30,14 +30,16 @@ pub(super) type Party = (String, ActorRef<ReplicaMsg>);
 impl Cluster {
     /// The prefill leg: the prefill replica computes the prompt (one token, the request's
     /// sampling) and publishes its KV in a room. A caller that goes away mid-way aborts it (the
-    /// caller's guard); a lost answer is covered by the room's lease.
+    /// caller's guard); a lost answer is covered by the room's lease. The request keeps its own
+    /// `max_tokens`, which the prefill engine checks against the context before it computes
+    /// anything (`Engine::prefill_pinned`): a request that cannot fit is refused at once,
+    /// naming the field, not after its prompt was computed.
     pub(super) async fn prefill_leg(
         &self,
         (prefill_uid, prefill): &Party,
         request: &GenerateRequest,
     ) -> Result<Handoff, ActorError> {
-        let mut first = request.clone();
-        first.sampling.max_tokens = Some(1);
+        let first = request.clone();
         let what = format!("prefill replica `{prefill_uid}`");
         call(prefill, &what, self.inner.options.prefill_timeout, |reply| ReplicaMsg::Prefill {
             request: Wire::ok(first),

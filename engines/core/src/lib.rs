@@ -196,6 +196,9 @@ pub trait Engine: Send + Sync {
 
     /// Computes the prompt of `request` (its sampling settings give the first token) and keeps
     /// the prompt KV pinned under the request id until [`release_pinned`](Self::release_pinned).
+    /// Its `max_tokens` is the whole request's (the decode side generates the rest): checked
+    /// against the context as [`submit`](Self::submit) checks it, before anything is computed;
+    /// one token is computed whatever it says.
     fn prefill_pinned(
         &self,
         request: GenerateRequest,

@@ -362,6 +362,8 @@ impl Engine for ServerEngine {
                 return Err(self.process.death(&how));
             }
             let ids = self.prompt_ids(&request.prompt)?;
+            // The whole request's `max_tokens` must fit the context; the engine computes one.
+            self.check(&request, ids.len())?;
             let echo = request.sampling.echo.then(|| crate::prompt::report(&ids, &self.tokenizer, None));
             let mut one = request.clone();
             one.sampling.max_tokens = Some(1);

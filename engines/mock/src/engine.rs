@@ -167,6 +167,21 @@ impl MockEngine {
     }
 
     /// Checks a request and reserves blocks for its prompt and output.
+    /// The request's prompt ids and its output tokens at most, where they fit the context.
+    fn fits_context(&self, request: &GenerateRequest) -> Result<(Vec<u32>, usize), EngineError> {
+        let prompt = self.tokens(&request.prompt)?;
+        let context = self.contract.context_length;
+        let max_tokens = request.sampling.max_tokens.unwrap_or(context.saturating_sub(prompt.len()));
+        if prompt.len() + max_tokens > context {
+            return Err(EngineError::ContextLength {
+                prompt_tokens: prompt.len(),
+                max_tokens,
+                context_length: context,
+            });
+        }
+        Ok((prompt, max_tokens))
+    }
+
     fn admit(&self, request: &GenerateRequest) -> Result<Run, EngineError> {
         if self.faults.fail_at_admission == Some(true) {
             return Err(fault("admission refused"));
@@ -178,16 +193,7 @@ impl MockEngine {
                 "the mock engine has no model to compute them",
             ));
         }
-        let prompt = self.tokens(&request.prompt)?;
-        let context = self.contract.context_length;
-        let max_tokens = request.sampling.max_tokens.unwrap_or(context.saturating_sub(prompt.len()));
-        if prompt.len() + max_tokens > context {
-            return Err(EngineError::ContextLength {
-                prompt_tokens: prompt.len(),
-                max_tokens,
-                context_length: context,
-            });
-        }
+        let (prompt, max_tokens) = self.fits_context(request)?;
         let mut inner = lock(&self.inner);
         if inner.running.contains_key(&request.request_id) || inner.pinned.contains_key(&request.request_id) {
             return Err(EngineError::DuplicateRequest(request.request_id.clone()));
@@ -431,6 +437,8 @@ impl MockEngine {
     /// Computes a prompt, or the rest of it after `prefix` (whole canonical pages of its first
     /// tokens, checked like an import), and pins its KV for export.
     fn pin(&self, request: &GenerateRequest, prefix: &[u8]) -> Result<PinnedPrefill, EngineError> {
+        // The whole request's `max_tokens` must fit the context; one token is computed.
+        self.fits_context(request)?;
         let mut one = request.clone();
         one.sampling.max_tokens = Some(1);
         let run = self.admit(&one)?;

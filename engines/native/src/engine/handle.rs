@@ -303,11 +303,12 @@ impl Engine for NativeEngine {
 
     fn prefill_pinned(
         &self,
-        mut request: GenerateRequest,
+        request: GenerateRequest,
     ) -> BoxFuture<'static, Result<PinnedPrefill, EngineError>> {
-        request.sampling.max_tokens = Some(1);
         let (reply, rx) = oneshot::channel();
-        let submitted = self.build_seq(request, Mode::Pinned(Some(reply))).and_then(|(seq, stream)| {
+        // Checked against the context with the request's own `max_tokens`; one token computed.
+        let submitted = self.build_seq(request, Mode::Pinned(Some(reply))).and_then(|(mut seq, stream)| {
+            seq.max_tokens = 1;
             self.enqueue(seq)?;
             Ok(stream)
         });
@@ -320,14 +321,14 @@ impl Engine for NativeEngine {
 
     fn prefill_pinned_with_prefix(
         &self,
-        mut request: GenerateRequest,
+        request: GenerateRequest,
         prefix_pages: Vec<u8>,
     ) -> BoxFuture<'static, Result<PinnedPrefill, EngineError>> {
-        request.sampling.max_tokens = Some(1);
         let (reply, rx) = oneshot::channel();
         let page_bytes = self.contract.page_bytes();
         let max_batch = self.options.max_batch_tokens;
         let submitted = self.build_seq(request, Mode::Pinned(Some(reply))).and_then(|(mut seq, stream)| {
+            seq.max_tokens = 1;
             if !prefix_pages.len().is_multiple_of(page_bytes) {
                 return Err(EngineError::Import(format!(
                     "a prefix of {} bytes is not a whole number of {page_bytes}-byte pages",
