@@ -166,7 +166,6 @@ impl MockEngine {
         Ok(ids)
     }
 
-    /// Checks a request and reserves blocks for its prompt and output.
     /// The request's prompt ids and its output tokens at most, where they fit the context.
     fn fits_context(&self, request: &GenerateRequest) -> Result<(Vec<u32>, usize), EngineError> {
         let prompt = self.tokens(&request.prompt)?;
@@ -182,6 +181,7 @@ impl MockEngine {
         Ok((prompt, max_tokens))
     }
 
+    /// Checks a request and reserves blocks for its prompt and output.
     fn admit(&self, request: &GenerateRequest) -> Result<Run, EngineError> {
         if self.faults.fail_at_admission == Some(true) {
             return Err(fault("admission refused"));
