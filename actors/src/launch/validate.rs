@@ -415,6 +415,7 @@ fn check_model(req: &LaunchRequest, launch_engine: &dyn EngineLoader) -> Result<
     };
     launch_engine.check_model(&source).map_err(|e| match e {
         EngineError::UnknownModel { .. } => invalid(LaunchRule::UnknownModel, e.to_string()),
+        EngineError::InvalidRequest { field, reason } => invalid(LaunchRule::InvalidField, reason).at(field),
         other => invalid(LaunchRule::InvalidField, other.to_string()).at(if req.model_path.is_some() {
             "model_path"
         } else {

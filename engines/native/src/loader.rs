@@ -29,13 +29,33 @@ impl EngineLoader for NativeLoader {
 
     fn check_model(&self, model: &ModelSource) -> Result<(), EngineError> {
         let has_path = model.model_path.as_deref().is_some_and(|p| !p.trim().is_empty());
-        if has_path || xinf_models::find_family(&model.model_name).is_some() {
+        if has_path {
             return Ok(());
         }
-        Err(EngineError::UnknownModel {
-            name: model.model_name.clone(),
-            known: xinf_models::families().iter().map(|f| f.name.to_owned()).collect(),
-        })
+        let Some(family) = xinf_models::find_family(&model.model_name) else {
+            return Err(EngineError::UnknownModel {
+                name: model.model_name.clone(),
+                known: xinf_models::families().iter().map(|f| f.name.to_owned()).collect(),
+            });
+        };
+        // The registry's variant, as loading will pick it (blank means any): a size, format or
+        // quantization it lacks is refused now, naming the field, not when a worker loads.
+        fn given(v: &Option<String>) -> Option<&str> {
+            v.as_deref().map(str::trim).filter(|v| !v.is_empty())
+        }
+        let picked = family.select(
+            given(&model.size_in_billions),
+            given(&model.model_format),
+            given(&model.quantization),
+        );
+        match picked {
+            Ok(_) => Ok(()),
+            Err(e @ xinf_models::ModelError::UnknownVariant { field, .. }) => {
+                let field = if field == "size_in_billions" { "model_size_in_billions" } else { field };
+                Err(EngineError::invalid(field, e.to_string()))
+            }
+            Err(e) => Err(EngineError::from(e)),
+        }
     }
 
     fn check_config(&self, config: &Map<String, Value>) -> Result<EngineConfig, EngineError> {
@@ -60,5 +80,40 @@ impl EngineLoader for NativeLoader {
         let resolved = xinf_models::resolve(&request(model)).map_err(EngineError::from)?;
         let engine = NativeEngine::load(&resolved, EngineOptions::from_config(config))?;
         Ok(Arc::new(engine))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(size: Option<&str>, format: Option<&str>, quantization: Option<&str>) -> ModelSource {
+        ModelSource {
+            model_name: "smollm2-instruct".into(),
+            size_in_billions: size.map(Into::into),
+            model_format: format.map(Into::into),
+            quantization: quantization.map(Into::into),
+            model_path: None,
+        }
+    }
+
+    /// The field of the error, or what else came back.
+    fn field(r: Result<(), EngineError>) -> String {
+        match r {
+            Err(EngineError::InvalidRequest { field, .. }) => field,
+            other => format!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_variant_the_registry_lacks_is_refused_naming_its_field() {
+        let l = NativeLoader;
+        assert!(l.check_model(&source(None, None, None)).is_ok());
+        assert!(l.check_model(&source(None, Some(""), Some(" "))).is_ok(), "blank means any");
+        assert_eq!(field(l.check_model(&source(Some("999"), None, None))), "model_size_in_billions");
+        assert_eq!(field(l.check_model(&source(None, Some("exe"), None))), "model_format");
+        assert_eq!(field(l.check_model(&source(None, None, Some("Q9")))), "quantization");
+        let unknown = ModelSource { model_name: "no-such-model".into(), ..source(None, None, None) };
+        assert!(matches!(l.check_model(&unknown), Err(EngineError::UnknownModel { .. })));
     }
 }

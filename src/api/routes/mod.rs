@@ -265,7 +265,7 @@ async fn generate(state: &AppState, req: &HttpRequest, mut job: Generation) -> R
     let mut streams = crate::api::retries::generate_all(state.service.as_ref(), &job.model, engine_requests)
         .instrument(span.clone())
         .await
-        .map_err(|e| blame_context(e, job.flavor))?;
+        .map_err(|e| blame_context(e, job.flavor, job.tools.as_ref().is_some_and(|t| t.hold_the_output())))?;
     if job.shown.prompt_only {
         streams = streams.into_iter().map(crate::api::echo::prompt_only).collect();
     }
@@ -416,8 +416,9 @@ fn whole_response(
 }
 
 /// A context overflow named by its field: the prompt (`messages` or `prompt`) when it fills the
-/// context alone, else `max_tokens`; other failures as they are.
-fn blame_context(e: ServiceError, flavor: Flavor) -> Problem {
+/// context alone, else `max_tokens`; a grammar the engine refused is `tools`' where the tools
+/// made it (`tools_grammar`), not `response_format`'s; other failures as they are.
+fn blame_context(e: ServiceError, flavor: Flavor, tools_grammar: bool) -> Problem {
     let param = match &e {
         ServiceError::Engine(EngineError::ContextLength { prompt_tokens, context_length, .. }) => {
             match flavor {
@@ -425,6 +426,11 @@ fn blame_context(e: ServiceError, flavor: Flavor) -> Problem {
                 Flavor::Chat => "messages",
                 Flavor::Completion => "prompt",
             }
+        }
+        ServiceError::Engine(EngineError::InvalidRequest { field, .. })
+            if tools_grammar && field == "response_format" =>
+        {
+            "tools"
         }
         _ => return e.into(),
     };
