@@ -9,15 +9,25 @@ use crate::error::{ActorError, LaunchRule};
 use crate::spec::ReplicaSpec;
 
 /// The memory for replicas: `XINF_WORKER_MEMORY` when set, else the system's available memory
-/// now (`MemAvailable` of /proc/meminfo); `None` where neither says.
+/// now (`MemAvailable` of /proc/meminfo) less what [`for_replicas`] keeps back; `None` where
+/// neither says.
 pub(crate) fn worker_memory(setting: Option<&str>) -> Result<Option<u64>, ActorError> {
     match setting.map(str::trim).filter(|s| !s.is_empty()) {
         Some(text) => parse_size(text).map(Some).ok_or_else(|| ActorError::InvalidConfig {
             field: "XINF_WORKER_MEMORY".into(),
             reason: format!("`{text}` is not a size (bytes, or a number with K, M, G, KiB, MiB or GiB)"),
         }),
-        None => Ok(available_memory()),
+        None => Ok(available_memory().map(for_replicas)),
     }
+}
+
+/// Of `available` bytes, what replicas may take: a tenth, at least 512 MiB (at most half), is
+/// kept for what an engine's own account leaves out (the process, its threads' stacks, buffers
+/// while weights load, the page cache). A launch of forty replicas of a small model on a 24 GB
+/// node was admitted to the last byte its engines counted and then killed by the kernel.
+fn for_replicas(available: u64) -> u64 {
+    let keep = (available / 10).max(512 << 20).min(available / 2);
+    available - keep
 }
 
 /// `12345`, `512M`, `8GiB`, `1.5G`: binary multiples, as memory is counted.
@@ -120,6 +130,15 @@ mod tests {
         }
         assert!(matches!(worker_memory(Some("many")), Err(ActorError::InvalidConfig { .. })));
         assert_eq!(worker_memory(Some("3G")), Ok(Some(3 << 30)));
+    }
+
+    #[test]
+    fn a_tenth_of_the_available_memory_stays_out_of_the_replicas_reach() {
+        let mib = 1u64 << 20;
+        assert_eq!(for_replicas(10_240 * mib), 9_216 * mib);
+        assert_eq!(for_replicas(2_048 * mib), 1_536 * mib, "at least 512 MiB kept");
+        assert_eq!(for_replicas(512 * mib), 256 * mib, "at most half");
+        assert_eq!(for_replicas(0), 0);
     }
 
     #[test]
