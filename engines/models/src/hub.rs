@@ -84,6 +84,16 @@ fn field(value: &Option<String>) -> Option<&str> {
     value.as_deref().map(str::trim).filter(|value| !value.is_empty())
 }
 
+/// The variant of `family` a request names: its size, format and quantization (blank means
+/// any), as [`resolve`] picks it. Launch checks call it to refuse a variant the registry lacks
+/// before any worker loads.
+pub fn select_variant(
+    family: &'static ModelFamily,
+    req: &ModelRequest,
+) -> Result<&'static ModelSpec, ModelError> {
+    family.select(field(&req.size_in_billions), field(&req.model_format), field(&req.quantization))
+}
+
 /// [`resolve`] with an explicit environment.
 fn resolve_with(req: &ModelRequest, env: &ResolveEnv) -> Result<ResolvedModel, ModelError> {
     let family = find_family(&req.model_name);
@@ -96,8 +106,7 @@ fn resolve_with(req: &ModelRequest, env: &ResolveEnv) -> Result<ResolvedModel, M
     }
     let family = family
         .ok_or_else(|| ModelError::UnknownModel { name: req.model_name.clone(), known: known_names() })?;
-    let spec =
-        family.select(field(&req.size_in_billions), field(&req.model_format), field(&req.quantization))?;
+    let spec = select_variant(family, req)?;
     let (format, path, origin) = from_spec(env, spec)?;
     Ok(found(req, Some(family), format, path, origin))
 }

@@ -15,7 +15,7 @@ pub use chat_template::ChatTemplate;
 pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use digest::{safetensors_files, weights_digest, xinf_home};
 pub use error::ModelError;
-pub use hub::{ModelRequest, ResolvedModel, WeightsFormat, resolve};
+pub use hub::{ModelRequest, ResolvedModel, WeightsFormat, resolve, select_variant};
 pub use random::{RandomCheckpoint, RandomDtype, SplitMix64, write_random_checkpoint};
 pub use registry::{ModelFamily, ModelSpec, ReasoningMarks, THINK_MARKS, families, find_family};
 pub use tokenizer::TextTokenizer;

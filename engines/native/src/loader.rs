@@ -38,17 +38,9 @@ impl EngineLoader for NativeLoader {
                 known: xinf_models::families().iter().map(|f| f.name.to_owned()).collect(),
             });
         };
-        // The registry's variant, as loading will pick it (blank means any): a size, format or
-        // quantization it lacks is refused now, naming the field, not when a worker loads.
-        fn given(v: &Option<String>) -> Option<&str> {
-            v.as_deref().map(str::trim).filter(|v| !v.is_empty())
-        }
-        let picked = family.select(
-            given(&model.size_in_billions),
-            given(&model.model_format),
-            given(&model.quantization),
-        );
-        match picked {
+        // A size, format or quantization the registry lacks is refused now, naming the field,
+        // not when a worker loads.
+        match xinf_models::select_variant(family, &request(model)) {
             Ok(_) => Ok(()),
             Err(e @ xinf_models::ModelError::UnknownVariant { field, .. }) => {
                 let field = if field == "size_in_billions" { "model_size_in_billions" } else { field };
