@@ -303,13 +303,34 @@ struct HeadRows {
 typedef HeadRows DecodeRows;
 #endif
 
-extern "C" __global__ void __launch_bounds__(32 * DW)
-flash_decode(const kt* q, unsigned long long k_plane, unsigned long long v_plane, const int* pos,
-             const int* tab_off, const unsigned int* tables, const int* toks, int use_toks, int vec, int bs,
-             long long s_blk, long long s_tok, long long s_head, wt* out, float* part, unsigned int* counters,
-             int H, int KVH, float scale_log2, const int* deal) {
+// What `flash_decode_qkv` reads to do `qkv_post`'s work itself: `qkv_post`'s arguments.
+struct QkvIn {
+    const wt* qkv;
+    const wt* bias;
+    int has_bias;
+    const wt* qn;
+    const wt* kn;
+    int has_norm;
+    const float* cos_t;
+    const float* sin_t;
+    float eps;
+};
+
+// With FUSED (`flash_decode_qkv`, decode steps of one token a sequence), the block first does
+// `qkv_post`'s work for its query: its GQ query heads into shared memory, where it reads Q from,
+// and, in the one block of the query's KV head whose split walks the last tile, the token's K
+// and V into the cache before any of its warps reads that tile. No other block of the step reads
+// this token's key, and no kernel reads Q after, so `qkv_post` is one launch a layer fewer.
+template <bool FUSED>
+__device__ __forceinline__ void flash_decode_body(const kt* q, unsigned long long k_plane, unsigned long long v_plane,
+                                                  const int* pos, const int* tab_off, const unsigned int* tables,
+                                                  const int* toks, int use_toks, int bs, long long s_blk,
+                                                  long long s_tok, long long s_head, wt* out, float* part,
+                                                  unsigned int* counters, int H, int KVH, float scale_log2,
+                                                  const int* deal, const QkvIn& in) {
     __shared__ float so[DW][GQ][HD];
     __shared__ float sm[DW][GQ], sl[DW][GQ];
+    __shared__ __align__(16) kt sq[FUSED ? GQ : 1][HD];
     // The deal, positions and block tables are the host's, copied in before the step's first
     // kernel and written by none: their chain of loads, down to the first tile's row offsets, runs
     // before the wait, while the kernel before this one (which writes Q and this token's K and
@@ -345,10 +366,39 @@ flash_decode(const kt* q, unsigned long long k_plane, unsigned long long v_plane
     unsigned int va[DK / 16][4][VWORDS], vb[DK / 16][4][VWORDS];
     const bool early = first < tiles - 1;
     if (early) load_tile(K, V, next_off, g, tq, ka, va);
-    GRID_DEP_WAIT();
+    if (FUSED) {
+        // Thread j takes part j % QKV_TPH of head j / QKV_TPH of the block's: its GQ query
+        // heads, then (in the block whose split walks the last tile) the KV head's K and V.
+        // Its RoPE factors and the token's cache slot are the host's: looked up before the wait.
+        const int hl = threadIdx.x / QKV_TPH, c = threadIdx.x % QKV_TPH * 8, p = len - 1;
+        const bool owner = (tiles - 1) % step / DW == z;
+        const bool live = hl < GQ || (owner && hl < GQ + 2);
+        float rc[8], rs[8];
+        long long slot = 0;
+        if (live) {
+            rope_factors(in.cos_t, in.sin_t, p, c, rc, rs);
+            int blk = key_block(p, bs, shift);
+            slot = (long long)tab[blk] * s_blk + (long long)(p - blk * bs) * s_tok + (long long)kh * s_head;
+        }
+        GRID_DEP_WAIT();
+        if (live) {
+            const int kind = hl < GQ ? 0 : hl - GQ + 1, hh = kind == 0 ? h0 + hl : H + (kind - 1) * KVH + kh;
+            float o1[8], o2[8];
+            qkv_head_part(in.qkv + t * (long long)((H + 2 * KVH) * HD), hh, kind, in.bias, in.has_bias,
+                          kind == 0 ? in.qn : in.kn, in.has_norm, c, rc, rs, in.eps, o1, o2);
+            kt* dst = kind == 0 ? sq[hl] : (kt*)(kind == 1 ? k_plane : v_plane) + slot;
+            kst8(dst + c, o1);
+            kst8(dst + HD / 2 + c, o2);
+        }
+        // The query's heads, and the owner's K and V (global stores, which the barrier makes
+        // visible to the block's loads of the last tile after it).
+        __syncthreads();
+    } else {
+        GRID_DEP_WAIT();
+    }
 
     DecodeRows rows;
-    rows.init(q + (t * H + h0) * HD, g, tq, scale_log2);
+    rows.init(FUSED ? &sq[0][0] : q + (t * H + h0) * HD, g, tq, scale_log2);
     if (first < tiles) {
         if (!early) load_tile(K, V, next_off, g, tq, ka, va);
         next_off = row_of(first + step);
@@ -372,4 +422,29 @@ flash_decode(const kt* q, unsigned long long k_plane, unsigned long long v_plane
     __syncthreads();
     merge_warps<GQ, DW>(sm, sl, so, part, counters, out, t, slot, z, h0, H, splits);
 }
+
+extern "C" __global__ void __launch_bounds__(32 * DW)
+flash_decode(const kt* q, unsigned long long k_plane, unsigned long long v_plane, const int* pos,
+             const int* tab_off, const unsigned int* tables, const int* toks, int use_toks, int vec, int bs,
+             long long s_blk, long long s_tok, long long s_head, wt* out, float* part, unsigned int* counters,
+             int H, int KVH, float scale_log2, const int* deal) {
+    flash_decode_body<false>(q, k_plane, v_plane, pos, tab_off, tables, toks, use_toks, bs, s_blk, s_tok, s_head,
+                             out, part, counters, H, KVH, scale_log2, deal, QkvIn{});
+}
+
+// `flash_decode` doing `qkv_post`'s work as well, for steps whose queries are each their
+// sequence's only token (`forward::Forward::fuses_qkv`): `flash_decode`'s arguments (`q` unread)
+// then `qkv_post`'s. Where a block's threads take its heads' parts, QKV_TPH each.
+#if defined(QKV_TPH) && (GQ + 2) * QKV_TPH <= 32 * DW
+extern "C" __global__ void __launch_bounds__(32 * DW)
+flash_decode_qkv(const kt* q, unsigned long long k_plane, unsigned long long v_plane, const int* pos,
+                 const int* tab_off, const unsigned int* tables, const int* toks, int use_toks, int vec, int bs,
+                 long long s_blk, long long s_tok, long long s_head, wt* out, float* part, unsigned int* counters,
+                 int H, int KVH, float scale_log2, const int* deal, const wt* qkv, const wt* bias, int has_bias,
+                 const wt* qn, const wt* kn, int has_norm, const float* cos_t, const float* sin_t, float eps) {
+    flash_decode_body<true>(q, k_plane, v_plane, pos, tab_off, tables, toks, use_toks, bs, s_blk, s_tok, s_head,
+                            out, part, counters, H, KVH, scale_log2, deal,
+                            QkvIn{qkv, bias, has_bias, qn, kn, has_norm, cos_t, sin_t, eps});
+}
+#endif
 #endif

@@ -213,8 +213,12 @@ impl Forward {
             Rows::Plain(&bufs.act)
         };
         self.matmul_narrow(lane, &lw.wqkv, attn_in, &mut bufs.qkv, [qkv_w, hid, t])?;
-        self.qkv_post(s, bufs, cache, [li, t], lw)?;
-        self.attention(s, bufs, cache, [li, t, shape.tiles, shape.singles])?;
+        // In steps of one token a sequence the decode attention does `qkv_post`'s work itself.
+        let fused_qkv = self.fuses_qkv(shape, cache).then_some(lw);
+        if fused_qkv.is_none() {
+            self.qkv_post(s, bufs, cache, [li, t], lw)?;
+        }
+        self.attention(s, bufs, cache, [li, t, shape.tiles, shape.singles], fused_qkv)?;
         self.matmul_add(lane, &lw.wo, &bufs.act, &mut bufs.x, [hid, h * d, t])?;
 
         let mlp_in = if fused {
@@ -266,6 +270,26 @@ impl Forward {
         norm_groups_fit(qkv, norm) && mlp
     }
 
+    /// Whether the decode attention does `qkv_post`'s work in a step of `shape` over `c`
+    /// (`flash_decode_qkv`): it exists, and every token of the step is its sequence's only one
+    /// and goes to it (no `flash_prefill` tiles), so no token reads a key another block writes.
+    fn fuses_qkv(&self, shape: StepShape, c: &CacheView) -> bool {
+        shape.solo && shape.tiles == 0 && self.decode_flash(c).is_some() && self.k.flash_decode_qkv.is_some()
+    }
+
+    /// `qkv_post`'s layer arguments for layer `lw`: the QKV bias and whether there is one, the
+    /// Q and K norms' weights and whether there are (stand-ins the kernels never read where not).
+    fn qkv_extras<'a>(&'a self, lw: &'a GpuLayer) -> (&'a Buf, i32, &'a Buf, &'a Buf, i32) {
+        let none = &self.none;
+        let has_bias = i32::from(lw.bqkv.is_some());
+        let has_norm = i32::from(lw.q_norm.is_some() && lw.k_norm.is_some());
+        let (qn, kn) = match (&lw.q_norm, &lw.k_norm) {
+            (Some(a), Some(b)) => (a, b),
+            _ => (none, none),
+        };
+        (lw.bqkv.as_ref().unwrap_or(none), has_bias, qn, kn, has_norm)
+    }
+
     /// Enqueues the kernel after the QKV matmul of layer `li`: the bias, the Q/K norms, RoPE,
     /// and K and V written into `cache` through the block tables, for `t` tokens.
     fn qkv_post(
@@ -280,14 +304,7 @@ impl Forward {
         let (h, kvh) = (cfg.num_heads, cfg.kv_heads);
         let (h_i, kvh_i) = (h as i32, kvh as i32);
         let eps = cfg.rms_norm_eps as f32;
-        let none = &self.none;
-        let has_bias = i32::from(lw.bqkv.is_some());
-        let has_norm = i32::from(lw.q_norm.is_some() && lw.k_norm.is_some());
-        let bias = lw.bqkv.as_ref().unwrap_or(none);
-        let (qn, kn) = match (&lw.q_norm, &lw.k_norm) {
-            (Some(a), Some(b)) => (a, b),
-            _ => (none, none),
-        };
+        let (bias, has_bias, qn, kn, has_norm) = self.qkv_extras(lw);
         let [kp, vp] = c.planes[li];
         let mut b = s.launch_builder(&self.k.qkv_post);
         b.arg(&bufs.qkv)
@@ -321,7 +338,8 @@ impl Forward {
     /// on tensor cores (`flash_prefill`), the other tokens (all of them when there are no
     /// tiles) on tensor cores too where `flash_decode` exists (a block per token, KV head and
     /// split of its keys), else one block per token and group of heads sharing a KV head
-    /// (`attention`).
+    /// (`attention`). With `qkv` (the layer's weights, where [`Self::fuses_qkv`]) the decode
+    /// attention is `flash_decode_qkv`, which does `qkv_post`'s work from the QKV product first.
     /// `tiles`/`singles` are the plan's counts.
     fn attention(
         &self,
@@ -329,6 +347,7 @@ impl Forward {
         bufs: &mut StepBufs,
         c: &CacheView,
         [li, t, tiles, singles]: [usize; 4],
+        qkv: Option<&GpuLayer>,
     ) -> Result<(), GpuError> {
         let cfg = &self.cfg;
         let (h, d) = (cfg.num_heads, cfg.head_dim);
@@ -378,7 +397,10 @@ impl Forward {
         // `flash_decode` where it exists (its arguments are `attention`'s, but for a base-2
         // scale, then the step's deal), else `attention` with blocks of one head or of a GQA
         // group's heads.
-        let decode = self.decode_flash(c);
+        let decode = match (self.decode_flash(c), qkv.and(self.k.flash_decode_qkv.as_ref())) {
+            (Some(_), Some(fused)) => Some(fused),
+            (plain, _) => plain,
+        };
         let (kernel, heads_splits, threads, scale) = match decode {
             Some(decode) => {
                 let kvh = cfg.kv_heads;
@@ -416,6 +438,13 @@ impl Forward {
         if decode.is_some() {
             b.arg(&bufs.deal);
         }
+        // `flash_decode_qkv`'s further arguments: `qkv_post`'s, less what it shares.
+        let eps = self.cfg.rms_norm_eps as f32;
+        let extras = qkv.filter(|_| decode.is_some()).map(|lw| self.qkv_extras(lw));
+        if let Some((bias, has_bias, qn, kn, has_norm)) = &extras {
+            b.arg(&bufs.qkv).arg(*bias).arg(has_bias).arg(*qn).arg(*kn).arg(has_norm);
+            b.arg(&self.cos).arg(&self.sin).arg(&eps);
+        }
         let grid = LaunchConfig {
             grid_dim: (blocks as u32, heads_splits.0 as u32, heads_splits.1 as u32),
             block_dim: (threads, 1, 1),
@@ -431,6 +460,10 @@ impl Forward {
         // at allocation and set back to zero by the kernel) their counts; `flash_decode` reads
         // `deal`'s first `blocks × splits` entries, which `decode_deal` wrote for this step
         // (slots below `blocks`, splits up to MAX_SPLITS, `part`'s stride per query and head).
+        // `flash_decode_qkv` reads `qkv_post`'s arguments as `qkv_post` does (`qkv` holds the
+        // step's `t` rows of QKV, `pos` is below the RoPE tables' rows), for steps whose tokens
+        // are each their sequence's only one (`fuses_qkv`): a token's own K and V are written
+        // by one block of its KV head, the one that reads the tile holding them.
         unsafe { b.launch(grid) }.map_err(driver)?;
         Ok(())
     }

@@ -235,6 +235,67 @@ __device__ __forceinline__ void kst8(kt* p, const float* v) {
 #define QKV_TPH (HD / 16)  // threads a head: each takes 8 elements of each half of it
 #endif
 
+#ifdef QKV_TPH
+// A thread's RoPE factors at position p for elements c .. c + 7 of a head's first half (the
+// tables made at load: cos and sin, HD / 2 a position).
+__device__ __forceinline__ void rope_factors(const float* cos_t, const float* sin_t, int p, int c, float* rc,
+                                             float* rs) {
+    const float* cp = cos_t + (long long)p * (HD / 2) + c;
+    const float* sp = sin_t + (long long)p * (HD / 2) + c;
+    f32x4 c0 = *(const f32x4*)cp, c1 = *(const f32x4*)(cp + 4);
+    f32x4 s0 = *(const f32x4*)sp, s1 = *(const f32x4*)(sp + 4);
+    rc[0] = c0.x, rc[1] = c0.y, rc[2] = c0.z, rc[3] = c0.w, rc[4] = c1.x, rc[5] = c1.y, rc[6] = c1.z, rc[7] = c1.w;
+    rs[0] = s0.x, rs[1] = s0.y, rs[2] = s0.z, rs[3] = s0.w, rs[4] = s1.x, rs[5] = s1.y, rs[6] = s1.z, rs[7] = s1.w;
+}
+
+// A thread's part of head `hh` (of kind 0 Q, 1 K, 2 V) of a token's QKV row `row`: elements
+// c .. c + 7 of the head's first half into o1 and the 8 they pair with in RoPE into o2, after the
+// bias, the per-head RMSNorm with weights `nw` (Q and K) and RoPE by the factors rc, rs (Q and
+// K). The head's QKV_TPH threads must be neighbouring lanes, QKV_TPH-aligned, all here with the
+// same head: the norm sums over them. `qkv_post` and the decode attention that takes its place
+// in decode steps (`flash_decode_qkv`) both call this, so both write the same bits.
+__device__ __forceinline__ void qkv_head_part(const wt* row, int hh, int kind, const wt* bias, int has_bias,
+                                              const wt* nw, int has_norm, int c, const float* rc,
+                                              const float* rs, float eps, float* o1, float* o2) {
+    const int half = HD / 2;
+    const wt* src = row + (long long)hh * HD;
+    float a[8], b[8];
+    wld8(src + c, a);
+    wld8(src + half + c, b);
+    if (has_bias) {
+        float ba[8], bb[8];
+        wld8(bias + hh * HD + c, ba);
+        wld8(bias + hh * HD + half + c, bb);
+#pragma unroll
+        for (int j = 0; j < 8; j++) a[j] += ba[j], b[j] += bb[j];
+    }
+    if (kind == 2) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) o1[j] = a[j], o2[j] = b[j];
+        return;
+    }
+    if (has_norm) {
+        float ss = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) ss += a[j] * a[j] + b[j] * b[j];
+        int lane = threadIdx.x & 31;
+        unsigned int mask = QKV_TPH == 32 ? 0xffffffffu : ((1u << QKV_TPH) - 1) << (lane & ~(QKV_TPH - 1));
+        for (int o = QKV_TPH / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(mask, ss, o);
+        float inv = 1.0f / sqrtf(ss / HD + eps);
+        float wa[8], wb[8];
+        wld8(nw + c, wa);
+        wld8(nw + half + c, wb);
+#pragma unroll
+        for (int j = 0; j < 8; j++) a[j] = wa[j] * (a[j] * inv), b[j] = wb[j] * (b[j] * inv);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        o1[j] = a[j] * rc[j] - b[j] * rs[j];
+        o2[j] = b[j] * rc[j] + a[j] * rs[j];
+    }
+}
+#endif
+
 // After the QKV projection: per head of Q, K and V of each token, the bias, per-head RMSNorm (Q,
 // K), RoPE (Q, K); Q goes to q_out in the cache's dtype (what attention multiplies it in), K and V
 // into the paged cache at the token's slot, found through the block table and the layout's strides
@@ -267,64 +328,17 @@ extern "C" __global__ void qkv_post(const wt* qkv, const wt* bias, int has_bias,
     if (live) {
         int p = pos[t];
         slot = (long long)tables[tab_off[t] + p / bs] * s_blk + (long long)(p % bs) * s_tok;
-        const float* cp = cos_t + (long long)p * half + c;
-        const float* sp = sin_t + (long long)p * half + c;
-        f32x4 c0 = *(const f32x4*)cp, c1 = *(const f32x4*)(cp + 4);
-        f32x4 s0 = *(const f32x4*)sp, s1 = *(const f32x4*)(sp + 4);
-        rc[0] = c0.x, rc[1] = c0.y, rc[2] = c0.z, rc[3] = c0.w, rc[4] = c1.x, rc[5] = c1.y, rc[6] = c1.z, rc[7] = c1.w;
-        rs[0] = s0.x, rs[1] = s0.y, rs[2] = s0.z, rs[3] = s0.w, rs[4] = s1.x, rs[5] = s1.y, rs[6] = s1.z, rs[7] = s1.w;
+        rope_factors(cos_t, sin_t, p, c, rc, rs);
     }
     GRID_DEP_WAIT();
     if (!live) return;
-    const wt* src = qkv + t * (long long)(heads * HD) + (long long)hh * HD;
-    float a[8], b[8];
-    wld8(src + c, a);
-    wld8(src + half + c, b);
-    if (has_bias) {
-        float ba[8], bb[8];
-        wld8(bias + hh * HD + c, ba);
-        wld8(bias + hh * HD + half + c, bb);
-#pragma unroll
-        for (int j = 0; j < 8; j++) a[j] += ba[j], b[j] += bb[j];
-    }
-    if (kind == 2) {
-        kt* dst = (kt*)v_plane + slot + (long long)(hh - H - KVH) * s_head;
-        kst8(dst + c, a);
-        kst8(dst + half + c, b);
-        return;
-    }
-    if (has_norm) {
-        float ss = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; j++) ss += a[j] * a[j] + b[j] * b[j];
-        // The head's threads are QKV_TPH neighbouring lanes (blocks of whole warps), all live
-        // and all of one kind.
-        int lane = threadIdx.x & 31;
-        unsigned int mask = QKV_TPH == 32 ? 0xffffffffu : ((1u << QKV_TPH) - 1) << (lane & ~(QKV_TPH - 1));
-        for (int o = QKV_TPH / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(mask, ss, o);
-        float inv = 1.0f / sqrtf(ss / HD + eps);
-        float wa[8], wb[8];
-        const wt* nw = kind == 0 ? qn : kn;
-        wld8(nw + c, wa);
-        wld8(nw + half + c, wb);
-#pragma unroll
-        for (int j = 0; j < 8; j++) a[j] = wa[j] * (a[j] * inv), b[j] = wb[j] * (b[j] * inv);
-    }
     float o1[8], o2[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        o1[j] = a[j] * rc[j] - b[j] * rs[j];
-        o2[j] = b[j] * rc[j] + a[j] * rs[j];
-    }
-    if (kind == 0) {
-        kt* q = q_out + (t * H + hh) * HD;
-        kst8(q + c, o1);
-        kst8(q + half + c, o2);
-    } else {
-        kt* dst = (kt*)k_plane + slot + (long long)(hh - H) * s_head;
-        kst8(dst + c, o1);
-        kst8(dst + half + c, o2);
-    }
+    qkv_head_part(qkv + t * (long long)(heads * HD), hh, kind, bias, has_bias, kind == 0 ? qn : kn, has_norm, c,
+                  rc, rs, eps, o1, o2);
+    kt* dst = kind == 0 ? q_out + (t * H + hh) * HD
+                        : (kt*)(kind == 1 ? k_plane : v_plane) + slot + (long long)(hh - H - (kind - 1) * KVH) * s_head;
+    kst8(dst + c, o1);
+    kst8(dst + half + c, o2);
 #else
     __shared__ float rows[8][HD];
     long long t = blockIdx.x;

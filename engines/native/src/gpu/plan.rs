@@ -140,6 +140,16 @@ pub(super) fn flash_decode_fits(kdt: KvDtype, head_dim: usize, major: i32, gqa: 
 /// Warps of one `flash_decode` block (`DW` in `decode.cu`).
 pub(super) const DECODE_WARPS: u32 = 4;
 
+/// Whether `flash_decode_qkv` exists beside `flash_decode` (the conditions `decode.cu` compiles it
+/// under): `qkv_post`'s 16-byte form (heads of a multiple of 64, up to 512: `QKV_TPH` = a 16th of
+/// the head threads a head), whose parts of a KV head's `gqa` query heads and its K and V heads
+/// fit one block's threads.
+pub(super) fn decode_qkv_fits(head_dim: usize, gqa: usize) -> bool {
+    head_dim.is_multiple_of(64)
+        && head_dim <= 512
+        && (gqa + 2) * (head_dim / 16) <= 32 * DECODE_WARPS as usize
+}
+
 mod deal;
 #[cfg_attr(not(feature = "cuda"), allow(unused_imports))]
 pub(super) use deal::{deal_decode_blocks, decode_tile_keys};
@@ -362,19 +372,22 @@ pub(super) struct StepPlan {
 }
 
 /// The counts a step's launches depend on: tokens, rows of logits, `flash_prefill` tiles and
-/// the tokens `attention` takes from its list (0: all of them).
+/// the tokens `attention` takes from its list (0: all of them); and whether every token is its
+/// sequence's only one in the step (`solo`), so that no token attends to a key another token of
+/// the step writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct StepShape {
     pub(super) tokens: usize,
     pub(super) rows: usize,
     pub(super) tiles: usize,
     pub(super) singles: usize,
+    pub(super) solo: bool,
 }
 
 impl StepShape {
     /// A decode step of `t` sequences, as graphs capture it: one token and one row each.
     pub(super) fn decode(t: usize) -> Self {
-        Self { tokens: t, rows: t, tiles: 0, singles: 0 }
+        Self { tokens: t, rows: t, tiles: 0, singles: 0, solo: true }
     }
 }
 
@@ -385,6 +398,9 @@ impl StepPlan {
             rows: self.rows.len(),
             tiles: self.tiles.len() / 2,
             singles: self.singles.len(),
+            // Each chunk's block table starts past the last one's (a chunk reaches at least one
+            // block), so tokens of one chunk, and only they, share an offset.
+            solo: self.tab_off.windows(2).all(|w| w[0] != w[1]),
         }
     }
 }

@@ -2,7 +2,7 @@
 
 use crate::gpu::error::{GpuError, driver};
 use crate::gpu::flash::Flash;
-use crate::gpu::plan::{GEMV_ROWS, flash_decode_fits, kernel_source, norms_fused_fit};
+use crate::gpu::plan::{GEMV_ROWS, decode_qkv_fits, flash_decode_fits, kernel_source, norms_fused_fit};
 use cudarc::driver::{CudaFunction, CudaStream};
 use std::sync::Arc;
 use xinf_engine::KvDtype;
@@ -23,6 +23,9 @@ pub(super) struct Kernels {
     /// The tensor-core decode attention (one walk over the keys for a GQA group's heads), where
     /// `plan::flash_decode_fits` says it exists; it then takes every token `flash` does not.
     pub(super) flash_decode: Option<CudaFunction>,
+    /// `flash_decode` doing `qkv_post`'s work too, for steps of one token a sequence, where
+    /// `flash_decode` exists and `plan::decode_qkv_fits`.
+    pub(super) flash_decode_qkv: Option<CudaFunction>,
     pub(super) silu_mul: CudaFunction,
     pub(super) argmax_rows: CudaFunction,
     /// Products of one or two rows with 16-bit weights (absent for f32 weights): one kernel per
@@ -86,6 +89,7 @@ impl Kernels {
         let norm_kernels = wdt != KvDtype::F32 && norms_fused_fit(1, [hidden; 3]);
         let sms = sm_count(s)?;
         let resident = |name: &str| Resident::new(f(name)?, sms);
+        let decode = flash_decode_fits(kdt, head_dim, major, gqa);
         Ok(Self {
             embed: f("embed")?,
             rmsnorm: f("rmsnorm")?,
@@ -93,8 +97,9 @@ impl Kernels {
             attention: f("attention")?,
             attention_one: f("attention_one")?,
             flash: Flash::load(s, &module, kdt, head_dim, major)?,
-            flash_decode: flash_decode_fits(kdt, head_dim, major, gqa)
-                .then(|| f("flash_decode"))
+            flash_decode: decode.then(|| f("flash_decode")).transpose()?,
+            flash_decode_qkv: (decode && decode_qkv_fits(head_dim, gqa))
+                .then(|| f("flash_decode_qkv"))
                 .transpose()?,
             silu_mul: f("silu_mul")?,
             argmax_rows: f("argmax_rows")?,
@@ -113,7 +118,7 @@ impl Kernels {
     pub(super) fn ids(&self) -> Vec<usize> {
         let mut all = vec![&self.embed, &self.rmsnorm, &self.qkv_post, &self.attention, &self.attention_one];
         all.extend([&self.silu_mul, &self.argmax_rows]);
-        all.extend(self.flash.iter().map(|f| &f.f).chain(&self.flash_decode));
+        all.extend(self.flash.iter().map(|f| &f.f).chain(&self.flash_decode).chain(&self.flash_decode_qkv));
         all.extend(self.gemv.iter().chain(&self.gemv_glu).flatten());
         all.extend(self.gemv_norm.iter().chain(&self.gemv_glu_norm).map(|r| &r.f));
         all.into_iter().map(|f| f.cu_function() as usize).collect()

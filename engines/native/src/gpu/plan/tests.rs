@@ -122,6 +122,22 @@ fn prompt_chunks_are_cut_into_flash_tiles_and_decode_tokens_listed() {
         plan_step(&[chunk(&one, 30, &table, true), chunk(&[3], 5, &table, true)], 16, 12, 200, 512, true)
             .expect("plan");
     assert!(decode.tiles.is_empty() && decode.singles.is_empty());
+    // Only a step of one token a sequence is `solo` (the decode attention then writes each
+    // token's K and V itself): not one that has a chunk of two tokens, tiles or not.
+    assert!(decode.shape().solo && StepShape::decode(3).solo);
+    assert!(!p.shape().solo && !off.shape().solo);
+    let pair = plan_step(&[chunk(&two, 0, &table, true)], 16, 12, 200, 512, false).expect("plan");
+    assert!(pair.tiles.is_empty() && !pair.shape().solo);
+}
+
+#[test]
+fn the_decode_attention_does_qkv_posts_work_where_a_kv_heads_parts_fit_its_block() {
+    // Qwen2.5-0.5B: 7 query heads a KV head of 64 (4 threads each); Llama-3.1-8B: 4 of 128 (8).
+    assert!(decode_qkv_fits(64, 7) && decode_qkv_fits(128, 4));
+    // 14 + 2 heads of 128 are the block's 128 threads; 16 + 2 are more.
+    assert!(decode_qkv_fits(128, 14) && !decode_qkv_fits(128, 16));
+    // Heads of 96 or 80 have no 16-byte `qkv_post`.
+    assert!(!decode_qkv_fits(96, 4) && !decode_qkv_fits(80, 1));
 }
 
 /// A small Llama: 2 layers, 4 heads, 2 KV heads of 16.
