@@ -303,6 +303,14 @@ struct HeadRows {
 typedef HeadRows DecodeRows;
 #endif
 
+// Whether `flash_decode_qkv` exists (`plan::decode_qkv_fits`): where `qkv_post` takes a head in
+// QKV_TPH threads and a KV head's query heads and its K and V heads fit one block's.
+#if defined(QKV_TPH) && (GQ + 2) * QKV_TPH <= 32 * DW
+#define DECODE_QKV 1
+#else
+#define DECODE_QKV 0
+#endif
+
 // What `flash_decode_qkv` reads to do `qkv_post`'s work itself: `qkv_post`'s arguments.
 struct QkvIn {
     const wt* qkv;
@@ -334,7 +342,7 @@ __device__ __forceinline__ void flash_decode_body(const kt* q, unsigned long lon
     // The deal, positions and block tables are the host's, copied in before the step's first
     // kernel and written by none: their chain of loads, down to the first tile's row offsets, runs
     // before the wait, while the kernel before this one (which writes Q and this token's K and
-    // V) ends.
+    // V, or with FUSED the QKV product they come from) ends.
     const int dealt = deal[blockIdx.z * gridDim.x + blockIdx.x];
     if (dealt < 0) return;  // the same for the whole block: no barrier is left waiting
     const int slot = dealt >> 8, z = (dealt >> 4) & 15, splits = (dealt & 15) + 1;
@@ -366,6 +374,7 @@ __device__ __forceinline__ void flash_decode_body(const kt* q, unsigned long lon
     unsigned int va[DK / 16][4][VWORDS], vb[DK / 16][4][VWORDS];
     const bool early = first < tiles - 1;
     if (early) load_tile(K, V, next_off, g, tq, ka, va);
+#if DECODE_QKV
     if (FUSED) {
         // Thread j takes part j % QKV_TPH of head j / QKV_TPH of the block's: its GQ query
         // heads, then (in the block whose split walks the last tile) the KV head's K and V.
@@ -374,11 +383,11 @@ __device__ __forceinline__ void flash_decode_body(const kt* q, unsigned long lon
         const bool owner = (tiles - 1) % step / DW == z;
         const bool live = hl < GQ || (owner && hl < GQ + 2);
         float rc[8], rs[8];
-        long long slot = 0;
+        long long at = 0;  // the token's K (and V) row of the KV head in the cache
         if (live) {
             rope_factors(in.cos_t, in.sin_t, p, c, rc, rs);
             int blk = key_block(p, bs, shift);
-            slot = (long long)tab[blk] * s_blk + (long long)(p - blk * bs) * s_tok + (long long)kh * s_head;
+            at = (long long)tab[blk] * s_blk + (long long)(p - blk * bs) * s_tok + (long long)kh * s_head;
         }
         GRID_DEP_WAIT();
         if (live) {
@@ -386,14 +395,16 @@ __device__ __forceinline__ void flash_decode_body(const kt* q, unsigned long lon
             float o1[8], o2[8];
             qkv_head_part(in.qkv + t * (long long)((H + 2 * KVH) * HD), hh, kind, in.bias, in.has_bias,
                           kind == 0 ? in.qn : in.kn, in.has_norm, c, rc, rs, in.eps, o1, o2);
-            kt* dst = kind == 0 ? sq[hl] : (kt*)(kind == 1 ? k_plane : v_plane) + slot;
+            kt* dst = kind == 0 ? sq[hl] : (kt*)(kind == 1 ? k_plane : v_plane) + at;
             kst8(dst + c, o1);
             kst8(dst + HD / 2 + c, o2);
         }
         // The query's heads, and the owner's K and V (global stores, which the barrier makes
         // visible to the block's loads of the last tile after it).
         __syncthreads();
-    } else {
+    } else
+#endif
+    {
         GRID_DEP_WAIT();
     }
 
@@ -434,8 +445,8 @@ flash_decode(const kt* q, unsigned long long k_plane, unsigned long long v_plane
 
 // `flash_decode` doing `qkv_post`'s work as well, for steps whose queries are each their
 // sequence's only token (`forward::Forward::fuses_qkv`): `flash_decode`'s arguments (`q` unread)
-// then `qkv_post`'s. Where a block's threads take its heads' parts, QKV_TPH each.
-#if defined(QKV_TPH) && (GQ + 2) * QKV_TPH <= 32 * DW
+// then `qkv_post`'s.
+#if DECODE_QKV
 extern "C" __global__ void __launch_bounds__(32 * DW)
 flash_decode_qkv(const kt* q, unsigned long long k_plane, unsigned long long v_plane, const int* pos,
                  const int* tab_off, const unsigned int* tables, const int* toks, int use_toks, int vec, int bs,
