@@ -29,6 +29,7 @@
 //! `server` (the page server) and `fault` (`XINF_TRANSFER_FAULT`, making a page server
 //! misbehave for tests).
 
+mod admission;
 mod auth;
 mod client;
 mod endpoint;

@@ -6,6 +6,7 @@
 //! fetch with where they are staged, and the staging memory is then held until the client says
 //! that its read is over, or its deadline passes.
 
+use super::admission::{Handshakes, Slots, Ticket};
 use super::fault::Fault;
 use super::provider::{self, PageProvider, Registration};
 use super::wire::{self, AnswerHead, BadRequest, FAILED, OK, Pages, Request};
@@ -35,15 +36,22 @@ pub struct PageServer {
 pub(crate) struct ServeOptions {
     pub(crate) fault: Fault,
     pub(crate) nixl: Option<Arc<Node>>,
-    /// Connections served at once; `None`: [`MAX_CONNECTIONS`].
+    /// Connections served at once, past their handshake; `None`: [`MAX_CONNECTIONS`].
     pub(crate) max_connections: Option<usize>,
+    /// Handshakes under way at once; `None`: [`MAX_HANDSHAKES`].
+    pub(crate) max_handshakes: Option<usize>,
 }
 
-/// Connections one page server serves at once. Each holds a task and a socket until its peer
-/// closes it or stays idle past [`wire::IDLE`]: without a cap, peers that open connections and
-/// wait could take every file descriptor of the process. A fetch opens one connection for
-/// its request, so this bounds the fetches served at once, far above what handoffs need.
+/// Connections one page server serves at once, past their handshake. Each holds a task and a
+/// socket until its peer closes it or stays idle past [`wire::IDLE`]: without a cap, peers that
+/// open connections and wait could take every file descriptor of the process. A fetch opens one
+/// connection for its request, so this bounds the fetches served at once, far above what
+/// handoffs need.
 const MAX_CONNECTIONS: usize = 1024;
+
+/// Connections whose handshake is under way at once (see [`super::admission`]): a peer holding
+/// the key finishes its handshake in a round trip, so this many is room for a burst of fetches.
+const MAX_HANDSHAKES: usize = 64;
 
 impl Drop for PageServer {
     fn drop(&mut self) {
@@ -55,8 +63,7 @@ impl PageServer {
     /// Listens on `ip` (a free port) and serves fetches for providers registered in this
     /// process. Must be called inside a tokio runtime.
     pub async fn start(ip: IpAddr) -> std::io::Result<Self> {
-        Self::start_with(ip, ServeOptions { fault: Fault::from_env(), nixl: None, max_connections: None })
-            .await
+        Self::start_with(ip, ServeOptions { fault: Fault::from_env(), ..ServeOptions::default() }).await
     }
 
     /// [`start`](Self::start) with explicit options instead of the environment's.
@@ -83,30 +90,27 @@ impl PageServer {
 /// Longest a staged range is kept for a client that never says it is done.
 const MAX_HOLD: Duration = Duration::from_secs(600);
 
-/// Accepts connections for as long as the server lives, each served by a task of its own.
-/// Past the cap a new connection is closed at once (its fetch fails and may retry).
+/// Accepts connections for as long as the server lives, each served by a task of its own: its
+/// handshake among the pending ones, then, holding the key, in one of the slots. Past the slots'
+/// cap a connection is closed after its handshake (its fetch fails and may retry).
 async fn accept(listener: TcpListener, options: ServeOptions) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(options.max_connections.unwrap_or(MAX_CONNECTIONS)));
-    // Warned once each time the cap is reached, not once per refused connection of a flood.
-    let mut at_cap = false;
+    let handshakes = Handshakes::new(options.max_handshakes.unwrap_or(MAX_HANDSHAKES));
+    let slots = Slots::new(options.max_connections.unwrap_or(MAX_CONNECTIONS));
+    // Warned once each time handshakes start being ended, not once per connection of a flood.
+    let mut crowded = false;
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
-                let Ok(slot) = slots.clone().try_acquire_owned() else {
-                    if !std::mem::replace(&mut at_cap, true) {
-                        tracing::warn!(%peer, "the page server is at its connection cap; new connections are closed");
-                    }
-                    drop(stream);
-                    continue;
-                };
-                at_cap = false;
-                let options = options.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = serve(stream, &options).await {
+                let (options, slots) = (options.clone(), slots.clone());
+                let ended = handshakes.spawn(move |ticket| async move {
+                    if let Err(e) = serve(stream, ticket, &slots, &options).await {
                         tracing::debug!(error = %e, "a page fetch connection failed");
                     }
-                    drop(slot);
                 });
+                if ended && !std::mem::replace(&mut crowded, true) {
+                    tracing::warn!(%peer, "more connections await the page server's handshake than it keeps; the oldest are closed");
+                }
+                crowded &= ended;
             }
             Err(e) => {
                 tracing::warn!(error = %e, "the page server cannot accept connections");
@@ -116,13 +120,27 @@ async fn accept(listener: TcpListener, options: ServeOptions) {
     }
 }
 
-/// Serves the requests of one connection until the client closes it.
-async fn serve(mut stream: TcpStream, options: &ServeOptions) -> std::io::Result<()> {
+/// Serves the requests of one connection until the client closes it, once its peer proved it
+/// holds the key and a slot was free.
+async fn serve(
+    mut stream: TcpStream,
+    ticket: Ticket,
+    slots: &Slots,
+    options: &ServeOptions,
+) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
-    if !super::auth::accept(&mut stream, super::auth::process_key()).await? {
-        tracing::warn!(peer = ?stream.peer_addr().ok(), "a page-plane client without this cluster's key was refused");
+    let authenticated = super::auth::accept(&mut stream, super::auth::process_key()).await?;
+    if !ticket.done() {
+        return Ok(()); // ended for a newer connection
+    }
+    let peer = stream.peer_addr().ok();
+    if !authenticated {
+        tracing::warn!(?peer, "a page-plane client without this cluster's key was refused");
         return Ok(());
     }
+    let Some(_slot) = slots.take(peer) else {
+        return Ok(());
+    };
     while let Some(request) = Request::read(&mut stream).await? {
         let received = Instant::now();
         // A client's deadline, but never longer than MAX_HOLD: staging a peer never says it is

@@ -127,7 +127,7 @@ async fn failures_are_typed() {
 
 #[tokio::test]
 async fn a_cut_connection_fails_fast_with_an_io_error() {
-    let options = ServeOptions { fault: Fault::CutAfter(1000), nixl: None, max_connections: None };
+    let options = ServeOptions { fault: Fault::CutAfter(1000), ..ServeOptions::default() };
     let server = PageServer::start_with("127.0.0.1".parse().expect("ip"), options).await.expect("server");
     let provider: Arc<dyn PageProvider> = Arc::new(Pattern);
     let reg = server.register(&provider);
@@ -163,24 +163,22 @@ async fn an_answer_longer_than_what_arrives_fails_without_reserving_its_length()
     assert!(e.to_string().contains("ended after 10 of 64424509440 bytes"), "{e}");
 }
 
-/// Past its connection cap the page server closes new connections at once, without a task or
-/// a handshake; once a held connection goes, fetches are served again.
+/// Past its connection cap the page server closes new connections after their handshake; once
+/// a held connection goes, fetches are served again.
 #[tokio::test]
 async fn connections_past_the_cap_are_closed_and_the_server_keeps_serving() {
     use tokio::io::AsyncReadExt;
-    let options = ServeOptions { fault: Fault::None, nixl: None, max_connections: Some(2) };
+    let options = ServeOptions { max_connections: Some(2), ..ServeOptions::default() };
     let server = PageServer::start_with("127.0.0.1".parse().expect("ip"), options).await.expect("server");
     let provider: Arc<dyn PageProvider> = Arc::new(Pattern);
     let reg = server.register(&provider);
-    // Two peers that connect and say nothing each get the handshake's hello and hold a slot.
+    // Two peers that hold the key, connect and then say nothing each hold a slot.
     let mut held = Vec::new();
     for _ in 0..2 {
-        let mut s = tokio::net::TcpStream::connect(server.addr()).await.expect("connect");
-        let mut hello = [0u8; 4];
-        tokio::time::timeout(T, s.read_exact(&mut hello)).await.expect("hello in time").expect("hello");
-        held.push(s);
+        held.push(authenticated(server.addr()).await);
     }
-    let mut third = tokio::net::TcpStream::connect(server.addr()).await.expect("connect");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut third = authenticated(server.addr()).await;
     let mut got = Vec::new();
     let n = tokio::time::timeout(T, third.read_to_end(&mut got)).await.expect("closed in time");
     assert!(n.is_err() || got.is_empty(), "a connection past the cap was served: {got:?}");
@@ -190,4 +188,40 @@ async fn connections_past_the_cap_are_closed_and_the_server_keeps_serving() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let (pages, _) = fetch(reg.endpoint(), 7, 0, 2, TransportPolicy::Tcp, T).await.expect("served again");
     assert_eq!(pages.len(), 2000);
+}
+
+/// Connections that open and never answer the hello take no slot and cannot keep a client that
+/// holds the key out: past the handshakes' cap each new one ends the oldest.
+#[tokio::test]
+async fn silent_connections_cannot_keep_clients_out() {
+    use tokio::io::AsyncReadExt;
+    let options =
+        ServeOptions { max_connections: Some(2), max_handshakes: Some(4), ..ServeOptions::default() };
+    let server = PageServer::start_with("127.0.0.1".parse().expect("ip"), options).await.expect("server");
+    let provider: Arc<dyn PageProvider> = Arc::new(Pattern);
+    let reg = server.register(&provider);
+    let mut silent = Vec::new();
+    for _ in 0..40 {
+        let mut s = tokio::net::TcpStream::connect(server.addr()).await.expect("connect");
+        let mut hello = [0u8; 20]; // "XKA1" and the server's nonce
+        tokio::time::timeout(T, s.read_exact(&mut hello)).await.expect("hello in time").expect("hello");
+        silent.push(s);
+    }
+    // The oldest were closed (long before the handshake's own deadline), the newest wait.
+    let mut rest = Vec::new();
+    let n =
+        tokio::time::timeout(T, silent[0].read_to_end(&mut rest)).await.expect("the oldest closed in time");
+    assert!(n.is_err() || rest.is_empty(), "{rest:?}");
+    for _ in 0..3 {
+        let (pages, _) = fetch(reg.endpoint(), 7, 0, 2, TransportPolicy::Tcp, T).await.expect("served");
+        assert_eq!(pages.len(), 2000);
+    }
+}
+
+/// A connection to `addr` that completed the page plane's handshake with this process's key.
+async fn authenticated(addr: std::net::SocketAddr) -> tokio::net::TcpStream {
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let key = super::auth::process_key();
+    tokio::time::timeout(T, super::auth::connect(&mut s, key)).await.expect("in time").expect("handshake");
+    s
 }

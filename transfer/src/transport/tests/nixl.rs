@@ -57,7 +57,7 @@ async fn nixl_server(fault: Fault) -> PageServer {
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let name = format!("xinf-test-{:016x}-server-{n}", process_nonce());
     let node = tokio::task::spawn_blocking(move || Node::new(&name)).await.expect("join").expect("agent");
-    let options = ServeOptions { fault, nixl: Some(node), max_connections: None };
+    let options = ServeOptions { fault, nixl: Some(node), ..ServeOptions::default() };
     PageServer::start_with("127.0.0.1".parse().expect("ip"), options).await.expect("server")
 }
 
