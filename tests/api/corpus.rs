@@ -76,6 +76,7 @@ fn sampling_cases() -> Vec<(&'static str, Value)> {
         ("stream_options", json!("usage")),
         ("stream_options", json!({"include_usage": "yes"})),
         ("stream_options", json!({"bogus": true})),
+        ("stream_options", json!({"include_usage": true})),
         ("model", json!(5)),
         ("model", json!(["smollm2"])),
         ("model", json!(null)),

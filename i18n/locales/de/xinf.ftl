@@ -46,6 +46,7 @@ api-best-of-unsupported = `{ $field }` muss gleich `n` sein: die wahrscheinlichs
 api-top-k-invalid = `{ $field }` muss -1 oder 0 (alle Tokens) oder eine positive ganze Zahl sein
 api-logprobs-too-many = `{ $field }`: höchstens 20 Alternativen pro Token sind möglich
 api-top-logprobs-without-logprobs = `{ $field }`: setzt voraus, dass `logprobs` true ist
+api-stream-options-without-stream = `{ $field }`: nur erlaubt, wenn `stream` true ist
 api-response-format-unsupported = `{ $field }` vom Typ `{ $kind }` wird nicht unterstützt; möglich sind `text`, `json_object` und `json_schema`
 api-response-format-schema = `{ $field }` muss ein JSON-Schema sein (ein Objekt, oder true oder false)
 api-response-format-schema-too-long = `{ $field }` ist länger als 64 KiB

@@ -46,6 +46,7 @@ api-best-of-unsupported = `{ $field }` must equal `n`: picking the likeliest of 
 api-top-k-invalid = `{ $field }` must be -1 or 0 (all tokens) or a positive integer
 api-logprobs-too-many = `{ $field }`: at most 20 alternatives per token can be asked for
 api-top-logprobs-without-logprobs = `{ $field }`: needs `logprobs` set to true
+api-stream-options-without-stream = `{ $field }`: only allowed when `stream` is true
 api-response-format-unsupported = `{ $field }` of type `{ $kind }` is not supported; `text`, `json_object` and `json_schema` are
 api-response-format-schema = `{ $field }` must be a JSON Schema (an object, or true or false)
 api-response-format-schema-too-long = `{ $field }` is longer than 64 KiB

@@ -46,6 +46,7 @@ api-best-of-unsupported = `{ $field }` debe ser igual a `n`: todavía no se admi
 api-top-k-invalid = `{ $field }` debe ser -1 o 0 (todos los tokens) o un entero positivo
 api-logprobs-too-many = `{ $field }`: se pueden pedir como máximo 20 alternativas por token
 api-top-logprobs-without-logprobs = `{ $field }`: requiere que `logprobs` sea true
+api-stream-options-without-stream = `{ $field }`: solo se permite cuando `stream` es true
 api-response-format-unsupported = `{ $field }` de tipo `{ $kind }` no se admite; se admiten `text`, `json_object` y `json_schema`
 api-response-format-schema = `{ $field }` debe ser un JSON Schema (un objeto, o true o false)
 api-response-format-schema-too-long = `{ $field }` ocupa más de 64 KiB

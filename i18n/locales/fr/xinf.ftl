@@ -46,6 +46,7 @@ api-best-of-unsupported = `{ $field }` doit valoir `n` : choisir les plus probab
 api-top-k-invalid = `{ $field }` doit valoir -1 ou 0 (tous les tokens) ou être un entier positif
 api-logprobs-too-many = `{ $field }` : au plus 20 alternatives par jeton peuvent être demandées
 api-top-logprobs-without-logprobs = `{ $field }` : nécessite que `logprobs` soit true
+api-stream-options-without-stream = `{ $field }` : autorisé seulement quand `stream` est true
 api-response-format-unsupported = `{ $field }` de type `{ $kind }` n'est pas pris en charge ; `text`, `json_object` et `json_schema` le sont
 api-response-format-schema = `{ $field }` doit être un JSON Schema (un objet, ou true ou false)
 api-response-format-schema-too-long = `{ $field }` dépasse 64 Kio

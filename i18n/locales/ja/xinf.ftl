@@ -46,6 +46,7 @@ api-best-of-unsupported = `{ $field }` は `n` と等しくなければなりま
 api-top-k-invalid = `{ $field }` は -1 か 0（全トークン）、または正の整数でなければなりません
 api-logprobs-too-many = `{ $field }`：トークンごとに要求できる候補は最大 20 個です
 api-top-logprobs-without-logprobs = `{ $field }`：`logprobs` を true にする必要があります
+api-stream-options-without-stream = `{ $field }`：`stream` が true のときだけ指定できます
 api-response-format-unsupported = 型が `{ $kind }` の `{ $field }` には対応していません。対応しているのは `text`、`json_object`、`json_schema` です
 api-response-format-schema = `{ $field }` は JSON Schema（オブジェクト、または true か false）でなければなりません
 api-response-format-schema-too-long = `{ $field }` が 64 KiB を超えています

@@ -46,6 +46,7 @@ api-best-of-unsupported = `{ $field }`은(는) `n`과 같아야 합니다. 더 �
 api-top-k-invalid = `{ $field }`은(는) -1 또는 0(모든 토큰)이거나 양의 정수여야 합니다
 api-logprobs-too-many = `{ $field }`: 토큰당 최대 20개의 후보만 요청할 수 있습니다
 api-top-logprobs-without-logprobs = `{ $field }`: `logprobs`를 true로 설정해야 합니다
+api-stream-options-without-stream = `{ $field }`: `stream`이 true일 때만 쓸 수 있습니다
 api-response-format-unsupported = 타입이 `{ $kind }`인 `{ $field }`는 지원하지 않습니다. `text`, `json_object`, `json_schema`를 지원합니다
 api-response-format-schema = `{ $field }`는 JSON Schema(객체, 또는 true나 false)여야 합니다
 api-response-format-schema-too-long = `{ $field }`가 64 KiB보다 깁니다

@@ -46,6 +46,7 @@ api-best-of-unsupported = `{ $field }` deve ser igual a `n`: escolher as mais pr
 api-top-k-invalid = `{ $field }` deve ser -1 ou 0 (todos os tokens) ou um inteiro positivo
 api-logprobs-too-many = `{ $field }`: é possível pedir no máximo 20 alternativas por token
 api-top-logprobs-without-logprobs = `{ $field }`: exige `logprobs` definido como true
+api-stream-options-without-stream = `{ $field }`: só é permitido quando `stream` é true
 api-response-format-unsupported = `{ $field }` do tipo `{ $kind }` não é suportado; são suportados `text`, `json_object` e `json_schema`
 api-response-format-schema = `{ $field }` deve ser um JSON Schema (um objeto, ou true ou false)
 api-response-format-schema-too-long = `{ $field }` tem mais de 64 KiB

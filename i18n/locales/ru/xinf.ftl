@@ -46,6 +46,7 @@ api-best-of-unsupported = `{ $field }` должно быть равно `n`: в�
 api-top-k-invalid = `{ $field }` должно быть -1 или 0 (все токены) либо положительным целым числом
 api-logprobs-too-many = `{ $field }`: можно запросить не более 20 альтернатив на токен
 api-top-logprobs-without-logprobs = `{ $field }`: требует, чтобы `logprobs` было true
+api-stream-options-without-stream = `{ $field }`: допускается, только когда `stream` равно true
 api-response-format-unsupported = `{ $field }` типа `{ $kind }` не поддерживается; поддерживаются `text`, `json_object` и `json_schema`
 api-response-format-schema = `{ $field }` должно быть JSON Schema (объектом либо true или false)
 api-response-format-schema-too-long = `{ $field }` длиннее 64 КиБ

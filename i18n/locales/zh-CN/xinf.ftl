@@ -46,6 +46,7 @@ api-best-of-unsupported = `{ $field }` 必须等于 `n`：暂不支持从更多�
 api-top-k-invalid = `{ $field }` 必须为 -1 或 0（全部 token）或正整数
 api-logprobs-too-many = `{ $field }`：每个词元最多可请求 20 个候选
 api-top-logprobs-without-logprobs = `{ $field }`：需要将 `logprobs` 设为 true
+api-stream-options-without-stream = `{ $field }`：仅在 `stream` 为 true 时允许
 api-response-format-unsupported = 不支持类型为 `{ $kind }` 的 `{ $field }`；支持 `text`、`json_object` 和 `json_schema`
 api-response-format-schema = `{ $field }` 必须是 JSON Schema（对象，或 true、false）
 api-response-format-schema-too-long = `{ $field }` 超过 64 KiB

@@ -46,6 +46,7 @@ api-best-of-unsupported = `{ $field }` 必須等於 `n`：目前尚不支援從�
 api-top-k-invalid = `{ $field }` 必須為 -1 或 0（所有 token）或正整數
 api-logprobs-too-many = `{ $field }`：每個詞元最多可請求 20 個候選
 api-top-logprobs-without-logprobs = `{ $field }`：需要將 `logprobs` 設為 true
+api-stream-options-without-stream = `{ $field }`：僅在 `stream` 為 true 時允許
 api-response-format-unsupported = 不支援類型為 `{ $kind }` 的 `{ $field }`；支援 `text`、`json_object` 和 `json_schema`
 api-response-format-schema = `{ $field }` 必須是 JSON Schema（物件，或 true、false）
 api-response-format-schema-too-long = `{ $field }` 超過 64 KiB

@@ -4,7 +4,7 @@ use super::{Generation, GenerationRequest, request_id};
 use crate::api::choices::MAX_FANOUT;
 use crate::api::echo::PromptShown;
 use crate::api::error::Problem;
-use crate::api::openai::CompletionRequest;
+use crate::api::openai::{CompletionRequest, StreamOptions};
 use crate::api::sampling::WithSampling;
 use crate::api::sse::Flavor;
 use actix_web::HttpRequest;
@@ -80,7 +80,7 @@ impl GenerationRequest for CompletionRequest {
                 .collect(),
             choices,
             stream,
-            include_usage: r.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+            include_usage: StreamOptions::include_usage(r.stream_options, stream)?,
             flavor: Flavor::Completion,
             tools: None,
             shown,
