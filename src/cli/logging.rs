@@ -29,9 +29,25 @@ impl Format {
     }
 }
 
+/// Where actix logs, at ERROR, each connection whose bytes are not an HTTP request it can parse
+/// (garbage, HTTP/0.9, an over-long URI). The client has its 400 already; a line per such
+/// connection would let anyone fill the log, so it is silenced unless `XINF_LOG` names
+/// `actix_http` itself.
+const CLIENT_NOISE: &str = "actix_http::h1::dispatcher=off";
+
+/// The filter `XINF_LOG` (`spec`) asks for, `warn` when unset or invalid, with actix's lines
+/// for unparseable requests off unless it names them.
+fn filter(spec: Option<&str>) -> EnvFilter {
+    let filter = spec.and_then(|s| EnvFilter::try_new(s).ok()).unwrap_or_else(|| EnvFilter::new("warn"));
+    match spec {
+        Some(s) if s.contains("actix_http") => filter,
+        _ => CLIENT_NOISE.parse().map(|d| filter.add_directive(d)).unwrap_or_else(|_| EnvFilter::new("warn")),
+    }
+}
+
 /// Installs the process's log subscriber (once; later calls do nothing).
 pub(crate) fn init() {
-    let filter = EnvFilter::try_from_env("XINF_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let filter = filter(std::env::var("XINF_LOG").ok().as_deref());
     let raw = std::env::var("XINF_LOG_FORMAT").unwrap_or_default();
     let format = Format::parse(&raw);
     let ansi = std::io::stderr().is_terminal();
@@ -112,6 +128,34 @@ mod tests {
     fn colour_only_when_asked() {
         assert!(!capture(Format::Text, false).contains('\u{1b}'));
         assert!(capture(Format::Text, true).contains('\u{1b}'));
+    }
+
+    /// Lines actix writes for requests it cannot parse are off by default, and kept when
+    /// `XINF_LOG` names `actix_http`; the rest of the filter is as asked.
+    #[test]
+    fn unparseable_requests_are_not_logged_unless_asked() {
+        let shown = |spec: Option<&str>| {
+            let buffer = Buffer::default();
+            let writer = buffer.clone();
+            let sub = subscriber(Format::Text, false, filter(spec), move || writer.clone());
+            tracing::subscriber::with_default(sub, || {
+                tracing::error!(target: "actix_http::h1::dispatcher", "stream error: request parse error");
+                tracing::warn!(target: "xinf::api", "kept");
+                tracing::info!(target: "xinf::api", "informed");
+            });
+            let bytes = buffer.0.lock().map(|b| b.clone()).unwrap_or_default();
+            String::from_utf8_lossy(&bytes).into_owned()
+        };
+        for spec in [None, Some("warn"), Some("not a filter ==")] {
+            let text = shown(spec);
+            assert!(
+                text.contains("kept") && !text.contains("parse error") && !text.contains("informed"),
+                "{text}"
+            );
+        }
+        let text = shown(Some("info"));
+        assert!(text.contains("informed") && !text.contains("parse error"), "{text}");
+        assert!(shown(Some("warn,actix_http=error")).contains("parse error"));
     }
 
     #[test]
