@@ -462,6 +462,23 @@ fn bad_engine_config_names_the_key() {
     }
 }
 
+/// A context longer than the model's positions is refused at load, naming the key; the
+/// model's own length is taken.
+#[test]
+fn a_context_past_the_models_positions_is_refused() {
+    let opts = |n: usize| EngineOptions::from_engine_config(&serde_json::json!({"context_length": n}));
+    match NativeEngine::load(&util::smollm2(), opts(1 << 20).expect("options")) {
+        Err(EngineError::InvalidRequest { field, reason }) => {
+            assert_eq!(field, "engine_config.context_length");
+            assert!(reason.contains("max_position_embeddings (8192)"), "{reason}");
+        }
+        other => panic!("{:?}", other.map(|_| "loaded")),
+    }
+    let e =
+        NativeEngine::load(&util::smollm2(), opts(8192).expect("options")).expect("the model's own length");
+    assert_eq!(e.contract().context_length, 8192);
+}
+
 /// A full waiting queue refuses new requests with a typed "overloaded" error, and the engine
 /// serves again once the queue drains.
 #[test]

@@ -61,6 +61,19 @@ pub(super) fn model_err(e: ModelError) -> EngineError {
     EngineError::from(e)
 }
 
+/// The context a replica serves: `asked` (`engine_config.context_length`), else the model's
+/// `max_position_embeddings`. More than the model was trained for is refused, as vLLM and SGLang
+/// refuse it: positions past it give text that looks like an answer and is not one.
+fn context_length(asked: Option<usize>, max_positions: usize) -> Result<usize, EngineError> {
+    match asked {
+        Some(c) if c > max_positions => Err(EngineError::invalid(
+            "engine_config.context_length",
+            format!("{c} is more than the model's max_position_embeddings ({max_positions})"),
+        )),
+        c => Ok(c.unwrap_or(max_positions)),
+    }
+}
+
 /// Reads `model` and builds the backend `options` ask for, with its cache.
 pub(super) fn load(model: &ResolvedModel, options: EngineOptions) -> Result<Loaded, EngineError> {
     #[cfg(not(feature = "cuda"))]
@@ -80,8 +93,7 @@ pub(super) fn load(model: &ResolvedModel, options: EngineOptions) -> Result<Load
     check_vocab(&read.cfg, &read.tokenizer)?;
     let digest = xinf_models::weights_digest(&read.files).map_err(model_err)?;
     let ModelFiles { cfg, weights, tokenizer, weights_dtype, .. } = read;
-    let context_length =
-        options.context_length.map_or(cfg.max_position_embeddings, |c| c.min(cfg.max_position_embeddings));
+    let context_length = context_length(options.context_length, cfg.max_position_embeddings)?;
     let block_size = options.kv_layout.block_size;
     let num_blocks = options.kv_cache_tokens.div_ceil(block_size) + 1;
     let layout = options
