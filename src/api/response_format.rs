@@ -22,6 +22,16 @@ pub(crate) fn read_either(
     }
 }
 
+/// The parameter an engine's refusal of the shape [`read_either`] read should name: the key of
+/// `structured_outputs` that gave it, else `response_format`.
+pub(crate) fn shape_param(structured_outputs: Option<&Value>) -> String {
+    let given = structured_outputs.and_then(Value::as_object).and_then(|o| {
+        let mut keys = o.iter().filter(|(_, v)| !v.is_null()).map(|(k, _)| k);
+        keys.next().filter(|_| keys.next().is_none())
+    });
+    given.map_or_else(|| "response_format".to_owned(), |k| format!("structured_outputs.{k}"))
+}
+
 /// vLLM's `structured_outputs`: exactly one of `json` (a schema, or its text), `json_object`
 /// (true), `regex` (text) and `choice` (texts).
 fn read_structured_outputs(v: &Value) -> Result<StructuredOutput, Problem> {
@@ -156,6 +166,14 @@ mod tests {
             Err(Problem::Field { field, key, .. }) => format!("{field}: {key}"),
             Err(other) => format!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_refused_shape_names_its_key() {
+        assert_eq!(shape_param(None), "response_format");
+        assert_eq!(shape_param(Some(&json!(null))), "response_format");
+        assert_eq!(shape_param(Some(&json!({"regex": "((", "choice": null}))), "structured_outputs.regex");
+        assert_eq!(shape_param(Some(&json!({"json": {}}))), "structured_outputs.json");
     }
 
     #[test]

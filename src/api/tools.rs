@@ -153,12 +153,6 @@ impl Tools {
         &self.template
     }
 
-    /// Whether the output is held to a grammar of the tools ([`grammar`](Self::grammar)): for
-    /// `required` and a named function, not `auto`.
-    pub(crate) fn hold_the_output(&self) -> bool {
-        !matches!(self.choice, Choice::Auto)
-    }
-
     /// The grammar that `required` and a named function hold the output to; `None` for `auto`.
     pub(crate) fn grammar(&self) -> Option<StructuredOutput> {
         match &self.choice {

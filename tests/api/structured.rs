@@ -147,13 +147,16 @@ fn vllm_structured_outputs_choice_and_regex() {
         Some("structured_outputs"),
         "response_format",
     );
+    // Named by the key that gave the pattern, with the cause alone.
     let bad = chat(json!({"structured_outputs": {"regex": "(unclosed"}}));
+    let res = http::post(a, "/v1/chat/completions", &bad);
     assert_error(
-        &http::post(a, "/v1/chat/completions", &bad),
+        &res,
         400,
-        Some("response_format"),
-        "regular expression",
+        Some("structured_outputs.regex"),
+        "regular expression cannot be followed: unclosed group",
     );
+    assert!(!res.text().contains("start:"), "{}", res.text());
 }
 
 #[test]

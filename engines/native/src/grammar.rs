@@ -124,9 +124,18 @@ impl Grammars {
         let compiled =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.factory.create_parser(grammar)))
                 .map_err(|_| invalid(format!("the {what} could not be compiled")))?;
-        let parser = compiled.map_err(|e| invalid(format!("the {what} cannot be followed: {e}")))?;
+        let parser = compiled
+            .map_err(|e| invalid(format!("the {what} cannot be followed: {}", why(&e.to_string()))))?;
         Ok(Constraint { matcher: Matcher::new(Ok(parser)) })
     }
+}
+
+/// The cause in llguidance's account of a grammar it cannot compile. A regular expression's is
+/// a report of several lines, with the grammar llguidance wrapped it in and carets under both;
+/// its `error:` line is the cause. Other accounts are one line, kept whole.
+fn why(account: &str) -> &str {
+    let cause = account.lines().find_map(|l| l.trim_start().strip_prefix("error: "));
+    cause.or_else(|| account.lines().next()).unwrap_or(account).trim()
 }
 
 /// A Lark grammar of free text up to the first `mark` (a reasoning model's thinking, whatever
@@ -277,5 +286,26 @@ mod tests {
                 assert_eq!(*l == f32::NEG_INFINITY, !kept, "logit {i}");
             }
         }
+    }
+
+    /// A pattern llguidance cannot compile is refused with its cause alone, not llguidance's
+    /// report around it.
+    #[test]
+    fn a_broken_pattern_is_refused_with_its_cause() {
+        let g = grammars();
+        let err = |shape: StructuredOutput| match g.constraint(&shape, None) {
+            Err(xinf_engine::EngineError::InvalidRequest { field, reason }) => {
+                assert_eq!(field, "response_format");
+                reason
+            }
+            other => panic!("{:?}", other.map(|_| "compiled")),
+        };
+        let regex = err(StructuredOutput::Regex("((".into()));
+        assert_eq!(regex, "the regular expression cannot be followed: unclosed group");
+        let schema = err(StructuredOutput::JsonSchema(r#"{"type": "strin"}"#.into()));
+        assert!(
+            schema.starts_with("the JSON Schema cannot be followed: ") && !schema.contains('\n'),
+            "{schema}"
+        );
     }
 }

@@ -37,12 +37,14 @@ impl GenerationRequest for ChatCompletionRequest {
             r.response_format.as_ref(),
             r.structured_outputs.as_ref(),
         )?;
+        let mut shape_param = crate::api::response_format::shape_param(r.structured_outputs.as_ref());
         if let Some(grammar) = tools.as_ref().and_then(|t| t.grammar()) {
             // Both would hold the output to a grammar of their own.
             if structured.is_some() {
                 return Err(Problem::field("tool_choice", "api-tool-choice-with-format", "invalid_value"));
             }
             structured = Some(grammar);
+            shape_param = "tools".into();
         }
         let mut sampling = sampling.into_params()?;
         sampling.logprobs = logprobs;
@@ -63,6 +65,7 @@ impl GenerationRequest for ChatCompletionRequest {
             include_usage: StreamOptions::include_usage(r.stream_options, stream)?,
             flavor: Flavor::Chat,
             tools: tools.map(Arc::new),
+            shape_param,
             shown,
         })
     }

@@ -50,6 +50,7 @@ impl GenerationRequest for CompletionRequest {
             r.response_format.as_ref(),
             r.structured_outputs.as_ref(),
         )?;
+        let shape_param = crate::api::response_format::shape_param(r.structured_outputs.as_ref());
         let mut sampling = sampling.into_params()?;
         sampling.structured = structured;
         // The count was checked above.
@@ -83,6 +84,7 @@ impl GenerationRequest for CompletionRequest {
             include_usage: StreamOptions::include_usage(r.stream_options, stream)?,
             flavor: Flavor::Completion,
             tools: None,
+            shape_param,
             shown,
         })
     }

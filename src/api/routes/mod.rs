@@ -265,7 +265,7 @@ async fn generate(state: &AppState, req: &HttpRequest, mut job: Generation) -> R
     let mut streams = crate::api::retries::generate_all(state.service.as_ref(), &job.model, engine_requests)
         .instrument(span.clone())
         .await
-        .map_err(|e| blame_context(e, job.flavor, job.tools.as_ref().is_some_and(|t| t.hold_the_output())))?;
+        .map_err(|e| blame_context(e, job.flavor, &job.shape_param))?;
     if job.shown.prompt_only {
         streams = streams.into_iter().map(crate::api::echo::prompt_only).collect();
     }
@@ -416,10 +416,11 @@ fn whole_response(
 }
 
 /// A context overflow named by its field: the prompt (`messages` or `prompt`) when it fills the
-/// context alone, else `max_tokens`; a grammar the engine refused is `tools`' where the tools
-/// made it (`tools_grammar`), not `response_format`'s; other failures as they are.
-fn blame_context(e: ServiceError, flavor: Flavor, tools_grammar: bool) -> Problem {
-    let param = match &e {
+/// context alone, else `max_tokens`; a shape the engine refused (which it calls
+/// `response_format`) by the parameter that gave it (`shape_param`: `structured_outputs.regex`,
+/// say, or `tools`); other failures as they are.
+fn blame_context(e: ServiceError, flavor: Flavor, shape_param: &str) -> Problem {
+    let param = match e {
         ServiceError::Engine(EngineError::ContextLength { prompt_tokens, context_length, .. }) => {
             match flavor {
                 _ if prompt_tokens < context_length => "max_tokens",
@@ -427,10 +428,8 @@ fn blame_context(e: ServiceError, flavor: Flavor, tools_grammar: bool) -> Proble
                 Flavor::Completion => "prompt",
             }
         }
-        ServiceError::Engine(EngineError::InvalidRequest { field, .. })
-            if tools_grammar && field == "response_format" =>
-        {
-            "tools"
+        ServiceError::Engine(EngineError::InvalidRequest { field, reason }) if field == "response_format" => {
+            return ServiceError::Engine(EngineError::invalid(shape_param, reason)).into();
         }
         _ => return e.into(),
     };
@@ -449,6 +448,9 @@ pub(crate) struct Generation {
     pub(crate) flavor: Flavor,
     /// The chat request's tools, by which each choice's output is read for calls.
     pub(crate) tools: Option<std::sync::Arc<crate::api::tools::Tools>>,
+    /// The parameter an engine's refusal of the output's shape names: `response_format`, the
+    /// key of `structured_outputs` that gave it, or `tools`.
+    pub(crate) shape_param: String,
     /// What the answer shows of the prompt (`echo`, `prompt_logprobs`).
     pub(crate) shown: crate::api::echo::PromptShown,
 }
