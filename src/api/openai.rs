@@ -3,7 +3,6 @@
 //! Fields that OpenAI defines and xinf does not support yet are still declared, so that a
 //! request using them gets "not supported" naming the field rather than "unknown field".
 
-use crate::api::error::Problem;
 use crate::api::logprobs::{ChatLogprobs, PromptLogprobsOut, TextLogprobs};
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
@@ -38,19 +37,6 @@ pub(crate) struct StreamOptions {
     /// Token counts in every chunk (not supported: only the last chunk has them).
     #[serde(default, rename = "continuous_usage_stats")]
     _continuous_usage_stats: Option<IgnoredAny>,
-}
-
-impl StreamOptions {
-    /// Whether a streamed answer ends with a usage chunk. `stream_options` is refused unless
-    /// `stream` is true, as OpenAI and vLLM refuse it: a client that sends it expects chunks.
-    pub(crate) fn include_usage(options: Option<Self>, stream: bool) -> Result<bool, Problem> {
-        match options {
-            Some(_) if !stream => {
-                Err(Problem::field("stream_options", "api-stream-options-without-stream", "invalid_value"))
-            }
-            o => Ok(o.and_then(|o| o.include_usage).unwrap_or(false)),
-        }
-    }
 }
 
 /// One message of a chat request.

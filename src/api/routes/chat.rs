@@ -3,7 +3,7 @@
 use super::{Generation, GenerationRequest, is_set, request_id};
 use crate::api::echo::PromptShown;
 use crate::api::error::Problem;
-use crate::api::openai::{ChatCompletionRequest, InMessage, StreamOptions};
+use crate::api::openai::{ChatCompletionRequest, InMessage};
 use crate::api::sampling::WithSampling;
 use crate::api::sse::Flavor;
 use actix_web::HttpRequest;
@@ -62,7 +62,7 @@ impl GenerationRequest for ChatCompletionRequest {
             requests: vec![GenerateRequest { request_id, prompt, sampling }],
             choices,
             stream,
-            include_usage: StreamOptions::include_usage(r.stream_options, stream)?,
+            include_usage: super::include_usage(r.stream_options, stream)?,
             flavor: Flavor::Chat,
             tools: tools.map(Arc::new),
             shape_param,

@@ -4,7 +4,7 @@ use super::{Generation, GenerationRequest, request_id};
 use crate::api::choices::MAX_FANOUT;
 use crate::api::echo::PromptShown;
 use crate::api::error::Problem;
-use crate::api::openai::{CompletionRequest, StreamOptions};
+use crate::api::openai::CompletionRequest;
 use crate::api::sampling::WithSampling;
 use crate::api::sse::Flavor;
 use actix_web::HttpRequest;
@@ -81,7 +81,7 @@ impl GenerationRequest for CompletionRequest {
                 .collect(),
             choices,
             stream,
-            include_usage: StreamOptions::include_usage(r.stream_options, stream)?,
+            include_usage: super::include_usage(r.stream_options, stream)?,
             flavor: Flavor::Completion,
             tools: None,
             shape_param,

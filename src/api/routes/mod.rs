@@ -13,8 +13,8 @@ pub(crate) use xinference::registrations_json;
 use crate::api::choices;
 use crate::api::error::{ApiError, Problem, request_lang};
 use crate::api::openai::{
-    ChatChoice, ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, OutMessage, TextChoice,
-    UsageOut,
+    ChatChoice, ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, OutMessage,
+    StreamOptions, TextChoice, UsageOut,
 };
 use crate::api::sampling::WithSampling;
 use crate::api::sse::{self, Flavor, ResponseMeta};
@@ -434,6 +434,17 @@ fn blame_context(e: ServiceError, flavor: Flavor, shape_param: &str) -> Problem 
         _ => return e.into(),
     };
     Problem::at_param(e, param)
+}
+
+/// Whether a streamed answer ends with a usage chunk. `stream_options` is refused unless
+/// `stream` is true, as OpenAI and vLLM refuse it: a client that sends it expects chunks.
+fn include_usage(options: Option<StreamOptions>, stream: bool) -> Result<bool, Problem> {
+    match options {
+        Some(_) if !stream => {
+            Err(Problem::field("stream_options", "api-stream-options-without-stream", "invalid_value"))
+        }
+        o => Ok(o.and_then(|o| o.include_usage).unwrap_or(false)),
+    }
 }
 
 /// A validated generation request.
