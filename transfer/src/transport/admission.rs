@@ -12,6 +12,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::AbortHandle;
 
@@ -108,5 +109,53 @@ impl Slots {
             tracing::warn!(?peer, "the page server is at its connection cap; new connections are closed");
         }
         slot
+    }
+}
+
+/// Peers refused for not holding the key, logged at most once every [`Refusals::EVERY`] with the
+/// count since the last line: a flood of such peers must not fill the log.
+#[derive(Debug)]
+pub(super) struct Refusals {
+    /// When the last line was written (none yet: `None`), and the refusals not logged since.
+    last: Mutex<(Option<Instant>, u64)>,
+}
+
+impl Refusals {
+    const EVERY: Duration = Duration::from_secs(60);
+
+    pub(super) fn new() -> Arc<Self> {
+        Arc::new(Self { last: Mutex::new((None, 0)) })
+    }
+
+    /// Notes that `peer` was refused; writes a warning when the last is old enough.
+    pub(super) fn note(&self, peer: Option<SocketAddr>) {
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        if last.0.is_some_and(|at| now.duration_since(at) < Self::EVERY) {
+            last.1 += 1;
+            return;
+        }
+        let unlogged = std::mem::take(&mut last.1);
+        last.0 = Some(now);
+        drop(last);
+        tracing::warn!(?peer, unlogged, "a page-plane client without this cluster's key was refused");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Refusals;
+
+    /// The first refusal is logged; those within the next minute are only counted, for the
+    /// line after it.
+    #[test]
+    fn refusals_within_a_minute_are_counted_not_logged() {
+        let r = Refusals::new();
+        for _ in 0..3 {
+            r.note(None);
+        }
+        let last = r.last.lock().expect("lock");
+        assert!(last.0.is_some());
+        assert_eq!(last.1, 2);
     }
 }

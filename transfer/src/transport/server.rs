@@ -6,7 +6,7 @@
 //! fetch with where they are staged, and the staging memory is then held until the client says
 //! that its read is over, or its deadline passes.
 
-use super::admission::{Handshakes, Slots, Ticket};
+use super::admission::{Handshakes, Refusals, Slots, Ticket};
 use super::fault::Fault;
 use super::provider::{self, PageProvider, Registration};
 use super::wire::{self, AnswerHead, BadRequest, FAILED, OK, Pages, Request};
@@ -96,14 +96,15 @@ const MAX_HOLD: Duration = Duration::from_secs(600);
 async fn accept(listener: TcpListener, options: ServeOptions) {
     let handshakes = Handshakes::new(options.max_handshakes.unwrap_or(MAX_HANDSHAKES));
     let slots = Slots::new(options.max_connections.unwrap_or(MAX_CONNECTIONS));
+    let refusals = Refusals::new();
     // Warned once each time handshakes start being ended, not once per connection of a flood.
     let mut crowded = false;
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
-                let (options, slots) = (options.clone(), slots.clone());
+                let (options, slots, refusals) = (options.clone(), slots.clone(), refusals.clone());
                 let ended = handshakes.spawn(move |ticket| async move {
-                    if let Err(e) = serve(stream, ticket, &slots, &options).await {
+                    if let Err(e) = serve(stream, ticket, (&slots, &refusals), &options).await {
                         tracing::debug!(error = %e, "a page fetch connection failed");
                     }
                 });
@@ -125,7 +126,7 @@ async fn accept(listener: TcpListener, options: ServeOptions) {
 async fn serve(
     mut stream: TcpStream,
     ticket: Ticket,
-    slots: &Slots,
+    (slots, refusals): (&Slots, &Refusals),
     options: &ServeOptions,
 ) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
@@ -135,7 +136,7 @@ async fn serve(
     }
     let peer = stream.peer_addr().ok();
     if !authenticated {
-        tracing::warn!(?peer, "a page-plane client without this cluster's key was refused");
+        refusals.note(peer);
         return Ok(());
     }
     let Some(_slot) = slots.take(peer) else {
