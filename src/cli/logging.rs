@@ -4,10 +4,15 @@
 //! pipes get no escape codes.
 
 use std::io::IsTerminal;
-use tracing::Subscriber;
-use tracing_subscriber::EnvFilter;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+use tracing::subscriber::Interest;
+use tracing::{Metadata, Subscriber};
+use tracing_subscriber::filter::FilterExt;
 use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::layer::{Context, Filter, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,20 +34,59 @@ impl Format {
     }
 }
 
-/// Where actix logs, at ERROR, each connection whose bytes are not an HTTP request it can parse
-/// (garbage, HTTP/0.9, an over-long URI). The client has its 400 already; a line per such
-/// connection would let anyone fill the log, so it is silenced unless `XINF_LOG` names
-/// `actix_http` itself.
-const CLIENT_NOISE: &str = "actix_http::h1::dispatcher=off";
+/// Targets that write a line for a connection whatever the client sends: actix for bytes that
+/// are not an HTTP request (garbage, HTTP/0.9, an over-long URI; the client has its 400
+/// already), ractor_cluster for bytes that are not a cluster frame and for each session that
+/// ends. Anyone who can reach a port could fill the log with them, so each writes at most
+/// [`PER_MINUTE`] lines a minute.
+const PER_CONNECTION: [&str; 2] = ["actix_http::h1::dispatcher", "ractor_cluster"];
+const PER_MINUTE: u32 = 10;
 
-/// The filter `XINF_LOG` (`spec`) asks for, `warn` when unset or invalid, with actix's lines
-/// for unparseable requests off unless it names them.
-fn filter(spec: Option<&str>) -> EnvFilter {
-    let filter = spec.and_then(|s| EnvFilter::try_new(s).ok()).unwrap_or_else(|| EnvFilter::new("warn"));
-    match spec {
-        Some(s) if s.contains("actix_http") => filter,
-        _ => CLIENT_NOISE.parse().map(|d| filter.add_directive(d)).unwrap_or_else(|_| EnvFilter::new("warn")),
+/// Counts the lines of the [`PER_CONNECTION`] targets in the current minute.
+#[derive(Debug, Default)]
+struct Sampler {
+    /// When the minute began (`None` before the first line), and each target's lines in it.
+    minute: Mutex<(Option<Instant>, [u32; PER_CONNECTION.len()])>,
+}
+
+/// The index in [`PER_CONNECTION`] of the target `target` falls under.
+fn per_connection(target: &str) -> Option<usize> {
+    PER_CONNECTION.iter().position(|t| target.starts_with(t))
+}
+
+impl<S> Filter<S> for Sampler {
+    fn enabled(&self, meta: &Metadata<'_>, _: &Context<'_, S>) -> bool {
+        !meta.is_event() || self.allows(meta.target())
     }
+
+    /// Asked at each event of the sampled targets, never for the others.
+    fn callsite_enabled(&self, meta: &'static Metadata<'static>) -> Interest {
+        match per_connection(meta.target()) {
+            Some(_) if meta.is_event() => Interest::sometimes(),
+            _ => Interest::always(),
+        }
+    }
+}
+
+impl Sampler {
+    /// Whether an event of `target` is written.
+    fn allows(&self, target: &str) -> bool {
+        let Some(i) = per_connection(target) else {
+            return true;
+        };
+        let mut minute = self.minute.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        if minute.0.is_none_or(|began| now.duration_since(began) >= Duration::from_secs(60)) {
+            *minute = (Some(now), [0; PER_CONNECTION.len()]);
+        }
+        minute.1[i] = minute.1[i].saturating_add(1);
+        minute.1[i] <= PER_MINUTE
+    }
+}
+
+/// The filter `XINF_LOG` (`spec`) asks for; `warn` when unset or invalid.
+fn filter(spec: Option<&str>) -> EnvFilter {
+    spec.and_then(|s| EnvFilter::try_new(s).ok()).unwrap_or_else(|| EnvFilter::new("warn"))
 }
 
 /// Installs the process's log subscriber (once; later calls do nothing).
@@ -67,11 +111,14 @@ fn subscriber<W>(
 where
     W: for<'a> MakeWriter<'a> + Send + Sync + 'static,
 {
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer).with_ansi(ansi);
+    let filter = filter.and(Sampler::default());
+    let layer = tracing_subscriber::fmt::layer().with_writer(writer).with_ansi(ansi);
     match format {
-        Format::Text => Box::new(builder.finish()),
+        Format::Text => Box::new(tracing_subscriber::registry().with(layer.with_filter(filter))),
         // JSON never carries colour codes, whatever `ansi` says.
-        Format::Json => Box::new(builder.with_ansi(false).json().finish()),
+        Format::Json => {
+            Box::new(tracing_subscriber::registry().with(layer.with_ansi(false).json().with_filter(filter)))
+        }
     }
 }
 
@@ -130,32 +177,35 @@ mod tests {
         assert!(capture(Format::Text, true).contains('\u{1b}'));
     }
 
-    /// Lines actix writes for requests it cannot parse are off by default, and kept when
-    /// `XINF_LOG` names `actix_http`; the rest of the filter is as asked.
+    /// Lines of the targets that write one per connection are let through ten a minute each;
+    /// others are not counted, and the filter is as asked.
     #[test]
-    fn unparseable_requests_are_not_logged_unless_asked() {
+    fn per_connection_lines_are_sampled() {
         let shown = |spec: Option<&str>| {
             let buffer = Buffer::default();
             let writer = buffer.clone();
             let sub = subscriber(Format::Text, false, filter(spec), move || writer.clone());
             tracing::subscriber::with_default(sub, || {
-                tracing::error!(target: "actix_http::h1::dispatcher", "stream error: request parse error");
-                tracing::warn!(target: "xinf::api", "kept");
-                tracing::info!(target: "xinf::api", "informed");
+                for _ in 0..25 {
+                    tracing::error!(target: "actix_http::h1::dispatcher", "stream error: request parse error");
+                    tracing::warn!(target: "ractor_cluster::net::session", "framing error");
+                    tracing::warn!(target: "xinf::api", "kept");
+                    tracing::info!(target: "xinf::api", "informed");
+                }
             });
             let bytes = buffer.0.lock().map(|b| b.clone()).unwrap_or_default();
             String::from_utf8_lossy(&bytes).into_owned()
         };
         for spec in [None, Some("warn"), Some("not a filter ==")] {
             let text = shown(spec);
-            assert!(
-                text.contains("kept") && !text.contains("parse error") && !text.contains("informed"),
-                "{text}"
-            );
+            assert_eq!(text.matches("parse error").count(), 10, "{text}");
+            assert_eq!(text.matches("framing error").count(), 10, "{text}");
+            assert_eq!(text.matches("kept").count(), 25, "{text}");
+            assert!(!text.contains("informed"), "{text}");
         }
-        let text = shown(Some("info"));
-        assert!(text.contains("informed") && !text.contains("parse error"), "{text}");
-        assert!(shown(Some("warn,actix_http=error")).contains("parse error"));
+        let text = shown(Some("info,actix_http=off"));
+        assert_eq!(text.matches("informed").count(), 25);
+        assert!(!text.contains("parse error"), "{text}");
     }
 
     #[test]
