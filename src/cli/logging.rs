@@ -8,7 +8,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tracing::subscriber::Interest;
 use tracing::{Metadata, Subscriber};
-use tracing_subscriber::filter::FilterExt;
+use tracing_subscriber::filter::{FilterExt, LevelFilter};
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::{Context, Filter, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
@@ -57,6 +57,12 @@ fn per_connection(target: &str) -> Option<usize> {
 impl<S> Filter<S> for Sampler {
     fn enabled(&self, meta: &Metadata<'_>, _: &Context<'_, S>) -> bool {
         !meta.is_event() || self.allows(meta.target())
+    }
+
+    /// Lets every level through, so that the combined filter's hint stays `XINF_LOG`'s and
+    /// events below it are skipped before any filter runs.
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        Some(LevelFilter::TRACE)
     }
 
     /// Asked at each event of the sampled targets, never for the others.
@@ -203,6 +209,11 @@ mod tests {
             assert_eq!(text.matches("kept").count(), 25, "{text}");
             assert!(!text.contains("informed"), "{text}");
         }
+        // The hint is the asked filter's: nothing below `warn` reaches a layer.
+        assert_eq!(
+            Filter::<tracing_subscriber::Registry>::max_level_hint(&filter(None).and(Sampler::default())),
+            Some(LevelFilter::WARN)
+        );
         let text = shown(Some("info,actix_http=off"));
         assert_eq!(text.matches("informed").count(), 25);
         assert!(!text.contains("parse error"), "{text}");
