@@ -209,13 +209,20 @@ impl Cluster {
         names
     }
 
-    /// Terminates every model, then stops the supervisor, the local worker and the node
-    /// listener. Later calls fail with [`ActorError::ShuttingDown`].
+    /// Stops the supervisor, the local worker and the node listener; later calls fail with
+    /// [`ActorError::ShuttingDown`]. With a local worker (`xinf local`) every model is
+    /// terminated first. A supervisor of remote workers leaves their models running: a
+    /// supervisor restarted on the same cluster port and secret adopts them, as after a crash,
+    /// so that restarting it (a signal, a service manager) does not empty the cluster.
     pub async fn shutdown(&self) {
         if self.inner.closed.swap(true, Ordering::AcqRel) {
             return;
         }
-        if let Ok(models) = self.list_models().await {
+        if self.inner.local_worker.is_none() {
+            tracing::info!(
+                "the workers keep their models; a supervisor restarted with this cluster port adopts them"
+            );
+        } else if let Ok(models) = self.list_models().await {
             for m in models {
                 if let Err(e) = self.terminate(&m.model_uid).await {
                     tracing::warn!(model_uid = %m.model_uid, error = %e, "could not terminate a model");

@@ -1,4 +1,4 @@
-//! Cluster faults with real processes and real weights, each timed: the supervisor killed and
+//! Cluster faults with real processes and real weights, each timed: the supervisor stopped and
 //! started again on its ports (the workers reconnect and their replicas are adopted, nothing
 //! reloads), the decode worker frozen mid-stream, thawed, killed mid-stream and started again
 //! under its id (a replacement loads there), the prefill worker frozen with a request on it,
@@ -90,9 +90,12 @@ fn the_cluster_recovers_from_supervisor_and_worker_faults() {
     let want = answer(addr);
     let placed = replicas(addr);
 
-    // The supervisor is killed and started again on its ports: the workers reconnect and the
-    // new supervisor rebuilds the model from the replicas they report.
-    sup.kill();
+    // The supervisor is stopped by a signal, as a service manager restarts it, and started
+    // again on its ports: the workers kept the model, reconnect, and the new supervisor
+    // rebuilds it from the replicas they report (a killed supervisor is the same to them).
+    sup.signal("-TERM");
+    let stopped = sup.wait(Duration::from_secs(30));
+    assert!(stopped.is_some_and(|s| s.success()), "the supervisor did not stop on SIGTERM: {stopped:?}");
     let restarted = Instant::now();
     let (_sup, addr, _) = supervisor_on(rest_port, cluster_port);
     poll(Duration::from_secs(60), "the model to be adopted", || status(addr) == "ready");
