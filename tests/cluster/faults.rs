@@ -206,3 +206,25 @@ fn a_launch_larger_than_the_workers_memory_is_refused() {
     let body = json!({"model": "m", "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0});
     assert_eq!(http::post(addr, "/v1/completions", &body).status, 200);
 }
+
+/// A launch whose worker freezes fails once the worker's heartbeats stop, not at the load's
+/// ten-minute deadline, and leaves no model behind. The worker is frozen just before the
+/// launch, inside its heartbeat deadline, so it is still counted alive when placed on.
+#[test]
+fn a_launch_on_a_frozen_worker_fails_at_the_heartbeat_deadline() {
+    let _ = crate::util::smollm2();
+    let (_sup, addr, cluster) = supervisor_on(free_port(), free_port());
+    let (w, worker) = worker_with_env(&cluster, SECRET, &[]);
+    let body = json!({"model_name": "smollm2-instruct", "model_uid": "frozen",
+        "replica_config": [{"devices": [{"worker_ip": worker, "n_gpu": 0}]}]});
+    w.signal("-STOP");
+    let started = Instant::now();
+    let res = http::post(addr, "/v1/models", &body);
+    let waited = started.elapsed();
+    w.signal("-CONT");
+    assert_eq!(res.status, 503, "{}", res.text());
+    assert!(res.text().contains("stopped sending heartbeats"), "{}", res.text());
+    assert!(waited < Duration::from_secs(120), "the launch took {waited:?}");
+    eprintln!("launch on a frozen worker: refused after {waited:?}");
+    assert_eq!(http::get(addr, "/v1/models/frozen").status, 404);
+}

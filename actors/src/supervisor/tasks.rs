@@ -248,12 +248,40 @@ async fn start_replica(
         reason: "it left the cluster".into(),
     })?;
     let spec = p.replica_spec(uid, common);
-    call(&worker, &what, ctx.times.load, |reply| WorkerMsg::SpawnReplica {
+    let load = call(&worker, &what, ctx.times.load, |reply| WorkerMsg::SpawnReplica {
         spec: Wire::ok(Box::new(spec)),
         reply,
-    })
-    .await?;
+    });
+    // A worker that freezes or loses its network while loading never answers: the launch
+    // fails once the supervisor stops counting it alive, not at the load's deadline.
+    tokio::select! {
+        loaded = load => loaded?,
+        () = worker_lost(ctx, &p.worker_id) => {
+            return Err(ActorError::Unreachable {
+                what,
+                reason: "it stopped sending heartbeats while the replica was loading".into(),
+            });
+        }
+    }
     find_replica(ctx, &p.replica_uid).await
+}
+
+/// Resolves once the supervisor no longer counts worker `worker_id` alive (its heartbeats
+/// stopped, or its node went); asked at each heartbeat check. Never resolves while the
+/// supervisor does not answer, so that a busy supervisor fails no launch.
+async fn worker_lost(ctx: &TaskCtx, worker_id: &str) {
+    let mut tick = tokio::time::interval(ctx.times.heartbeat_check);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let workers =
+            call(&ctx.sup, "supervisor", ctx.times.call, |reply| SupervisorMsg::ListWorkers { reply }).await;
+        if let Ok(workers) = workers
+            && workers.iter().any(|w| w.info.worker_id == worker_id && !w.alive)
+        {
+            return;
+        }
+    }
 }
 
 /// Destroys whatever a failed launch created: its local actors and every replica placed.
