@@ -266,6 +266,13 @@ async fn start_replica(
     find_replica(ctx, &p.replica_uid).await
 }
 
+/// The workers the supervisor no longer counts alive (none when it does not answer).
+async fn lost_workers(ctx: &TaskCtx) -> Vec<String> {
+    let workers =
+        call(&ctx.sup, "supervisor", ctx.times.call, |reply| SupervisorMsg::ListWorkers { reply }).await;
+    workers.unwrap_or_default().into_iter().filter(|w| !w.alive).map(|w| w.info.worker_id).collect()
+}
+
 /// Resolves once the supervisor no longer counts worker `worker_id` alive (its heartbeats
 /// stopped, or its node went); asked at each heartbeat check. Never resolves while the
 /// supervisor does not answer, so that a busy supervisor fails no launch.
@@ -301,16 +308,21 @@ pub(super) async fn teardown(ctx: &TaskCtx, actors: Option<ModelActors>, replica
             }
         }
     }
-    let stops = replicas.iter().map(|(worker_id, replica_uid)| async move {
-        let Some(worker) = worker_ref(&ctx.ns, worker_id) else { return };
-        let stopped =
-            call(&worker, &format!("worker {worker_id}"), ctx.times.call + ctx.times.stop, |reply| {
-                WorkerMsg::StopReplica { replica_uid: replica_uid.clone(), reply }
-            })
-            .await;
-        if let Err(e) = stopped {
-            tracing::warn!(%replica_uid, error = %e, "could not stop a replica");
-        }
-    });
+    // A worker the supervisor counts lost would only let the call run to its deadline; it
+    // stops the replica itself when it reports back and its model is gone.
+    let lost = lost_workers(ctx).await;
+    let stops = replicas.iter().filter(|(worker_id, _)| !lost.contains(worker_id)).map(
+        |(worker_id, replica_uid)| async move {
+            let Some(worker) = worker_ref(&ctx.ns, worker_id) else { return };
+            let stopped =
+                call(&worker, &format!("worker {worker_id}"), ctx.times.call + ctx.times.stop, |reply| {
+                    WorkerMsg::StopReplica { replica_uid: replica_uid.clone(), reply }
+                })
+                .await;
+            if let Err(e) = stopped {
+                tracing::warn!(%replica_uid, error = %e, "could not stop a replica");
+            }
+        },
+    );
     futures::future::join_all(stops).await;
 }
