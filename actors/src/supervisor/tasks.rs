@@ -281,11 +281,7 @@ async fn worker_lost(ctx: &TaskCtx, worker_id: &str) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let workers =
-            call(&ctx.sup, "supervisor", ctx.times.call, |reply| SupervisorMsg::ListWorkers { reply }).await;
-        if let Ok(workers) = workers
-            && workers.iter().any(|w| w.info.worker_id == worker_id && !w.alive)
-        {
+        if lost_workers(ctx).await.iter().any(|w| w == worker_id) {
             return;
         }
     }
