@@ -2,6 +2,7 @@
 //! models launched over REST and with `xinf launch`, requests routed across processes, a
 //! worker killed mid-stream, a node with the wrong secret, and `xinf local`.
 
+mod cancel;
 mod chat;
 mod corpus;
 mod faults;

@@ -167,6 +167,9 @@ pub enum ActorError {
     /// A model with this uid exists already.
     #[error("model `{0}` is already running; terminate it first or choose another model_uid")]
     ModelExists(String),
+    /// The model was terminated while it launched (and so a replica's load was cut short).
+    #[error("the launch of model `{0}` was cancelled: the model was terminated while it loaded")]
+    LaunchCancelled(String),
     /// The model exists but cannot serve yet (launching, terminating).
     #[error("model `{model_uid}` is not ready ({status})")]
     NotReady {
@@ -290,7 +293,9 @@ impl ActorError {
             Self::InvalidLaunch { rule: LaunchRule::NoWorkers, .. } => ErrorClass::Unavailable,
             Self::InvalidLaunch { .. } | Self::InvalidConfig { .. } => ErrorClass::InvalidInput,
             Self::ModelNotFound(_) => ErrorClass::NotFound,
-            Self::ModelExists(_) | Self::DuplicateRequest(_) => ErrorClass::Conflict,
+            Self::ModelExists(_) | Self::DuplicateRequest(_) | Self::LaunchCancelled(_) => {
+                ErrorClass::Conflict
+            }
             Self::RateLimited { .. } => ErrorClass::Overloaded,
             Self::NixlNotAvailable(_) => ErrorClass::InvalidInput,
             Self::NotReady { .. }
@@ -311,6 +316,7 @@ impl ActorError {
             Self::InvalidLaunch { rule, .. } => rule.code(),
             Self::ModelNotFound(_) => "model_not_found",
             Self::ModelExists(_) => "model_exists",
+            Self::LaunchCancelled(_) => "launch_cancelled",
             Self::NotReady { .. } => "model_not_ready",
             Self::NoReplica { .. } => "no_replica",
             Self::DuplicateRequest(_) => "duplicate_request_id",

@@ -7,7 +7,7 @@
 //! not see each other), unique per instance in local mode.
 
 use crate::error::ActorError;
-use ractor::{Actor, ActorCell, ActorRef};
+use ractor::{Actor, ActorCell, ActorId, ActorRef};
 use ractor_cluster::{NodeServer, NodeServerMessage};
 use sha2::{Digest, Sha256};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
@@ -190,32 +190,53 @@ pub(crate) async fn start_node(
     Ok(node)
 }
 
-/// What the joining node learns about its session with the supervisor's node.
+/// What the joining node learns about the sessions it opens (client sessions; sessions other
+/// nodes open to this one are not its business).
 enum SessionEvent {
-    Authenticated,
-    Closed,
+    Opened(ActorRef<ractor_cluster::NodeSessionMessage>),
+    Authenticated(ActorId),
+    /// A session closed; whether it had learned the peer's name (the supervisor's challenge
+    /// carries it) tells a refused secret from a peer that never took part in the handshake.
+    Closed {
+        id: ActorId,
+        knew_peer: bool,
+    },
 }
 
-/// Forwards session events of the node server to the joining task.
+/// Forwards the node server's events about client sessions to the joining task.
 struct SessionWatch(tokio::sync::mpsc::UnboundedSender<SessionEvent>);
 
 impl ractor_cluster::NodeEventSubscription for SessionWatch {
-    fn node_session_opened(&self, _ses: ractor_cluster::node::NodeServerSessionInformation) {}
-
-    fn node_session_disconnected(&self, _ses: ractor_cluster::node::NodeServerSessionInformation) {
-        let _ = self.0.send(SessionEvent::Closed);
+    fn node_session_opened(&self, ses: ractor_cluster::node::NodeServerSessionInformation) {
+        if !ses.is_server {
+            let _ = self.0.send(SessionEvent::Opened(ses.actor));
+        }
     }
 
-    fn node_session_authenticated(&self, _ses: ractor_cluster::node::NodeServerSessionInformation) {
-        let _ = self.0.send(SessionEvent::Authenticated);
+    fn node_session_disconnected(&self, ses: ractor_cluster::node::NodeServerSessionInformation) {
+        if !ses.is_server {
+            let _ = self
+                .0
+                .send(SessionEvent::Closed { id: ses.actor.get_id(), knew_peer: ses.peer_name.is_some() });
+        }
+    }
+
+    fn node_session_authenticated(&self, ses: ractor_cluster::node::NodeServerSessionInformation) {
+        if !ses.is_server {
+            let _ = self.0.send(SessionEvent::Authenticated(ses.actor.get_id()));
+        }
     }
 }
 
 /// Connects `node` to the node at `addr` and waits until the two have authenticated each
-/// other, retrying the connection for up to `timeout` (the supervisor may still be starting).
+/// other. The connection is retried for up to `timeout` (the supervisor may still be
+/// starting); the handshake then has `timeout` of its own, so a supervisor that comes up late
+/// in the first wait is not given up on halfway through its handshake.
 ///
-/// A session the peer closes before authenticating means it refused this node's secret:
-/// that is reported at once, not after the timeout.
+/// A session this call gives up on is closed. Left open, it could still authenticate after the
+/// caller moved on to a new connection, and the supervisor would then hold two sessions of one
+/// node: it refuses the newer one's handshakes (over and over, while the worker retries) or
+/// drops one of the two, perhaps the one in use.
 pub(crate) async fn connect(
     node: &ActorRef<NodeServerMessage>,
     addr: &str,
@@ -228,9 +249,15 @@ pub(crate) async fn connect(
         subscription: Box::new(SessionWatch(tx)),
     })
     .map_err(|e| ActorError::Node(format!("the node server is gone: {e}")))?;
-    let result = connect_and_authenticate(node, addr, timeout, &mut rx).await;
+    let mut opened = Vec::new();
+    let result = connect_and_authenticate(node, addr, timeout, &mut rx, &mut opened).await;
     if node.cast(NodeServerMessage::UnsubscribeToEvents(id)).is_err() {
         tracing::debug!("the node server is gone");
+    }
+    if result.is_err() {
+        for session in opened {
+            session.stop(Some("the join gave up on this session".into()));
+        }
     }
     result
 }
@@ -240,25 +267,63 @@ async fn connect_and_authenticate(
     addr: &str,
     timeout: Duration,
     events: &mut tokio::sync::mpsc::UnboundedReceiver<SessionEvent>,
+    opened: &mut Vec<ActorRef<ractor_cluster::NodeSessionMessage>>,
 ) -> Result<(), ActorError> {
-    let deadline = tokio::time::Instant::now() + timeout;
     let join_error = |reason: String| ActorError::Join { addr: addr.to_owned(), reason };
+    let deadline = tokio::time::Instant::now() + timeout;
     loop {
         match ractor_cluster::client_connect(node, addr).await {
             Ok(()) => break,
-            Err(e) if tokio::time::Instant::now() >= deadline => return Err(join_error(e.to_string())),
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                let cause = match e {
+                    ractor_cluster::ClientConnectErr::Socket(e) => e.to_string(),
+                    e => e.to_string(),
+                };
+                return Err(join_error(format!(
+                    "nothing accepted a connection there within {} ms ({cause}); check that the \
+                     supervisor runs and that this is its cluster port (`--cluster-port`)",
+                    timeout.as_millis()
+                )));
+            }
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
-    match tokio::time::timeout_at(deadline, events.recv()).await {
-        Ok(Some(SessionEvent::Authenticated)) => Ok(()),
-        Ok(Some(SessionEvent::Closed)) | Ok(None) => Err(join_error(
-            "the supervisor closed the connection during authentication: the cluster secrets differ".into(),
-        )),
-        Err(_) => Err(join_error(format!(
-            "no authenticated session within {} ms; check that both sides use the same secret",
-            timeout.as_millis()
-        ))),
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        match tokio::time::timeout_at(deadline, events.recv()).await {
+            Ok(Some(SessionEvent::Opened(session))) => opened.push(session),
+            Ok(Some(SessionEvent::Authenticated(id))) if opened.iter().any(|s| s.get_id() == id) => {
+                return Ok(());
+            }
+            Ok(Some(SessionEvent::Closed { id, knew_peer })) if opened.iter().any(|s| s.get_id() == id) => {
+                return Err(join_error(if knew_peer {
+                    "the supervisor refused this node's answer to its challenge: the cluster secrets differ"
+                        .into()
+                } else {
+                    "the peer closed the connection before the handshake's challenge: this is not a \
+                     supervisor's cluster port (`--cluster-port`)"
+                        .into()
+                }));
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => return Err(ActorError::Node("the node server is gone".into())),
+            Err(_) => {
+                return Err(join_error(format!(
+                    "the handshake did not finish within {} ms: this is not a supervisor's cluster port \
+                     (`--cluster-port`), or the supervisor still holds this node's previous connection",
+                    timeout.as_millis()
+                )));
+            }
+        }
+    }
+}
+
+/// Whether `node` holds an authenticated session it opened itself: on a worker's node, the one
+/// with the supervisor's.
+pub(crate) async fn has_outbound_session(node: &ActorRef<NodeServerMessage>) -> bool {
+    match node.call(NodeServerMessage::GetSessions, Some(Duration::from_secs(1))).await {
+        Ok(ractor::rpc::CallResult::Success(sessions)) => sessions.values().any(|s| !s.is_server),
+        _ => false,
     }
 }
 

@@ -51,6 +51,11 @@ pub(crate) enum SupervisorMsg {
     },
     /// A replica's actor stopped unexpectedly.
     ReplicaDied { model_uid: String, replica_uid: String },
+    /// A worker is stopping: route nothing new to its replicas and place nothing on it. The
+    /// reply counts the requests still running on its replicas; the worker asks again until
+    /// none are left (or its drain time is up).
+    #[rpc]
+    DrainWorker { worker_id: String, reply: RpcReplyPort<Wire<u64>> },
     /// A launch task finished (internal).
     #[rpc]
     LaunchDone { model_uid: String, outcome: Wire<()>, reply: RpcReplyPort<Wire<()>> },

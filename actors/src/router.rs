@@ -53,6 +53,9 @@ pub(crate) enum RouterMsg {
     AddReplica { replica_uid: String, role: Role, replica: ActorRef<ReplicaMsg> },
     /// The replicas in rotation.
     Replicas { reply: RpcReplyPort<Result<ReplicaList, ActorError>> },
+    /// The replicas' worker is stopping: no new requests for them. The reply counts the
+    /// requests still using them, which the worker waits for.
+    Drain { replica_uids: Vec<String>, reply: RpcReplyPort<usize> },
 }
 
 /// What the router starts with.
@@ -192,6 +195,16 @@ impl Actor for Router {
                     state.kill(&id, &reason);
                 }
                 tracing::info!(model_uid = %self.model_uid, %replica_uid, %reason, "replica taken out of rotation");
+            }
+            RouterMsg::Drain { replica_uids, reply } => {
+                let mut running = 0;
+                for uid in &replica_uids {
+                    if state.policy.replicas().iter().any(|(r, _)| r == uid) {
+                        tracing::info!(model_uid = %self.model_uid, replica_uid = %uid, "replica drains: its worker is stopping");
+                    }
+                    running += state.policy.drain(uid);
+                }
+                answer(reply, running);
             }
             RouterMsg::AddReplica { replica_uid, role, replica } => {
                 state.policy.add(&replica_uid, role);

@@ -19,7 +19,7 @@ use crate::node::Namespace;
 pub(crate) use crate::protocol::SupervisorMsg;
 use crate::router::RouterMsg;
 use crate::spec::{HeldReplica, ReplicaSpec, Role};
-use crate::wire::{Wire, answer, call};
+use crate::wire::{Wire, answer, call, call_raw};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use state::{LostReplica, Reconciled, SupervisorState};
 use std::collections::HashMap;
@@ -114,6 +114,84 @@ impl Supervisor {
         }
     }
 
+    /// A launch task finished. A launch whose model was terminated meanwhile is told so: its
+    /// task rolls back what it built and its caller hears why.
+    fn launch_done(
+        &self,
+        state: &mut SupervisorState,
+        model_uid: String,
+        outcome: Result<(), ActorError>,
+    ) -> Wire<()> {
+        let cancelled = state.is_terminating(&model_uid);
+        match outcome {
+            Ok(()) if !cancelled => {
+                let dead = state.finish_launch(&model_uid);
+                self.drop_replicas(dead, "it died while the model launched");
+                tracing::info!(%model_uid, "model ready");
+            }
+            Ok(()) => state.abort_launch(&model_uid),
+            Err(e) => {
+                state.abort_launch(&model_uid);
+                if !cancelled {
+                    tracing::warn!(%model_uid, error = %e, "launch failed and was rolled back");
+                }
+            }
+        }
+        if cancelled {
+            tracing::info!(%model_uid, "the launch was cancelled: the model was terminated while it loaded");
+            return Wire(Err(ActorError::LaunchCancelled(model_uid)));
+        }
+        Wire::ok(())
+    }
+
+    /// A worker's heartbeat: it registers (or comes back), and what it holds is reconciled
+    /// with the models. Another process reporting under the id of an alive worker is ignored.
+    fn heartbeat(
+        &self,
+        myself: &ActorRef<SupervisorMsg>,
+        state: &mut SupervisorState,
+        info: crate::view::WorkerInfo,
+        held: &[HeldReplica],
+    ) {
+        if let Some(first) = state.other_instance(&info) {
+            if first {
+                tracing::warn!(worker_id = %info.worker_id, host = %info.host, "another process reports under the id of a running worker; its heartbeats are ignored");
+            }
+            return;
+        }
+        let id = info.worker_id.clone();
+        if state.heartbeat(info, Instant::now()) {
+            tracing::info!(worker_id = %id, "worker registered");
+        }
+        self.reconcile(myself, state, &id, held);
+    }
+
+    /// Takes a stopping worker's replicas out of their routers' rotation and answers with the
+    /// number of requests still running on them (asked off the mailbox: a router is local, but
+    /// the supervisor answers nobody while it waits).
+    fn drain_worker(&self, state: &mut SupervisorState, worker_id: &str, reply: RpcReplyPort<Wire<u64>>) {
+        let mut by_model: HashMap<String, Vec<String>> = HashMap::new();
+        for (model_uid, replica_uid) in state.drain_worker(worker_id) {
+            by_model.entry(model_uid).or_default().push(replica_uid);
+        }
+        let routers: Vec<(ActorRef<RouterMsg>, Vec<String>)> = by_model
+            .into_iter()
+            .filter_map(|(model_uid, uids)| self.models.get(&model_uid).map(|a| (a.router, uids)))
+            .collect();
+        let timeout = self.times.call;
+        tokio::spawn(async move {
+            let mut running = 0u64;
+            for (router, replica_uids) in routers {
+                // A router that is gone ended with its model: nothing runs there.
+                let n =
+                    call_raw(&router, "router", timeout, |reply| RouterMsg::Drain { replica_uids, reply })
+                        .await;
+                running += n.map_or(0, |n| n as u64);
+            }
+            answer(reply, Wire::ok(running));
+        });
+    }
+
     /// Workers whose process group emptied (their node disconnected) are lost.
     /// Validates and reserves a launch in the state, then builds it in a task that reports
     /// back with `LaunchDone`; the reply comes once it serves (or at once, detached).
@@ -154,7 +232,12 @@ impl Supervisor {
                     if outcome.is_ok() && recorded.is_err() {
                         rollback(&ctx, &uid, &placements).await;
                     }
-                    let result = outcome.and(recorded).map(|()| uid);
+                    let result = match (outcome, recorded) {
+                        // Terminated while it loaded: that, not the load it cut short, is why.
+                        (_, Err(e @ ActorError::LaunchCancelled(_))) => Err(e),
+                        (outcome, recorded) => outcome.and(recorded),
+                    };
+                    let result = result.map(|()| uid);
                     match reply {
                         Some(reply) => answer(reply, Wire(result)),
                         None => {
@@ -214,7 +297,8 @@ impl Supervisor {
     }
 
     /// Starts terminating a model; a task tears it down and reports back with `TerminateDone`,
-    /// then answers.
+    /// then answers. A model still launching is cancelled instead: the answer comes once its
+    /// loads are told to stop, and it is gone when its launch task reports.
     fn terminate(
         &self,
         myself: &ActorRef<SupervisorMsg>,
@@ -222,6 +306,17 @@ impl Supervisor {
         model_uid: String,
         reply: RpcReplyPort<Wire<()>>,
     ) {
+        if let Some(replicas) = state.cancel_launch(&model_uid) {
+            // Stopping a replica that loads cancels it, and the launch task, whose loads then
+            // fail (or which is told so when it reports), rolls the rest back.
+            tracing::info!(%model_uid, "terminating a model that is still launching");
+            let ctx = self.task_ctx(myself);
+            tokio::spawn(async move {
+                teardown(&ctx, None, &replicas).await;
+                answer(reply, Wire::ok(()));
+            });
+            return;
+        }
         let replicas = match state.begin_terminate(&model_uid) {
             Ok(replicas) => replicas,
             Err(e) => return answer(reply, Wire(Err(e))),
@@ -385,18 +480,7 @@ impl Actor for Supervisor {
                 self.launch(&myself, state, request.0, detach, reply);
             }
             SupervisorMsg::LaunchDone { model_uid, outcome, reply } => {
-                match outcome.0 {
-                    Ok(()) => {
-                        let dead = state.finish_launch(&model_uid);
-                        self.drop_replicas(dead, "it died while the model launched");
-                        tracing::info!(%model_uid, "model ready");
-                    }
-                    Err(e) => {
-                        state.abort_launch(&model_uid);
-                        tracing::warn!(%model_uid, error = %e, "launch failed and was rolled back");
-                    }
-                }
-                answer(reply, Wire::ok(()));
+                answer(reply, self.launch_done(state, model_uid, outcome.0));
             }
             SupervisorMsg::Terminate { model_uid, reply } => self.terminate(&myself, state, model_uid, reply),
             SupervisorMsg::TerminateDone { model_uid, reply } => {
@@ -417,19 +501,14 @@ impl Actor for Supervisor {
                 answer(reply, Wire::ok(()));
             }
             SupervisorMsg::Heartbeat { info, replicas } => match (info.0, replicas.0) {
-                (Ok(info), Ok(held)) => {
-                    let id = info.worker_id.clone();
-                    if state.heartbeat(info, Instant::now()) {
-                        tracing::info!(worker_id = %id, "worker registered");
-                    }
-                    self.reconcile(&myself, state, &id, &held);
-                }
+                (Ok(info), Ok(held)) => self.heartbeat(&myself, state, info, &held),
                 (Err(e), _) | (_, Err(e)) => tracing::warn!(error = %e, "an unreadable heartbeat"),
             },
             SupervisorMsg::AdoptDone { model_uid, replicas, outcome, reply } => {
                 self.adopt_done(state, &model_uid, replicas.0.unwrap_or_default(), outcome.0);
                 answer(reply, Wire::ok(()));
             }
+            SupervisorMsg::DrainWorker { worker_id, reply } => self.drain_worker(state, &worker_id, reply),
             SupervisorMsg::ReplicaDied { model_uid, replica_uid } => {
                 if let Some(lost) = state.replica_dead(&model_uid, &replica_uid) {
                     self.drop_replicas(vec![lost], "its actor stopped");

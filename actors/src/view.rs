@@ -151,6 +151,10 @@ pub struct WorkerInfo {
     /// is checked).
     #[serde(default)]
     pub memory: Option<u64>,
+    /// A random number drawn when the worker's process started: a second process under the
+    /// id of a worker that runs is told apart, and refused.
+    #[serde(default)]
+    pub instance: u64,
 }
 
 /// What runs on one GPU of a worker.
@@ -173,6 +177,10 @@ pub struct WorkerStatus {
     pub info: WorkerInfo,
     /// `false` once it missed its heartbeats or its node disconnected.
     pub alive: bool,
+    /// It is stopping and lets its replicas finish their requests: no new requests or
+    /// replicas go to it.
+    #[serde(default)]
+    pub draining: bool,
     /// Milliseconds since its last heartbeat.
     pub last_heartbeat_ms: u64,
     /// Replicas (not dead) placed on it.

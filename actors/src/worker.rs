@@ -262,6 +262,7 @@ impl Worker {
         };
         let stop_timeout = self.times.stop_timeout;
         let (memory, worker_id) = (self.info.memory, self.info.worker_id.clone());
+        let model_uid = args.spec.model_uid.clone();
         // Load off the mailbox: heartbeats must keep flowing while a model loads.
         tokio::spawn(async move {
             if let Err(e) = reserve_memory(&slots, &args, memory, &worker_id).await {
@@ -291,7 +292,7 @@ impl Worker {
                         {
                             tracing::warn!(replica_uid = %uid, error = %e, "a cancelled replica did not stop in time");
                         }
-                        Err(ActorError::Internal(format!("replica `{uid}` was stopped while it loaded")))
+                        Err(ActorError::LaunchCancelled(model_uid))
                     }
                 }
                 Err(e) => {
@@ -338,6 +339,7 @@ impl WorkerInfo {
             gpu_details,
             allow_gpu_sharing: allow_gpu_sharing(var("XINF_ALLOW_MULTI_REPLICA_PER_GPU").as_deref()),
             memory: memory::worker_memory(var("XINF_WORKER_MEMORY").as_deref())?,
+            instance: rand::random::<u64>().max(1),
         })
     }
 }

@@ -128,6 +128,10 @@ pub(crate) struct WorkerArgs {
     /// takes its place rather than joining as a new worker.
     #[arg(long, env = "XINF_WORKER_ID")]
     worker_id: Option<String>,
+    /// On SIGTERM or Ctrl-C, how many seconds to let the requests running here finish (no new
+    /// ones are routed here meanwhile); a second signal stops at once.
+    #[arg(long, env = "XINF_DRAIN_TIMEOUT", default_value_t = 30)]
+    drain_timeout: u64,
     #[command(flatten)]
     secret: SecretArgs,
     #[command(flatten)]
@@ -235,6 +239,7 @@ pub(crate) async fn worker(args: WorkerArgs, cat: &Catalog) -> Result<(), String
     let mut options = args.node.options();
     options.worker_port = args.worker_port;
     options.worker_id = args.worker_id.clone();
+    options.drain_timeout = std::time::Duration::from_secs(args.drain_timeout);
     let node = Cluster::start_worker_with(&args.supervisor, &args.host, secret, options)
         .await
         .map_err(|e| actor_text(cat, &e))?;
@@ -243,6 +248,13 @@ pub(crate) async fn worker(args: WorkerArgs, cat: &Catalog) -> Result<(), String
         cat.text("cli-worker-joined", &[("id", node.worker_id()), ("supervisor", &args.supervisor)])
     );
     shutdown_signal().await;
+    eprintln!("{}", cat.text("cli-worker-draining", &[("seconds", &args.drain_timeout.to_string())]));
+    tokio::select! {
+        running = node.drain() => if running > 0 {
+            eprintln!("{}", cat.text("cli-worker-drain-timeout", &[("running", &running.to_string())]));
+        },
+        () = shutdown_signal() => {}
+    }
     eprintln!("{}", cat.text("cli-stopping", &[]));
     node.shutdown().await;
     Ok(())

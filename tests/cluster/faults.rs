@@ -2,8 +2,9 @@
 //! started again on its ports (the workers reconnect and their replicas are adopted, nothing
 //! reloads), the decode worker frozen mid-stream, thawed, killed mid-stream and started again
 //! under its id (a replacement loads there), the prefill worker frozen with a request on it,
-//! thawed, killed and started again; and a launch larger than the worker's memory, refused
-//! before it can take the node down.
+//! thawed, killed and started again; a worker stopped by a signal, which lets its running
+//! request finish; a second worker under a running one's id, refused; and a launch larger than
+//! the worker's memory, refused before it can take the node down.
 
 use super::garbage::answer;
 use super::{SECRET, supervisor_on, worker_with_env};
@@ -47,8 +48,14 @@ fn replicas(addr: SocketAddr) -> Vec<(String, String, String, String)> {
 
 /// Starts a long greedy stream from the P/D model; returns once a token has arrived.
 fn streaming(addr: SocketAddr) -> TcpStream {
-    let body = json!({"model": "pd", "prompt": "Tell me a long story.", "max_tokens": 4000,
-        "temperature": 0, "ignore_eos": true, "stream": true});
+    streaming_from(addr, "pd", 4000)
+}
+
+/// Starts a greedy stream of `max_tokens` tokens (with usage) from `model`; returns once a
+/// token has arrived.
+fn streaming_from(addr: SocketAddr, model: &str, max_tokens: u32) -> TcpStream {
+    let body = json!({"model": model, "prompt": "Tell me a long story.", "max_tokens": max_tokens,
+        "temperature": 0, "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}});
     let mut conn = http::send(addr, "POST", "/v1/completions", &[], body.to_string().as_bytes());
     conn.set_read_timeout(Some(Duration::from_secs(60))).expect("a read timeout");
     let (mut seen, mut buf) = (Vec::new(), [0u8; 4096]);
@@ -227,4 +234,59 @@ fn a_launch_on_a_frozen_worker_fails_at_the_heartbeat_deadline() {
     assert!(waited < Duration::from_secs(120), "the launch took {waited:?}");
     eprintln!("launch on a frozen worker: refused after {waited:?}");
     assert_eq!(http::get(addr, "/v1/models/frozen").status, 404);
+}
+
+/// A worker stopped by SIGTERM drains: the request it runs ends with every token asked for,
+/// new requests are refused meanwhile (503: no replica takes them) and the worker shows as
+/// draining; then it exits.
+#[test]
+fn a_worker_stopped_by_a_signal_lets_its_running_request_finish() {
+    let _ = crate::util::smollm2();
+    let (_sup, addr, cluster) = supervisor_on(free_port(), free_port());
+    let (mut w, worker) = worker_with_env(&cluster, SECRET, &[]);
+    let body = json!({"model_name": "smollm2-instruct", "model_uid": "drained",
+        "replica_config": [{"devices": [{"worker_ip": worker, "n_gpu": 0}]}]});
+    let res = http::post(addr, "/v1/models", &body);
+    assert_eq!(res.status, 200, "{}", res.text());
+    let conn = streaming_from(addr, "drained", 96);
+    w.signal("-TERM");
+    poll(Duration::from_secs(10), "the worker showing as draining", || {
+        let workers = http::get(addr, "/v1/workers").json();
+        workers.as_array().is_some_and(|ws| ws.iter().any(|w| w["draining"] == true))
+    });
+    let late = json!({"model": "drained", "prompt": "Hello", "max_tokens": 2});
+    let res = http::post(addr, "/v1/completions", &late);
+    assert_eq!(res.status, 503, "{}", res.text());
+    let (took, tail) = until_end(conn);
+    assert!(tail.contains("\"completion_tokens\":96"), "the stream did not end with its 96 tokens: {tail}");
+    assert!(tail.contains("[DONE]"), "{tail}");
+    let exited = w.wait(Duration::from_secs(30));
+    assert!(exited.is_some_and(|s| s.success()), "the worker did not exit after draining: {exited:?}");
+    eprintln!("drained: the running stream ended {took:?} after the signal's first checks");
+}
+
+/// A second worker started under the id of a running one is refused, naming the id, and the
+/// first keeps its session: the two are different nodes to the supervisor's, which would
+/// otherwise drop one's connection for the other's, over and over.
+#[test]
+fn a_second_worker_under_a_running_workers_id_is_refused() {
+    let (_sup, addr, cluster) = supervisor_on(free_port(), free_port());
+    let (_first, id) = worker_with_env(&cluster, SECRET, &[("XINF_WORKER_ID", "twin")]);
+    assert_eq!(id, "twin");
+    let out = crate::util::procs::xinf()
+        .args(["worker", "--supervisor", &cluster, "--worker-id", "twin"])
+        .env("XINF_CLUSTER_SECRET", SECRET)
+        .output()
+        .expect("run the second worker");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("a worker with id `twin`") && err.contains("--worker-id"), "{err}");
+    let workers = http::get(addr, "/v1/workers").json();
+    let alive: Vec<&Value> =
+        workers.as_array().map(|w| w.iter().filter(|w| w["alive"] == true).collect()).unwrap_or_default();
+    assert_eq!(alive.len(), 1, "{workers}");
+    assert!(
+        alive[0]["last_heartbeat_ms"].as_u64().is_some_and(|ms| ms < 2_000),
+        "the first worker's heartbeats stopped: {workers}"
+    );
 }

@@ -28,6 +28,9 @@ pub struct ClusterOptions {
     pub idle_abort: Duration,
     /// How long a worker tries to join its supervisor.
     pub join_timeout: Duration,
+    /// How long a stopping worker ([`WorkerNode::drain`](crate::WorkerNode::drain)) waits for
+    /// the requests running on its replicas.
+    pub drain_timeout: Duration,
     /// Time limit of a P/D request's prefill leg (the prompt's computation).
     pub prefill_timeout: Duration,
     /// Time limit of fetching one handoff's pages.
@@ -62,6 +65,7 @@ impl Default for ClusterOptions {
             long_poll: Duration::from_secs(1),
             idle_abort: Duration::from_secs(10),
             join_timeout: Duration::from_secs(10),
+            drain_timeout: Duration::from_secs(30),
             prefill_timeout: Duration::from_secs(300),
             transfer_timeout: Duration::from_secs(30),
             handoff_lease: Duration::from_secs(30),

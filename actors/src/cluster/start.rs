@@ -54,6 +54,7 @@ async fn spawn_worker(
 async fn wait_registered(
     supervisor: &ActorRef<SupervisorMsg>,
     worker_id: &str,
+    instance: u64,
     options: &ClusterOptions,
 ) -> Result<(), ActorError> {
     let deadline = tokio::time::Instant::now() + options.join_timeout;
@@ -62,7 +63,7 @@ async fn wait_registered(
             SupervisorMsg::ListWorkers { reply }
         })
         .await?;
-        if workers.iter().any(|w| w.info.worker_id == worker_id && w.alive) {
+        if workers.iter().any(|w| w.info.worker_id == worker_id && w.alive && w.info.instance == instance) {
             return Ok(());
         }
         if tokio::time::Instant::now() >= deadline {
@@ -72,6 +73,39 @@ async fn wait_registered(
             });
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the supervisor counts no worker of id `worker_id` alive, at most the join
+/// timeout: a worker restarted under its id finds its earlier process counted alive until the
+/// supervisor notices it gone (at once for a closed connection, within the heartbeat timeout
+/// for a silent one). A worker of that id that stays alive is another process using it.
+async fn wait_id_free(
+    supervisor: &ActorRef<SupervisorMsg>,
+    worker_id: &str,
+    supervisor_addr: &str,
+    options: &ClusterOptions,
+) -> Result<(), ActorError> {
+    let deadline = tokio::time::Instant::now() + options.join_timeout;
+    loop {
+        let workers = call(supervisor, "supervisor", options.call_timeout, |reply| {
+            SupervisorMsg::ListWorkers { reply }
+        })
+        .await?;
+        let Some(other) = workers.iter().find(|w| w.info.worker_id == worker_id && w.alive) else {
+            return Ok(());
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ActorError::Join {
+                addr: supervisor_addr.to_owned(),
+                reason: format!(
+                    "a worker with id `{worker_id}` (on {}) is connected to the supervisor already; give \
+                     this one another `--worker-id`, or stop that one",
+                    other.info.host
+                ),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -90,6 +124,7 @@ impl Cluster {
         let models = Arc::new(ModelTable::default());
         let supervisor = spawn_supervisor(&ns, true, models.clone(), &options).await?;
         let info = WorkerInfo::from_env("local".into(), "127.0.0.1".into())?;
+        let instance = info.instance;
         let worker = match spawn_worker(&ns, info, &options).await {
             Ok(w) => w,
             Err(e) => {
@@ -109,7 +144,9 @@ impl Cluster {
                 closed: AtomicBool::new(false),
             }),
         };
-        if let Err(e) = wait_registered(&cluster.inner.supervisor, "local", &cluster.inner.options).await {
+        if let Err(e) =
+            wait_registered(&cluster.inner.supervisor, "local", instance, &cluster.inner.options).await
+        {
             cluster.shutdown().await;
             return Err(e);
         }
@@ -199,20 +236,29 @@ impl Cluster {
         };
         let ns = Namespace::from_secret(secret);
         let info = WorkerInfo::from_env(worker_id.clone(), ip.to_string())?;
-        let node = node::start_node(&format!("xinf-worker-{worker_id}"), ip, port, secret).await?;
+        // The node's name is this process's own: a second process under a running worker's id
+        // is another node to the supervisor's, which would otherwise drop one of the two
+        // sessions for the other, over and over, as both reconnect.
+        let instance = info.instance;
+        let node_name = format!("xinf-worker-{worker_id}-{instance:016x}");
+        let node = node::start_node(&node_name, ip, port, secret).await?;
         let joined = async {
             node::connect(&node, supervisor_addr, options.join_timeout).await?;
             tracing::debug!(%supervisor_addr, "connected to the supervisor node");
             let sup = node::wait_for_member(&ns.supervisor_group(), options.join_timeout).await.ok_or_else(
                 || ActorError::Join {
                     addr: supervisor_addr.to_owned(),
-                    reason: "no supervisor answered; check that both sides use the same secret".into(),
+                    reason: format!(
+                        "the node there took the secret, but no supervisor of this cluster showed within {} ms",
+                        options.join_timeout.as_millis()
+                    ),
                 },
             )?;
             let sup: ActorRef<SupervisorMsg> = sup.into();
             tracing::debug!(remote = !sup.get_id().is_local(), "found the supervisor");
+            wait_id_free(&sup, &worker_id, supervisor_addr, &options).await?;
             let worker = spawn_worker(&ns, info, &options).await?;
-            if let Err(e) = wait_registered(&sup, &worker_id, &options).await {
+            if let Err(e) = wait_registered(&sup, &worker_id, instance, &options).await {
                 worker.stop(None);
                 return Err(e);
             }
@@ -224,10 +270,21 @@ impl Cluster {
                 let rejoin = tokio::spawn(stay_joined(
                     node.clone(),
                     supervisor_addr.to_owned(),
-                    ns,
+                    ns.clone(),
                     options.heartbeat_interval,
                 ));
-                Ok(WorkerNode { worker, node, worker_id, stop_timeout: options.stop_timeout, rejoin })
+                Ok(WorkerNode {
+                    worker,
+                    node,
+                    worker_id,
+                    supervisor_group: ns.supervisor_group(),
+                    times: WorkerNodeTimes {
+                        stop: options.stop_timeout,
+                        call: options.call_timeout,
+                        drain: options.drain_timeout,
+                    },
+                    rejoin,
+                })
             }
             Err(e) => {
                 node.stop(None);
@@ -242,10 +299,21 @@ pub struct WorkerNode {
     worker: ActorRef<WorkerMsg>,
     node: ActorRef<NodeServerMessage>,
     worker_id: String,
-    stop_timeout: Duration,
+    supervisor_group: String,
+    times: WorkerNodeTimes,
     /// The task that reconnects to the supervisor when it goes out of sight.
     rejoin: tokio::task::JoinHandle<()>,
 }
+
+#[derive(Debug, Clone, Copy)]
+struct WorkerNodeTimes {
+    stop: Duration,
+    call: Duration,
+    drain: Duration,
+}
+
+/// How often a draining worker asks how many requests are left.
+const DRAIN_POLL: Duration = Duration::from_millis(200);
 
 /// The first wait before reconnecting to a supervisor out of sight; it doubles up to
 /// [`MAX_REJOIN_WAIT`] while the supervisor stays away.
@@ -256,6 +324,9 @@ const MAX_REJOIN_WAIT: Duration = Duration::from_secs(8);
 /// restarted, or the network dropped the connection), connects again with growing waits. The
 /// worker's heartbeats then reach the supervisor, with the replicas it holds, which a restarted
 /// supervisor adopts.
+///
+/// A new connection is opened only while the node holds no session with the supervisor's: a
+/// second session of one node is refused by the supervisor, or replaces the first.
 async fn stay_joined(node: ActorRef<NodeServerMessage>, addr: String, ns: Namespace, interval: Duration) {
     let mut wait = FIRST_REJOIN_WAIT;
     loop {
@@ -264,15 +335,28 @@ async fn stay_joined(node: ActorRef<NodeServerMessage>, addr: String, ns: Namesp
             wait = FIRST_REJOIN_WAIT;
             continue;
         }
+        if node::has_outbound_session(&node).await {
+            // Connected; the supervisor's group list has not arrived yet.
+            continue;
+        }
         tracing::warn!(supervisor = %addr, "the supervisor is out of sight; reconnecting");
-        loop {
+        let mut last_error = String::new();
+        while !node::has_outbound_session(&node).await {
             match node::connect(&node, &addr, MAX_REJOIN_WAIT).await {
                 Ok(()) => {
                     tracing::info!(supervisor = %addr, "reconnected to the supervisor");
                     break;
                 }
                 Err(e) => {
-                    tracing::debug!(supervisor = %addr, error = %e, ?wait, "reconnecting failed");
+                    // Said once while it stays the same: a supervisor restarted with another
+                    // secret is worth a line, not one every eight seconds.
+                    let error = e.to_string();
+                    if error != last_error {
+                        tracing::warn!(supervisor = %addr, %error, "reconnecting failed; trying again");
+                    } else {
+                        tracing::debug!(supervisor = %addr, %error, ?wait, "reconnecting failed");
+                    }
+                    last_error = error;
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(MAX_REJOIN_WAIT);
                 }
@@ -302,9 +386,51 @@ impl WorkerNode {
         &self.worker_id
     }
 
-    /// Stops the worker (and its replicas) and leaves the cluster.
+    /// Lets the requests running on this worker's replicas finish before a
+    /// [`shutdown`](Self::shutdown): the supervisor routes nothing new to them and places
+    /// nothing here, and this waits until no request uses them, at most the drain timeout
+    /// ([`ClusterOptions::drain_timeout`]). Returns the number of requests still running (0
+    /// when drained; the count it last heard when the time ran out or the supervisor could
+    /// not be asked).
+    pub async fn drain(&self) -> u64 {
+        let deadline = tokio::time::Instant::now() + self.times.drain;
+        let mut told = None;
+        loop {
+            // Without a supervisor nothing routes requests here.
+            let Some(sup) = ractor::pg::get_members(&self.supervisor_group).into_iter().next() else {
+                return 0;
+            };
+            let sup: ActorRef<SupervisorMsg> = sup.into();
+            let worker_id = self.worker_id.clone();
+            let asked = call(&sup, "supervisor", self.times.call, |reply| SupervisorMsg::DrainWorker {
+                worker_id,
+                reply,
+            })
+            .await;
+            let running = match asked {
+                Ok(0) => return 0,
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the supervisor could not be asked to drain this worker");
+                    return told.unwrap_or_default();
+                }
+            };
+            if told != Some(running) {
+                tracing::info!(running, "waiting for the requests running on this worker's replicas");
+                told = Some(running);
+            }
+            if tokio::time::Instant::now() + DRAIN_POLL > deadline {
+                tracing::warn!(running, drain_timeout = ?self.times.drain, "requests still run after the drain timeout");
+                return running;
+            }
+            tokio::time::sleep(DRAIN_POLL).await;
+        }
+    }
+
+    /// Stops the worker (and its replicas, with the requests they run: [`drain`](Self::drain)
+    /// first lets those finish) and leaves the cluster.
     pub async fn shutdown(self) {
-        if let Err(e) = self.worker.stop_and_wait(Some("shutdown".into()), Some(self.stop_timeout)).await {
+        if let Err(e) = self.worker.stop_and_wait(Some("shutdown".into()), Some(self.times.stop)).await {
             tracing::warn!(error = %e, "the worker did not stop in time");
         }
         self.node.stop(Some("shutdown".into()));

@@ -1,4 +1,4 @@
-//! Addresses, secrets and names.
+//! Addresses, secrets and names; joining a node: late peers, silent ones, and why a join fails.
 
 use super::*;
 
@@ -44,4 +44,89 @@ fn worker_ids_are_checked() {
         let e = check_worker_id(bad).expect_err(bad);
         assert!(matches!(&e, ActorError::InvalidConfig { field, .. } if field == "worker_id"), "{e}");
     }
+}
+
+/// A node of the test's own, listening on a free loopback port.
+async fn test_node(name: &str, secret: &str) -> (ActorRef<NodeServerMessage>, u16) {
+    let ip = IpAddr::from([127, 0, 0, 1]);
+    let port = free_port(ip).expect("port");
+    (start_node(name, ip, port, secret).await.expect("node"), port)
+}
+
+#[tokio::test]
+async fn a_supervisor_that_comes_up_late_still_gets_its_whole_handshake() {
+    let (server, server_port) = test_node("late-supervisor", "late-secret-1").await;
+    let (client, _) = test_node("late-worker", "late-secret-1").await;
+    // Nothing listens at `addr` for the first 800 ms of the join's second; then a relay takes
+    // the connection and holds its bytes 400 ms before passing them on: the handshake ends
+    // after the first second, within the second one the handshake has of its own.
+    let ip = IpAddr::from([127, 0, 0, 1]);
+    let port = free_port(ip).expect("port");
+    let relay = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let listener = tokio::net::TcpListener::bind((ip, port)).await.expect("bind");
+        let (mut inbound, _) = listener.accept().await.expect("accept");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let mut outbound = tokio::net::TcpStream::connect((ip, server_port)).await.expect("connect");
+        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+    });
+    let joined = connect(&client, &format!("127.0.0.1:{port}"), Duration::from_secs(1)).await;
+    assert!(joined.is_ok(), "{joined:?}");
+    assert!(has_outbound_session(&client).await);
+    assert!(!has_outbound_session(&server).await, "the supervisor's session is an inbound one");
+    client.stop(None);
+    server.stop(None);
+    relay.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_that_gives_up_closes_its_connection() {
+    let (client, _) = test_node("silent-peer-worker", "silent-secret-1").await;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let e = connect(&client, &addr, Duration::from_millis(300)).await.expect_err("a silent peer");
+    assert!(e.to_string().contains("the handshake did not finish within 300 ms"), "{e}");
+    assert!(e.to_string().contains("--cluster-port"), "{e}");
+    // The connection the join opened is closed: it cannot authenticate later, beside the next.
+    let (mut accepted, _) = listener.accept().expect("accept");
+    accepted.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    let mut buf = [0u8; 4096];
+    loop {
+        match std::io::Read::read(&mut accepted, &mut buf) {
+            Ok(0) => break,
+            Ok(_) => continue,
+            Err(e) => panic!("the joining node kept the connection open: {e}"),
+        }
+    }
+    assert!(!has_outbound_session(&client).await);
+    client.stop(None);
+}
+
+#[tokio::test]
+async fn join_failures_name_their_cause() {
+    let (client, _) = test_node("causes-worker", "causes-secret-1").await;
+    // Nothing listening.
+    let port = free_port(IpAddr::from([127, 0, 0, 1])).expect("port");
+    let e =
+        connect(&client, &format!("127.0.0.1:{port}"), Duration::from_millis(300)).await.expect_err("nobody");
+    assert!(e.to_string().contains("nothing accepted a connection there within 300 ms"), "{e}");
+    // A peer that hangs up at once (not a cluster port).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let hang_up = tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            drop(stream);
+        }
+    });
+    let e = connect(&client, &addr, Duration::from_secs(2)).await.expect_err("hung up");
+    assert!(e.to_string().contains("closed the connection before the handshake's challenge"), "{e}");
+    hang_up.abort();
+    // A supervisor of another secret.
+    let (other, other_port) = test_node("causes-supervisor", "another-secret-2").await;
+    let e = connect(&client, &format!("127.0.0.1:{other_port}"), Duration::from_secs(2))
+        .await
+        .expect_err("secret");
+    assert!(e.to_string().contains("the cluster secrets differ"), "{e}");
+    other.stop(None);
+    client.stop(None);
 }

@@ -1,6 +1,6 @@
 //! The router's choices, as a pure state machine: round-robin per role among alive replicas,
 //! and the table of running requests (duplicate ids refused; a lost replica names the requests
-//! it takes down).
+//! it takes down; a drained one counts those it still serves).
 
 use crate::spec::Role;
 use std::collections::{BTreeMap, HashMap};
@@ -83,6 +83,15 @@ impl RouterPolicy {
             self.running.remove(id);
         }
         ids
+    }
+
+    /// Takes a replica out of rotation for new requests but leaves its running ones be (its
+    /// worker is stopping and lets them finish); returns how many requests still use it.
+    pub(crate) fn drain(&mut self, replica_uid: &str) -> usize {
+        for pool in self.pools.values_mut() {
+            pool.remove(replica_uid);
+        }
+        self.running.values().filter(|used| used.iter().any(|r| r == replica_uid)).count()
     }
 
     /// Picks the next replica of `role` for a new request and records the request as running.

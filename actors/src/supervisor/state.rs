@@ -29,6 +29,10 @@ struct WorkerRecord {
     info: WorkerInfo,
     last_seen: Instant,
     alive: bool,
+    /// It is stopping: nothing new is placed on it while its replicas finish their requests.
+    draining: bool,
+    /// The last other process whose heartbeats under this id were refused.
+    refused: Option<u64>,
 }
 
 /// Workers and models of one cluster.
@@ -85,14 +89,28 @@ impl SupervisorState {
                 w.info = info;
                 w.last_seen = now;
                 w.alive = true;
+                // A worker back from lost is a new process: it drains no more.
+                w.draining &= !revived;
                 revived
             }
             None => {
-                self.workers
-                    .insert(info.worker_id.clone(), WorkerRecord { info, last_seen: now, alive: true });
+                self.workers.insert(
+                    info.worker_id.clone(),
+                    WorkerRecord { info, last_seen: now, alive: true, draining: false, refused: None },
+                );
                 true
             }
         }
+    }
+
+    /// Whether `info` comes from another process than the alive worker of its id: a second
+    /// worker started under a running one's id, or one that froze, was counted lost and
+    /// replaced under its id by a new process, and thawed. Its heartbeats are not taken.
+    /// `Some(true)` the first time that process is seen (worth a warning), `Some(false)` after.
+    pub(crate) fn other_instance(&mut self, info: &WorkerInfo) -> Option<bool> {
+        let w =
+            self.workers.get_mut(&info.worker_id).filter(|w| w.alive && w.info.instance != info.instance)?;
+        Some(w.refused.replace(info.instance) != Some(info.instance))
     }
 
     /// Ids of the workers believed alive.
@@ -134,6 +152,22 @@ impl SupervisorState {
         lost
     }
 
+    /// Marks a worker draining (it is stopping; see [`view`](Self::view)) and returns the
+    /// replicas on it that are not dead, as (model uid, replica uid), which their routers take
+    /// out of rotation.
+    pub(crate) fn drain_worker(&mut self, worker_id: &str) -> Vec<(String, String)> {
+        match self.workers.get_mut(worker_id) {
+            Some(w) if w.alive => w.draining = true,
+            _ => return Vec::new(),
+        }
+        self.models
+            .values()
+            .flat_map(|m| m.replicas.iter().map(move |r| (m, r)))
+            .filter(|(_, r)| r.worker_id == worker_id && r.status != ReplicaStatus::Dead)
+            .map(|(m, r)| (m.model_uid.clone(), r.replica_uid.clone()))
+            .collect()
+    }
+
     /// Marks one replica dead (its actor failed); `None` when it was not alive.
     pub(crate) fn replica_dead(&mut self, model_uid: &str, replica_uid: &str) -> Option<LostReplica> {
         let model = self.models.get_mut(model_uid)?;
@@ -165,7 +199,7 @@ impl SupervisorState {
         out
     }
 
-    /// The cluster as placement sees it.
+    /// The cluster as placement sees it: the alive workers that are not draining.
     pub(crate) fn view(&self) -> ClusterView {
         let occupied = self.gpu_tenants();
         let mut replica_uids = BTreeMap::new();
@@ -177,7 +211,7 @@ impl SupervisorState {
         let workers = self
             .workers
             .values()
-            .filter(|w| w.alive)
+            .filter(|w| w.alive && !w.draining)
             .map(|w| WorkerSlot {
                 worker_id: w.info.worker_id.clone(),
                 host: w.info.host.clone(),
@@ -276,10 +310,25 @@ impl SupervisorState {
         }
     }
 
+    /// Starts terminating a model that is still launching: it shows as terminating until its
+    /// launch task reports (and fails, or is told to roll back). Returns its replicas as
+    /// `(worker, replica)` pairs; `None` when the model is not launching.
+    pub(crate) fn cancel_launch(&mut self, uid: &str) -> Option<Vec<(String, String)>> {
+        let model = self.models.get_mut(uid).filter(|m| m.status == ModelStatus::Launching)?;
+        model.status = ModelStatus::Terminating;
+        Some(model.replicas.iter().map(|r| (r.worker_id.clone(), r.replica_uid.clone())).collect())
+    }
+
+    /// Whether a model is being terminated (a launch task reporting then was cancelled).
+    pub(crate) fn is_terminating(&self, uid: &str) -> bool {
+        self.models.get(uid).is_some_and(|m| m.status == ModelStatus::Terminating)
+    }
+
     /// Starts terminating a model; returns its replicas as `(worker, replica)` pairs.
     pub(crate) fn begin_terminate(&mut self, uid: &str) -> Result<Vec<(String, String)>, ActorError> {
         let model = self.models.get_mut(uid).ok_or_else(|| ActorError::ModelNotFound(uid.to_owned()))?;
         match model.status {
+            // A launching model is cancelled through `cancel_launch` instead.
             ModelStatus::Launching | ModelStatus::Terminating => {
                 return Err(ActorError::NotReady {
                     model_uid: uid.to_owned(),
@@ -378,6 +427,7 @@ impl SupervisorState {
                     .collect(),
                 info: w.info.clone(),
                 alive: w.alive,
+                draining: w.alive && w.draining,
                 last_heartbeat_ms: now.saturating_duration_since(w.last_seen).as_millis() as u64,
                 replicas: self
                     .models

@@ -128,7 +128,9 @@ where
         match r {
             Ok(actor) => replicas.push((replica_uid.clone(), *role, actor)),
             Err(e) => {
-                tracing::warn!(model_uid = %uid, %replica_uid, error = %e, "replica failed to start");
+                if !matches!(e, ActorError::LaunchCancelled(_)) {
+                    tracing::warn!(model_uid = %uid, %replica_uid, error = %e, "replica failed to start");
+                }
                 failure.get_or_insert(e);
             }
         }

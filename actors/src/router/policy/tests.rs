@@ -97,3 +97,22 @@ fn once_its_prefill_is_done_a_request_survives_the_prefill_replica() {
     assert_eq!(p.remove("p"), ["prefilling"]);
     assert_eq!(p.finish("decoding"), Some(vec!["d".to_owned()]));
 }
+
+#[test]
+fn a_drained_replica_takes_no_new_requests_and_keeps_its_running_ones() {
+    let mut p = policy(&[("p1", Role::Prefill), ("d1", Role::Decode), ("d2", Role::Decode)]);
+    assert_eq!(p.begin_pd("r1"), Ok(("p1".into(), "d1".into())));
+    assert_eq!(p.begin_pd("r2"), Ok(("p1".into(), "d2".into())));
+    assert_eq!(p.drain("d1"), 1, "r1 still decodes there");
+    assert_eq!(p.begin_pd("r3"), Ok(("p1".into(), "d2".into())));
+    assert_eq!(p.begin_pd("r4"), Ok(("p1".into(), "d2".into())), "d1 is out of rotation");
+    assert_eq!(p.drain("p1"), 4);
+    assert_eq!(p.begin_pd("r5"), Err(RouteError::NoReplica(Role::Prefill)));
+    for id in ["r2", "r3", "r4"] {
+        p.prefill_done(id);
+    }
+    assert_eq!(p.drain("p1"), 1, "only r1 is still in its prefill");
+    assert_eq!(p.finish("r1"), Some(vec!["p1".to_owned(), "d1".to_owned()]));
+    assert_eq!((p.drain("p1"), p.drain("d1")), (0, 0));
+    assert_eq!(p.replicas(), vec![("d2".to_owned(), Role::Decode)]);
+}

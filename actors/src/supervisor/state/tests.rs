@@ -14,6 +14,7 @@ fn info(id: &str, gpus: &[u32]) -> WorkerInfo {
         gpu_details: gpus.iter().map(|g| crate::view::GpuInfo::index_only(*g)).collect(),
         allow_gpu_sharing: false,
         memory: None,
+        instance: 0,
     }
 }
 
@@ -53,6 +54,45 @@ fn heartbeats_register_and_revive_workers() {
     // It comes back.
     assert!(s.heartbeat(info("a:1", &[]), t0 + Duration::from_secs(7)));
     assert_eq!(s.alive_workers(), ["a:1"]);
+}
+
+#[test]
+fn a_draining_worker_takes_nothing_new_until_a_new_process_comes_back() {
+    let t0 = Instant::now();
+    let mut s = cpu_workers(&["a:1", "b:1"], t0);
+    let (uid, placements) =
+        launched(&mut s, json!({"model_name": "smollm2-instruct", "model_uid": "m", "replica": 2}));
+    s.finish_launch(&uid);
+    let on_a: Vec<String> =
+        placements.iter().filter(|p| p.worker_id == "a:1").map(|p| p.replica_uid.clone()).collect();
+    let drained = s.drain_worker("a:1");
+    assert_eq!(drained, on_a.iter().map(|r| ("m".to_owned(), r.clone())).collect::<Vec<_>>());
+    assert!(s.drain_worker("nobody").is_empty());
+    assert_eq!(s.view().workers.iter().map(|w| w.worker_id.as_str()).collect::<Vec<_>>(), ["b:1"]);
+    assert!(!s.heartbeat(info("a:1", &[]), t0 + Duration::from_secs(1)), "still the same worker");
+    let listed = s.workers(t0 + Duration::from_secs(1));
+    assert_eq!(
+        listed.iter().map(|w| (w.info.worker_id.as_str(), w.draining)).collect::<Vec<_>>(),
+        [("a:1", true), ("b:1", false)]
+    );
+    // It stops, is lost, and a new process comes back under its id: it takes new replicas.
+    s.lose_worker("a:1");
+    assert!(s.heartbeat(info("a:1", &[]), t0 + Duration::from_secs(2)));
+    assert_eq!(s.view().workers.len(), 2);
+}
+
+#[test]
+fn another_process_under_an_alive_workers_id_is_told_apart() {
+    let t0 = Instant::now();
+    let mut s = cpu_workers(&["a:1"], t0);
+    let twin = WorkerInfo { instance: 7, ..info("a:1", &[]) };
+    assert_eq!(s.other_instance(&info("a:1", &[])), None, "the same process");
+    assert_eq!(s.other_instance(&twin), Some(true), "worth a warning the first time");
+    assert_eq!(s.other_instance(&twin), Some(false));
+    s.lose_worker("a:1");
+    assert_eq!(s.other_instance(&twin), None, "the id is free once its worker is lost");
+    assert!(s.heartbeat(twin.clone(), t0 + Duration::from_secs(1)));
+    assert_eq!(s.other_instance(&info("a:1", &[])), Some(true), "the old process, thawed");
 }
 
 #[test]
@@ -210,6 +250,22 @@ fn terminate_moves_through_terminating() {
     assert!(matches!(s.begin_terminate("m"), Err(ActorError::NotReady { .. })));
     s.finish_terminate("m");
     assert_eq!(s.begin_terminate("m"), Err(ActorError::ModelNotFound("m".into())));
+}
+
+#[test]
+fn a_launching_model_is_cancelled_and_gone_when_its_launch_reports() {
+    let mut s = SupervisorState::new();
+    s.heartbeat(info("a:1", &[]), Instant::now());
+    let sp = spec(json!({"model_name": "smollm2-instruct", "model_uid": "m"}));
+    s.begin_launch(&sp, "smollm2-instruct", || "x".into()).expect("placed");
+    assert!(!s.is_terminating("m"));
+    assert_eq!(s.cancel_launch("m"), Some(vec![("a:1".to_owned(), "m-0".to_owned())]));
+    assert!(s.is_terminating("m"), "it shows as terminating until its launch reports");
+    assert_eq!(s.cancel_launch("m"), None, "cancelled once");
+    assert!(matches!(s.begin_terminate("m"), Err(ActorError::NotReady { .. })));
+    s.abort_launch("m");
+    assert_eq!(s.model("m"), None);
+    assert_eq!(s.cancel_launch("m"), None);
 }
 
 fn scale(role: Option<Role>, count: Option<u32>) -> ScaleRequest {
