@@ -25,11 +25,16 @@ pub(crate) fn read_either(
 /// The parameter an engine's refusal of the shape [`read_either`] read should name: the key of
 /// `structured_outputs` that gave it, else `response_format`.
 pub(crate) fn shape_param(structured_outputs: Option<&Value>) -> String {
-    let given = structured_outputs.and_then(Value::as_object).and_then(|o| {
-        let mut keys = o.iter().filter(|(_, v)| !v.is_null()).map(|(k, _)| k);
-        keys.next().filter(|_| keys.next().is_none())
-    });
-    given.map_or_else(|| "response_format".to_owned(), |k| format!("structured_outputs.{k}"))
+    structured_outputs
+        .and_then(single_shape)
+        .map_or_else(|| "response_format".to_owned(), |(k, _)| format!("structured_outputs.{k}"))
+}
+
+/// The one non-null key of a `structured_outputs` object, with its value; `None` when it is no
+/// object or names no shape or several.
+fn single_shape(v: &Value) -> Option<(&String, &Value)> {
+    let mut given = v.as_object()?.iter().filter(|(_, v)| !v.is_null());
+    given.next().filter(|_| given.next().is_none())
 }
 
 /// vLLM's `structured_outputs`: exactly one of `json` (a schema, or its text), `json_object`
@@ -42,11 +47,7 @@ fn read_structured_outputs(v: &Value) -> Result<StructuredOutput, Problem> {
             "invalid_value",
         )
     };
-    let Some(o) = v.as_object() else {
-        return Err(Problem::field("structured_outputs", "api-structured-outputs-one", "invalid_value"));
-    };
-    let given: Vec<(&String, &Value)> = o.iter().filter(|(_, v)| !v.is_null()).collect();
-    let [(key, value)] = given.as_slice() else {
+    let Some((key, value)) = single_shape(v) else {
         return Err(Problem::field("structured_outputs", "api-structured-outputs-one", "invalid_value"));
     };
     let shape = match key.as_str() {
