@@ -240,11 +240,11 @@ impl Supervisor {
                     let result = result.map(|()| uid);
                     match reply {
                         Some(reply) => answer(reply, Wire(result)),
-                        None => {
-                            if let Err(e) = result {
-                                tracing::error!(error = %e, "a detached launch failed");
-                            }
-                        }
+                        // A cancelled launch was logged when it was cancelled.
+                        None => match result {
+                            Ok(_) | Err(ActorError::LaunchCancelled(_)) => {}
+                            Err(e) => tracing::error!(error = %e, "a detached launch failed"),
+                        },
                     }
                 });
             }

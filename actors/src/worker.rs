@@ -269,6 +269,14 @@ impl Worker {
                 lock(&slots).remove(&uid);
                 return answer(reply, Wire(Err(e)));
             }
+            // Stopped before its weights load: nothing to load.
+            {
+                let mut slots = lock(&slots);
+                if matches!(slots.get(&uid), Some(Slot::Loading { cancelled: true, .. })) {
+                    slots.remove(&uid);
+                    return answer(reply, Wire(Err(ActorError::LaunchCancelled(model_uid))));
+                }
+            }
             let outcome = match Actor::spawn_linked(Some(name), Replica, args, cell).await {
                 Ok((actor, _)) => {
                     let keep = {
