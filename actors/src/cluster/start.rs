@@ -6,7 +6,7 @@ use crate::node;
 use crate::node::Namespace;
 use crate::protocol::{SupervisorMsg, WorkerMsg};
 use crate::supervisor::{ModelTable, Supervisor};
-use crate::view::WorkerInfo;
+use crate::view::{WorkerInfo, WorkerStatus};
 use crate::wire::call;
 use crate::worker::Worker;
 use ractor::{Actor, ActorRef};
@@ -50,30 +50,45 @@ async fn spawn_worker(
         .map_err(|e| ActorError::Node(format!("starting the worker: {e}")))
 }
 
-/// Polls the supervisor until it lists `worker_id`.
-async fn wait_registered(
+/// Asks the supervisor for its workers until `check` decides, at most the join timeout: `check`
+/// sees the list and whether the time is up, and must decide then.
+async fn poll_workers<T>(
     supervisor: &ActorRef<SupervisorMsg>,
-    worker_id: &str,
-    instance: u64,
     options: &ClusterOptions,
-) -> Result<(), ActorError> {
+    mut check: impl FnMut(&[WorkerStatus], bool) -> Option<Result<T, ActorError>>,
+) -> Result<T, ActorError> {
     let deadline = tokio::time::Instant::now() + options.join_timeout;
     loop {
         let workers = call(supervisor, "supervisor", options.call_timeout, |reply| {
             SupervisorMsg::ListWorkers { reply }
         })
         .await?;
-        if workers.iter().any(|w| w.info.worker_id == worker_id && w.alive && w.info.instance == instance) {
-            return Ok(());
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(ActorError::Timeout {
-                what: format!("registration of worker {worker_id}"),
-                after_ms: options.join_timeout.as_millis() as u64,
-            });
+        if let Some(decided) = check(&workers, tokio::time::Instant::now() >= deadline) {
+            return decided;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Polls the supervisor until it lists `worker_id` alive, from this process (`instance`).
+async fn wait_registered(
+    supervisor: &ActorRef<SupervisorMsg>,
+    worker_id: &str,
+    instance: u64,
+    options: &ClusterOptions,
+) -> Result<(), ActorError> {
+    poll_workers(supervisor, options, |workers, late| {
+        if workers.iter().any(|w| w.info.worker_id == worker_id && w.alive && w.info.instance == instance) {
+            return Some(Ok(()));
+        }
+        late.then(|| {
+            Err(ActorError::Timeout {
+                what: format!("registration of worker {worker_id}"),
+                after_ms: options.join_timeout.as_millis() as u64,
+            })
+        })
+    })
+    .await
 }
 
 /// Waits until the supervisor counts no worker of id `worker_id` alive, at most the join
@@ -86,27 +101,22 @@ async fn wait_id_free(
     supervisor_addr: &str,
     options: &ClusterOptions,
 ) -> Result<(), ActorError> {
-    let deadline = tokio::time::Instant::now() + options.join_timeout;
-    loop {
-        let workers = call(supervisor, "supervisor", options.call_timeout, |reply| {
-            SupervisorMsg::ListWorkers { reply }
-        })
-        .await?;
+    poll_workers(supervisor, options, |workers, late| {
         let Some(other) = workers.iter().find(|w| w.info.worker_id == worker_id && w.alive) else {
-            return Ok(());
+            return Some(Ok(()));
         };
-        if tokio::time::Instant::now() >= deadline {
-            return Err(ActorError::Join {
+        late.then(|| {
+            Err(ActorError::Join {
                 addr: supervisor_addr.to_owned(),
                 reason: format!(
                     "a worker with id `{worker_id}` (on {}) is connected to the supervisor already; give \
                      this one another `--worker-id`, or stop that one",
                     other.info.host
                 ),
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+            })
+        })
+    })
+    .await
 }
 
 impl Cluster {
