@@ -258,8 +258,8 @@ pub(crate) async fn serve(args: ServeArgs, cat: &Catalog) -> Result<(), String> 
         result = server.stopped() => return result.map_err(|e| cat.text("error-internal", &[("detail", &e.to_string())])),
         () = shutdown_signal() => {}
     }
+    super::server::drain_server(&server, &args.http, cat).await;
     eprintln!("{}", cat.text("cli-stopping", &[]));
-    server.stop(true).await;
     Ok(())
 }
 

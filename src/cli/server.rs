@@ -26,6 +26,10 @@ pub(crate) struct HttpArgs {
     /// HTTP worker threads (default: one per CPU core).
     #[arg(long, env = "XINF_HTTP_WORKERS")]
     pub(crate) http_workers: Option<usize>,
+    /// On SIGTERM or Ctrl-C, seconds to let the requests in flight finish (new connections are
+    /// refused meanwhile); a second signal stops at once.
+    #[arg(long, env = "XINF_DRAIN_TIMEOUT", default_value_t = 30)]
+    pub(crate) drain_timeout: u64,
 }
 
 impl HttpArgs {
@@ -36,6 +40,7 @@ impl HttpArgs {
             api_key: self.api_key.clone(),
             max_body_bytes: self.max_body_bytes,
             workers: self.http_workers,
+            shutdown_timeout_secs: self.drain_timeout,
             ..ApiConfig::default()
         }
     }
@@ -209,10 +214,20 @@ async fn serve_cluster(
         r = server.stopped() => r.map_err(|e| cat.text("error-internal", &[("detail", &e.to_string())])),
         () = shutdown_signal() => Ok(()),
     };
+    drain_server(&server, http, cat).await;
     eprintln!("{}", cat.text("cli-stopping", &[]));
-    server.stop(true).await;
     cluster.shutdown().await;
     result
+}
+
+/// Stops the REST server after a signal: the requests in flight may finish within the drain
+/// timeout (`--drain-timeout`), new connections are refused; a second signal stops at once.
+pub(crate) async fn drain_server(server: &api::ServerHandle, http: &HttpArgs, cat: &Catalog) {
+    eprintln!("{}", cat.text("cli-server-draining", &[("seconds", &http.drain_timeout.to_string())]));
+    tokio::select! {
+        () = server.stop(true) => {}
+        () = shutdown_signal() => {}
+    }
 }
 
 /// `xinf local`: supervisor and worker in this process, REST in front.

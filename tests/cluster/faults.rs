@@ -3,8 +3,8 @@
 //! reloads), the decode worker frozen mid-stream, thawed, killed mid-stream and started again
 //! under its id (a replacement loads there), the prefill worker frozen with a request on it,
 //! thawed, killed and started again; a worker stopped by a signal, which lets its running
-//! request finish; a second worker under a running one's id, refused; and a launch larger than
-//! the worker's memory, refused before it can take the node down.
+//! request finish, as `xinf local` does; a second worker under a running one's id, refused; and
+//! a launch larger than the worker's memory, refused before it can take the node down.
 
 use super::garbage::answer;
 use super::{SECRET, supervisor_on, worker_with_env};
@@ -263,6 +263,20 @@ fn a_worker_stopped_by_a_signal_lets_its_running_request_finish() {
     let exited = w.wait(Duration::from_secs(30));
     assert!(exited.is_some_and(|s| s.success()), "the worker did not exit after draining: {exited:?}");
     eprintln!("drained: the running stream ended {took:?} after the signal's first checks");
+}
+
+/// `xinf local` stopped by SIGTERM lets the stream it serves finish before it exits.
+#[test]
+fn a_local_server_stopped_by_a_signal_lets_its_running_request_finish() {
+    let _ = crate::util::smollm2();
+    let (mut p, addr) = crate::util::procs::local("drained", &[]);
+    let conn = streaming_from(addr, "drained", 96);
+    p.signal("-TERM");
+    let (_, tail) = until_end(conn);
+    assert!(tail.contains("\"completion_tokens\":96"), "the stream did not end with its 96 tokens: {tail}");
+    let exited = p.wait(Duration::from_secs(30));
+    assert!(exited.is_some_and(|s| s.success()), "xinf local did not exit after draining: {exited:?}");
+    assert!(p.log().contains("at most 30 s"), "{}", p.log());
 }
 
 /// A second worker started under the id of a running one is refused, naming the id, and the

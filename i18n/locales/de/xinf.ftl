@@ -22,6 +22,7 @@ cli-prompt-or-chat = geben Sie genau eine der Optionen --prompt oder --chat an
 cli-serving = { $model } wird als Modell `{ $uid }` unter http://{ $addr }/v1 bereitgestellt
 cli-bind-failed = kann nicht auf { $addr } lauschen: { $detail }
 cli-stopping = Server wird beendet…
+cli-server-draining = Beenden: laufende Anfragen dürfen noch fertig werden, höchstens { $seconds } s (ein zweites Signal beendet sofort)…
 # Fehler der REST-API; `field` ist das Feld der Anfrage, benannt wie in der API.
 api-model-not-found = das Modell `{ $model }` existiert nicht
 api-model-not-ready = das Modell `{ $model }` ist noch nicht bereit; bitte später erneut versuchen

@@ -22,6 +22,7 @@ cli-prompt-or-chat = give exactly one of --prompt or --chat
 cli-serving = Serving { $model } as model `{ $uid }` at http://{ $addr }/v1
 cli-bind-failed = cannot listen on { $addr }: { $detail }
 cli-stopping = Stopping the server…
+cli-server-draining = Stopping: letting the requests in flight finish, at most { $seconds } s (a second signal stops at once)…
 # REST API errors; `field` is the request field, named as in the API.
 api-model-not-found = the model `{ $model }` does not exist
 api-model-not-ready = the model `{ $model }` is not ready yet; retry later

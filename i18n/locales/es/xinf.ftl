@@ -22,6 +22,7 @@ cli-prompt-or-chat = indique solo una de las opciones --prompt o --chat
 cli-serving = Sirviendo { $model } como modelo `{ $uid }` en http://{ $addr }/v1
 cli-bind-failed = no se puede escuchar en { $addr }: { $detail }
 cli-stopping = Deteniendo el servidor…
+cli-server-draining = Deteniendo: dejando terminar las solicitudes en curso, como mucho { $seconds } s (una segunda señal detiene de inmediato)…
 # Errores de la API REST; `field` es el campo de la solicitud, con el nombre que tiene en la API.
 api-model-not-found = el modelo `{ $model }` no existe
 api-model-not-ready = el modelo `{ $model }` aún no está listo; vuelva a intentarlo más tarde

@@ -22,6 +22,7 @@ cli-prompt-or-chat = indiquez une seule des options --prompt ou --chat
 cli-serving = { $model } est servi comme modèle `{ $uid }` sur http://{ $addr }/v1
 cli-bind-failed = impossible d'écouter sur { $addr } : { $detail }
 cli-stopping = Arrêt du serveur…
+cli-server-draining = Arrêt : les requêtes en cours peuvent finir, { $seconds } s au plus (un second signal arrête aussitôt)…
 # Erreurs de l'API REST ; `field` est le champ de la requête, nommé comme dans l'API.
 api-model-not-found = le modèle `{ $model }` n'existe pas
 api-model-not-ready = le modèle `{ $model }` n'est pas encore prêt ; réessayez plus tard

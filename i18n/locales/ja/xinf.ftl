@@ -22,6 +22,7 @@ cli-prompt-or-chat = --prompt と --chat のどちらか一方だけを指定し
 cli-serving = { $model } をモデル `{ $uid }` として http://{ $addr }/v1 で提供しています
 cli-bind-failed = { $addr } で待ち受けできません：{ $detail }
 cli-stopping = サーバーを停止しています…
+cli-server-draining = 停止中：実行中のリクエストの完了を最大 { $seconds } 秒待ちます（2 回目のシグナルで即時停止）…
 # REST API のエラー。`field` はリクエストのフィールドで、API での名前のまま示します。
 api-model-not-found = モデル `{ $model }` は存在しません
 api-model-not-ready = モデル `{ $model }` はまだ準備ができていません。しばらくしてから再試行してください

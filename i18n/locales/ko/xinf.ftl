@@ -22,6 +22,7 @@ cli-prompt-or-chat = --prompt와 --chat 중 하나만 지정하세요
 cli-serving = { $model }을(를) 모델 `{ $uid }`(으)로 http://{ $addr }/v1 에서 제공하는 중
 cli-bind-failed = { $addr }에서 수신 대기할 수 없습니다: { $detail }
 cli-stopping = 서버를 중지하는 중…
+cli-server-draining = 중지 중: 진행 중인 요청이 끝나기를 최대 { $seconds }초 기다립니다(두 번째 신호로 즉시 중지)…
 # REST API 오류. `field`는 요청 필드이며 API에서 쓰는 이름 그대로입니다.
 api-model-not-found = 모델 `{ $model }`이(가) 없습니다
 api-model-not-ready = 모델 `{ $model }`이(가) 아직 준비되지 않았습니다. 잠시 후 다시 시도하세요

@@ -22,6 +22,7 @@ cli-prompt-or-chat = informe apenas uma das opções --prompt ou --chat
 cli-serving = Servindo { $model } como modelo `{ $uid }` em http://{ $addr }/v1
 cli-bind-failed = não foi possível escutar em { $addr }: { $detail }
 cli-stopping = Parando o servidor…
+cli-server-draining = Parando: deixando as solicitações em andamento terminarem, no máximo { $seconds } s (um segundo sinal para de imediato)…
 # Erros da API REST; `field` é o campo da requisição, com o nome usado na API.
 api-model-not-found = o modelo `{ $model }` não existe
 api-model-not-ready = o modelo `{ $model }` ainda não está pronto; tente novamente mais tarde

@@ -22,6 +22,7 @@ cli-prompt-or-chat = укажите ровно один из параметро�
 cli-serving = { $model } обслуживается как модель `{ $uid }` по адресу http://{ $addr }/v1
 cli-bind-failed = не удаётся слушать { $addr }: { $detail }
 cli-stopping = Остановка сервера…
+cli-server-draining = Остановка: выполняющимся запросам даётся до { $seconds } с на завершение (второй сигнал останавливает сразу)…
 # Ошибки REST API; `field` — поле запроса под тем именем, что и в API.
 api-model-not-found = модель `{ $model }` не существует
 api-model-not-ready = модель `{ $model }` ещё не готова; повторите попытку позже

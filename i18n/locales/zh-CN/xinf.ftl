@@ -22,6 +22,7 @@ cli-prompt-or-chat = 请只给出 --prompt 或 --chat 之一
 cli-serving = 正在以模型 `{ $uid }` 提供 { $model }，地址 http://{ $addr }/v1
 cli-bind-failed = 无法监听 { $addr }：{ $detail }
 cli-stopping = 正在停止服务器…
+cli-server-draining = 正在停止：最多等待 { $seconds } 秒让进行中的请求完成（再次发送信号立即停止）…
 # REST API 错误；`field` 是请求字段，名称与 API 一致。
 api-model-not-found = 模型 `{ $model }` 不存在
 api-model-not-ready = 模型 `{ $model }` 尚未就绪，请稍后重试

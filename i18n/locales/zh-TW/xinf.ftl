@@ -22,6 +22,7 @@ cli-prompt-or-chat = 請只提供 --prompt 或 --chat 其中之一
 cli-serving = 正在以模型 `{ $uid }` 提供 { $model }，位址 http://{ $addr }/v1
 cli-bind-failed = 無法監聽 { $addr }：{ $detail }
 cli-stopping = 正在停止伺服器…
+cli-server-draining = 正在停止：最多等待 { $seconds } 秒讓進行中的請求完成（再次送出訊號立即停止）…
 # REST API 錯誤；`field` 是請求欄位，名稱與 API 相同。
 api-model-not-found = 模型 `{ $model }` 不存在
 api-model-not-ready = 模型 `{ $model }` 尚未就緒，請稍後再試
