@@ -270,28 +270,12 @@ impl Worker {
                 return answer(reply, Wire(Err(e)));
             }
             // Stopped before its weights load: nothing to load.
-            {
-                let mut slots = lock(&slots);
-                if matches!(slots.get(&uid), Some(Slot::Loading { cancelled: true, .. })) {
-                    slots.remove(&uid);
-                    return answer(reply, Wire(Err(ActorError::LaunchCancelled(model_uid))));
-                }
+            if drop_if_cancelled(&slots, &uid) {
+                return answer(reply, Wire(Err(ActorError::LaunchCancelled(model_uid))));
             }
             let outcome = match Actor::spawn_linked(Some(name), Replica, args, cell).await {
                 Ok((actor, _)) => {
-                    let keep = {
-                        let mut slots = lock(&slots);
-                        match slots.remove(&uid) {
-                            Some(Slot::Loading { cancelled: false, spec, host_bytes }) => {
-                                let running = Slot::Running { actor: actor.clone(), spec, host_bytes };
-                                slots.insert(uid.clone(), running);
-                                true
-                            }
-                            // Stopped while it loaded: the slot is gone.
-                            _ => false,
-                        }
-                    };
-                    if keep {
+                    if start_running(&slots, &uid, &actor) {
                         Ok(())
                     } else {
                         if let Err(e) = actor
@@ -310,6 +294,29 @@ impl Worker {
             };
             answer(reply, Wire(outcome));
         });
+    }
+}
+
+/// Whether replica `uid` was stopped while it waited to load; its slot is then removed.
+fn drop_if_cancelled(slots: &Slots, uid: &str) -> bool {
+    let mut slots = lock(slots);
+    let cancelled = matches!(slots.get(uid), Some(Slot::Loading { cancelled: true, .. }));
+    if cancelled {
+        slots.remove(uid);
+    }
+    cancelled
+}
+
+/// Turns replica `uid`'s slot from loading to running with its actor; `false` when it was
+/// stopped while it loaded (the slot is gone then, and the actor must be stopped).
+fn start_running(slots: &Slots, uid: &str, actor: &ActorRef<ReplicaMsg>) -> bool {
+    let mut slots = lock(slots);
+    match slots.remove(uid) {
+        Some(Slot::Loading { cancelled: false, spec, host_bytes }) => {
+            slots.insert(uid.to_owned(), Slot::Running { actor: actor.clone(), spec, host_bytes });
+            true
+        }
+        _ => false,
     }
 }
 
