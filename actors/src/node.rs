@@ -53,6 +53,12 @@ impl Namespace {
         format!("{}.worker.{worker_id}", self.0)
     }
 
+    /// The group of one process of a worker: the one that is told when another process took
+    /// over its id.
+    pub(crate) fn worker_instance_group(&self, worker_id: &str, instance: u64) -> String {
+        format!("{}.worker.{worker_id}.{instance:016x}", self.0)
+    }
+
     /// The group of one replica.
     pub(crate) fn replica_group(&self, replica_uid: &str) -> String {
         format!("{}.replica.{replica_uid}", self.0)

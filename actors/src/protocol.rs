@@ -77,4 +77,7 @@ pub(crate) enum WorkerMsg {
     StopReplica { replica_uid: String, reply: RpcReplyPort<Wire<bool>> },
     /// Send a heartbeat (sent by the worker to itself).
     Tick,
+    /// Another process took over this worker's id while this one was out of sight (frozen, cut
+    /// off): stop its replicas and leave, so that nothing is placed on it any more.
+    Superseded,
 }

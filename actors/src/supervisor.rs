@@ -9,6 +9,7 @@
 //! models from them (`AdoptDone` reports back); replicas lost with their worker are replaced
 //! where the cluster has room, at each `Tick`.
 
+mod instances;
 pub(crate) mod state;
 mod tasks;
 
@@ -17,9 +18,11 @@ use crate::error::ActorError;
 use crate::launch::{self, LaunchRequest};
 use crate::node::Namespace;
 pub(crate) use crate::protocol::SupervisorMsg;
+use crate::protocol::WorkerMsg;
 use crate::router::RouterMsg;
 use crate::spec::{HeldReplica, ReplicaSpec, Role};
 use crate::wire::{Wire, answer, call, call_raw};
+use instances::WorkerInstances;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use state::{LostReplica, Reconciled, SupervisorState};
 use std::collections::HashMap;
@@ -79,6 +82,7 @@ pub(crate) struct Supervisor {
     pub(crate) ns: Namespace,
     pub(crate) local_mode: bool,
     pub(crate) models: Arc<ModelTable>,
+    pub(crate) instances: Arc<WorkerInstances>,
     pub(crate) times: SupervisorTimes,
     /// The engines launches may name (checked here, loaded by workers).
     pub(crate) engines: Engines,
@@ -86,7 +90,13 @@ pub(crate) struct Supervisor {
 
 impl Supervisor {
     fn task_ctx(&self, myself: &ActorRef<SupervisorMsg>) -> TaskCtx {
-        TaskCtx { ns: self.ns.clone(), models: self.models.clone(), times: self.times, sup: myself.clone() }
+        TaskCtx {
+            ns: self.ns.clone(),
+            models: self.models.clone(),
+            instances: self.instances.clone(),
+            times: self.times,
+            sup: myself.clone(),
+        }
     }
 
     /// Takes lost replicas out of their routers and block trackers.
@@ -155,11 +165,19 @@ impl Supervisor {
     ) {
         if let Some(first) = state.other_instance(&info) {
             if first {
-                tracing::warn!(worker_id = %info.worker_id, host = %info.host, "another process reports under the id of a running worker; its heartbeats are ignored");
+                tracing::warn!(worker_id = %info.worker_id, host = %info.host, "another process reports under the id of a running worker; it is told to stop");
+            }
+            for cell in
+                ractor::pg::get_members(&self.ns.worker_instance_group(&info.worker_id, info.instance))
+            {
+                if ActorRef::<WorkerMsg>::from(cell).cast(WorkerMsg::Superseded).is_err() {
+                    tracing::debug!("a superseded worker is gone");
+                }
             }
             return;
         }
         let id = info.worker_id.clone();
+        self.instances.set(&id, info.instance);
         if state.heartbeat(info, Instant::now()) {
             tracing::info!(worker_id = %id, "worker registered");
         }
@@ -298,7 +316,8 @@ impl Supervisor {
 
     /// Starts terminating a model; a task tears it down and reports back with `TerminateDone`,
     /// then answers. A model still launching is cancelled instead: the answer comes once its
-    /// loads are told to stop, and it is gone when its launch task reports.
+    /// loads are told to stop, and it is gone when its launch task reports. A model already
+    /// terminating is answered at once.
     fn terminate(
         &self,
         myself: &ActorRef<SupervisorMsg>,
@@ -306,6 +325,10 @@ impl Supervisor {
         model_uid: String,
         reply: RpcReplyPort<Wire<()>>,
     ) {
+        if state.is_terminating(&model_uid) {
+            // Asked twice: the first call's teardown runs; the model is gone when it ends.
+            return answer(reply, Wire::ok(()));
+        }
         if let Some(replicas) = state.cancel_launch(&model_uid) {
             // Stopping a replica that loads cancels it, and the launch task, whose loads then
             // fail (or which is told so when it reports), rolls the rest back.
@@ -436,7 +459,7 @@ impl Supervisor {
 
     fn check_worker_groups(&self, state: &mut SupervisorState) {
         for id in state.alive_workers() {
-            if ractor::pg::get_members(&self.ns.worker_group(&id)).is_empty() {
+            if ractor::pg::get_members(&self.instances.group(&self.ns, &id)).is_empty() {
                 let lost = state.lose_worker(&id);
                 self.drop_replicas(lost, &format!("worker {id} disconnected"));
             }

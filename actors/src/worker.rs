@@ -94,8 +94,9 @@ impl Actor for Worker {
         myself: ActorRef<Self::Msg>,
         _args: (),
     ) -> Result<Self::State, ActorProcessingErr> {
-        ractor::pg::join(self.ns.worker_group(&self.info.worker_id), vec![myself.get_cell()]);
-        ractor::pg::join(self.ns.workers_group(), vec![myself.get_cell()]);
+        for group in self.groups() {
+            ractor::pg::join(group, vec![myself.get_cell()]);
+        }
         myself.send_interval(self.times.heartbeat_interval, || WorkerMsg::Tick);
         Ok(WorkerState { slots: Arc::new(Mutex::new(HashMap::new())) })
     }
@@ -154,6 +155,16 @@ impl Actor for Worker {
                 }
                 None => tracing::debug!("no supervisor in sight for the heartbeat"),
             },
+            WorkerMsg::Superseded => {
+                tracing::error!(
+                    worker_id = %self.info.worker_id,
+                    "another worker process took over this worker's id while this one was out of sight; stopping"
+                );
+                for group in self.groups() {
+                    ractor::pg::leave(group, vec![myself.get_cell()]);
+                }
+                myself.stop(Some("superseded by another process under its id".into()));
+            }
             WorkerMsg::SpawnReplica { spec, reply } => match spec.0 {
                 Err(e) => answer(reply, Wire(Err(e))),
                 Ok(spec) => self.spawn_replica(&myself, state, *spec, reply),
@@ -224,6 +235,16 @@ impl Actor for Worker {
 }
 
 impl Worker {
+    /// The process groups the worker is found through: its id's, every worker's, and its
+    /// process's own.
+    fn groups(&self) -> [String; 3] {
+        [
+            self.ns.worker_group(&self.info.worker_id),
+            self.ns.workers_group(),
+            self.ns.worker_instance_group(&self.info.worker_id, self.info.instance),
+        ]
+    }
+
     fn spawn_replica(
         &self,
         myself: &ActorRef<WorkerMsg>,

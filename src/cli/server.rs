@@ -255,14 +255,21 @@ pub(crate) async fn worker(args: WorkerArgs, cat: &Catalog) -> Result<(), String
     options.worker_port = args.worker_port;
     options.worker_id = args.worker_id.clone();
     options.drain_timeout = std::time::Duration::from_secs(args.drain_timeout);
-    let node = Cluster::start_worker_with(&args.supervisor, &args.host, secret, options)
+    let mut node = Cluster::start_worker_with(&args.supervisor, &args.host, secret, options)
         .await
         .map_err(|e| actor_text(cat, &e))?;
     eprintln!(
         "{}",
         cat.text("cli-worker-joined", &[("id", node.worker_id()), ("supervisor", &args.supervisor)])
     );
-    shutdown_signal().await;
+    let id = node.worker_id().to_owned();
+    tokio::select! {
+        () = shutdown_signal() => {}
+        () = node.stopped() => {
+            node.shutdown().await;
+            return Err(cat.text("cli-worker-superseded", &[("id", &id)]));
+        }
+    }
     eprintln!("{}", cat.text("cli-worker-draining", &[("seconds", &args.drain_timeout.to_string())]));
     tokio::select! {
         running = node.drain() => if running > 0 {

@@ -304,3 +304,35 @@ fn a_second_worker_under_a_running_workers_id_is_refused() {
         "the first worker's heartbeats stopped: {workers}"
     );
 }
+
+/// A worker frozen until it was counted lost, replaced by a new process under its id, then
+/// thawed, is told to stop: it exits naming the id, and the model keeps serving from the new
+/// process (replicas were placed on the stale one, and the model flapped, before).
+#[test]
+fn a_thawed_worker_whose_id_was_taken_over_stops() {
+    let _ = crate::util::smollm2();
+    let (_sup, addr, cluster) = supervisor_on(free_port(), free_port());
+    let (mut old, id) = worker_with_env(&cluster, SECRET, &[("XINF_WORKER_ID", "same")]);
+    let body = json!({"model_name": "smollm2-instruct", "model_uid": "t",
+        "replica_config": [{"devices": [{"worker_ip": id, "n_gpu": 0}]}]});
+    assert_eq!(http::post(addr, "/v1/models", &body).status, 200);
+    old.signal("-STOP");
+    poll(Duration::from_secs(30), "the frozen worker counted lost", || {
+        http::get(addr, "/v1/workers").json()[0]["alive"] == false
+    });
+    let (_new, _) = worker_with_env(&cluster, SECRET, &[("XINF_WORKER_ID", "same")]);
+    poll(Duration::from_secs(60), "the model serving from the new process", || {
+        http::get(addr, "/v1/models/t").json()["xinf"]["status"] == "ready"
+    });
+    old.signal("-CONT");
+    let exited = old.wait(Duration::from_secs(30));
+    assert!(exited.is_some_and(|s| !s.success()), "the thawed worker kept running: {exited:?}");
+    assert!(old.log().contains("another worker process took over its id"), "{}", old.log());
+    let ask = json!({"model": "t", "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0});
+    for _ in 0..3 {
+        let res = http::post(addr, "/v1/completions", &ask);
+        assert_eq!(res.status, 200, "{}", res.text());
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    assert_eq!(http::get(addr, "/v1/models/t").json()["xinf"]["status"], "ready");
+}

@@ -27,6 +27,7 @@ async fn spawn_supervisor(
         ns: ns.clone(),
         local_mode,
         models,
+        instances: Arc::default(),
         times: options.supervisor_times(),
         engines: options.engines.clone(),
     };
@@ -40,13 +41,12 @@ async fn spawn_worker(
     ns: &Namespace,
     info: WorkerInfo,
     options: &ClusterOptions,
-) -> Result<ActorRef<WorkerMsg>, ActorError> {
+) -> Result<(ActorRef<WorkerMsg>, tokio::task::JoinHandle<()>), ActorError> {
     let name = ns.worker_name(&info.worker_id);
     let worker =
         Worker { ns: ns.clone(), info, times: options.worker_times(), engines: options.engines.clone() };
     Actor::spawn(Some(name), worker, ())
         .await
-        .map(|(actor, _)| actor)
         .map_err(|e| ActorError::Node(format!("starting the worker: {e}")))
 }
 
@@ -136,7 +136,7 @@ impl Cluster {
         let info = WorkerInfo::from_env("local".into(), "127.0.0.1".into())?;
         let instance = info.instance;
         let worker = match spawn_worker(&ns, info, &options).await {
-            Ok(w) => w,
+            Ok((w, _)) => w,
             Err(e) => {
                 supervisor.stop(None);
                 return Err(e);
@@ -269,14 +269,14 @@ impl Cluster {
             wait_id_free(&sup, &worker_id, supervisor_addr, &options).await?;
             let worker = spawn_worker(&ns, info, &options).await?;
             if let Err(e) = wait_registered(&sup, &worker_id, instance, &options).await {
-                worker.stop(None);
+                worker.0.stop(None);
                 return Err(e);
             }
             Ok(worker)
         }
         .await;
         match joined {
-            Ok(worker) => {
+            Ok((worker, done)) => {
                 let rejoin = tokio::spawn(stay_joined(
                     node.clone(),
                     supervisor_addr.to_owned(),
@@ -285,6 +285,7 @@ impl Cluster {
                 ));
                 Ok(WorkerNode {
                     worker,
+                    done: Some(done),
                     node,
                     worker_id,
                     supervisor_group: ns.supervisor_group(),
@@ -307,6 +308,8 @@ impl Cluster {
 /// A worker running in this process, joined to a supervisor.
 pub struct WorkerNode {
     worker: ActorRef<WorkerMsg>,
+    /// Ends when the worker actor stops.
+    done: Option<tokio::task::JoinHandle<()>>,
     node: ActorRef<NodeServerMessage>,
     worker_id: String,
     supervisor_group: String,
@@ -394,6 +397,16 @@ impl WorkerNode {
     /// names.
     pub fn worker_id(&self) -> &str {
         &self.worker_id
+    }
+
+    /// Resolves when the worker stops on its own: another process took over its id while this
+    /// one was out of sight (frozen, cut off), and the supervisor told it to stop. Its replicas
+    /// are stopped then; the process has nothing left to do.
+    pub async fn stopped(&mut self) {
+        if let Some(done) = self.done.as_mut() {
+            let _ = done.await;
+            self.done = None;
+        }
     }
 
     /// Lets the requests running on this worker's replicas finish before a

@@ -1,7 +1,7 @@
 //! The supervisor's slow work, run in tasks that report back to it: building a model's actors
 //! (launch, scale-up, adoption after a restart), and tearing them down.
 
-use super::{ModelActors, ModelTable, SupervisorMsg, SupervisorTimes};
+use super::{ModelActors, ModelTable, SupervisorMsg, SupervisorTimes, WorkerInstances};
 use crate::block_tracker::{BlockTracker, BlockTrackerMsg};
 use crate::error::ActorError;
 use crate::launch::Placement;
@@ -20,13 +20,14 @@ use std::sync::Arc;
 pub(super) struct TaskCtx {
     pub(super) ns: Namespace,
     pub(super) models: Arc<ModelTable>,
+    pub(super) instances: Arc<WorkerInstances>,
     pub(super) times: SupervisorTimes,
     pub(super) sup: ActorRef<SupervisorMsg>,
 }
 
-/// A worker, found through its process group.
-pub(super) fn worker_ref(ns: &Namespace, worker_id: &str) -> Option<ActorRef<WorkerMsg>> {
-    ractor::pg::get_members(&ns.worker_group(worker_id)).into_iter().next().map(Into::into)
+/// A worker, found through the process group of its registered process.
+pub(super) fn worker_ref(ctx: &TaskCtx, worker_id: &str) -> Option<ActorRef<WorkerMsg>> {
+    ractor::pg::get_members(&ctx.instances.group(&ctx.ns, worker_id)).into_iter().next().map(Into::into)
 }
 
 /// Creates a model's actors in the reference order (block tracker, replicas in parallel,
@@ -245,7 +246,7 @@ async fn start_replica(
     p: &Placement,
 ) -> Result<ActorRef<ReplicaMsg>, ActorError> {
     let what = format!("worker {}", p.worker_id);
-    let worker = worker_ref(&ctx.ns, &p.worker_id).ok_or_else(|| ActorError::Unreachable {
+    let worker = worker_ref(ctx, &p.worker_id).ok_or_else(|| ActorError::Unreachable {
         what: what.clone(),
         reason: "it left the cluster".into(),
     })?;
@@ -311,7 +312,7 @@ pub(super) async fn teardown(ctx: &TaskCtx, actors: Option<ModelActors>, replica
     let lost = lost_workers(ctx).await;
     let stops = replicas.iter().filter(|(worker_id, _)| !lost.contains(worker_id)).map(
         |(worker_id, replica_uid)| async move {
-            let Some(worker) = worker_ref(&ctx.ns, worker_id) else { return };
+            let Some(worker) = worker_ref(ctx, worker_id) else { return };
             let stopped =
                 call(&worker, &format!("worker {worker_id}"), ctx.times.call + ctx.times.stop, |reply| {
                     WorkerMsg::StopReplica { replica_uid: replica_uid.clone(), reply }

@@ -86,6 +86,7 @@ cli-supervisor-listening = Worker treten unter { $addr } bei
 cli-worker-joined = Worker { $id } ist dem Supervisor unter { $supervisor } beigetreten
 cli-worker-draining = Leeren: keine neuen Anfragen mehr hierher; bis zu { $seconds } s Warten auf die laufenden (ein zweites Signal beendet sofort)…
 cli-worker-drain-timeout = { $running } Anfragen liefen noch, als die Leerungszeit ablief
+cli-worker-superseded = Worker { $id } beendet: ein anderer Worker-Prozess hat seine ID übernommen, während dieser nicht antwortete (eingefroren oder abgeschnitten); seine Replikate wurden gestoppt
 cli-mps-started = MPS-Steuerdaemon gestartet; er endet mit xinf
 cli-mps-running = Der bereits laufende MPS-Steuerdaemon wird verwendet
 cli-mps-failed = der Knoten kann nicht unter MPS laufen: { $detail }

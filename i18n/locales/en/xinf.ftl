@@ -86,6 +86,7 @@ cli-supervisor-listening = Workers join at { $addr }
 cli-worker-joined = Worker { $id } joined the supervisor at { $supervisor }
 cli-worker-draining = Draining: no new requests come here; waiting up to { $seconds } s for the running ones (a second signal stops at once)…
 cli-worker-drain-timeout = { $running } requests were still running when the drain time ran out
+cli-worker-superseded = worker { $id } stopped: another worker process took over its id while this one did not answer (frozen or cut off); its replicas were stopped
 cli-mps-started = MPS control daemon started; it stops when xinf stops
 cli-mps-running = Using the MPS control daemon already running
 cli-mps-failed = cannot run the node under MPS: { $detail }

@@ -86,6 +86,7 @@ cli-supervisor-listening = Los workers se unen en { $addr }
 cli-worker-joined = El worker { $id } se unió al supervisor en { $supervisor }
 cli-worker-draining = Vaciando: no llegan más solicitudes nuevas; esperando hasta { $seconds } s a las que están en curso (una segunda señal detiene de inmediato)…
 cli-worker-drain-timeout = { $running } solicitudes seguían en curso cuando se agotó el tiempo de vaciado
+cli-worker-superseded = el worker { $id } se detuvo: otro proceso worker tomó su id mientras este no respondía (congelado o aislado); sus réplicas se detuvieron
 cli-mps-started = Demonio de control de MPS iniciado; se detiene cuando xinf se detiene
 cli-mps-running = Se usa el demonio de control de MPS que ya está en marcha
 cli-mps-failed = no se puede ejecutar el nodo bajo MPS: { $detail }

@@ -86,6 +86,7 @@ cli-supervisor-listening = Les workers rejoignent le cluster sur { $addr }
 cli-worker-joined = Le worker { $id } a rejoint le superviseur { $supervisor }
 cli-worker-draining = Vidange : plus aucune nouvelle requête ici ; attente des requêtes en cours, { $seconds } s au plus (un second signal arrête aussitôt)…
 cli-worker-drain-timeout = { $running } requêtes tournaient encore à la fin du délai de vidange
+cli-worker-superseded = le worker { $id } s'est arrêté : un autre processus worker a pris son identifiant pendant que celui-ci ne répondait pas (gelé ou coupé) ; ses répliques ont été arrêtées
 cli-mps-started = Démon de contrôle MPS démarré ; il s'arrête avec xinf
 cli-mps-running = Utilisation du démon de contrôle MPS déjà en marche
 cli-mps-failed = impossible de faire tourner le nœud sous MPS : { $detail }

@@ -86,6 +86,7 @@ cli-supervisor-listening = ワーカーの参加先：{ $addr }
 cli-worker-joined = ワーカー { $id } が { $supervisor } のスーパーバイザーに参加しました
 cli-worker-draining = ドレイン中：新しいリクエストはここに来ません。実行中のリクエストを最大 { $seconds } 秒待ちます（2 回目のシグナルで即時停止）…
 cli-worker-drain-timeout = ドレインの時間切れの時点で { $running } 件のリクエストがまだ実行中でした
+cli-worker-superseded = ワーカー { $id } は停止しました：このプロセスが応答しない間（フリーズまたは切断）に別のワーカープロセスが id を引き継ぎました。レプリカは停止されました
 cli-mps-started = MPS 制御デーモンを起動しました。xinf の終了とともに停止します
 cli-mps-running = 起動済みの MPS 制御デーモンを使用します
 cli-mps-failed = ノードを MPS の下で実行できません: { $detail }

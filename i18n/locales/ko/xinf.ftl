@@ -86,6 +86,7 @@ cli-supervisor-listening = 워커 참여 주소: { $addr }
 cli-worker-joined = 워커 { $id }이(가) { $supervisor }의 슈퍼바이저에 참여했습니다
 cli-worker-draining = 드레인 중: 새 요청은 더 이상 오지 않습니다. 실행 중인 요청을 최대 { $seconds }초 기다립니다(두 번째 신호로 즉시 중지)…
 cli-worker-drain-timeout = 드레인 시간이 끝났을 때 요청 { $running }개가 아직 실행 중이었습니다
+cli-worker-superseded = 워커 { $id } 중지: 이 프로세스가 응답하지 않는 동안(멈춤 또는 단절) 다른 워커 프로세스가 id를 넘겨받았습니다. 레플리카는 중지되었습니다
 cli-mps-started = MPS 제어 데몬을 시작했습니다. xinf가 멈추면 함께 멈춥니다
 cli-mps-running = 이미 실행 중인 MPS 제어 데몬을 사용합니다
 cli-mps-failed = 노드를 MPS에서 실행할 수 없습니다: { $detail }

@@ -86,6 +86,7 @@ cli-supervisor-listening = Os workers entram no cluster por { $addr }
 cli-worker-joined = O worker { $id } entrou no supervisor em { $supervisor }
 cli-worker-draining = Drenando: nenhuma solicitação nova vem para cá; aguardando até { $seconds } s pelas em andamento (um segundo sinal para de imediato)…
 cli-worker-drain-timeout = { $running } solicitações ainda estavam em andamento quando o tempo de drenagem acabou
+cli-worker-superseded = o worker { $id } parou: outro processo worker assumiu seu id enquanto este não respondia (congelado ou isolado); suas réplicas foram paradas
 cli-mps-started = Daemon de controle do MPS iniciado; ele para quando o xinf parar
 cli-mps-running = Usando o daemon de controle do MPS que já está em execução
 cli-mps-failed = não é possível executar o nó sob o MPS: { $detail }

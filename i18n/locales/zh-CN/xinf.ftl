@@ -86,6 +86,7 @@ cli-supervisor-listening = 工作节点加入地址：{ $addr }
 cli-worker-joined = 工作节点 { $id } 已加入 { $supervisor } 的监管节点
 cli-worker-draining = 正在排空：不再接收新请求；最多等待 { $seconds } 秒让进行中的请求完成（再次发送信号立即停止）…
 cli-worker-drain-timeout = 排空时间用完时仍有 { $running } 个请求在运行
+cli-worker-superseded = 工作节点 { $id } 已停止：在本进程无响应（冻结或断开）期间，另一个工作节点进程接管了它的 id；其副本已停止
 cli-mps-started = 已启动 MPS 控制守护进程；它会随 xinf 一起停止
 cli-mps-running = 使用已在运行的 MPS 控制守护进程
 cli-mps-failed = 无法在 MPS 下运行此节点：{ $detail }

@@ -86,6 +86,7 @@ cli-supervisor-listening = 工作節點加入位址：{ $addr }
 cli-worker-joined = 工作節點 { $id } 已加入 { $supervisor } 的監管節點
 cli-worker-draining = 正在排空：不再接收新請求；最多等待 { $seconds } 秒讓進行中的請求完成（再次送出訊號立即停止）…
 cli-worker-drain-timeout = 排空時間用完時仍有 { $running } 個請求在執行
+cli-worker-superseded = 工作節點 { $id } 已停止：在本行程無回應（凍結或斷線）期間，另一個工作節點行程接管了它的 id；其副本已停止
 cli-mps-started = 已啟動 MPS 控制守護程序；它會隨 xinf 一起停止
 cli-mps-running = 使用已在執行的 MPS 控制守護程序
 cli-mps-failed = 無法在 MPS 下執行此節點：{ $detail }
