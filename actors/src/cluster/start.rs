@@ -442,11 +442,12 @@ impl WorkerNode {
                 tracing::info!(running, "waiting for the requests running on this worker's replicas");
                 told = Some(running);
             }
-            if tokio::time::Instant::now() + DRAIN_POLL > deadline {
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
                 tracing::warn!(running, drain_timeout = ?self.times.drain, "requests still run after the drain timeout");
                 return running;
             }
-            tokio::time::sleep(DRAIN_POLL).await;
+            tokio::time::sleep(DRAIN_POLL.min(deadline - now)).await;
         }
     }
 
