@@ -237,12 +237,18 @@ fn a_replica_lost_while_launching_is_reported_at_the_end() {
     assert_eq!(s.model("m").map(|m| m.status), Some(ModelStatus::Degraded), "it serves with one replica");
 }
 
-#[test]
-fn terminate_moves_through_terminating() {
+/// One CPU worker `a:1` and model `m` placed on it, launching.
+fn one_model_launching() -> SupervisorState {
     let mut s = SupervisorState::new();
     s.heartbeat(info("a:1", &[]), Instant::now());
     let sp = spec(json!({"model_name": "smollm2-instruct", "model_uid": "m"}));
     s.begin_launch(&sp, "smollm2-instruct", || "x".into()).expect("placed");
+    s
+}
+
+#[test]
+fn terminate_moves_through_terminating() {
+    let mut s = one_model_launching();
     assert!(matches!(s.begin_terminate("m"), Err(ActorError::NotReady { .. })), "still launching");
     s.finish_launch("m");
     assert_eq!(s.begin_terminate("m"), Ok(vec![("a:1".to_owned(), "m-0".to_owned())]));
@@ -254,10 +260,7 @@ fn terminate_moves_through_terminating() {
 
 #[test]
 fn a_launching_model_is_cancelled_and_gone_when_its_launch_reports() {
-    let mut s = SupervisorState::new();
-    s.heartbeat(info("a:1", &[]), Instant::now());
-    let sp = spec(json!({"model_name": "smollm2-instruct", "model_uid": "m"}));
-    s.begin_launch(&sp, "smollm2-instruct", || "x".into()).expect("placed");
+    let mut s = one_model_launching();
     assert!(!s.is_terminating("m"));
     assert_eq!(s.cancel_launch("m"), Some(vec![("a:1".to_owned(), "m-0".to_owned())]));
     assert!(s.is_terminating("m"), "it shows as terminating until its launch reports");
