@@ -176,13 +176,16 @@ impl Cluster {
         self.serving(model_uid).await.map(|actors| actors.limit.map(|l| l.stats()))
     }
 
-    /// Load figures of every alive replica of the model, by replica uid.
+    /// Load figures of every replica of the model in rotation, by replica uid, then of those
+    /// draining.
     pub async fn stats(&self, model_uid: &str) -> Result<Vec<ReplicaStats>, ActorError> {
         let actors = self.serving(model_uid).await?;
         let t = self.timeout();
         let replicas = call_local(&actors.router, "router", t, |reply| RouterMsg::Replicas { reply }).await?;
-        let calls = replicas.iter().map(|(uid, replica)| async move {
-            call(replica, &format!("replica `{uid}`"), t, |reply| ReplicaMsg::Stats { reply }).await
+        let calls = replicas.iter().map(|held| async move {
+            let what = format!("replica `{}`", held.uid);
+            let stats = call(&held.replica, &what, t, |reply| ReplicaMsg::Stats { reply }).await;
+            stats.map(|s| ReplicaStats { draining: held.draining, ..s })
         });
         let mut out = Vec::new();
         for result in futures::future::join_all(calls).await {

@@ -74,6 +74,8 @@ pub enum LaunchRule {
     GpuMemoryOversubscribed,
     /// A worker's memory cannot hold one more replica computing on its CPU.
     NotEnoughMemory,
+    /// The worker a replica names is stopping (draining).
+    WorkerDraining,
 }
 
 impl LaunchRule {
@@ -91,7 +93,7 @@ impl LaunchRule {
             Self::GpuCountMismatch | Self::NotEnoughGpus => "n_gpu",
             Self::DuplicateGpuIdx | Self::GpuNotVisible | Self::GpuConflict => "gpu_idx",
             Self::EmptyReplicaUid | Self::ReservedReplicaUid | Self::DuplicateReplicaUid => "replica_uid",
-            Self::UnknownWorker => "worker_ip",
+            Self::UnknownWorker | Self::WorkerDraining => "worker_ip",
             Self::ShardedLaunch => "n_worker",
             Self::ReservedEngineConfigKey | Self::EngineConfig => "engine_config",
             Self::PdEngine | Self::EngineNotAvailable => "model_engine",
@@ -139,6 +141,7 @@ impl LaunchRule {
             Self::GpuMemoryUtilizationRequired => "gpu_memory_utilization_required",
             Self::GpuMemoryOversubscribed => "gpu_memory_oversubscribed",
             Self::NotEnoughMemory => "not_enough_memory",
+            Self::WorkerDraining => "worker_draining",
         }
     }
 }
@@ -167,6 +170,9 @@ pub enum ActorError {
     /// A model with this uid exists already.
     #[error("model `{0}` is already running; terminate it first or choose another model_uid")]
     ModelExists(String),
+    /// A model with this uid is being terminated; its uid is free once it is gone.
+    #[error("model `{0}` is being terminated; launch it again once it is gone")]
+    Terminating(String),
     /// The model was terminated while it launched (and so a replica's load was cut short).
     #[error("the launch of model `{0}` was cancelled: the model was terminated while it loaded")]
     LaunchCancelled(String),
@@ -290,7 +296,9 @@ impl ActorError {
     /// The class of this error; the REST layer maps it to an HTTP status.
     pub fn class(&self) -> ErrorClass {
         match self {
-            Self::InvalidLaunch { rule: LaunchRule::NoWorkers, .. } => ErrorClass::Unavailable,
+            Self::InvalidLaunch { rule: LaunchRule::NoWorkers | LaunchRule::WorkerDraining, .. } => {
+                ErrorClass::Unavailable
+            }
             Self::InvalidLaunch { .. } | Self::InvalidConfig { .. } => ErrorClass::InvalidInput,
             Self::ModelNotFound(_) => ErrorClass::NotFound,
             Self::ModelExists(_) | Self::DuplicateRequest(_) | Self::LaunchCancelled(_) => {
@@ -304,6 +312,7 @@ impl ActorError {
             | Self::Unreachable { .. }
             | Self::Join { .. }
             | Self::Transfer(_)
+            | Self::Terminating(_)
             | Self::ShuttingDown => ErrorClass::Unavailable,
             Self::Engine(e) => e.class(),
             Self::Node(_) | Self::Wire(_) | Self::Internal(_) => ErrorClass::Internal,
@@ -316,6 +325,7 @@ impl ActorError {
             Self::InvalidLaunch { rule, .. } => rule.code(),
             Self::ModelNotFound(_) => "model_not_found",
             Self::ModelExists(_) => "model_exists",
+            Self::Terminating(_) => "model_terminating",
             Self::LaunchCancelled(_) => "launch_cancelled",
             Self::NotReady { .. } => "model_not_ready",
             Self::NoReplica { .. } => "no_replica",

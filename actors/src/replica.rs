@@ -352,6 +352,8 @@ fn stats(state: &ReplicaState) -> ReplicaStats {
         handoff: state.handoff.stats(),
         role: state.role,
         serving: state.serving.stats(),
+        // The replica does not know; the router, which took it out of rotation, says.
+        draining: false,
     }
 }
 

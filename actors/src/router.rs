@@ -32,8 +32,16 @@ pub(crate) struct Routed {
 /// How long an aborted request id stays refused.
 const ABORT_BLOCK: Duration = Duration::from_secs(30);
 
-/// The replicas in rotation, by uid.
-pub(crate) type ReplicaList = Vec<(String, ActorRef<ReplicaMsg>)>;
+/// A replica the router holds: in rotation, or draining (its worker stops, and it finishes its
+/// running requests).
+pub(crate) struct HeldReplica {
+    pub(crate) uid: String,
+    pub(crate) replica: ActorRef<ReplicaMsg>,
+    pub(crate) draining: bool,
+}
+
+/// The replicas the router holds, by uid.
+pub(crate) type ReplicaList = Vec<HeldReplica>;
 
 /// Messages of the router (local only: they carry actor references and channels).
 #[derive(RactorMessage)]
@@ -51,7 +59,7 @@ pub(crate) enum RouterMsg {
     RemoveReplica { replica_uid: String, reason: String },
     /// A new replica (a scale-up) joins the rotation.
     AddReplica { replica_uid: String, role: Role, replica: ActorRef<ReplicaMsg> },
-    /// The replicas in rotation.
+    /// The replicas in rotation, then those draining.
     Replicas { reply: RpcReplyPort<Result<ReplicaList, ActorError>> },
     /// The replicas' worker is stopping: no new requests for them. The reply counts the
     /// requests still using them, which the worker waits for.
@@ -112,6 +120,14 @@ impl RouterState {
                     }
                 }
             }
+        }
+    }
+
+    /// Lets go of the draining replicas that have finished their last request.
+    fn drop_drained(&mut self, model_uid: &str) {
+        for replica_uid in self.policy.drop_drained() {
+            self.refs.remove(&replica_uid);
+            tracing::info!(%model_uid, %replica_uid, "a draining replica finished its requests");
         }
     }
 
@@ -181,8 +197,12 @@ impl Actor for Router {
             RouterMsg::Finished { request_id } => {
                 state.policy.finish(&request_id);
                 state.kills.remove(&request_id);
+                state.drop_drained(&self.model_uid);
             }
-            RouterMsg::PrefillDone { request_id } => state.policy.prefill_done(&request_id),
+            RouterMsg::PrefillDone { request_id } => {
+                state.policy.prefill_done(&request_id);
+                state.drop_drained(&self.model_uid);
+            }
             RouterMsg::Abort { request_id, reply } => {
                 let now = std::time::Instant::now();
                 state.blocked.retain(|_, until| *until > now);
@@ -204,6 +224,7 @@ impl Actor for Router {
                     }
                     running += state.policy.drain(uid);
                 }
+                state.drop_drained(&self.model_uid);
                 answer(reply, running);
             }
             RouterMsg::AddReplica { replica_uid, role, replica } => {
@@ -211,19 +232,24 @@ impl Actor for Router {
                 state.refs.insert(replica_uid.clone(), replica);
                 tracing::info!(model_uid = %self.model_uid, %replica_uid, role = role.as_str(), "replica joined the rotation");
             }
-            RouterMsg::Replicas { reply } => {
-                let mut list: Vec<(String, ActorRef<ReplicaMsg>)> = state
-                    .policy
-                    .replicas()
-                    .into_iter()
-                    .filter_map(|(uid, _)| state.refs.get(&uid).map(|r| (uid, r.clone())))
-                    .collect();
-                list.sort_by(|a, b| a.0.cmp(&b.0));
-                answer(reply, Ok(list));
-            }
+            RouterMsg::Replicas { reply } => answer(reply, Ok(held(state))),
         }
         Ok(())
     }
+}
+
+/// The replicas in rotation, by uid, then those draining, by uid.
+fn held(state: &RouterState) -> ReplicaList {
+    let mut rotation: Vec<String> = state.policy.replicas().into_iter().map(|(uid, _)| uid).collect();
+    rotation.sort();
+    let draining = state.policy.draining().map(str::to_owned);
+    let flagged = rotation.into_iter().map(|uid| (uid, false)).chain(draining.map(|uid| (uid, true)));
+    flagged
+        .filter_map(|(uid, draining)| {
+            let replica = state.refs.get(&uid)?.clone();
+            Some(HeldReplica { uid, replica, draining })
+        })
+        .collect()
 }
 
 /// Aborts a request on every replica off the mailbox (a dead replica must not stall routing);

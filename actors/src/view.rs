@@ -60,6 +60,9 @@ pub enum ReplicaStatus {
     Loading,
     /// Serving.
     Alive,
+    /// Its worker is stopping: it finishes the requests it runs and takes no new ones, and a
+    /// replacement is placed on another worker where one has room.
+    Draining,
     /// Its worker was lost or its actor stopped; it takes no requests.
     Dead,
 }
@@ -221,6 +224,9 @@ pub struct ReplicaStats {
     /// Per-request latencies and finish reasons (empty from a server that did not record them).
     #[serde(default)]
     pub serving: ServingStats,
+    /// Out of rotation: its worker is stopping, and it only finishes the requests it runs.
+    #[serde(default)]
+    pub draining: bool,
 }
 
 /// Upper bounds, in seconds, of the handoff latency histogram's buckets (the last bucket,

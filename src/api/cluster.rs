@@ -30,7 +30,12 @@ fn info(m: xinf_actors::ModelInfo) -> ModelInfo {
     let engines = first_seen(m.replicas.iter().map(|r| r.engine.as_str()));
     let engine = if engines.is_empty() { "native".to_owned() } else { engines.join("+") };
     ModelInfo {
-        replicas: m.replicas.iter().filter(|r| r.status != ReplicaStatus::Dead).count(),
+        // Those that serve or will: not the lost ones, nor those whose worker is stopping.
+        replicas: m
+            .replicas
+            .iter()
+            .filter(|r| matches!(r.status, ReplicaStatus::Alive | ReplicaStatus::Loading))
+            .count(),
         uid: m.model_uid,
         model_name: m.model_name,
         status: m.status,

@@ -24,6 +24,7 @@ pub(super) fn replica_status_text(status: ReplicaStatus, cat: &Catalog) -> Strin
     let key = match status {
         ReplicaStatus::Loading => "cli-replica-status-loading",
         ReplicaStatus::Alive => "cli-replica-status-alive",
+        ReplicaStatus::Draining => "cli-replica-status-draining",
         ReplicaStatus::Dead => "cli-replica-status-dead",
     };
     cat.text(key, &[])

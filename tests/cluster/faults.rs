@@ -3,7 +3,8 @@
 //! reloads), the decode worker frozen mid-stream, thawed, killed mid-stream and started again
 //! under its id (a replacement loads there), the prefill worker frozen with a request on it,
 //! thawed, killed and started again; a worker stopped by a signal, which lets its running
-//! request finish, as `xinf local` does; a second worker under a running one's id, refused; and
+//! request finish, as `xinf local` does, while its replica is replaced elsewhere; a second
+//! worker under a running one's id, refused; and
 //! a launch larger than the worker's memory, refused before it can take the node down.
 
 use super::garbage::answer;
@@ -257,12 +258,74 @@ fn a_worker_stopped_by_a_signal_lets_its_running_request_finish() {
     let late = json!({"model": "drained", "prompt": "Hello", "max_tokens": 2});
     let res = http::post(addr, "/v1/completions", &late);
     assert_eq!(res.status, 503, "{}", res.text());
+    // The model says why, and the replica's figures still show the request it finishes.
+    let info = http::get(addr, "/v1/models/drained").json();
+    assert_eq!(info["xinf"]["status"], "unavailable", "{info}");
+    assert_eq!(info["xinf"]["replica_details"][0]["status"], "draining", "{info}");
+    let stats = http::get(addr, "/v1/models/drained/stats").json()["replicas"].clone();
+    assert_eq!(
+        (stats[0]["draining"].clone(), stats[0]["running"].clone()),
+        (json!(true), json!(1)),
+        "{stats}"
+    );
+    // The worker it is pinned to stops: a launch naming it is refused as "try later".
+    let pinned = json!({"model_name": "smollm2-instruct", "model_uid": "late",
+        "replica_config": [{"devices": [{"worker_ip": worker, "n_gpu": 0}]}]});
+    let res = http::post(addr, "/v1/models", &pinned);
+    assert_eq!(res.status, 503, "{}", res.text());
+    assert!(res.text().contains("is stopping (draining)"), "{}", res.text());
     let (took, tail) = until_end(conn);
     assert!(tail.contains("\"completion_tokens\":96"), "the stream did not end with its 96 tokens: {tail}");
     assert!(tail.contains("[DONE]"), "{tail}");
     let exited = w.wait(Duration::from_secs(30));
     assert!(exited.is_some_and(|s| s.success()), "the worker did not exit after draining: {exited:?}");
     eprintln!("drained: the running stream ended {took:?} after the signal's first checks");
+}
+
+/// A worker stopped by a signal while it holds an unpinned model's only replica: a replacement
+/// loads on the other worker while the running stream goes on, and the model serves from it
+/// before the first worker is gone; the worker exits once its last request ends.
+#[test]
+fn a_draining_workers_replica_is_replaced_on_another_worker() {
+    let _ = crate::util::smollm2();
+    let (_sup, addr, cluster) = supervisor_on(free_port(), free_port());
+    let env = [("XINF_DRAIN_TIMEOUT", "300")];
+    let (a, a_id) = worker_with_env(&cluster, SECRET, &env);
+    let (b, b_id) = worker_with_env(&cluster, SECRET, &env);
+    let body = json!({"model_name": "smollm2-instruct", "model_uid": "moved"});
+    let res = http::post(addr, "/v1/models", &body);
+    assert_eq!(res.status, 200, "{}", res.text());
+    let placed =
+        http::get(addr, "/v1/models/moved").json()["xinf"]["replica_details"][0]["worker_id"].clone();
+    let ((mut stopping, _kept), other) =
+        if placed == a_id.as_str() { ((a, b), b_id) } else { ((b, a), a_id) };
+    let conn = streaming_from(addr, "moved", 4000);
+    stopping.signal("-TERM");
+    poll(Duration::from_secs(60), "the replacement serving on the other worker", || {
+        let info = http::get(addr, "/v1/models/moved").json();
+        info["xinf"]["status"] == "ready"
+            && info["xinf"]["replica_details"].as_array().is_some_and(|rs| {
+                rs.len() == 1 && rs[0]["worker_id"] == other.as_str() && rs[0]["status"] == "alive"
+            })
+    });
+    let ask =
+        json!({"model": "moved", "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0});
+    let res = http::post(addr, "/v1/completions", &ask);
+    assert_eq!(res.status, 200, "{}", res.text());
+    // The stream still runs on the stopping worker, which the model no longer lists.
+    let stats = http::get(addr, "/v1/models/moved/stats").json()["replicas"].clone();
+    let draining: Vec<&Value> =
+        stats.as_array().map(|s| s.iter().filter(|r| r["draining"] == true).collect()).unwrap_or_default();
+    assert!(draining.len() == 1 && draining[0]["running"] == 1, "{stats}");
+    assert_eq!(stopping.wait(Duration::from_secs(1)), None, "it exited with a request running");
+    drop(conn);
+    let exited = stopping.wait(Duration::from_secs(30));
+    assert!(
+        exited.is_some_and(|s| s.success()),
+        "the worker did not exit once its request ended: {exited:?}"
+    );
+    let res = http::post(addr, "/v1/completions", &ask);
+    assert_eq!(res.status, 200, "{}", res.text());
 }
 
 /// `xinf local` stopped by SIGTERM lets the stream it serves finish before it exits.

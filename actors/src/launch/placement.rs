@@ -30,12 +30,17 @@ pub(crate) struct WorkerSlot {
     pub(crate) allow_gpu_sharing: bool,
     /// GPUs in use, with the replicas (not dead) of running or launching models on each.
     pub(crate) occupied: Tenants,
+    /// Replicas (not dead) on it, on its GPUs or its CPU: the load placement spreads.
+    pub(crate) replicas: usize,
+    /// It is stopping: nothing new is placed on it.
+    pub(crate) draining: bool,
 }
 
 /// The cluster as placement sees it.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ClusterView {
-    /// Alive workers, in a stable order.
+    /// Alive workers (draining ones too, which a launch may name but gets no replica on), in a
+    /// stable order.
     pub(crate) workers: Vec<WorkerSlot>,
     /// Replica uids in use, with their model.
     pub(crate) replica_uids: BTreeMap<String, String>,
@@ -80,8 +85,9 @@ impl Placement {
     }
 }
 
-fn find_worker<'a>(view: &'a ClusterView, ip: &str) -> Option<&'a WorkerSlot> {
-    if let Some(w) = view.workers.iter().find(|w| w.worker_id == ip) {
+/// The index of the worker `ip` names: its id, or a host where exactly one worker runs.
+fn find_worker(view: &ClusterView, ip: &str) -> Option<usize> {
+    if let Some(w) = view.workers.iter().position(|w| w.worker_id == ip) {
         return Some(w);
     }
     // A bare host matches when exactly one worker runs there (`localhost` is the loopback).
@@ -89,7 +95,9 @@ fn find_worker<'a>(view: &'a ClusterView, ip: &str) -> Option<&'a WorkerSlot> {
     let mut by_host = view
         .workers
         .iter()
-        .filter(|w| w.host == host || w.worker_id.rsplit_once(':').is_some_and(|(h, _)| h == host));
+        .enumerate()
+        .filter(|(_, w)| w.host == host || w.worker_id.rsplit_once(':').is_some_and(|(h, _)| h == host))
+        .map(|(i, _)| i);
     match (by_host.next(), by_host.next()) {
         (Some(w), None) => Some(w),
         _ => None,
@@ -108,8 +116,9 @@ fn with_device(engine_config: &EngineConfig, gpus: &[u32]) -> EngineConfig {
     config
 }
 
-/// Checks a validated launch against the cluster and places every replica.
-/// Returns the placements and the next round-robin start.
+/// Checks a validated launch against the cluster and places every replica. A replica that
+/// names no worker goes to the worker with the fewest replicas that has room for it (ties in
+/// round-robin order). Returns the placements and the next round-robin start.
 pub(crate) fn place(
     spec: &LaunchSpec,
     model_uid: &str,
@@ -119,28 +128,36 @@ pub(crate) fn place(
     if view.workers.is_empty() {
         return Err(invalid(LaunchRule::NoWorkers, "no worker is registered in the cluster"));
     }
-    // Replicas on each GPU: those of other models, then those this launch places.
+    // Replicas on each GPU and on each worker: those of other models, then this launch's.
     let mut tenants: BTreeMap<&str, Tenants> = BTreeMap::new();
+    let mut load: BTreeMap<&str, usize> =
+        view.workers.iter().map(|w| (w.worker_id.as_str(), w.replicas)).collect();
     let mut rr = view.round_robin;
     let mut out = Vec::with_capacity(uids.len());
     for (i, (draft, uid)) in spec.replicas.iter().zip(uids).enumerate() {
-        let worker = choose_worker(view, &draft.device, i, &mut rr)?;
-        let wid = worker.worker_id.as_str();
-        let on_worker = tenants.entry(wid).or_insert_with(|| worker.occupied.clone());
         let fraction = draft.engine_config.gpu_memory_utilization();
         let newcomer = GpuTenant { model_uid: model_uid.to_owned(), replica_uid: uid, fraction };
-        let (gpu_idx, n_gpu) = gpu_request(draft, worker, &newcomer.replica_uid)?;
-        let gpus = choose_gpus(worker, on_worker, gpu_idx, n_gpu, &newcomer)?;
-        check_share_has_gpu(draft, &gpus, &newcomer, wid)?;
-        if draft.needs_gpu && gpus.is_empty() {
-            return Err(invalid(
-                LaunchRule::NotEnoughGpus,
-                format!(
-                    "replica '{}' runs model_engine {}, which computes on a GPU, and worker {wid} has                      no GPU for it (visible GPUs: {:?})",
-                    newcomer.replica_uid, draft.engine, worker.gpus
-                ),
-            ));
+        let mut first_refusal = None;
+        let mut chosen = None;
+        for w in candidates(view, &draft.device, i, rr, &load)? {
+            let worker = &view.workers[w];
+            let on_worker = tenants.get(worker.worker_id.as_str()).unwrap_or(&worker.occupied);
+            match gpus_on(draft, worker, on_worker, &newcomer) {
+                Ok(gpus) => {
+                    chosen = Some((w, gpus));
+                    break;
+                }
+                Err(e) => drop(first_refusal.get_or_insert(e)),
+            }
         }
+        let Some((w, gpus)) = chosen else {
+            return Err(first_refusal.unwrap_or_else(|| no_room(view)));
+        };
+        let worker = &view.workers[w];
+        let wid = worker.worker_id.as_str();
+        rr = w + 1;
+        *load.entry(wid).or_default() += 1;
+        let on_worker = tenants.entry(wid).or_insert_with(|| worker.occupied.clone());
         for g in &gpus {
             on_worker.entry(*g).or_default().push(newcomer.clone());
         }
@@ -156,6 +173,43 @@ pub(crate) fn place(
         });
     }
     Ok((out, rr))
+}
+
+/// The GPUs replica `newcomer` gets on `worker`, whose GPUs hold `on_worker`; or why it does
+/// not fit there.
+fn gpus_on(
+    draft: &ReplicaDraft,
+    worker: &WorkerSlot,
+    on_worker: &Tenants,
+    newcomer: &GpuTenant,
+) -> Result<Vec<u32>, ActorError> {
+    let wid = worker.worker_id.as_str();
+    let (gpu_idx, n_gpu) = gpu_request(draft, worker, &newcomer.replica_uid)?;
+    let gpus = choose_gpus(worker, on_worker, gpu_idx, n_gpu, newcomer)?;
+    check_share_has_gpu(draft, &gpus, newcomer, wid)?;
+    if draft.needs_gpu && gpus.is_empty() {
+        return Err(invalid(
+            LaunchRule::NotEnoughGpus,
+            format!(
+                "replica '{}' runs model_engine {}, which computes on a GPU, and worker {wid} has no GPU \
+                 for it (visible GPUs: {:?})",
+                newcomer.replica_uid, draft.engine, worker.gpus
+            ),
+        ));
+    }
+    Ok(gpus)
+}
+
+/// Why nothing can be placed: every worker drains.
+fn no_room(view: &ClusterView) -> ActorError {
+    let ids: Vec<&str> = view.workers.iter().map(|w| w.worker_id.as_str()).collect();
+    invalid(
+        LaunchRule::NoWorkers,
+        format!(
+            "every registered worker is stopping (draining): [{}]; launch again once one serves",
+            ids.join(", ")
+        ),
+    )
 }
 
 /// Every replica's uid (`{model_uid}-{i}` unless given), refusing one used twice in this
@@ -182,29 +236,40 @@ fn replica_uids(spec: &LaunchSpec, model_uid: &str, view: &ClusterView) -> Resul
     Ok(uids)
 }
 
-/// The worker for replica `i`: the one it names, else the next in round-robin order (`rr`
-/// advances). `view.workers` is not empty.
-fn choose_worker<'a>(
-    view: &'a ClusterView,
+/// The workers replica `i` may go to, best first, as indexes into `view.workers`: the one it
+/// names, else those not draining by fewest replicas (`load`), ties in round-robin order from
+/// `rr`. `view.workers` is not empty.
+fn candidates(
+    view: &ClusterView,
     d: &DeviceRequest,
     i: usize,
-    rr: &mut usize,
-) -> Result<&'a WorkerSlot, ActorError> {
+    rr: usize,
+    load: &BTreeMap<&str, usize>,
+) -> Result<Vec<usize>, ActorError> {
+    let what = || {
+        if d.from_replica_config { format!("replica_config[{i}].worker_ip") } else { "worker_ip".to_owned() }
+    };
     let Some(ip) = &d.worker_ip else {
-        let w = &view.workers[*rr % view.workers.len()];
-        *rr = rr.wrapping_add(1);
-        return Ok(w);
+        let n = view.workers.len();
+        let mut order: Vec<usize> = (0..n).filter(|w| !view.workers[*w].draining).collect();
+        let replicas = |w: usize| load.get(view.workers[w].worker_id.as_str()).copied().unwrap_or_default();
+        order.sort_by_key(|w| (replicas(*w), (w + n - rr % n) % n));
+        return Ok(order);
     };
     match find_worker(view, ip) {
-        Some(w) => Ok(w),
+        Some(w) if view.workers[w].draining => Err(invalid(
+            LaunchRule::WorkerDraining,
+            format!(
+                "{} '{ip}' is stopping (draining) and takes no new replicas; name another worker, \
+                 or launch again once it serves",
+                what()
+            ),
+        )
+        .at(what())),
+        Some(w) => Ok(vec![w]),
         // Refused in local mode too: a replica placed somewhere else than asked is a surprise
         // (and a launch of many such replicas would all land on this one machine).
         None => {
-            let what = if d.from_replica_config {
-                format!("replica_config[{i}].worker_ip")
-            } else {
-                "worker_ip".to_owned()
-            };
             let ids: Vec<String> = view
                 .workers
                 .iter()
@@ -218,9 +283,9 @@ fn choose_worker<'a>(
                 .collect();
             Err(invalid(
                 LaunchRule::UnknownWorker,
-                format!("{what} '{ip}' is not in the cluster. Registered workers: [{}]", ids.join(", ")),
+                format!("{} '{ip}' is not in the cluster. Registered workers: [{}]", what(), ids.join(", ")),
             )
-            .at(what))
+            .at(what()))
         }
     }
 }

@@ -46,6 +46,8 @@ pub(super) fn worker(id: &str, gpus: &[u32]) -> WorkerSlot {
         gpus: gpus.to_vec(),
         allow_gpu_sharing: false,
         occupied: BTreeMap::new(),
+        replicas: 0,
+        draining: false,
     }
 }
 

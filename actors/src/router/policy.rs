@@ -1,9 +1,9 @@
 //! The router's choices, as a pure state machine: round-robin per role among alive replicas,
 //! and the table of running requests (duplicate ids refused; a lost replica names the requests
-//! it takes down; a drained one counts those it still serves).
+//! it takes down; a draining one is out of rotation and counts those it still serves).
 
 use crate::spec::Role;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 #[cfg(test)]
 mod tests;
@@ -54,6 +54,8 @@ impl RoundRobin {
 #[derive(Debug, Default)]
 pub(crate) struct RouterPolicy {
     pools: BTreeMap<Role, RoundRobin>,
+    /// Replicas out of rotation that finish their running requests (their worker stops).
+    draining: BTreeSet<String>,
     /// Running requests and the replicas they use (one, or a prefill and a decode replica).
     running: HashMap<String, Vec<String>>,
 }
@@ -61,6 +63,7 @@ pub(crate) struct RouterPolicy {
 impl RouterPolicy {
     /// Adds an alive replica to its role's rotation.
     pub(crate) fn add(&mut self, replica_uid: &str, role: Role) {
+        self.draining.remove(replica_uid);
         let pool = self.pools.entry(role).or_default();
         if !pool.members.iter().any(|m| m == replica_uid) {
             pool.members.push(replica_uid.to_owned());
@@ -73,6 +76,7 @@ impl RouterPolicy {
         for pool in self.pools.values_mut() {
             pool.remove(replica_uid);
         }
+        self.draining.remove(replica_uid);
         let ids: Vec<String> = self
             .running
             .iter()
@@ -88,8 +92,12 @@ impl RouterPolicy {
     /// Takes a replica out of rotation for new requests but leaves its running ones be (its
     /// worker is stopping and lets them finish); returns how many requests still use it.
     pub(crate) fn drain(&mut self, replica_uid: &str) -> usize {
+        let mut was_in = false;
         for pool in self.pools.values_mut() {
-            pool.remove(replica_uid);
+            was_in |= pool.remove(replica_uid);
+        }
+        if was_in {
+            self.draining.insert(replica_uid.to_owned());
         }
         self.running.values().filter(|used| used.iter().any(|r| r == replica_uid)).count()
     }
@@ -150,5 +158,22 @@ impl RouterPolicy {
     /// Every replica in rotation, with its role.
     pub(crate) fn replicas(&self) -> Vec<(String, Role)> {
         self.pools.iter().flat_map(|(role, p)| p.members.iter().map(|m| (m.clone(), *role))).collect()
+    }
+
+    /// The replicas out of rotation that still finish their requests.
+    pub(crate) fn draining(&self) -> impl Iterator<Item = &str> {
+        self.draining.iter().map(String::as_str)
+    }
+
+    /// Forgets the draining replicas that run no request any more, and returns them: nothing
+    /// is routed to them again, and their worker stops them (a replacement may have taken
+    /// their place in the model, so nothing else would tell the router they are gone).
+    pub(crate) fn drop_drained(&mut self) -> Vec<String> {
+        let busy: BTreeSet<&String> = self.running.values().flatten().collect();
+        let idle: Vec<String> = self.draining.iter().filter(|r| !busy.contains(r)).cloned().collect();
+        for uid in &idle {
+            self.draining.remove(uid);
+        }
+        idle
     }
 }

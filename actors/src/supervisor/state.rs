@@ -31,6 +31,9 @@ struct WorkerRecord {
     alive: bool,
     /// It is stopping: nothing new is placed on it while its replicas finish their requests.
     draining: bool,
+    /// The replicas it drains, as (model uid, replica uid), kept while a replacement takes one's
+    /// place in its model: the worker waits for the requests of all of them.
+    drained: BTreeSet<(String, String)>,
     /// The last other process whose heartbeats under this id were refused.
     refused: Option<u64>,
 }
@@ -90,14 +93,27 @@ impl SupervisorState {
                 w.last_seen = now;
                 w.alive = true;
                 // A worker back from lost is a new process: it drains no more.
-                w.draining &= !revived;
+                if revived {
+                    w.draining = false;
+                    w.drained.clear();
+                    self.retry.clear();
+                }
                 revived
             }
             None => {
                 self.workers.insert(
                     info.worker_id.clone(),
-                    WorkerRecord { info, last_seen: now, alive: true, draining: false, refused: None },
+                    WorkerRecord {
+                        info,
+                        last_seen: now,
+                        alive: true,
+                        draining: false,
+                        drained: BTreeSet::new(),
+                        refused: None,
+                    },
                 );
+                // Room for replacements that waited for some: try them at once.
+                self.retry.clear();
                 true
             }
         }
@@ -152,20 +168,31 @@ impl SupervisorState {
         lost
     }
 
-    /// Marks a worker draining (it is stopping; see [`view`](Self::view)) and returns the
-    /// replicas on it that are not dead, as (model uid, replica uid), which their routers take
-    /// out of rotation.
+    /// Marks a worker draining (it is stopping; see [`view`](Self::view)) and its serving
+    /// replicas too, which [`begin_replacements`](Self::begin_replacements) then replaces on
+    /// other workers while they finish their requests. Returns the replicas on it that are not
+    /// dead (or were, and have been replaced since the drain began), as (model uid, replica
+    /// uid), which their routers take out of rotation and count the requests of.
     pub(crate) fn drain_worker(&mut self, worker_id: &str) -> Vec<(String, String)> {
-        match self.workers.get_mut(worker_id) {
-            Some(w) if w.alive => w.draining = true,
-            _ => return Vec::new(),
+        let Some(w) = self.workers.get_mut(worker_id).filter(|w| w.alive) else { return Vec::new() };
+        w.draining = true;
+        for model in self.models.values_mut() {
+            for r in model.replicas.iter_mut().filter(|r| r.worker_id == worker_id) {
+                if r.status == ReplicaStatus::Alive {
+                    r.status = ReplicaStatus::Draining;
+                }
+                if r.status != ReplicaStatus::Dead {
+                    w.drained.insert((model.model_uid.clone(), r.replica_uid.clone()));
+                }
+            }
+            settle(model);
         }
-        self.models
-            .values()
-            .flat_map(|m| m.replicas.iter().map(move |r| (m, r)))
-            .filter(|(_, r)| r.worker_id == worker_id && r.status != ReplicaStatus::Dead)
-            .map(|(m, r)| (m.model_uid.clone(), r.replica_uid.clone()))
-            .collect()
+        w.drained.iter().cloned().collect()
+    }
+
+    /// Whether `worker_id` is alive and draining.
+    fn is_draining(&self, worker_id: &str) -> bool {
+        self.workers.get(worker_id).is_some_and(|w| w.alive && w.draining)
     }
 
     /// Marks one replica dead (its actor failed); `None` when it was not alive.
@@ -199,25 +226,31 @@ impl SupervisorState {
         out
     }
 
-    /// The cluster as placement sees it: the alive workers that are not draining.
+    /// The cluster as placement sees it: the alive workers (a draining one takes nothing new).
     pub(crate) fn view(&self) -> ClusterView {
         let occupied = self.gpu_tenants();
         let mut replica_uids = BTreeMap::new();
+        let mut replicas: BTreeMap<&str, usize> = BTreeMap::new();
         for model in self.models.values() {
             for r in &model.replicas {
                 replica_uids.insert(r.replica_uid.clone(), model.model_uid.clone());
+                if r.status != ReplicaStatus::Dead {
+                    *replicas.entry(r.worker_id.as_str()).or_default() += 1;
+                }
             }
         }
         let workers = self
             .workers
             .values()
-            .filter(|w| w.alive && !w.draining)
+            .filter(|w| w.alive)
             .map(|w| WorkerSlot {
                 worker_id: w.info.worker_id.clone(),
                 host: w.info.host.clone(),
                 gpus: w.info.gpus.clone(),
                 allow_gpu_sharing: w.info.allow_gpu_sharing,
                 occupied: occupied.get(w.info.worker_id.as_str()).cloned().unwrap_or_default(),
+                replicas: replicas.get(w.info.worker_id.as_str()).copied().unwrap_or_default(),
+                draining: w.draining,
             })
             .collect();
         ClusterView { workers, replica_uids, round_robin: self.round_robin }
@@ -233,6 +266,7 @@ impl SupervisorState {
         suffix: impl FnOnce() -> String,
     ) -> Result<(String, Vec<Placement>), ActorError> {
         let uid = match &spec.model_uid {
+            Some(uid) if self.is_terminating(uid) => return Err(ActorError::Terminating(uid.clone())),
             Some(uid) if self.models.contains_key(uid) => return Err(ActorError::ModelExists(uid.clone())),
             Some(uid) => uid.clone(),
             None if self.models.contains_key(model_name) => format!("{model_name}-{}", suffix()),
@@ -272,7 +306,7 @@ impl SupervisorState {
                 ReplicaStatus::Dead => {
                     dead.push(LostReplica { model_uid: uid.to_owned(), replica_uid: r.replica_uid.clone() })
                 }
-                ReplicaStatus::Alive => {}
+                ReplicaStatus::Alive | ReplicaStatus::Draining => {}
             }
         }
         model.status = ModelStatus::Ready;
@@ -388,7 +422,7 @@ impl SupervisorState {
                 ReplicaStatus::Dead => {
                     dead.push(LostReplica { model_uid: uid.to_owned(), replica_uid: r.replica_uid.clone() })
                 }
-                ReplicaStatus::Alive => {}
+                ReplicaStatus::Alive | ReplicaStatus::Draining => {}
             }
         }
         settle(model);
@@ -478,8 +512,8 @@ fn loading(p: &Placement) -> ReplicaInfo {
     }
 }
 
-/// A serving model is ready with every replica alive, degraded when some were lost, and
-/// unavailable when a role it needs (hybrid, or prefill and decode) has no alive replica.
+/// A serving model is ready with every replica alive, degraded when some were lost or drain,
+/// and unavailable when a role it needs (hybrid, or prefill and decode) has no alive replica.
 fn settle(model: &mut ModelInfo) {
     if !model.status.launched() {
         return;
@@ -490,7 +524,8 @@ fn settle(model: &mut ModelInfo) {
     let pd_short = model.pd && !(alive(Role::Prefill) && alive(Role::Decode));
     model.status = if pd_short || model.replicas.iter().any(|r| !alive(r.role)) {
         ModelStatus::Unavailable
-    } else if model.replicas.iter().any(|r| r.status == ReplicaStatus::Dead) {
+    } else if model.replicas.iter().any(|r| matches!(r.status, ReplicaStatus::Dead | ReplicaStatus::Draining))
+    {
         ModelStatus::Degraded
     } else {
         ModelStatus::Ready

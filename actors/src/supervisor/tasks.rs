@@ -183,8 +183,9 @@ pub(super) async fn run_scale(
                 .await?;
         let mut all: Vec<_> = running
             .into_iter()
-            .filter_map(|(uid, r)| {
-                plan.others.iter().find(|(o, _)| *o == uid).map(|(_, role)| (uid, *role, r))
+            .filter_map(|held| {
+                let role = plan.others.iter().find(|(o, _)| *o == held.uid).map(|(_, role)| *role)?;
+                Some((held.uid, role, held.replica))
             })
             .collect();
         all.extend(added.iter().cloned());

@@ -153,6 +153,7 @@ cli-model-status-unavailable = nicht verfügbar
 cli-model-status-terminating = wird beendet
 cli-replica-status-loading = lädt
 cli-replica-status-alive = aktiv
+cli-replica-status-draining = leert sich
 cli-replica-status-dead = ausgefallen
 cli-launch-progress = { $uid } { $status }: { $alive }/{ $total } Replikate
 # Fehlgeschlagene Aufrufe der Kommandozeile an einen Server.

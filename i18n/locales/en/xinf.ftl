@@ -153,6 +153,7 @@ cli-model-status-unavailable = unavailable
 cli-model-status-terminating = terminating
 cli-replica-status-loading = loading
 cli-replica-status-alive = alive
+cli-replica-status-draining = draining
 cli-replica-status-dead = dead
 cli-launch-progress = { $uid } { $status }: { $alive }/{ $total } replicas
 # Failed calls of the command line to a server.

@@ -153,6 +153,7 @@ cli-model-status-unavailable = no disponible
 cli-model-status-terminating = terminando
 cli-replica-status-loading = cargando
 cli-replica-status-alive = activa
+cli-replica-status-draining = vaciándose
 cli-replica-status-dead = caída
 cli-launch-progress = { $uid } { $status }: { $alive }/{ $total } réplicas
 # Llamadas fallidas de la línea de comandos a un servidor.

@@ -153,6 +153,7 @@ cli-model-status-unavailable = indisponible
 cli-model-status-terminating = arrêt en cours
 cli-replica-status-loading = chargement
 cli-replica-status-alive = actif
+cli-replica-status-draining = en vidange
 cli-replica-status-dead = perdu
 cli-launch-progress = { $uid } { $status } : { $alive }/{ $total } répliques
 # Échecs des appels de la ligne de commande à un serveur.

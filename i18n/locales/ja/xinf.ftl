@@ -153,6 +153,7 @@ cli-model-status-unavailable = 利用不可
 cli-model-status-terminating = 終了中
 cli-replica-status-loading = 読み込み中
 cli-replica-status-alive = 稼働中
+cli-replica-status-draining = 停止処理中
 cli-replica-status-dead = 停止
 cli-launch-progress = { $uid } { $status }：レプリカ { $alive }/{ $total }
 # CLI からサーバーへの呼び出しの失敗。

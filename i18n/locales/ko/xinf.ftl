@@ -153,6 +153,7 @@ cli-model-status-unavailable = 사용 불가
 cli-model-status-terminating = 종료 중
 cli-replica-status-loading = 불러오는 중
 cli-replica-status-alive = 실행 중
+cli-replica-status-draining = 종료 대기 중
 cli-replica-status-dead = 중단됨
 cli-launch-progress = { $uid } { $status }: 레플리카 { $alive }/{ $total }
 # CLI가 서버를 호출하다 실패한 경우.

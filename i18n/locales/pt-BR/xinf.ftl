@@ -153,6 +153,7 @@ cli-model-status-unavailable = indisponível
 cli-model-status-terminating = encerrando
 cli-replica-status-loading = carregando
 cli-replica-status-alive = ativa
+cli-replica-status-draining = esvaziando
 cli-replica-status-dead = perdida
 cli-launch-progress = { $uid } { $status }: { $alive }/{ $total } réplicas
 # Chamadas da linha de comando a um servidor que falharam.

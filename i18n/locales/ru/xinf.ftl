@@ -153,6 +153,7 @@ cli-model-status-unavailable = недоступна
 cli-model-status-terminating = завершается
 cli-replica-status-loading = загружается
 cli-replica-status-alive = работает
+cli-replica-status-draining = завершает запросы
 cli-replica-status-dead = потеряна
 cli-launch-progress = { $uid } { $status }: реплики { $alive }/{ $total }
 # Неудачные обращения командной строки к серверу.

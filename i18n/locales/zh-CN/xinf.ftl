@@ -153,6 +153,7 @@ cli-model-status-unavailable = 不可用
 cli-model-status-terminating = 终止中
 cli-replica-status-loading = 加载中
 cli-replica-status-alive = 运行中
+cli-replica-status-draining = 排空中
 cli-replica-status-dead = 已失效
 cli-launch-progress = { $uid } { $status }：{ $alive }/{ $total } 个副本
 # 命令行调用服务器失败。

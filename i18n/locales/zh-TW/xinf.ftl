@@ -153,6 +153,7 @@ cli-model-status-unavailable = 無法使用
 cli-model-status-terminating = 終止中
 cli-replica-status-loading = 載入中
 cli-replica-status-alive = 執行中
+cli-replica-status-draining = 排空中
 cli-replica-status-dead = 已失效
 cli-launch-progress = { $uid } { $status }：{ $alive }/{ $total } 個副本
 # 命令列呼叫伺服器失敗。

@@ -162,9 +162,54 @@ fn placement_round_robins_over_workers() {
     let (placed, next) = place(&spec, "m", &v).expect("placed");
     let on: Vec<&str> = placed.iter().map(|p| p.worker_id.as_str()).collect();
     assert_eq!(on, ["b:1", "a:1", "b:1"]);
-    assert_eq!(next, 4);
+    assert_eq!(next, 2, "after b:1");
     let uids: Vec<&str> = placed.iter().map(|p| p.replica_uid.as_str()).collect();
     assert_eq!(uids, ["m-0", "m-1", "m-2"]);
+}
+
+#[test]
+fn placement_spreads_by_load_and_skips_draining_and_full_workers() {
+    let on = |v: Value, view: &ClusterView| -> Vec<String> {
+        placed(v, view).into_iter().map(|p| p.worker_id).collect()
+    };
+    // b:1 holds two replicas already: the new ones go to a:1 and c:1 until they hold two each.
+    let loaded = WorkerSlot { replicas: 2, ..worker("b:1", &[]) };
+    let v = view(vec![worker("a:1", &[]), loaded, worker("c:1", &[])]);
+    assert_eq!(on(json!({"model_name": "smollm2-instruct", "replica": 4}), &v), ["a:1", "c:1", "a:1", "c:1"]);
+    // A draining worker gets nothing, even when it is the least loaded.
+    let draining = WorkerSlot { draining: true, ..worker("a:1", &[]) };
+    let v = view(vec![draining, WorkerSlot { replicas: 5, ..worker("b:1", &[]) }]);
+    assert_eq!(on(json!({"model_name": "smollm2-instruct", "replica": 2}), &v), ["b:1", "b:1"]);
+    // A worker whose GPUs cannot take a replica that needs one is passed over.
+    let mut v = view(vec![worker("a:1", &[0]), worker("b:1", &[0])]);
+    v.workers[0].occupied.insert(0, vec![tenant("other", "o-0", None)]);
+    assert_eq!(on(json!({"model_name": "smollm2-instruct", "n_gpu": 1}), &v), ["b:1"]);
+    // With no worker left to take one, the best worker's refusal is the answer.
+    v.workers[1].occupied.insert(0, vec![tenant("third", "t-0", None)]);
+    let e = place_err(json!({"model_name": "smollm2-instruct", "n_gpu": 1}), &v);
+    assert_rule(&e, LaunchRule::NotEnoughGpus, "worker a:1 has 0 free GPUs");
+}
+
+#[test]
+fn a_launch_on_a_draining_worker_is_refused_as_try_later() {
+    let draining = WorkerSlot { draining: true, ..worker("10.0.0.1:5", &[]) };
+    let v = view(vec![draining.clone(), worker("10.0.0.2:5", &[])]);
+    let e = place_err(
+        json!({"model_name": "smollm2-instruct", "replica_config": [{"devices": device("10.0.0.1:5")}]}),
+        &v,
+    );
+    assert_rule(
+        &e,
+        LaunchRule::WorkerDraining,
+        "replica_config[0].worker_ip '10.0.0.1:5' is stopping (draining) and takes no new replicas",
+    );
+    assert_eq!(
+        (e.launch_field(), e.class()),
+        (Some("replica_config[0].worker_ip"), crate::ErrorClass::Unavailable)
+    );
+    let e = place_err(json!({"model_name": "smollm2-instruct"}), &view(vec![draining]));
+    assert_rule(&e, LaunchRule::NoWorkers, "every registered worker is stopping (draining): [10.0.0.1:5]");
+    assert_eq!(e.class(), crate::ErrorClass::Unavailable);
 }
 
 // ---- placement → device ----

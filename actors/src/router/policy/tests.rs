@@ -116,3 +116,19 @@ fn a_drained_replica_takes_no_new_requests_and_keeps_its_running_ones() {
     assert_eq!((p.drain("p1"), p.drain("d1")), (0, 0));
     assert_eq!(p.replicas(), vec![("d2".to_owned(), Role::Decode)]);
 }
+
+#[test]
+fn a_draining_replica_is_held_until_its_last_request_ends() {
+    let mut p = policy(&[("p1", Role::Prefill), ("d1", Role::Decode), ("d2", Role::Decode)]);
+    assert_eq!(p.begin_pd("r1"), Ok(("p1".into(), "d1".into())));
+    assert_eq!((p.drain("p1"), p.drain("d1"), p.drain("d2")), (1, 1, 0));
+    assert_eq!(p.drop_drained(), ["d2"], "d2 runs nothing");
+    assert_eq!(p.draining().collect::<Vec<_>>(), ["d1", "p1"], "both still report their figures");
+    p.prefill_done("r1");
+    assert_eq!(p.drop_drained(), ["p1"], "r1 no longer needs its prefill replica");
+    p.add("d1", Role::Decode);
+    assert_eq!(p.draining().count(), 0, "d1 is back in rotation");
+    assert_eq!(p.drain("d1"), 1);
+    assert_eq!(p.remove("d1"), ["r1"], "a lost draining replica takes its requests down");
+    assert_eq!((p.draining().count(), p.drop_drained().len()), (0, 0));
+}

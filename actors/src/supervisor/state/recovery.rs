@@ -85,7 +85,7 @@ impl SupervisorState {
             let mut changed = false;
             for r in model.replicas.iter_mut().filter(|r| {
                 r.worker_id == worker_id
-                    && r.status == ReplicaStatus::Alive
+                    && matches!(r.status, ReplicaStatus::Alive | ReplicaStatus::Draining)
                     && !held_uids.contains(r.replica_uid.as_str())
             }) {
                 r.status = ReplicaStatus::Dead;
@@ -99,10 +99,15 @@ impl SupervisorState {
                 settle(model);
             }
         }
+        let draining = self.is_draining(worker_id);
         for spec in held.iter().filter(|h| h.serving).map(|h| &h.spec) {
             let uid = &spec.replica_uid;
-            if self.ended.contains(uid) {
+            // A draining worker's replaced replicas finish their requests; it stops them itself.
+            if self.ended.contains(uid) && !draining {
                 out.stop.push(uid.clone());
+                continue;
+            }
+            if draining {
                 continue;
             }
             let Some(model) = self.models.get_mut(&spec.model_uid) else {
@@ -186,9 +191,10 @@ impl SupervisorState {
         self.finish_scale(uid, replicas, true)
     }
 
-    /// Places a replacement for each dead replica of a launched model that has none loading,
-    /// where the cluster has room (a replica placed on a named worker waits for that worker).
-    /// A model whose replacement failed waits before the next try.
+    /// Places a replacement for each dead or draining replica of a launched model that has
+    /// none loading, where the cluster has room (a replica placed on a named worker waits for
+    /// that worker). A model whose replacement failed waits before the next try, or until a
+    /// worker joins.
     pub(crate) fn begin_replacements(&mut self, now: Instant) -> Vec<(String, ScalePlan)> {
         let mut plans = Vec::new();
         let uids: Vec<String> = self.models.keys().cloned().collect();
@@ -205,7 +211,10 @@ impl SupervisorState {
             let dead: Vec<(String, Role)> = model
                 .replicas
                 .iter()
-                .filter(|r| r.status == ReplicaStatus::Dead && !self.replacing.contains_key(&r.replica_uid))
+                .filter(|r| {
+                    matches!(r.status, ReplicaStatus::Dead | ReplicaStatus::Draining)
+                        && !self.replacing.contains_key(&r.replica_uid)
+                })
                 .map(|r| (r.replica_uid.clone(), r.role))
                 .collect();
             for (dead_uid, role) in dead {

@@ -68,7 +68,10 @@ fn a_draining_worker_takes_nothing_new_until_a_new_process_comes_back() {
     let drained = s.drain_worker("a:1");
     assert_eq!(drained, on_a.iter().map(|r| ("m".to_owned(), r.clone())).collect::<Vec<_>>());
     assert!(s.drain_worker("nobody").is_empty());
-    assert_eq!(s.view().workers.iter().map(|w| w.worker_id.as_str()).collect::<Vec<_>>(), ["b:1"]);
+    let open = |s: &SupervisorState| -> Vec<String> {
+        s.view().workers.into_iter().filter(|w| !w.draining).map(|w| w.worker_id).collect()
+    };
+    assert_eq!(open(&s), ["b:1"]);
     assert!(!s.heartbeat(info("a:1", &[]), t0 + Duration::from_secs(1)), "still the same worker");
     let listed = s.workers(t0 + Duration::from_secs(1));
     assert_eq!(
@@ -78,7 +81,7 @@ fn a_draining_worker_takes_nothing_new_until_a_new_process_comes_back() {
     // It stops, is lost, and a new process comes back under its id: it takes new replicas.
     s.lose_worker("a:1");
     assert!(s.heartbeat(info("a:1", &[]), t0 + Duration::from_secs(2)));
-    assert_eq!(s.view().workers.len(), 2);
+    assert_eq!(open(&s), ["a:1", "b:1"]);
 }
 
 #[test]
@@ -266,9 +269,14 @@ fn a_launching_model_is_cancelled_and_gone_when_its_launch_reports() {
     assert!(s.is_terminating("m"), "it shows as terminating until its launch reports");
     assert_eq!(s.cancel_launch("m"), None, "cancelled once");
     assert!(matches!(s.begin_terminate("m"), Err(ActorError::NotReady { .. })));
+    let again = spec(json!({"model_name": "smollm2-instruct", "model_uid": "m"}));
+    let e = s.begin_launch(&again, "smollm2-instruct", || "x".into()).expect_err("its uid is still taken");
+    assert_eq!((e.code(), e.class()), ("model_terminating", crate::ErrorClass::Unavailable));
+    assert_eq!(e.to_string(), "model `m` is being terminated; launch it again once it is gone");
     s.abort_launch("m");
     assert_eq!(s.model("m"), None);
     assert_eq!(s.cancel_launch("m"), None);
+    assert!(s.begin_launch(&again, "smollm2-instruct", || "x".into()).is_ok(), "the uid is free");
 }
 
 fn scale(role: Option<Role>, count: Option<u32>) -> ScaleRequest {

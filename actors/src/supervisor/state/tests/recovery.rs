@@ -158,9 +158,8 @@ fn a_named_worker_back_without_its_replica_gets_a_replacement() {
     // Restarted under its id, holding nothing.
     s.heartbeat(info("a:1", &[]), t0 + Duration::from_secs(7));
     assert!(s.reconcile("a:1", &[]).gone.is_empty());
-    // Before the retry time: nothing; after it, a prefill replacement on a:1.
-    assert!(s.begin_replacements(t0 + Duration::from_secs(7)).is_empty());
-    let plans = s.begin_replacements(t0 + Duration::from_secs(9));
+    // A worker that joins ends the wait after a failed try: a prefill replacement on a:1 at once.
+    let plans = s.begin_replacements(t0 + Duration::from_secs(7));
     let p = &plans.first().expect("a replacement").1.placements[0];
     assert_eq!((p.worker_id.as_str(), p.role), ("a:1", Role::Prefill));
     let new = p.replica_uid.clone();
@@ -169,4 +168,47 @@ fn a_named_worker_back_without_its_replica_gets_a_replacement() {
     assert!(status(&s, &uid).1.iter().any(|(r, st)| r == "pd-p" && *st == ReplicaStatus::Dead));
     assert!(s.begin_replacements(t0 + Duration::from_secs(9)).is_empty());
     assert_eq!(s.begin_replacements(t0 + Duration::from_secs(12)).len(), 1);
+}
+
+#[test]
+fn a_draining_workers_replica_is_replaced_while_it_finishes_its_requests() {
+    let t0 = Instant::now();
+    let mut s = cpu_workers(&["a:1", "b:1"], t0);
+    let v = json!({"model_name": "smollm2-instruct", "model_uid": "m", "replica": 1});
+    let (uid, placed) = launched(&mut s, v.clone());
+    let on = placed[0].worker_id.clone();
+    let old = placed[0].replica_uid.clone();
+    let report = held(&uid, &v, &[&placed[0]]);
+    assert_eq!(s.drain_worker(&on), [(uid.clone(), old.clone())]);
+    assert_eq!(status(&s, &uid), (ModelStatus::Unavailable, vec![(old.clone(), ReplicaStatus::Draining)]));
+    // Its replacement goes to the other worker at once.
+    let plans = s.begin_replacements(t0);
+    let p = &plans.first().expect("a replacement").1.placements[0];
+    assert_ne!(p.worker_id, on);
+    let new = p.replica_uid.clone();
+    assert!(s.begin_replacements(t0).is_empty(), "one replacement only");
+    assert!(s.finish_scale(&uid, std::slice::from_ref(&new), true).is_empty());
+    assert_eq!(status(&s, &uid), (ModelStatus::Ready, vec![(new, ReplicaStatus::Alive)]));
+    // The replaced replica still runs there: the worker keeps waiting for its requests, and is
+    // not told to stop it.
+    assert_eq!(s.drain_worker(&on), [(uid.clone(), old)]);
+    let r = s.reconcile(&on, &report);
+    assert_eq!(r, Reconciled::default());
+    // It stops; nothing of the model's is lost with it.
+    assert!(s.lose_worker(&on).is_empty());
+    assert_eq!(status(&s, &uid).0, ModelStatus::Ready);
+}
+
+#[test]
+fn a_draining_replica_without_room_elsewhere_waits_for_its_worker_to_come_back() {
+    let t0 = Instant::now();
+    let mut s = cpu_workers(&["a:1", "b:1"], t0);
+    let (uid, _) = launched(&mut s, pd_launch());
+    s.drain_worker("a:1");
+    assert_eq!(status(&s, &uid).0, ModelStatus::Unavailable, "no prefill replica takes requests");
+    assert!(s.begin_replacements(t0).is_empty(), "pd-p is pinned to the draining a:1");
+    s.lose_worker("a:1");
+    assert!(s.heartbeat(info("a:1", &[]), t0 + Duration::from_secs(1)), "a new process");
+    let plans = s.begin_replacements(t0 + Duration::from_secs(1));
+    assert_eq!(plans.first().map(|(_, p)| p.placements[0].worker_id.as_str()), Some("a:1"));
 }
