@@ -268,6 +268,10 @@ fn a_worker_stopped_by_a_signal_lets_its_running_request_finish() {
         (json!(true), json!(1)),
         "{stats}"
     );
+    let metrics = http::get(addr, "/metrics").text();
+    let sample =
+        "xinf_model_replicas{model_uid=\"drained\",model_name=\"smollm2-instruct\",status=\"draining\"} 1";
+    assert!(metrics.lines().any(|l| l == sample), "{metrics}");
     // The worker it is pinned to stops: a launch naming it is refused as "try later".
     let pinned = json!({"model_name": "smollm2-instruct", "model_uid": "late",
         "replica_config": [{"devices": [{"worker_ip": worker, "n_gpu": 0}]}]});

@@ -4,7 +4,8 @@ use crate::api::{AppState, ModelStats};
 use actix_web::{HttpResponse, web};
 use std::fmt::Write;
 use xinf_actors::{
-    HANDOFF_LATENCY_BOUNDS, HandoffStats, REQUEST_LATENCY_BOUNDS, RequestHistogram, ServingStats,
+    HANDOFF_LATENCY_BOUNDS, HandoffStats, REQUEST_LATENCY_BOUNDS, ReplicaStatus, RequestHistogram,
+    ServingStats,
 };
 
 /// Liveness: `{"status": "ok"}`.
@@ -163,6 +164,9 @@ struct ModelMetrics {
     /// Its labels, `model_uid="..",model_name=".."`.
     labels: String,
     ready: bool,
+    /// How many of its replicas are in each status, in [`REPLICA_STATUSES`]' order; empty
+    /// for a model without replicas (a single engine).
+    replicas: Vec<usize>,
     /// Its figures; `None` when the service could not tell them.
     stats: Option<ModelStats>,
 }
@@ -184,10 +188,23 @@ pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
             uid: m.uid.clone(),
             labels: format!("model_uid=\"{}\",model_name=\"{}\"", label(&m.uid), label(&m.model_name)),
             ready: m.status.serves(),
+            replicas: replica_counts(&m.replica_details),
             stats: s.ok(),
         })
         .collect();
     HttpResponse::Ok().content_type("text/plain; version=0.0.4; charset=utf-8").body(render(&models))
+}
+
+/// Replica statuses, as `xinf_model_replicas` labels them.
+const REPLICA_STATUSES: [ReplicaStatus; 4] =
+    [ReplicaStatus::Loading, ReplicaStatus::Alive, ReplicaStatus::Draining, ReplicaStatus::Dead];
+
+/// How many replicas are in each of [`REPLICA_STATUSES`]; empty without replicas.
+fn replica_counts(replicas: &[xinf_actors::ReplicaInfo]) -> Vec<usize> {
+    if replicas.is_empty() {
+        return Vec::new();
+    }
+    REPLICA_STATUSES.iter().map(|s| replicas.iter().filter(|r| r.status == *s).count()).collect()
 }
 
 /// The Prometheus text of the models' metrics. Every family gets its `HELP` and `TYPE` lines
@@ -198,6 +215,15 @@ fn render(models: &[ModelMetrics]) -> String {
     let _ = writeln!(out, "# TYPE xinf_model_ready gauge");
     for m in models {
         let _ = writeln!(out, "xinf_model_ready{{{}}} {}", m.labels, u8::from(m.ready));
+    }
+    let _ = writeln!(out, "# HELP xinf_model_replicas The model's replicas by status (a lost one is dead).");
+    let _ = writeln!(out, "# TYPE xinf_model_replicas gauge");
+    for m in models {
+        for (status, n) in REPLICA_STATUSES.iter().zip(&m.replicas) {
+            let status = serde_json::to_value(status).ok().and_then(|v| v.as_str().map(str::to_owned));
+            let status = status.unwrap_or_default();
+            let _ = writeln!(out, "xinf_model_replicas{{{},status=\"{status}\"}} {n}", m.labels);
+        }
     }
     families(&mut out, models, FAMILIES, |m| m.stats.as_ref());
     families(&mut out, models, HANDOFF_FAMILIES, ModelMetrics::handoff);
@@ -359,12 +385,14 @@ mod tests {
                 uid: "one".into(),
                 labels: "model_uid=\"one\",model_name=\"smollm2\"".into(),
                 ready: true,
+                replicas: Vec::new(),
                 stats: Some(ModelStats::from(&engine)),
             },
             ModelMetrics {
                 uid: "pd".into(),
                 labels: "model_uid=\"pd\",model_name=\"qwen3\"".into(),
                 ready: false,
+                replicas: vec![0, 1, 1, 1],
                 stats: Some(ModelStats {
                     request_limit: Some(xinf_actors::RequestLimitStats { limit: 8, running: 2, refused: 5 }),
                     ..ModelStats::from_replicas(replicas)
@@ -374,6 +402,7 @@ mod tests {
                 uid: "gone".into(),
                 labels: "model_uid=\"gone\",model_name=\"x\"".into(),
                 ready: true,
+                replicas: vec![1, 0, 0, 0],
                 stats: None,
             },
         ]
