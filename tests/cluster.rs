@@ -10,10 +10,11 @@ mod garbage;
 mod limits;
 mod nodes;
 mod reasoning;
+mod replicas;
 
 pub(crate) use nodes::{supervisor, supervisor_on, worker, worker_with_env};
 
-use crate::util::procs::{Proc, local, poll, xinf, xinf_chat};
+use crate::util::procs::{local, poll, xinf, xinf_chat};
 use crate::util::{self, http};
 use serde_json::{Value, json};
 use std::io::Read;
@@ -506,94 +507,4 @@ fn launch_checks_replica_config_client_side() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("vllm replicas load Hugging Face folders"), "{err}");
     assert!(!err.contains("cannot reach"), "was sent: {err}");
-}
-
-/// `xinf local` told it has one GPU (`XINF_GPUS=0`, on any machine): the worker lists it; two
-/// replicas whose memory shares add up past the whole GPU are refused before anything starts,
-/// naming the option; two that fit are placed on it without any sharing switch and asked to
-/// compute there (`device: cuda:0`), which a build without the `cuda` feature refuses, naming
-/// `device`, and rolls back, freeing the GPU's memory share.
-#[test]
-fn replicas_share_a_gpu_by_memory_fraction() {
-    let _ = util::smollm2();
-    let mut cmd = xinf();
-    cmd.args(["local", "--port", "0"])
-        .env("XINF_GPUS", "0")
-        .env_remove("XINF_ALLOW_MULTI_REPLICA_PER_GPU")
-        .env_remove("CUDA_VISIBLE_DEVICES");
-    let mut p = Proc::spawn(cmd);
-    let addr: SocketAddr =
-        p.wait_for("REST API at http://").trim().trim_end_matches("/v1").parse().expect("REST address");
-
-    let workers = http::get(addr, "/v1/workers").json();
-    assert_eq!(workers[0]["info"]["gpus"], json!([0]), "{workers}");
-    assert_eq!(workers[0]["info"]["gpu_details"][0]["index"], 0, "{workers}");
-    let listed = xinf()
-        .args(["list", "--workers", "-e", &format!("http://{addr}")])
-        .output()
-        .expect("run xinf list --workers");
-    let table = String::from_utf8_lossy(&listed.stdout);
-    let row = table.lines().find(|l| l.starts_with("local")).unwrap_or_default();
-    assert!(row.split_whitespace().nth(2).is_some_and(|gpus| gpus.starts_with('0')), "{table}");
-
-    let shared = |uid: &str, replicas: u32, fraction: f64| {
-        json!({
-            "model_name": "smollm2-instruct", "model_uid": uid, "replica": replicas, "gpu_idx": 0,
-            "engine_config": {"gpu_memory_utilization": fraction},
-        })
-    };
-    let nothing_left = |when: &str| {
-        let models = http::get(addr, "/v1/models").json();
-        assert_eq!(models["data"].as_array().map(Vec::len), Some(0), "{when}: {models}");
-        let workers = http::get(addr, "/v1/workers").json();
-        assert_eq!(workers[0]["replicas"], json!([]), "{when}: {workers}");
-        assert_eq!(workers[0]["gpu_usage"][0]["memory_fraction"], 0.0, "{when}: {workers}");
-    };
-
-    // 0.6 + 0.6: refused by placement, naming the option and the sum.
-    let res = http::post(addr, "/v1/models", &shared("over", 2, 0.6));
-    assert_eq!(res.status, 400, "{}", res.text());
-    let err = res.json();
-    assert_eq!(err["error"]["code"], "gpu_memory_oversubscribed", "{err}");
-    let text = err["error"]["message"].as_str().unwrap_or_default();
-    assert!(text.contains("gpu_memory_utilization") && text.contains("sums to 1.2"), "{err}");
-    nothing_left("after the oversubscribed launch");
-
-    // 0.4 + 0.4: placed on GPU 0, and each replica's engine is asked for cuda:0.
-    let res = http::post(addr, "/v1/models", &shared("fits", 2, 0.4));
-    if cfg!(feature = "cuda") && res.status == 200 {
-        // A GPU build on a GPU machine serves it: both replicas on GPU 0.
-        let info = http::get(addr, "/v1/models/fits").json();
-        let gpus: Vec<&Value> = info["xinf"]["replica_details"]
-            .as_array()
-            .expect("replica details")
-            .iter()
-            .map(|r| &r["gpus"])
-            .collect();
-        assert_eq!(gpus, [&json!([0]), &json!([0])], "{info}");
-        let workers = http::get(addr, "/v1/workers").json();
-        assert_eq!(workers[0]["gpu_usage"][0]["memory_fraction"], 0.8, "{workers}");
-        assert_eq!(http::request(addr, "DELETE", "/v1/models/fits", &[], b"").status, 200);
-    } else {
-        assert_eq!(res.status, 400, "{}", res.text());
-        let err = res.json();
-        let text = err["error"]["message"].as_str().unwrap_or_default();
-        let names_device =
-            err["error"]["param"] == "engine_config.device" || text.contains("engine_config.device");
-        assert!(names_device && text.contains("cuda:0"), "{err}");
-        assert_ne!(err["error"]["code"], "gpu_memory_oversubscribed", "{err}");
-        if cfg!(not(feature = "cuda")) {
-            assert!(text.contains("cargo feature `cuda`"), "{err}");
-        }
-    }
-    nothing_left("after the launch on GPU 0 ended");
-
-    // The shares were freed: 0.9 alone gets past placement to the engine again.
-    let res = http::post(addr, "/v1/models", &shared("alone", 1, 0.9));
-    if !(cfg!(feature = "cuda") && res.status == 200) {
-        let err = res.json();
-        assert_ne!(err["error"]["code"], "gpu_memory_oversubscribed", "{err}");
-        assert!(err["error"]["message"].as_str().unwrap_or_default().contains("cuda:0"), "{err}");
-    }
-    p.kill();
 }

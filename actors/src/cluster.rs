@@ -149,6 +149,27 @@ impl Cluster {
         .await
     }
 
+    /// Removes one replica of a serving model: it takes no new requests, its running ones get
+    /// up to `drain` to finish (those left then end with an error), and its worker stops it.
+    /// Returns once it is gone. The model's last alive replica of a role is not removed.
+    pub async fn remove_replica(
+        &self,
+        model_uid: &str,
+        replica_uid: &str,
+        drain: Duration,
+    ) -> Result<(), ActorError> {
+        self.open()?;
+        let o = &self.inner.options;
+        let limit = drain + 2 * o.call_timeout + 2 * o.stop_timeout;
+        call(&self.inner.supervisor, "supervisor", limit, |reply| SupervisorMsg::RemoveReplica {
+            model_uid: model_uid.to_owned(),
+            replica_uid: replica_uid.to_owned(),
+            drain_ms: u64::try_from(drain.as_millis()).unwrap_or(u64::MAX),
+            reply,
+        })
+        .await
+    }
+
     /// The local actors of a serving model, or why there are none.
     pub(crate) async fn serving(&self, model_uid: &str) -> Result<ModelActors, ActorError> {
         self.open()?;

@@ -170,6 +170,22 @@ pub enum ActorError {
     /// A model with this uid exists already.
     #[error("model `{0}` is already running; terminate it first or choose another model_uid")]
     ModelExists(String),
+    /// The model has no replica with this uid.
+    #[error("model `{model_uid}` has no replica `{replica_uid}`")]
+    ReplicaNotFound {
+        /// The model.
+        model_uid: String,
+        /// The replica asked for.
+        replica_uid: String,
+    },
+    /// A replica cannot be removed now (the model's last of its role, loading, already going).
+    #[error("replica `{replica_uid}` cannot be removed: {reason}")]
+    ReplicaNotRemovable {
+        /// The replica.
+        replica_uid: String,
+        /// Why, and what to do instead.
+        reason: String,
+    },
     /// A model with this uid is being terminated; its uid is free once it is gone.
     #[error("model `{0}` is being terminated; launch it again once it is gone")]
     Terminating(String),
@@ -300,10 +316,11 @@ impl ActorError {
                 ErrorClass::Unavailable
             }
             Self::InvalidLaunch { .. } | Self::InvalidConfig { .. } => ErrorClass::InvalidInput,
-            Self::ModelNotFound(_) => ErrorClass::NotFound,
-            Self::ModelExists(_) | Self::DuplicateRequest(_) | Self::LaunchCancelled(_) => {
-                ErrorClass::Conflict
-            }
+            Self::ModelNotFound(_) | Self::ReplicaNotFound { .. } => ErrorClass::NotFound,
+            Self::ModelExists(_)
+            | Self::DuplicateRequest(_)
+            | Self::LaunchCancelled(_)
+            | Self::ReplicaNotRemovable { .. } => ErrorClass::Conflict,
             Self::RateLimited { .. } => ErrorClass::Overloaded,
             Self::NixlNotAvailable(_) => ErrorClass::InvalidInput,
             Self::NotReady { .. }
@@ -326,6 +343,8 @@ impl ActorError {
             Self::ModelNotFound(_) => "model_not_found",
             Self::ModelExists(_) => "model_exists",
             Self::Terminating(_) => "model_terminating",
+            Self::ReplicaNotFound { .. } => "replica_not_found",
+            Self::ReplicaNotRemovable { .. } => "replica_not_removable",
             Self::LaunchCancelled(_) => "launch_cancelled",
             Self::NotReady { .. } => "model_not_ready",
             Self::NoReplica { .. } => "no_replica",

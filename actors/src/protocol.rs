@@ -62,6 +62,13 @@ pub(crate) enum SupervisorMsg {
     /// A terminate task finished (internal).
     #[rpc]
     TerminateDone { model_uid: String, reply: RpcReplyPort<Wire<()>> },
+    /// Remove one replica of a serving model: it leaves the rotation, its running requests get
+    /// up to `drain_ms` to finish, then its worker stops it. The reply comes once it is gone.
+    #[rpc]
+    RemoveReplica { model_uid: String, replica_uid: String, drain_ms: u64, reply: RpcReplyPort<Wire<()>> },
+    /// A removal task finished (internal).
+    #[rpc]
+    RemoveDone { model_uid: String, replica_uid: String, reply: RpcReplyPort<Wire<()>> },
     /// Check heartbeats (sent by the supervisor to itself).
     Tick,
 }

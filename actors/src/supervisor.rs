@@ -10,6 +10,7 @@
 //! where the cluster has room, at each `Tick`.
 
 mod instances;
+mod removal;
 pub(crate) mod state;
 mod tasks;
 
@@ -532,6 +533,14 @@ impl Actor for Supervisor {
                 answer(reply, Wire::ok(()));
             }
             SupervisorMsg::DrainWorker { worker_id, reply } => self.drain_worker(state, &worker_id, reply),
+            SupervisorMsg::RemoveReplica { model_uid, replica_uid, drain_ms, reply } => {
+                let drain = Duration::from_millis(drain_ms);
+                self.remove_replica(&myself, state, model_uid, replica_uid, drain, reply);
+            }
+            SupervisorMsg::RemoveDone { model_uid, replica_uid, reply } => {
+                state.finish_remove(&model_uid, &replica_uid);
+                answer(reply, Wire::ok(()));
+            }
             SupervisorMsg::ReplicaDied { model_uid, replica_uid } => {
                 if let Some(lost) = state.replica_dead(&model_uid, &replica_uid) {
                     self.drop_replicas(vec![lost], "its actor stopped");

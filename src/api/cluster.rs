@@ -120,4 +120,9 @@ impl ModelService for ClusterService {
         let (c, uid) = (self.cluster.clone(), uid.to_owned());
         async move { service(c.scale(&uid, request).await) }.boxed()
     }
+
+    fn remove_replica(&self, uid: &str, replica_uid: &str, drain: std::time::Duration) -> ServiceFuture<()> {
+        let (c, uid, replica_uid) = (self.cluster.clone(), uid.to_owned(), replica_uid.to_owned());
+        async move { service(c.remove_replica(&uid, &replica_uid, drain).await) }.boxed()
+    }
 }

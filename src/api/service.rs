@@ -278,6 +278,13 @@ pub trait ModelService: Send + Sync + 'static {
         unsupported("scaling models")
     }
 
+    /// Removes replica `replica_uid` of a serving model (`DELETE /v1/models/{uid}/replicas/{id}`)
+    /// once its running requests end, waiting at most `drain` for them.
+    fn remove_replica(&self, uid: &str, replica_uid: &str, drain: std::time::Duration) -> ServiceFuture<()> {
+        let _ = (uid, replica_uid, drain);
+        unsupported("removing replicas")
+    }
+
     /// How model `uid`'s chat answers are made and read (its launch's `reasoning_content` and
     /// `enable_thinking`); asked once per chat request, so it must answer without a remote
     /// call. The default: nothing set, as for models that were not launched.

@@ -35,4 +35,24 @@ fn a_model_terminated_while_it_loads_is_cancelled() {
     assert_eq!(res.status, 200, "{}", res.text());
     let body = json!({"model": "m", "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0});
     assert_eq!(http::post(addr, "/v1/completions", &body).status, 200);
+    // Xinference's `cancel_launch_model` route: a model that serves has no launch to cancel.
+    let res = http::post(addr, "/v1/models/m/cancel", &json!({}));
+    assert_eq!(
+        (res.status, res.json()["error"]["code"].clone()),
+        (400, json!("model_not_loading")),
+        "{}",
+        res.text()
+    );
+    assert!(res.text().contains("the model is ready"), "{}", res.text());
+    // One that loads is cancelled by it as by DELETE.
+    let launching = std::thread::spawn(move || {
+        http::post(addr, "/v1/models", &json!({"model_name": "smollm2-instruct", "model_uid": "c"}))
+    });
+    poll(Duration::from_secs(30), "the second model loading", || {
+        http::get(addr, "/v1/models/c").json()["xinf"]["status"] == "loading"
+    });
+    let res = http::post(addr, "/v1/models/c/cancel", &json!({}));
+    assert_eq!((res.status, res.text()), (200, "null".to_owned()));
+    assert_eq!(launching.join().expect("the launch call").status, 409);
+    assert_eq!(http::post(addr, "/v1/models/nope/cancel", &json!({})).status, 404);
 }

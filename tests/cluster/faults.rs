@@ -54,7 +54,7 @@ fn streaming(addr: SocketAddr) -> TcpStream {
 
 /// Starts a greedy stream of `max_tokens` tokens (with usage) from `model`; returns once a
 /// token has arrived.
-fn streaming_from(addr: SocketAddr, model: &str, max_tokens: u32) -> TcpStream {
+pub(super) fn streaming_from(addr: SocketAddr, model: &str, max_tokens: u32) -> TcpStream {
     let body = json!({"model": model, "prompt": "Tell me a long story.", "max_tokens": max_tokens,
         "temperature": 0, "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}});
     let mut conn = http::send(addr, "POST", "/v1/completions", &[], body.to_string().as_bytes());
@@ -75,7 +75,7 @@ fn streaming_from(addr: SocketAddr, model: &str, max_tokens: u32) -> TcpStream {
 }
 
 /// Reads a stream to its end: how long that took, and the last of what arrived.
-fn until_end(mut conn: TcpStream) -> (Duration, String) {
+pub(super) fn until_end(mut conn: TcpStream) -> (Duration, String) {
     let started = Instant::now();
     let mut rest = Vec::new();
     let _ = conn.read_to_end(&mut rest);

@@ -12,10 +12,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 mod recovery;
+mod removal;
 #[cfg(test)]
 mod tests;
 
 pub(crate) use recovery::Reconciled;
+pub(crate) use removal::Removal;
 
 /// A replica that stopped serving.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +55,8 @@ pub(crate) struct SupervisorState {
     retry: BTreeMap<String, Retry>,
     /// Models being rebuilt from the replicas a worker reported (after a restart).
     adopting: BTreeSet<String>,
+    /// Replicas being removed from their models (they drain, then stop): not replaced.
+    removing: BTreeSet<String>,
     /// Replicas of ended models and replaced replicas: a worker that still reports one is
     /// told to stop it.
     ended: Ended,
@@ -79,6 +83,7 @@ impl SupervisorState {
             replacing: BTreeMap::new(),
             retry: BTreeMap::new(),
             adopting: BTreeSet::new(),
+            removing: BTreeSet::new(),
             ended: Ended::default(),
             round_robin: 0,
         }

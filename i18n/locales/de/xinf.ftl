@@ -38,6 +38,7 @@ api-bad-body = der Anfragerumpf konnte nicht gelesen werden: { $detail }
 api-body-stalled = der Anfragerumpf kam nicht mehr an: { $secs } s lang keine Bytes
 api-body-not-object = der Anfragerumpf muss ein JSON-Objekt sein
 api-scale-field-refused = `{ $field }` darf nicht angegeben werden: { $reason }
+api-cancel-not-loading = `{ $field }`: das Modell ist { $status }, es lädt nicht, also gibt es keinen Start abzubrechen; beenden Sie es stattdessen mit DELETE
 api-unauthorized = API-Schlüssel fehlt oder ist ungültig; senden Sie den Header `Authorization: Bearer <key>`
 api-route-not-found = keine Route für { $method } { $path }
 api-method-not-allowed = { $path } nimmt keine { $method }-Anfragen an

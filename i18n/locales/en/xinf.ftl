@@ -38,6 +38,7 @@ api-bad-body = the request body could not be read: { $detail }
 api-body-stalled = the request body stopped arriving: no bytes for { $secs } s
 api-body-not-object = the request body must be a JSON object
 api-scale-field-refused = `{ $field }` may not be given: { $reason }
+api-cancel-not-loading = `{ $field }`: the model is { $status }, not loading, so there is no launch to cancel; terminate it with DELETE instead
 api-unauthorized = missing or invalid API key; send the header `Authorization: Bearer <key>`
 api-route-not-found = no route for { $method } { $path }
 api-method-not-allowed = { $path } does not take { $method } requests

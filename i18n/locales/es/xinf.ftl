@@ -38,6 +38,7 @@ api-bad-body = no se pudo leer el cuerpo de la solicitud: { $detail }
 api-body-stalled = el cuerpo de la solicitud dejó de llegar: ningún byte en { $secs } s
 api-body-not-object = el cuerpo de la solicitud debe ser un objeto JSON
 api-scale-field-refused = no se puede indicar `{ $field }`: { $reason }
+api-cancel-not-loading = `{ $field }`: el modelo está { $status }, no cargando, así que no hay lanzamiento que cancelar; termínelo con DELETE
 api-unauthorized = falta la clave de API o no es válida; envíe la cabecera `Authorization: Bearer <key>`
 api-route-not-found = no hay ninguna ruta para { $method } { $path }
 api-method-not-allowed = { $path } no acepta solicitudes { $method }

@@ -38,6 +38,7 @@ api-bad-body = impossible de lire le corps de la requête : { $detail }
 api-body-stalled = le corps de la requête a cessé d’arriver : aucun octet depuis { $secs } s
 api-body-not-object = le corps de la requête doit être un objet JSON
 api-scale-field-refused = `{ $field }` ne peut pas être indiqué : { $reason }
+api-cancel-not-loading = `{ $field }` : le modèle est { $status }, pas en chargement, il n'y a donc pas de lancement à annuler ; arrêtez-le plutôt avec DELETE
 api-unauthorized = clé d'API absente ou invalide ; envoyez l'en-tête `Authorization: Bearer <key>`
 api-route-not-found = aucune route pour { $method } { $path }
 api-method-not-allowed = { $path } n'accepte pas les requêtes { $method }

@@ -38,6 +38,7 @@ api-bad-body = リクエストボディを読み取れませんでした：{ $de
 api-body-stalled = リクエストボディの受信が止まりました：{ $secs } 秒間バイトが届いていません
 api-body-not-object = リクエストボディは JSON オブジェクトでなければなりません
 api-scale-field-refused = `{ $field }` は指定できません：{ $reason }
+api-cancel-not-loading = `{ $field }`：モデルは { $status } で読み込み中ではないため、取り消す起動はありません。代わりに DELETE で終了してください
 api-unauthorized = API キーがないか、無効です。ヘッダー `Authorization: Bearer <key>` を送信してください
 api-route-not-found = { $method } { $path } に対応するルートはありません
 api-method-not-allowed = { $path } は { $method } リクエストを受け付けません

@@ -38,6 +38,7 @@ api-bad-body = 요청 본문을 읽을 수 없습니다: { $detail }
 api-body-stalled = 요청 본문 수신이 멈췄습니다: { $secs }초 동안 바이트가 오지 않았습니다
 api-body-not-object = 요청 본문은 JSON 객체여야 합니다
 api-scale-field-refused = `{ $field }`은(는) 지정할 수 없습니다: { $reason }
+api-cancel-not-loading = `{ $field }`: 모델이 불러오는 중이 아니라 { $status } 상태이므로 취소할 실행이 없습니다. 대신 DELETE로 종료하세요
 api-unauthorized = API 키가 없거나 올바르지 않습니다. `Authorization: Bearer <key>` 헤더를 보내세요
 api-route-not-found = { $method } { $path }에 해당하는 경로가 없습니다
 api-method-not-allowed = { $path }은(는) { $method } 요청을 받지 않습니다

@@ -38,6 +38,7 @@ api-bad-body = não foi possível ler o corpo da requisição: { $detail }
 api-body-stalled = o corpo da requisição parou de chegar: nenhum byte em { $secs } s
 api-body-not-object = o corpo da requisição deve ser um objeto JSON
 api-scale-field-refused = `{ $field }` não pode ser informado: { $reason }
+api-cancel-not-loading = `{ $field }`: o modelo está { $status }, não carregando, então não há lançamento a cancelar; encerre-o com DELETE
 api-unauthorized = chave de API ausente ou inválida; envie o cabeçalho `Authorization: Bearer <key>`
 api-route-not-found = não há rota para { $method } { $path }
 api-method-not-allowed = { $path } não aceita requisições { $method }

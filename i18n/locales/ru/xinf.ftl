@@ -38,6 +38,7 @@ api-bad-body = не удалось прочитать тело запроса: {
 api-body-stalled = тело запроса перестало поступать: ни одного байта за { $secs } с
 api-body-not-object = тело запроса должно быть JSON-объектом
 api-scale-field-refused = `{ $field }` указывать нельзя: { $reason }
+api-cancel-not-loading = `{ $field }`: модель в состоянии { $status }, а не загружается, поэтому отменять нечего; завершите её через DELETE
 api-unauthorized = API-ключ отсутствует или недействителен; передайте заголовок `Authorization: Bearer <key>`
 api-route-not-found = нет маршрута для { $method } { $path }
 api-method-not-allowed = { $path } не принимает запросы { $method }

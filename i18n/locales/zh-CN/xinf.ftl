@@ -38,6 +38,7 @@ api-bad-body = 无法读取请求体：{ $detail }
 api-body-stalled = 请求体停止到达：{ $secs } 秒内没有收到任何字节
 api-body-not-object = 请求体必须是 JSON 对象
 api-scale-field-refused = 不能指定 `{ $field }`：{ $reason }
+api-cancel-not-loading = `{ $field }`：模型处于 { $status } 状态，不在加载中，没有可取消的启动；请改用 DELETE 终止它
 api-unauthorized = API 密钥缺失或无效；请发送请求头 `Authorization: Bearer <key>`
 api-route-not-found = 没有 { $method } { $path } 的路由
 api-method-not-allowed = { $path } 不接受 { $method } 请求

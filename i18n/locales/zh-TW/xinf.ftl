@@ -38,6 +38,7 @@ api-bad-body = 無法讀取請求內容：{ $detail }
 api-body-stalled = 請求內容停止傳送：{ $secs } 秒內沒有收到任何位元組
 api-body-not-object = 請求內容必須是 JSON 物件
 api-scale-field-refused = 不可指定 `{ $field }`：{ $reason }
+api-cancel-not-loading = `{ $field }`：模型處於 { $status } 狀態，不在載入中，沒有可取消的啟動；請改用 DELETE 終止它
 api-unauthorized = API 金鑰缺少或無效；請傳送標頭 `Authorization: Bearer <key>`
 api-route-not-found = 沒有 { $method } { $path } 的路由
 api-method-not-allowed = { $path } 不接受 { $method } 請求

@@ -59,8 +59,13 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
                         .route(web::get().to(models::replicas))
                         .route(web::post().to(models::scale)),
                 )
+                .service(
+                    resource("/models/{uid}/replicas/{replica_uid}")
+                        .route(web::delete().to(models::remove_replica)),
+                )
                 .service(resource("/models/{uid}/requests/{rid}/abort").route(web::post().to(models::abort)))
                 .service(resource("/models/{uid}/progress").route(web::get().to(xinference::progress)))
+                .service(resource("/models/{uid}/cancel").route(web::post().to(xinference::cancel)))
                 .service(resource("/engines/{model_name}").route(web::get().to(xinference::llm_engines)))
                 .service(
                     resource("/engines/{model_type}/{model_name}").route(web::get().to(xinference::engines)),

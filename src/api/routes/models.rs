@@ -1,5 +1,5 @@
-//! The model routes: list, get, launch (`POST /v1/models`), terminate (`DELETE`), stats,
-//! abort, and `GET /v1/workers`.
+//! The model routes: list, get, launch (`POST /v1/models`), terminate (`DELETE`), scale up and
+//! down (`/v1/models/{uid}/replicas`), stats, abort, and `GET /v1/workers`.
 
 use super::{localized, parse_json, read_body};
 use crate::api::error::{ApiError, Problem};
@@ -117,6 +117,56 @@ pub(crate) async fn replicas(
     let result =
         state.service.get(&uid).await.map_err(Problem::from).and_then(|m| sorted_json(&m.replica_details));
     localized(&req, result)
+}
+
+/// The longest `drain_timeout` a replica's removal may ask for, in seconds.
+const MAX_DRAIN_SECS: u64 = 3600;
+
+/// `drain_timeout` of a replica's removal: seconds its running requests get to finish (default
+/// 30, at most an hour); any other key is refused.
+fn drain_timeout(req: &HttpRequest) -> Result<std::time::Duration, Problem> {
+    let pairs = web::Query::<Vec<(String, String)>>::from_query(req.query_string())
+        .map_err(|e| Problem::InvalidField { field: "query string".into(), detail: e.to_string() })?;
+    let mut secs = 30;
+    for (key, value) in pairs.into_inner() {
+        if key != "drain_timeout" {
+            return Err(Problem::UnknownField(key));
+        }
+        secs = value.parse::<u64>().ok().filter(|s| *s <= MAX_DRAIN_SECS).ok_or_else(|| {
+            Problem::InvalidField {
+                field: key,
+                detail: format!("`{value}` is not a whole number of seconds from 0 to {MAX_DRAIN_SECS}"),
+            }
+        })?;
+    }
+    Ok(std::time::Duration::from_secs(secs))
+}
+
+/// Removes one replica of a serving model (a scale-down): it takes no new requests, its
+/// running ones get `drain_timeout` seconds to finish, then it stops. Answers
+/// `{"model_uid", "replica_uid", "deleted": true}` once it is gone.
+pub(crate) async fn remove_replica(
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let (uid, replica_uid) = path.into_inner();
+    let result = async {
+        let drain = drain_timeout(&req)?;
+        tracing::info!(target: "xinf::api", model = %uid, replica = %replica_uid, ?drain, "remove replica");
+        state.service.remove_replica(&uid, &replica_uid, drain).await.map_err(|e| match e {
+            ServiceError::Cluster(
+                xinf_actors::ActorError::ReplicaNotFound { .. }
+                | xinf_actors::ActorError::ReplicaNotRemovable { .. },
+            ) => Problem::at_param(e, "replica_uid"),
+            other => other.into(),
+        })
+    }
+    .await;
+    localized(&req, result).map(|()| {
+        let body = serde_json::json!({ "model_uid": uid, "replica_uid": replica_uid, "deleted": true });
+        HttpResponse::Ok().json(body)
+    })
 }
 
 /// Terminates a model: OpenAI's delete shape `{"id", "object": "model", "deleted": true}`.

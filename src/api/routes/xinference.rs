@@ -1,6 +1,6 @@
 //! Routes of Xinference's REST API that its own client calls and that have no OpenAI
-//! counterpart: whether the cluster wants a key, a launch's progress, the engines that serve a
-//! registry model, and the registry itself. The answers have Xinference's shapes, so that
+//! counterpart: whether the cluster wants a key, a launch's progress and its cancellation, the
+//! engines that serve a registry model, and the registry itself. The answers have Xinference's shapes, so that
 //! `xinference_client` reads them unchanged.
 
 use super::localized;
@@ -36,6 +36,35 @@ pub(crate) async fn progress(
             }
         };
         HttpResponse::Ok().json(json!({ "progress": progress }))
+    })
+}
+
+/// `POST /v1/models/{uid}/cancel` (Xinference's `cancel_launch_model`): cancels the launch of
+/// a model still loading, as `DELETE /v1/models/{uid}` does, and answers `null` once its loads
+/// are told to stop. A model past loading has no launch to cancel: 400, naming its status.
+pub(crate) async fn cancel(
+    req: HttpRequest,
+    uid: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let result = async {
+        let info = state.service.get(&uid).await?;
+        if !matches!(info.status, ModelStatus::Launching | ModelStatus::Terminating) {
+            let status = ("status", info.status.to_string());
+            return Err(Problem::field_with(
+                "model_uid",
+                "api-cancel-not-loading",
+                "model_not_loading",
+                status,
+            ));
+        }
+        state.service.terminate(&uid).await?;
+        Ok(())
+    }
+    .await;
+    localized(&req, result).map(|()| {
+        tracing::info!(target: "xinf::api", model = %uid, "launch cancelled");
+        HttpResponse::Ok().json(Value::Null)
     })
 }
 

@@ -214,6 +214,7 @@ impl SupervisorState {
                 .filter(|r| {
                     matches!(r.status, ReplicaStatus::Dead | ReplicaStatus::Draining)
                         && !self.replacing.contains_key(&r.replica_uid)
+                        && !self.is_removing(&r.replica_uid)
                 })
                 .map(|r| (r.replica_uid.clone(), r.role))
                 .collect();

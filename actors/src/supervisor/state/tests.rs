@@ -5,6 +5,7 @@ use crate::launch::{LaunchRequest, validate};
 use serde_json::json;
 
 mod recovery;
+mod removal;
 
 fn info(id: &str, gpus: &[u32]) -> WorkerInfo {
     WorkerInfo {
