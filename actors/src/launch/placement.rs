@@ -90,18 +90,24 @@ fn find_worker(view: &ClusterView, ip: &str) -> Option<usize> {
     if let Some(w) = view.workers.iter().position(|w| w.worker_id == ip) {
         return Some(w);
     }
-    // A bare host matches when exactly one worker runs there (`localhost` is the loopback).
-    let host = if ip == "localhost" { "127.0.0.1" } else { ip };
-    let mut by_host = view
-        .workers
-        .iter()
-        .enumerate()
-        .filter(|(_, w)| w.host == host || w.worker_id.rsplit_once(':').is_some_and(|(h, _)| h == host))
-        .map(|(i, _)| i);
+    let mut by_host = on_host(view, ip);
     match (by_host.next(), by_host.next()) {
-        (Some(w), None) => Some(w),
+        (Some(w), None) => view.workers.iter().position(|x| x.worker_id == w.worker_id),
         _ => None,
     }
+}
+
+/// The workers on host `ip` (`localhost` is the loopback).
+fn on_host<'a>(view: &'a ClusterView, ip: &str) -> impl Iterator<Item = &'a WorkerSlot> {
+    let host = if ip == "localhost" { "127.0.0.1" } else { ip }.to_owned();
+    view.workers
+        .iter()
+        .filter(move |w| w.host == host || w.worker_id.rsplit_once(':').is_some_and(|(h, _)| h == host))
+}
+
+/// Whether `ip` is a host where more than one worker runs (and no worker's id).
+fn several_on_host(view: &ClusterView, ip: &str) -> bool {
+    on_host(view, ip).nth(1).is_some()
 }
 
 /// A replica's engine options with the device it was placed on: `cuda:N` for the first of its
@@ -267,6 +273,20 @@ fn candidates(
         )
         .at(what())),
         Some(w) => Ok(vec![w]),
+        // A bare host where several workers run names none of them.
+        None if several_on_host(view, ip) => {
+            let ids: Vec<&str> = on_host(view, ip).map(|w| w.worker_id.as_str()).collect();
+            Err(invalid(
+                LaunchRule::UnknownWorker,
+                format!(
+                    "{} '{ip}' matches {} workers ({}); name one by its id",
+                    what(),
+                    ids.len(),
+                    ids.join(", ")
+                ),
+            )
+            .at(what()))
+        }
         // Refused in local mode too: a replica placed somewhere else than asked is a surprise
         // (and a launch of many such replicas would all land on this one machine).
         None => {

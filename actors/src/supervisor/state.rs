@@ -261,6 +261,18 @@ impl SupervisorState {
         ClusterView { workers, replica_uids, round_robin: self.round_robin }
     }
 
+    /// The replica uids a new replica of a running model may not take: those in use, and those
+    /// ended (replaced, removed, or of a drained worker), which a process that was out of sight
+    /// or still drains may hold yet. A reused uid would have that process taken for the new
+    /// replica, or a drain meant for the old one applied to the new one.
+    fn taken_uids(&self, view: &ClusterView) -> BTreeMap<String, String> {
+        let mut taken = view.replica_uids.clone();
+        for uid in self.ended.iter() {
+            taken.entry(uid.clone()).or_default();
+        }
+        taken
+    }
+
     /// Validates a launch against the cluster, places it and records the model as `Launching`,
     /// which reserves its uid, replica uids and GPUs. `suffix` makes a uid when the request
     /// gives none and the model name is taken.
@@ -396,7 +408,7 @@ impl SupervisorState {
         let others = alive_roles(model);
         let spec = self.specs.get(uid).ok_or_else(|| ActorError::ModelNotFound(uid.to_owned()))?;
         let view = self.view();
-        let scaled = launch::scale_spec(spec, uid, request, &view.replica_uids)?;
+        let scaled = launch::scale_spec(spec, uid, request, &self.taken_uids(&view))?;
         let (placements, next) = launch::place(&scaled, uid, &view)?;
         self.round_robin = next;
         self.remember_drafts(&scaled, &placements);

@@ -52,6 +52,16 @@ fn unknown_worker_ip_is_refused_in_cluster_mode() {
         &view(vec![worker("10.0.0.1:5", &[])]),
     );
     assert_rule(&e, LaunchRule::UnknownWorker, "worker_ip '10.0.0.9' is not in the cluster.");
+    // A host with several workers names none of them.
+    let e = place_err(
+        json!({"model_name": "smollm2-instruct", "worker_ip": "10.0.0.1"}),
+        &view(vec![worker("10.0.0.1:5", &[]), worker("10.0.0.1:6", &[])]),
+    );
+    assert_rule(
+        &e,
+        LaunchRule::UnknownWorker,
+        "worker_ip '10.0.0.1' matches 2 workers (10.0.0.1:5, 10.0.0.1:6); name one by its id",
+    );
 }
 
 #[test]

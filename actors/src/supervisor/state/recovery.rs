@@ -51,6 +51,10 @@ impl Ended {
     fn contains(&self, uid: &str) -> bool {
         self.set.contains(uid)
     }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &String> {
+        self.set.iter()
+    }
 }
 
 /// When a model's next replacement may be tried: `at` is set at the first tick after a
@@ -240,7 +244,7 @@ impl SupervisorState {
         };
         let request = ScaleRequest { role: Some(role), count: Some(1), ..ScaleRequest::default() };
         let view = self.view();
-        let scaled = launch::scale_spec(template, uid, &request, &view.replica_uids)?;
+        let scaled = launch::scale_spec(template, uid, &request, &self.taken_uids(&view))?;
         let (placements, next) = launch::place(&scaled, uid, &view)?;
         self.round_robin = next;
         self.remember_drafts(&scaled, &placements);

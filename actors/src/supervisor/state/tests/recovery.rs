@@ -2,6 +2,7 @@
 //! replicas stopped) and the replacement of lost replicas.
 
 use super::*;
+use crate::launch::ScaleRequest;
 use crate::spec::HeldReplica;
 
 /// What a worker holding `placements` of model `uid` (launched from `v`) reports.
@@ -188,12 +189,16 @@ fn a_draining_workers_replica_is_replaced_while_it_finishes_its_requests() {
     let new = p.replica_uid.clone();
     assert!(s.begin_replacements(t0).is_empty(), "one replacement only");
     assert!(s.finish_scale(&uid, std::slice::from_ref(&new), true).is_empty());
-    assert_eq!(status(&s, &uid), (ModelStatus::Ready, vec![(new, ReplicaStatus::Alive)]));
+    assert_eq!(status(&s, &uid), (ModelStatus::Ready, vec![(new.clone(), ReplicaStatus::Alive)]));
     // The replaced replica still runs there: the worker keeps waiting for its requests, and is
     // not told to stop it.
-    assert_eq!(s.drain_worker(&on), [(uid.clone(), old)]);
+    assert_eq!(s.drain_worker(&on), [(uid.clone(), old.clone())]);
     let r = s.reconcile(&on, &report);
     assert_eq!(r, Reconciled::default());
+    // A new replica does not take its uid, which the draining process still holds.
+    let more = s.begin_scale(&uid, &ScaleRequest { count: Some(1), ..ScaleRequest::default() });
+    let fresh = &more.expect("placed").placements[0].replica_uid;
+    assert!(*fresh != old && *fresh != new, "{fresh} reused");
     // It stops; nothing of the model's is lost with it.
     assert!(s.lose_worker(&on).is_empty());
     assert_eq!(status(&s, &uid).0, ModelStatus::Ready);
