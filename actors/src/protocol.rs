@@ -56,6 +56,10 @@ pub(crate) enum SupervisorMsg {
     /// none are left (or its drain time is up).
     #[rpc]
     DrainWorker { worker_id: String, reply: RpcReplyPort<Wire<u64>> },
+    /// A draining worker's time ran out with requests still running: those requests end with
+    /// that reason rather than a lost connection's. The worker stops once answered.
+    #[rpc]
+    DrainTimedOut { worker_id: String, after_ms: u64, reply: RpcReplyPort<Wire<()>> },
     /// A launch task finished (internal).
     #[rpc]
     LaunchDone { model_uid: String, outcome: Wire<()>, reply: RpcReplyPort<Wire<()>> },

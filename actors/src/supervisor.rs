@@ -9,8 +9,8 @@
 //! models from them (`AdoptDone` reports back); replicas lost with their worker are replaced
 //! where the cluster has room, at each `Tick`.
 
+mod draining;
 mod instances;
-mod removal;
 pub(crate) mod state;
 mod tasks;
 
@@ -22,7 +22,7 @@ pub(crate) use crate::protocol::SupervisorMsg;
 use crate::protocol::WorkerMsg;
 use crate::router::RouterMsg;
 use crate::spec::{HeldReplica, ReplicaSpec, Role};
-use crate::wire::{Wire, answer, call, call_raw};
+use crate::wire::{Wire, answer, call};
 use instances::WorkerInstances;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use state::{LostReplica, Reconciled, SupervisorState};
@@ -183,32 +183,6 @@ impl Supervisor {
             tracing::info!(worker_id = %id, "worker registered");
         }
         self.reconcile(myself, state, &id, held);
-    }
-
-    /// Takes a stopping worker's replicas out of their routers' rotation and answers with the
-    /// number of requests still running on them (asked off the mailbox: a router is local, but
-    /// the supervisor answers nobody while it waits).
-    fn drain_worker(&self, state: &mut SupervisorState, worker_id: &str, reply: RpcReplyPort<Wire<u64>>) {
-        let mut by_model: HashMap<String, Vec<String>> = HashMap::new();
-        for (model_uid, replica_uid) in state.drain_worker(worker_id) {
-            by_model.entry(model_uid).or_default().push(replica_uid);
-        }
-        let routers: Vec<(ActorRef<RouterMsg>, Vec<String>)> = by_model
-            .into_iter()
-            .filter_map(|(model_uid, uids)| self.models.get(&model_uid).map(|a| (a.router, uids)))
-            .collect();
-        let timeout = self.times.call;
-        tokio::spawn(async move {
-            let mut running = 0u64;
-            for (router, replica_uids) in routers {
-                // A router that is gone ended with its model: nothing runs there.
-                let n =
-                    call_raw(&router, "router", timeout, |reply| RouterMsg::Drain { replica_uids, reply })
-                        .await;
-                running += n.map_or(0, |n| n as u64);
-            }
-            answer(reply, Wire::ok(running));
-        });
     }
 
     /// Workers whose process group emptied (their node disconnected) are lost.
@@ -533,6 +507,12 @@ impl Actor for Supervisor {
                 answer(reply, Wire::ok(()));
             }
             SupervisorMsg::DrainWorker { worker_id, reply } => self.drain_worker(state, &worker_id, reply),
+            SupervisorMsg::DrainTimedOut { worker_id, after_ms, reply } => {
+                let why =
+                    format!("its worker {worker_id} stopped when its drain time ({after_ms} ms) ran out");
+                self.cut_drained(state, &worker_id, &why);
+                answer(reply, Wire::ok(()));
+            }
             SupervisorMsg::RemoveReplica { model_uid, replica_uid, drain_ms, reply } => {
                 let drain = Duration::from_millis(drain_ms);
                 self.remove_replica(&myself, state, model_uid, replica_uid, drain, reply);

@@ -286,6 +286,25 @@ fn a_worker_stopped_by_a_signal_lets_its_running_request_finish() {
     eprintln!("drained: the running stream ended {took:?} after the signal's first checks");
 }
 
+/// A worker whose drain time runs out ends the streams its replicas still run with that reason
+/// (not a lost connection's), then exits.
+#[test]
+fn a_worker_whose_drain_time_runs_out_says_so_to_its_streams() {
+    let _ = crate::util::smollm2();
+    let (_sup, addr, cluster) = supervisor_on(free_port(), free_port());
+    let (mut w, worker) = worker_with_env(&cluster, SECRET, &[("XINF_DRAIN_TIMEOUT", "1")]);
+    let body = json!({"model_name": "smollm2-instruct", "model_uid": "cut",
+        "replica_config": [{"devices": [{"worker_ip": worker, "n_gpu": 0}]}]});
+    assert_eq!(http::post(addr, "/v1/models", &body).status, 200);
+    let conn = streaming_from(addr, "cut", 4000);
+    w.signal("-TERM");
+    let (took, tail) = until_end(conn);
+    assert!(tail.contains("stopped when its drain time (1000 ms) ran out"), "{tail}");
+    assert!(took < Duration::from_secs(20), "the cut stream lingered {took:?}");
+    let exited = w.wait(Duration::from_secs(30));
+    assert!(exited.is_some_and(|s| s.success()), "{exited:?}");
+}
+
 /// A worker stopped by a signal while it holds an unpinned model's only replica: a replacement
 /// loads on the other worker while the running stream goes on, and the model serves from it
 /// before the first worker is gone; the worker exits once its last request ends.

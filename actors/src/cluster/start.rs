@@ -445,6 +445,17 @@ impl WorkerNode {
             let now = tokio::time::Instant::now();
             if now >= deadline {
                 tracing::warn!(running, drain_timeout = ?self.times.drain, "requests still run after the drain timeout");
+                let after_ms = u64::try_from(self.times.drain.as_millis()).unwrap_or(u64::MAX);
+                let worker_id = self.worker_id.clone();
+                let told = call(&sup, "supervisor", self.times.call, |reply| SupervisorMsg::DrainTimedOut {
+                    worker_id,
+                    after_ms,
+                    reply,
+                })
+                .await;
+                if let Err(e) = told {
+                    tracing::debug!(error = %e, "the supervisor did not hear that the drain time ran out");
+                }
                 return running;
             }
             tokio::time::sleep(DRAIN_POLL.min(deadline - now)).await;

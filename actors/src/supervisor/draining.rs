@@ -1,6 +1,8 @@
-//! Removing one replica of a serving model (`DELETE /v1/models/{uid}/replicas/{id}`): the
-//! router takes it out of rotation and lets its running requests finish, for at most the
-//! drain time the caller gave; then its worker stops it and it leaves the model.
+//! Draining: a stopping worker's replicas leave the rotation and finish their requests (the
+//! worker asks how many still run until none do, and says when its drain time ran out, which
+//! ends the rest); and one replica removed from its model (`DELETE
+//! /v1/models/{uid}/replicas/{id}`), which drains for at most the time the caller gave, then
+//! is stopped by its worker and leaves the model.
 
 use super::tasks::{TaskCtx, teardown};
 use super::{ModelActors, Supervisor, SupervisorMsg};
@@ -9,12 +11,57 @@ use crate::router::RouterMsg;
 use crate::supervisor::state::{Removal, SupervisorState};
 use crate::wire::{Wire, answer, call, call_raw};
 use ractor::{ActorRef, RpcReplyPort};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 /// How often a removal asks the router whether the replica still runs requests.
 const DRAIN_POLL: Duration = Duration::from_millis(200);
 
 impl Supervisor {
+    /// Takes a stopping worker's replicas out of their routers' rotation and answers with the
+    /// number of requests still running on them (asked off the mailbox: a router is local, but
+    /// the supervisor answers nobody while it waits).
+    pub(super) fn drain_worker(
+        &self,
+        state: &mut SupervisorState,
+        worker_id: &str,
+        reply: RpcReplyPort<Wire<u64>>,
+    ) {
+        let mut by_model: HashMap<String, Vec<String>> = HashMap::new();
+        for (model_uid, replica_uid) in state.drain_worker(worker_id) {
+            by_model.entry(model_uid).or_default().push(replica_uid);
+        }
+        let routers: Vec<(ActorRef<RouterMsg>, Vec<String>)> = by_model
+            .into_iter()
+            .filter_map(|(model_uid, uids)| self.models.get(&model_uid).map(|a| (a.router, uids)))
+            .collect();
+        let timeout = self.times.call;
+        tokio::spawn(async move {
+            let mut running = 0u64;
+            for (router, replica_uids) in routers {
+                // A router that is gone ended with its model: nothing runs there.
+                let n =
+                    call_raw(&router, "router", timeout, |reply| RouterMsg::Drain { replica_uids, reply })
+                        .await;
+                running += n.map_or(0, |n| n as u64);
+            }
+            answer(reply, Wire::ok(running));
+        });
+    }
+
+    /// Ends the requests still running on a draining worker's replicas, with `why`: the
+    /// worker stops them now.
+    pub(super) fn cut_drained(&self, state: &mut SupervisorState, worker_id: &str, why: &str) {
+        for (model_uid, replica_uid) in state.drain_worker(worker_id) {
+            if let Some(actors) = self.models.get(&model_uid) {
+                let reason = format!("replica `{replica_uid}` of model `{model_uid}` stopped: {why}");
+                if actors.router.cast(RouterMsg::RemoveReplica { replica_uid, reason }).is_err() {
+                    tracing::debug!("the router is gone");
+                }
+            }
+        }
+    }
+
     /// Starts removing a replica; a task drains and stops it, reports back with `RemoveDone`,
     /// then answers.
     pub(super) fn remove_replica(
