@@ -1,7 +1,8 @@
 //! The Web UI in headless Chromium (Debian's `chromium` and `chromium-driver`, driven by
 //! Selenium from PyPI): `tests/web_ui/ui_e2e.py` lists the running models, launches a P/D model
 //! through the form (a refused option shown at the replica's field first), chats with it and
-//! sees the streamed answer, sees the handoff counters move, and terminates it; then the page
+//! sees the streamed answer, sees the handoff counters move, adds a decode replica and removes
+//! it, and terminates it; then the page
 //! in a browser that asks for Japanese is in Japanese. Screenshots go to `$XINF_UI_SCREENSHOTS`
 //! (default: the test scratch directory).
 
@@ -41,6 +42,8 @@ fn the_web_ui_launches_chats_and_terminates_in_chromium() {
         "prefill/decode launch",
         "chat answered",
         "handoff counters",
+        "replica added",
+        "replica removed",
         "terminate",
         "the page in Japanese",
     ] {

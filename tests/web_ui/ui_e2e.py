@@ -1,6 +1,7 @@
 """xinf's Web UI in headless Chromium (Selenium): the running models, a P/D launch through the
 form (a refused option shown at the replica's field first), a streamed chat answer, the
-handoff counters moving, terminate; then the page in a Japanese browser. Prints `ok <step>`
+handoff counters moving, a replica added and removed, terminate; then the page in a Japanese
+browser. Prints `ok <step>`
 per step; screenshots into OUT_DIR.
 
 Usage: ui_e2e.py URL OUT_DIR PRELOADED_UID
@@ -117,6 +118,22 @@ def main():
         assert roles == ["prefill", "decode"], roles
         d.save_screenshot(f"{OUT}/models-pd.png")
         print(f"ok handoff counters moved ({pages()} pages)")
+
+        # Another decode replica like the first, then that one removed: the model scales both ways.
+        def replicas():
+            r = row(d, "webpd")
+            return [e.get_attribute("data-replica") for e in r.find_elements(By.CSS_SELECTOR, "tr[data-replica]")] if r else []
+
+        before = replicas()
+        decode = row(d, "webpd").find_elements(By.CSS_SELECTOR, "tr[data-replica]")[1]
+        decode.find_element(By.CSS_SELECTOR, "button.add-replica").click()
+        wait(d, "the added decode replica", lambda: len(replicas()) == 3, 120)
+        added = [r for r in replicas() if r not in before][0]
+        wait(d, "the added replica serving", lambda: "alive" in row(d, "webpd").find_element(By.CSS_SELECTOR, f'tr[data-replica="{added}"]').text, 120)
+        print(f"ok replica added ({added})")
+        row(d, "webpd").find_element(By.CSS_SELECTOR, f'tr[data-replica="{added}"] button.remove-replica').click()
+        wait(d, "the removed replica gone", lambda: replicas() == before, 60)
+        print("ok replica removed")
 
         row(d, "webpd").find_element(By.CSS_SELECTOR, "button.terminate").click()
         wait(d, "the terminated model to go", lambda: row(d, "webpd") is None, 60)

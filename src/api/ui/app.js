@@ -79,17 +79,36 @@ function bytes(n) {
   return n + " B";
 }
 
-function replicaTable(details) {
+// Each replica row has two buttons: another replica like this one (a scale-up of its role),
+// and this one removed once its running requests end (a scale-down). Both calls answer when
+// done; the table redraws meanwhile and shows the replica loading or draining.
+function replicaTable(uid, details) {
   const rows = (details || []).map((r) =>
     el("tr", { "data-replica": r.replica_uid },
       el("td", {}, r.replica_uid), el("td", { class: "role" }, r.role || "hybrid"), el("td", {}, r.worker_id),
       el("td", {}, (r.gpus || []).join(",") || "cpu"), el("td", {}, r.engine), el("td", {}, r.kv_layout || ""),
-      el("td", { class: "status-" + r.status }, r.status)));
+      el("td", { class: "status-" + r.status }, r.status),
+      el("td", {},
+        el("button", { class: "add-replica", title: t("ui-add-replica", "Add a replica like this one"),
+          onclick: () => addReplica(uid, r.role || "hybrid") }, "+"),
+        el("button", { class: "remove-replica", title: t("ui-remove-replica", "Remove this replica once its requests end"),
+          onclick: () => removeReplica(uid, r.replica_uid) }, "−"))));
   return el("table", { class: "replicas" },
     el("thead", {}, el("tr", {}, ...[["ui-col-replica", "Replica"], ["ui-col-role", "Role"], ["ui-col-worker", "Worker"],
       ["ui-col-gpus", "GPUs"], ["ui-col-engine", "Engine"], ["ui-col-kv-layout", "KV layout"], ["ui-col-status", "Status"]]
-      .map(([k, h]) => el("th", {}, t(k, h))))),
+      .map(([k, h]) => el("th", {}, t(k, h))), el("th", {}))),
     el("tbody", {}, ...rows));
+}
+
+async function addReplica(uid, role) {
+  try { await api("POST", `/v1/models/${encodeURIComponent(uid)}/replicas`, { role }); } catch (e) { window.alert(e.message); }
+  refreshModels();
+}
+
+async function removeReplica(uid, replica) {
+  const path = `/v1/models/${encodeURIComponent(uid)}/replicas/${encodeURIComponent(replica)}`;
+  try { await api("DELETE", path); } catch (e) { window.alert(e.message); }
+  refreshModels();
 }
 
 async function refreshModels() {
@@ -112,7 +131,7 @@ async function refreshModels() {
     rows.push(el("tr", { "data-uid": m.id },
       el("td", {}, el("b", {}, m.id)), el("td", {}, x.model_name || m.model_name || ""), el("td", {}, weights),
       el("td", {}, x.engine || ""), el("td", { class: "status-" + (x.status || "") }, x.status || ""),
-      el("td", {}, replicaTable(x.replica_details)), el("td", {}, handoff),
+      el("td", {}, replicaTable(m.id, x.replica_details)), el("td", {}, handoff),
       el("td", {}, el("button", { class: "terminate", onclick: () => terminate(m.id) }, t("ui-terminate", "Terminate")))));
   }
   body.replaceChildren(...rows);
