@@ -88,7 +88,7 @@ function replicaTable(uid, details) {
       el("td", {}, r.replica_uid), el("td", { class: "role" }, r.role || "hybrid"), el("td", {}, r.worker_id),
       el("td", {}, (r.gpus || []).join(",") || "cpu"), el("td", {}, r.engine), el("td", {}, r.kv_layout || ""),
       el("td", { class: "status-" + r.status }, r.status),
-      el("td", {},
+      el("td", { class: "replica-actions" },
         el("button", { class: "add-replica", title: t("ui-add-replica", "Add a replica like this one"),
           onclick: () => addReplica(uid, r.role || "hybrid") }, "+"),
         el("button", { class: "remove-replica", title: t("ui-remove-replica", "Remove this replica once its requests end"),
