@@ -4,7 +4,7 @@
 
 use super::{SupervisorState, settle};
 use crate::error::ActorError;
-use crate::view::{ModelStatus, ReplicaStatus};
+use crate::view::ReplicaStatus;
 
 /// What removing a replica takes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,9 +90,7 @@ impl SupervisorState {
     fn forget_replica(&mut self, uid: &str, replica_uid: &str) {
         if let Some(model) = self.models.get_mut(uid) {
             model.replicas.retain(|r| r.replica_uid != replica_uid);
-            if model.status != ModelStatus::Terminating {
-                settle(model);
-            }
+            settle(model);
         }
         self.placed_from.remove(replica_uid);
         self.ended.add(replica_uid.to_owned());
