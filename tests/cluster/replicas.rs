@@ -31,18 +31,22 @@ fn delete(addr: SocketAddr, path: &str) -> http::Response {
     http::request(addr, "DELETE", path, &[], b"")
 }
 
+/// An `xinf local` serving model `uid` as two replicas, one of them streaming `tokens` tokens:
+/// the server, its address, the stream and the streaming replica's uid.
+fn two_replicas_one_streaming(uid: &str, tokens: u32) -> (Proc, SocketAddr, std::net::TcpStream, String) {
+    let _ = util::smollm2();
+    let (p, addr) = bare_local(&[]);
+    let body = json!({"model_name": "smollm2-instruct", "model_uid": uid, "replica": 2});
+    let res = http::post(addr, "/v1/models", &body);
+    assert_eq!(res.status, 200, "{}", res.text());
+    let conn = streaming_from(addr, uid, tokens);
+    let busy = busy_replica(addr, uid);
+    (p, addr, conn, busy)
+}
+
 #[test]
 fn a_removed_replica_finishes_its_requests_then_leaves_the_model() {
-    let _ = crate::util::smollm2();
-    let (_p, addr) = bare_local(&[]);
-    let res = http::post(
-        addr,
-        "/v1/models",
-        &json!({"model_name": "smollm2-instruct", "model_uid": "s", "replica": 2}),
-    );
-    assert_eq!(res.status, 200, "{}", res.text());
-    let conn = streaming_from(addr, "s", 64);
-    let busy = busy_replica(addr, "s");
+    let (_p, addr, conn, busy) = two_replicas_one_streaming("s", 64);
     let path = format!("/v1/models/s/replicas/{busy}?drain_timeout=120");
     let removing = std::thread::spawn(move || delete(addr, &path));
     poll(Duration::from_secs(10), "the replica draining", || {
@@ -95,16 +99,7 @@ fn a_removed_replica_finishes_its_requests_then_leaves_the_model() {
 
 #[test]
 fn a_replica_whose_drain_time_runs_out_ends_its_stream_with_the_reason() {
-    let _ = crate::util::smollm2();
-    let (_p, addr) = bare_local(&[]);
-    let res = http::post(
-        addr,
-        "/v1/models",
-        &json!({"model_name": "smollm2-instruct", "model_uid": "t", "replica": 2}),
-    );
-    assert_eq!(res.status, 200, "{}", res.text());
-    let conn = streaming_from(addr, "t", 4000);
-    let busy = busy_replica(addr, "t");
+    let (_p, addr, conn, busy) = two_replicas_one_streaming("t", 4000);
     let res = delete(addr, &format!("/v1/models/t/replicas/{busy}?drain_timeout=0"));
     assert_eq!(res.status, 200, "{}", res.text());
     let (took, tail) = until_end(conn);

@@ -33,6 +33,12 @@ fn cpu_workers(ids: &[&str], t0: Instant) -> SupervisorState {
     s
 }
 
+/// Model `uid`'s status and its replicas' statuses, by uid.
+fn status(s: &SupervisorState, uid: &str) -> (ModelStatus, Vec<(String, ReplicaStatus)>) {
+    let m = s.model(uid).expect("the model");
+    (m.status, m.replicas.iter().map(|r| (r.replica_uid.clone(), r.status)).collect())
+}
+
 fn launched(state: &mut SupervisorState, v: serde_json::Value) -> (String, Vec<Placement>) {
     let s = spec(v);
     let out = state.begin_launch(&s, "smollm2-instruct", || "abcd".into()).expect("placed");

@@ -11,11 +11,6 @@ fn held(uid: &str, v: &serde_json::Value, placements: &[&Placement]) -> Vec<Held
     placements.iter().map(|p| HeldReplica { spec: p.replica_spec(uid, &common), serving: true }).collect()
 }
 
-fn status(s: &SupervisorState, uid: &str) -> (ModelStatus, Vec<(String, ReplicaStatus)>) {
-    let m = s.model(uid).expect("the model");
-    (m.status, m.replicas.iter().map(|r| (r.replica_uid.clone(), r.status)).collect())
-}
-
 fn pd_launch() -> serde_json::Value {
     json!({"model_name": "smollm2-instruct", "model_uid": "pd", "replica_config": [
         {"role": "prefill", "replica_uid": "pd-p", "devices": [{"worker_ip": "a:1", "n_gpu": 0}]},

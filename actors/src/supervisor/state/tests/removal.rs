@@ -3,11 +3,6 @@
 use super::*;
 use crate::spec::HeldReplica;
 
-fn statuses(s: &SupervisorState, uid: &str) -> (ModelStatus, Vec<(String, ReplicaStatus)>) {
-    let m = s.model(uid).expect("the model");
-    (m.status, m.replicas.iter().map(|r| (r.replica_uid.clone(), r.status)).collect())
-}
-
 fn refusal(e: ActorError) -> String {
     match e {
         ActorError::ReplicaNotRemovable { reason, .. } => reason,
@@ -28,7 +23,7 @@ fn a_serving_replica_drains_unreplaced_then_leaves_and_is_stopped_if_reported() 
     let removal = s.begin_remove(&uid, &gone).expect("removable");
     assert_eq!(removal, Removal::Drain { worker_id: placed[0].worker_id.clone() });
     assert_eq!(
-        statuses(&s, &uid),
+        status(&s, &uid),
         (
             ModelStatus::Degraded,
             vec![(gone.clone(), ReplicaStatus::Draining), (kept.clone(), ReplicaStatus::Alive)]
@@ -40,7 +35,7 @@ fn a_serving_replica_drains_unreplaced_then_leaves_and_is_stopped_if_reported() 
     );
     assert!(s.begin_replacements(t0).is_empty(), "a removed replica is not replaced");
     s.finish_remove(&uid, &gone);
-    assert_eq!(statuses(&s, &uid), (ModelStatus::Ready, vec![(kept, ReplicaStatus::Alive)]));
+    assert_eq!(status(&s, &uid), (ModelStatus::Ready, vec![(kept, ReplicaStatus::Alive)]));
     // Its worker, had it not stopped it, is told to.
     let common = spec(v).common();
     let held = [HeldReplica { spec: placed[0].replica_spec(&uid, &common), serving: true }];
@@ -63,14 +58,14 @@ fn a_lost_replica_is_forgotten_at_once_unless_it_is_its_roles_only_one_or_being_
         refusal(s.begin_remove(&uid, "p").expect_err("the only prefill")).contains("last prefill replica")
     );
     assert_eq!(s.begin_remove(&uid, "d1"), Ok(Removal::Forgotten));
-    let left: Vec<String> = statuses(&s, &uid).1.into_iter().map(|(r, _)| r).collect();
+    let left: Vec<String> = status(&s, &uid).1.into_iter().map(|(r, _)| r).collect();
     assert_eq!(left, ["p", "d2"]);
     // A named worker's replica waits for it; once back, its replacement loads: not removable.
     assert!(s.heartbeat(info("a:1", &[]), t0));
     assert_eq!(s.begin_replacements(t0).len(), 1);
     let e = s.begin_remove(&uid, "p").expect_err("being replaced");
     assert!(refusal(e).contains("replacement is loading"));
-    let loading = statuses(&s, &uid).1.into_iter().find(|(_, st)| *st == ReplicaStatus::Loading);
+    let loading = status(&s, &uid).1.into_iter().find(|(_, st)| *st == ReplicaStatus::Loading);
     let e = s.begin_remove(&uid, &loading.expect("the replacement").0).expect_err("loading");
     assert!(refusal(e).contains("loading"));
 }
