@@ -17,7 +17,7 @@ pub enum ModelStatus {
     Launching,
     /// Serving, every replica alive.
     Ready,
-    /// Serving, though some replicas were lost: every role still has an alive one.
+    /// Serving, though some replicas were lost or drain: every role still has an alive one.
     Degraded,
     /// A role the model needs has no alive replica (their workers were lost): requests are
     /// refused as "try later" until a replica of that role serves again.

@@ -88,9 +88,12 @@ fn a_removed_replica_finishes_its_requests_then_leaves_the_model() {
         res.text()
     );
     assert_eq!(delete(addr, "/v1/models/nope/replicas/x").status, 404);
-    for (query, field) in
-        [("drain_timeout=-1", "drain_timeout"), ("drain_timeout=7200", "drain_timeout"), ("wait=1", "wait")]
-    {
+    for (query, field) in [
+        ("drain_timeout=-1", "drain_timeout"),
+        ("drain_timeout=7200", "drain_timeout"),
+        ("drain_timeout=1&drain_timeout=2", "drain_timeout"),
+        ("wait=1", "wait"),
+    ] {
         let res = delete(addr, &format!("/v1/models/s/replicas/{other}?{query}"));
         assert_eq!((res.status, res.json()["error"]["param"].clone()), (400, json!(field)), "{}", res.text());
     }

@@ -127,19 +127,21 @@ const MAX_DRAIN_SECS: u64 = 3600;
 fn drain_timeout(req: &HttpRequest) -> Result<std::time::Duration, Problem> {
     let pairs = web::Query::<Vec<(String, String)>>::from_query(req.query_string())
         .map_err(|e| Problem::InvalidField { field: "query string".into(), detail: e.to_string() })?;
-    let mut secs = 30;
+    let mut secs = None;
     for (key, value) in pairs.into_inner() {
         if key != "drain_timeout" {
             return Err(Problem::UnknownField(key));
         }
-        secs = value.parse::<u64>().ok().filter(|s| *s <= MAX_DRAIN_SECS).ok_or_else(|| {
-            Problem::InvalidField {
-                field: key,
-                detail: format!("`{value}` is not a whole number of seconds from 0 to {MAX_DRAIN_SECS}"),
-            }
-        })?;
+        if secs.is_some() {
+            return Err(Problem::InvalidField { field: key, detail: "given twice".into() });
+        }
+        let parsed = value.parse::<u64>().ok().filter(|s| *s <= MAX_DRAIN_SECS);
+        secs = Some(parsed.ok_or_else(|| Problem::InvalidField {
+            field: key,
+            detail: format!("`{value}` is not a whole number of seconds from 0 to {MAX_DRAIN_SECS}"),
+        })?);
     }
-    Ok(std::time::Duration::from_secs(secs))
+    Ok(std::time::Duration::from_secs(secs.unwrap_or(30)))
 }
 
 /// Removes one replica of a serving model (a scale-down): it takes no new requests, its
