@@ -4,7 +4,7 @@
 use super::gpu::{GpuTenant, admit, refusal_error};
 use super::invalid;
 use super::request::{GpuCount, Role};
-use super::spec::{DeviceRequest, LaunchSpec, ReplicaDraft};
+use super::spec::{DeviceRequest, LaunchSpec, ReplicaDraft, WorkerNamed};
 use crate::error::{ActorError, LaunchRule};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -252,9 +252,16 @@ fn candidates(
     rr: usize,
     load: &BTreeMap<&str, usize>,
 ) -> Result<Vec<usize>, ActorError> {
-    let what = || {
-        if d.from_replica_config { format!("replica_config[{i}].worker_ip") } else { "worker_ip".to_owned() }
+    let (what, field) = match d.named {
+        WorkerNamed::Request => ("worker_ip".to_owned(), "worker_ip".to_owned()),
+        WorkerNamed::ReplicaConfig => {
+            let field = format!("replica_config[{i}].worker_ip");
+            (field.clone(), field)
+        }
+        // A scale-up's request may give its own `worker_ip` instead.
+        WorkerNamed::CopiedReplica => ("the copied replica's worker_ip".to_owned(), "worker_ip".to_owned()),
     };
+    let what = || what.clone();
     let Some(ip) = &d.worker_ip else {
         let n = view.workers.len();
         let mut order: Vec<usize> = (0..n).filter(|w| !view.workers[*w].draining).collect();
@@ -271,7 +278,7 @@ fn candidates(
                 what()
             ),
         )
-        .at(what())),
+        .at(field.clone())),
         Some(w) => Ok(vec![w]),
         // A bare host where several workers run names none of them.
         None if several_on_host(view, ip) => {
@@ -285,7 +292,7 @@ fn candidates(
                     ids.join(", ")
                 ),
             )
-            .at(what()))
+            .at(field.clone()))
         }
         // Refused in local mode too: a replica placed somewhere else than asked is a surprise
         // (and a launch of many such replicas would all land on this one machine).
@@ -305,7 +312,7 @@ fn candidates(
                 LaunchRule::UnknownWorker,
                 format!("{} '{ip}' is not in the cluster. Registered workers: [{}]", what(), ids.join(", ")),
             )
-            .at(what()))
+            .at(field.clone()))
         }
     }
 }

@@ -8,7 +8,7 @@
 
 use super::invalid;
 use super::request::{GpuCount, Role};
-use super::spec::{LaunchSpec, ReplicaDraft};
+use super::spec::{LaunchSpec, ReplicaDraft, WorkerNamed};
 use crate::error::{ActorError, LaunchRule};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -108,9 +108,12 @@ pub(crate) fn scale_spec(
         .map(|_| {
             let mut draft: ReplicaDraft = template.clone();
             draft.replica_uid = Some(fresh_uid());
-            if let Some(ip) = &request.worker_ip {
-                draft.device.worker_ip = Some(ip.clone());
-                draft.device.from_replica_config = false;
+            match &request.worker_ip {
+                Some(ip) => {
+                    draft.device.worker_ip = Some(ip.clone());
+                    draft.device.named = WorkerNamed::Request;
+                }
+                None => draft.device.named = WorkerNamed::CopiedReplica,
             }
             if let Some(idx) = &request.gpu_idx {
                 draft.device.gpu_idx = Some(idx.clone());

@@ -5,12 +5,23 @@ use super::keywords::TransferBackend;
 use super::request::{GpuCount, Role};
 use xinf_engine::{EngineConfig, ModelSource};
 
+/// Where a replica's worker was named, for the messages about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum WorkerNamed {
+    /// The request's own `worker_ip`.
+    Request,
+    /// Its `replica_config` entry's `devices`.
+    ReplicaConfig,
+    /// The replica a scale-up or a replacement copies.
+    CopiedReplica,
+}
+
 /// A placement request for one replica.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct DeviceRequest {
-    /// The worker asked for, and whether it came from `replica_config` (for the message).
+    /// The worker asked for, and where it was named.
     pub(super) worker_ip: Option<String>,
-    pub(super) from_replica_config: bool,
+    pub(super) named: WorkerNamed,
     pub(super) n_gpu: GpuCount,
     pub(super) gpu_idx: Option<Vec<u32>>,
 }

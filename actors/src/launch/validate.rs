@@ -7,7 +7,7 @@ use super::keywords::{LaunchKeywords, TransferBackend};
 use super::request::{
     DeviceConfig, GpuCount, LaunchRequest, RESERVED_ENGINE_CONFIG_KEYS, ReplicaConfig, Role,
 };
-use super::spec::{DeviceRequest, LaunchSpec, ReplicaDraft};
+use super::spec::{DeviceRequest, LaunchSpec, ReplicaDraft, WorkerNamed};
 use crate::error::{ActorError, LaunchRule};
 use crate::spec::ModelFront;
 use serde_json::{Map, Value};
@@ -219,7 +219,7 @@ fn entry_device(i: usize, entry: &ReplicaConfig, local_mode: bool) -> Result<Dev
     match entry.devices.as_deref() {
         None if local_mode => Ok(DeviceRequest {
             worker_ip: None,
-            from_replica_config: true,
+            named: WorkerNamed::ReplicaConfig,
             n_gpu: GpuCount::Auto,
             gpu_idx: None,
         }),
@@ -227,7 +227,7 @@ fn entry_device(i: usize, entry: &ReplicaConfig, local_mode: bool) -> Result<Dev
             check_gpu_list(d.n_gpu, d.gpu_idx.as_deref())?;
             Ok(DeviceRequest {
                 worker_ip: Some(d.worker_ip.clone()),
-                from_replica_config: true,
+                named: WorkerNamed::ReplicaConfig,
                 n_gpu: d.n_gpu,
                 gpu_idx: d.gpu_idx.clone(),
             })
@@ -434,7 +434,7 @@ fn legacy_drafts(
 ) -> Vec<ReplicaDraft> {
     let device = DeviceRequest {
         worker_ip: req.worker_ip.clone(),
-        from_replica_config: false,
+        named: WorkerNamed::Request,
         n_gpu: req.n_gpu.unwrap_or_default(),
         gpu_idx: req.gpu_idx.as_ref().map(|g| g.0.clone()),
     };

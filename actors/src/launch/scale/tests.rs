@@ -43,3 +43,20 @@ fn new_replicas_copy_the_template_and_take_free_uids() {
     assert_eq!(out.replicas[0].device.n_gpu, GpuCount::Count(1));
     assert_eq!(out.replicas[0].device.worker_ip.as_deref(), Some("b:1"));
 }
+
+#[test]
+fn a_copied_replicas_worker_that_is_gone_is_named_as_the_copy_s() {
+    let s = spec(json!({"model_name": "smollm2-instruct", "replica_config": [
+        {"role": "prefill", "devices": [{"worker_ip": "a:1"}]},
+        {"role": "decode", "devices": [{"worker_ip": "b:1"}]}
+    ]}));
+    let req = ScaleRequest { role: Some(Role::Decode), ..ScaleRequest::default() };
+    let out = scale_spec(&s, "m", &req, &BTreeMap::new()).expect("spec");
+    let view = crate::launch::ClusterView {
+        workers: vec![crate::launch::tests::worker("a:1", &[])],
+        ..Default::default()
+    };
+    let e = crate::launch::place(&out, "m", &view).expect_err("b:1 is gone");
+    assert_eq!(e.launch_field(), Some("worker_ip"));
+    assert!(e.to_string().starts_with("the copied replica's worker_ip 'b:1' is not in the cluster"), "{e}");
+}
