@@ -32,6 +32,8 @@ pub fn engine_error_text(cat: &Catalog, e: &EngineError) -> String {
         // The engine process's own words (with its log's last lines): not translated.
         EngineError::Process(detail) => cat.text("error-engine-process", &[("detail", detail)]),
         EngineError::Internal(detail) => cat.text("error-internal", &[("detail", detail)]),
+        // Names the replica, the model and the cause (`was removed`, `worker … was lost`).
+        EngineError::ReplicaLost(detail) => cat.text("error-replica-lost", &[("detail", detail)]),
         other => cat.text("error-internal", &[("detail", &other.to_string())]),
     }
 }

@@ -300,6 +300,7 @@ fn a_worker_whose_drain_time_runs_out_says_so_to_its_streams() {
     w.signal("-TERM");
     let (took, tail) = until_end(conn);
     assert!(tail.contains("stopped when its drain time (1000 ms) ran out"), "{tail}");
+    assert!(tail.contains("\"code\":\"replica_lost\""), "{tail}");
     assert!(took < Duration::from_secs(20), "the cut stream lingered {took:?}");
     let exited = w.wait(Duration::from_secs(30));
     assert!(exited.is_some_and(|s| s.success()), "{exited:?}");

@@ -186,7 +186,7 @@ async fn pump(
 /// The error of a request whose replica was lost (or whose model was terminated): the service
 /// cannot serve it now; a later request may be routed elsewhere.
 pub(crate) fn lost(reason: Result<String, tokio::sync::oneshot::error::RecvError>) -> EngineError {
-    EngineError::Process(reason.unwrap_or_else(|_| "the model was terminated".into()))
+    EngineError::ReplicaLost(reason.unwrap_or_else(|_| "the model was terminated".into()))
 }
 
 async fn abort(replica: &ActorRef<ReplicaMsg>, what: &str, request_id: &str, timeout: Duration) {

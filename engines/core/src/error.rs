@@ -97,6 +97,11 @@ pub enum EngineError {
     /// Anything else; a bug.
     #[error("internal engine error: {0}")]
     Internal(String),
+    /// The replica serving the request left its model mid-request: its worker was lost, it
+    /// was removed or its worker's drain time ran out, or the model was terminated. The text
+    /// says which.
+    #[error("{0}")]
+    ReplicaLost(String),
 }
 
 impl EngineError {
@@ -117,7 +122,9 @@ impl EngineError {
             Self::DuplicateRequest(_) => ErrorClass::Conflict,
             Self::UnknownRequest(_) | Self::UnknownModel { .. } => ErrorClass::NotFound,
             Self::Aborted => ErrorClass::Cancelled,
-            Self::Fetch(_) | Self::Stopped | Self::Process(_) => ErrorClass::Unavailable,
+            Self::Fetch(_) | Self::Stopped | Self::Process(_) | Self::ReplicaLost(_) => {
+                ErrorClass::Unavailable
+            }
             Self::Internal(_) => ErrorClass::Internal,
         }
     }
@@ -138,6 +145,7 @@ impl EngineError {
             Self::Import(_) => "kv_import_rejected",
             Self::Rejected(_) => "engine_rejected",
             Self::Process(_) => "engine_process",
+            Self::ReplicaLost(_) => "replica_lost",
             Self::Internal(_) => "internal_error",
         }
     }

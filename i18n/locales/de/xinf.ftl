@@ -11,6 +11,7 @@ error-engine-stopped = die Engine wurde beendet
 error-kv-import = importierter KV-Cache abgelehnt: { $detail }
 error-engine-rejected = die Engine hat die Anfrage abgelehnt: { $detail }
 error-engine-process = { $detail }
+error-replica-lost = { $detail }
 error-internal = interner Fehler: { $detail }
 error-usage = { $detail }
 # Ausgaben der Kommandozeile.

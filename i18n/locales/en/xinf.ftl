@@ -11,6 +11,7 @@ error-engine-stopped = the engine has stopped
 error-kv-import = imported KV cache rejected: { $detail }
 error-engine-rejected = the engine refused the request: { $detail }
 error-engine-process = { $detail }
+error-replica-lost = { $detail }
 error-internal = internal error: { $detail }
 error-usage = { $detail }
 # CLI output.

@@ -11,6 +11,7 @@ error-engine-stopped = el motor se ha detenido
 error-kv-import = se rechazó la caché KV importada: { $detail }
 error-engine-rejected = el motor rechazó la solicitud: { $detail }
 error-engine-process = { $detail }
+error-replica-lost = { $detail }
 error-internal = error interno: { $detail }
 error-usage = { $detail }
 # Salida de la línea de comandos.

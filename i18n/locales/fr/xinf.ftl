@@ -11,6 +11,7 @@ error-engine-stopped = le moteur est arrêté
 error-kv-import = cache KV importé refusé : { $detail }
 error-engine-rejected = le moteur a refusé la requête : { $detail }
 error-engine-process = { $detail }
+error-replica-lost = { $detail }
 error-internal = erreur interne : { $detail }
 error-usage = { $detail }
 # Sorties de la ligne de commande.

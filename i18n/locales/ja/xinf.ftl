@@ -11,6 +11,7 @@ error-engine-stopped = エンジンは停止しています
 error-kv-import = インポートされた KV キャッシュが拒否されました：{ $detail }
 error-engine-rejected = エンジンがリクエストを拒否しました：{ $detail }
 error-engine-process = { $detail }
+error-replica-lost = { $detail }
 error-internal = 内部エラー：{ $detail }
 error-usage = { $detail }
 # CLI の出力。

@@ -11,6 +11,7 @@ error-engine-stopped = 엔진이 중지되었습니다
 error-kv-import = 가져온 KV 캐시가 거부되었습니다: { $detail }
 error-engine-rejected = 엔진이 요청을 거부했습니다: { $detail }
 error-engine-process = { $detail }
+error-replica-lost = { $detail }
 error-internal = 내부 오류: { $detail }
 error-usage = { $detail }
 # CLI 출력.

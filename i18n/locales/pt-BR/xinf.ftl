@@ -11,6 +11,7 @@ error-engine-stopped = o motor foi parado
 error-kv-import = cache KV importado recusado: { $detail }
 error-engine-rejected = o motor recusou a requisição: { $detail }
 error-engine-process = { $detail }
+error-replica-lost = { $detail }
 error-internal = erro interno: { $detail }
 error-usage = { $detail }
 # Saída da linha de comando.

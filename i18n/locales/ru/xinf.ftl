@@ -11,6 +11,7 @@ error-engine-stopped = движок остановлен
 error-kv-import = импортированный KV-кэш отклонён: { $detail }
 error-engine-rejected = движок отклонил запрос: { $detail }
 error-engine-process = { $detail }
+error-replica-lost = { $detail }
 error-internal = внутренняя ошибка: { $detail }
 error-usage = { $detail }
 # Вывод командной строки.

@@ -11,6 +11,7 @@ error-engine-stopped = 引擎已停止
 error-kv-import = 导入的 KV 缓存被拒绝：{ $detail }
 error-engine-rejected = 引擎拒绝了该请求：{ $detail }
 error-engine-process = { $detail }
+error-replica-lost = { $detail }
 error-internal = 内部错误：{ $detail }
 error-usage = { $detail }
 # 命令行输出。

@@ -11,6 +11,7 @@ error-engine-stopped = 引擎已停止
 error-kv-import = 匯入的 KV 快取遭到拒絕：{ $detail }
 error-engine-rejected = 引擎拒絕了此請求：{ $detail }
 error-engine-process = { $detail }
+error-replica-lost = { $detail }
 error-internal = 內部錯誤：{ $detail }
 error-usage = { $detail }
 # 命令列輸出。
