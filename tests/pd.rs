@@ -3,6 +3,7 @@
 //! engine KV layouts in both directions, streaming and not; counters prove the pages moved,
 //! in process (`xinf local`) and over TCP between worker processes.
 
+mod local;
 mod outputs;
 
 use crate::cluster::{SECRET, supervisor, worker};

@@ -23,7 +23,7 @@ use crate::spec::ReplicaSpec;
 use crate::spec::Role;
 use crate::view::ReplicaStats;
 use crate::wire::{Wire, answer};
-use handoff::{Handoff, HandoffSide, HandoffTimes};
+use handoff::{Handoff, HandoffSide, HandoffTimes, Prefilled};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::RactorClusterMessage;
 use requests::{EventBatch, RequestTable};
@@ -52,7 +52,7 @@ pub(crate) enum ReplicaMsg {
     /// Compute a prompt and publish its KV in a room (prefill replicas); the reply is the
     /// handoff a decode replica needs.
     #[rpc]
-    Prefill { request: Wire<GenerateRequest>, reply: RpcReplyPort<Wire<Handoff>> },
+    Prefill { request: Wire<GenerateRequest>, reply: RpcReplyPort<Wire<Prefilled>> },
     /// Fetch a handoff's pages and start the request on them (decode replicas); the reply
     /// comes once the engine accepted it, and the events are pulled as for `Generate`.
     #[rpc]
@@ -268,17 +268,20 @@ fn next_events(state: &ReplicaState, request_id: String, reply: RpcReplyPort<Wir
 
 /// Computes a prompt and publishes its KV off the mailbox; a room nobody will fetch (the caller
 /// went away) is released at once.
-fn prefill(state: &ReplicaState, request: GenerateRequest, reply: RpcReplyPort<Wire<Handoff>>) {
+fn prefill(state: &ReplicaState, request: GenerateRequest, reply: RpcReplyPort<Wire<Prefilled>>) {
     let received = Instant::now();
     let prefill = state.handoff.prefill(request);
     let (side, serving) = (state.handoff.clone(), state.serving.clone());
     // Compute off the mailbox: other requests and pulls go on meanwhile.
     tokio::spawn(async move {
         let result = prefill.await;
-        if result.is_ok() {
+        let room = match &result {
+            Ok(Prefilled::Room(h)) => Some(h.room),
+            _ => None,
+        };
+        if room.is_some() {
             serving.prefilled(received, Instant::now());
         }
-        let room = result.as_ref().ok().map(|h| h.room);
         if reply.send(Wire(result)).is_err()
             && let Some(room) = room
         {

@@ -10,6 +10,7 @@ pub(crate) mod pull;
 use crate::cluster::Cluster;
 use crate::error::ActorError;
 use crate::replica::ReplicaMsg;
+use crate::replica::handoff::Prefilled;
 use crate::router::RouterMsg;
 use crate::wire::{Wire, call, call_local};
 use futures::StreamExt;
@@ -26,6 +27,17 @@ enum Started {
     /// The prefill's first token (after the prompt's report, where asked for), shown at once;
     /// the decode leg, which starts the rest.
     Later { first: Vec<TokenEvent>, leg: futures::future::BoxFuture<'static, Result<(), ActorError>> },
+}
+
+/// Starts a whole request (its prompt too) on one replica.
+async fn whole(
+    (replica_uid, replica): handoff::Party,
+    request: GenerateRequest,
+    t: std::time::Duration,
+) -> Result<Started, ActorError> {
+    let what = format!("replica `{replica_uid}`");
+    call(&replica, &what, t, |reply| ReplicaMsg::Generate { request: Wire::ok(request), reply }).await?;
+    Ok(Started::Now { lead: None })
 }
 
 /// A request id for a request that came without one.
@@ -108,16 +120,12 @@ impl Cluster {
         let decode: handoff::Party = (routed.replica_uid.clone(), routed.replica.clone());
         let (prefill, times) = (routed.prefill.clone(), self.decode_times());
         let start = async move {
-            let Some(prefill) = prefill else {
-                let (replica_uid, replica) = decode;
-                let what = format!("replica `{replica_uid}`");
-                let generate = call(&replica, &what, t, |reply| ReplicaMsg::Generate {
-                    request: Wire::ok(request),
-                    reply,
-                });
-                return generate.await.map(|()| Started::Now { lead: None });
+            let Some(prefill) = prefill else { return whole(decode, request, t).await };
+            let mut handoff = match self.prefill_leg(&prefill, &request).await? {
+                Prefilled::Room(handoff) => handoff,
+                // A short prompt: the decode replica computes it, as an ordinary replica would.
+                Prefilled::Local => return whole(decode, request, t).await,
             };
-            let mut handoff = self.prefill_leg(&prefill, &request).await?;
             if !handoff::shows_first(&request.sampling, handoff.first_text.as_deref()) {
                 handoff.first_text = None;
             }

@@ -63,6 +63,10 @@ pub(crate) struct ModelHandoff {
     /// Snapshot cache of a prefill replica (`xavier_cache_bytes`); the node's default when
     /// not given.
     pub(crate) snapshot_cache_bytes: Option<u64>,
+    /// A prompt of at most this many tokens is computed by its decode replica, without a
+    /// handoff (`max_local_prefill_tokens`; 0: every prompt is handed off).
+    #[serde(default)]
+    pub(crate) local_prefill_tokens: u32,
 }
 
 /// What a replica does in a deployment.

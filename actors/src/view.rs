@@ -310,6 +310,10 @@ pub struct HandoffStats {
     pub failed: u64,
     /// Rooms freed because their lease ran out.
     pub expired_leases: u64,
+    /// Prompts short enough to leave to the decode replica (`max_local_prefill_tokens`),
+    /// counted by the prefill replica that left them.
+    #[serde(default)]
+    pub local_prefills: u64,
     /// Prompt pages reused from a snapshot cache instead of computed (counted by the prefill
     /// replica that reused them).
     pub snapshot_hits: u64,
@@ -341,6 +345,7 @@ impl HandoffStats {
         self.gpu_fallbacks += o.gpu_fallbacks;
         self.failed += o.failed;
         self.expired_leases += o.expired_leases;
+        self.local_prefills += o.local_prefills;
         self.snapshot_hits += o.snapshot_hits;
         self.snapshot_remote_hits += o.snapshot_remote_hits;
         self.snapshot_pages += o.snapshot_pages;

@@ -102,6 +102,7 @@ impl ClusterOptions {
                 transfer: self.transfer_timeout,
                 policy: self.transport,
                 snapshot_budget: self.snapshot_cache_bytes,
+                local_prefill_tokens: 0,
             },
         }
     }

@@ -8,6 +8,7 @@ use crate::error::{ActorError, LaunchRule};
 use serde::Deserialize;
 use serde::de::{self, DeserializeOwned, Deserializer};
 use serde_json::{Map, Value};
+use xinf_engine::Engines;
 
 #[cfg(test)]
 mod tests;
@@ -93,6 +94,8 @@ pub(super) struct LaunchKeywords {
     enable_thinking: Keyword<bool>,
     /// The most requests the model serves at once.
     request_limits: Keyword<u64>,
+    /// P/D: prompts of at most this many tokens are computed by the decode replica itself.
+    max_local_prefill_tokens: Keyword<u64>,
 }
 
 /// A request's extra keys, split in one pass: the fields of [`LaunchKeywords`] are taken out
@@ -188,6 +191,53 @@ impl LaunchKeywords {
             reasoning_content: flag(&self.reasoning_content, "reasoning_content")?.unwrap_or_default(),
             enable_thinking: flag(&self.enable_thinking, "enable_thinking")?,
         })
+    }
+}
+
+/// The longest prompt `max_local_prefill_tokens` may leave to a decode replica: beyond any
+/// context length a model has, so the bound refuses only a typing slip.
+const MAX_LOCAL_PREFILL_TOKENS: u64 = 1 << 24;
+
+impl LaunchKeywords {
+    /// `max_local_prefill_tokens` (0 when absent): allowed in a P/D launch whose decode
+    /// replicas all run an engine that can compute a prompt itself.
+    /// `decoders`: each decode replica's index and engine.
+    pub(super) fn local_prefill_tokens<'a>(
+        &self,
+        pd: bool,
+        mut decoders: impl Iterator<Item = (usize, &'a str)>,
+        engines: &Engines,
+    ) -> Result<u32, ActorError> {
+        let Some(n) = self.local_prefill_limit()? else { return Ok(0) };
+        let refused =
+            |why: String| Err(invalid(LaunchRule::InvalidField, why).at("max_local_prefill_tokens"));
+        if !pd {
+            return refused("max_local_prefill_tokens requires prefill and decode replica roles".into());
+        }
+        let imports_only = |engine: &str| engines.get(engine).is_some_and(|l| !l.decode_computes_prompts());
+        if n > 0
+            && let Some((i, engine)) = decoders.find(|(_, engine)| imports_only(engine))
+        {
+            return refused(format!(
+                "max_local_prefill_tokens needs decode replicas that can compute a prompt; replica_config[{i}] \
+                 runs {engine}, whose decode replicas only continue prompts a prefill replica hands them"
+            ));
+        }
+        Ok(n)
+    }
+
+    /// `max_local_prefill_tokens`, when given: an integer from 0 (every prompt handed off) to
+    /// 2²⁴.
+    fn local_prefill_limit(&self) -> Result<Option<u32>, ActorError> {
+        match self.max_local_prefill_tokens.get() {
+            Ok(None) => Ok(None),
+            Ok(Some(n)) if *n <= MAX_LOCAL_PREFILL_TOKENS => Ok(u32::try_from(*n).ok()),
+            _ => Err(invalid(
+                LaunchRule::InvalidField,
+                format!("max_local_prefill_tokens must be an integer from 0 to {MAX_LOCAL_PREFILL_TOKENS}"),
+            )
+            .at("max_local_prefill_tokens")),
+        }
     }
 }
 

@@ -54,6 +54,8 @@ pub(crate) struct LaunchSpec {
     pub(super) transfer: Option<TransferBackend>,
     /// `xavier_cache_bytes`: the snapshot cache of each prefill replica.
     pub(super) snapshot_cache_bytes: Option<u64>,
+    /// `max_local_prefill_tokens`: prompts this short are computed by the decode replica.
+    pub(super) local_prefill_tokens: u32,
     /// `reasoning_content`, `enable_thinking` and `request_limits`.
     pub(crate) front: crate::spec::ModelFront,
     /// The launch request as JSON, which every replica carries (see
@@ -67,6 +69,7 @@ impl LaunchSpec {
         crate::spec::ModelHandoff {
             nixl: self.transfer == Some(TransferBackend::Nixl),
             snapshot_cache_bytes: self.snapshot_cache_bytes,
+            local_prefill_tokens: self.local_prefill_tokens,
         }
     }
 

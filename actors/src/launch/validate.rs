@@ -80,6 +80,9 @@ pub(crate) fn validate(
     } else {
         entry_drafts(drafts, engines, launch_engine, &base, &base_checked)?
     };
+    let decoders = replicas.iter().enumerate().filter(|(_, d)| d.role == Role::Decode);
+    let local_prefill_tokens =
+        keywords.local_prefill_tokens(pd, decoders.map(|(i, d)| (i, d.engine.as_str())), engines)?;
     // Kept as sent, for the replicas to carry (a restarted supervisor rebuilds the model from it).
     let launch = serde_json::to_string(req)
         .map_err(|e| ActorError::Internal(format!("the launch request does not serialize: {e}")))?;
@@ -90,6 +93,7 @@ pub(crate) fn validate(
         pd,
         transfer,
         snapshot_cache_bytes,
+        local_prefill_tokens,
         front,
         launch,
     })

@@ -25,10 +25,13 @@ use xinf_transfer::device::{DeviceLease, DeviceRoute, KvDevice};
 use xinf_transfer::sync::lock;
 use xinf_transfer::transport::{self, Endpoint, PageProvider, PageServer, TransferError};
 
+mod local;
 mod receive;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use local::Prefilled;
+use local::leaves_to_decode;
 use receive::Received;
 
 /// What a prefill hands to a decode replica.
@@ -61,7 +64,7 @@ pub(crate) struct Handoff {
     pub(crate) device: Option<KvDevice>,
 }
 
-/// Time limits, transport choice and snapshot budget of handoffs.
+/// Time limits, transport choice, snapshot budget and local prefill of handoffs.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct HandoffTimes {
     pub(crate) leases: Leases,
@@ -71,6 +74,8 @@ pub(crate) struct HandoffTimes {
     pub(crate) policy: transport::TransportPolicy,
     /// Bytes of the prefill replica's snapshot cache; 0 keeps no snapshots.
     pub(crate) snapshot_budget: usize,
+    /// A prompt of at most this many tokens is left to the decode replica (0: none is).
+    pub(crate) local_prefill_tokens: usize,
 }
 
 impl HandoffTimes {
@@ -82,6 +87,7 @@ impl HandoffTimes {
         if let Some(bytes) = model.snapshot_cache_bytes {
             self.snapshot_budget = usize::try_from(bytes).unwrap_or(usize::MAX);
         }
+        self.local_prefill_tokens = model.local_prefill_tokens as usize;
         self
     }
 }
@@ -391,7 +397,7 @@ impl HandoffSide {
     pub(crate) fn prefill(
         &self,
         mut request: xinf_engine::GenerateRequest,
-    ) -> BoxFuture<'static, Result<Handoff, ActorError>> {
+    ) -> BoxFuture<'static, Result<Prefilled, ActorError>> {
         let endpoint = self.registration.as_ref().map(|(r, _)| r.endpoint().clone());
         let (engine, rooms, snapshots, times) =
             (self.engine.clone(), self.rooms.clone(), self.snapshots.clone(), self.times);
@@ -400,6 +406,12 @@ impl HandoffSide {
             let endpoint = endpoint.ok_or_else(|| {
                 ActorError::Internal("a prefill was sent to a replica that does not serve pages".into())
             })?;
+            if leaves_to_decode(engine.as_ref(), &mut request, times.local_prefill_tokens)
+                .inspect_err(|_| lock(&rooms).fail())?
+            {
+                lock(&rooms).local();
+                return Ok(Prefilled::Local);
+            }
             let mut keys: Arc<[u64]> = Arc::default();
             let mut leased = Vec::new();
             let computed = async {
@@ -443,7 +455,7 @@ impl HandoffSide {
                 engine.release_pinned(&pinned.request_id);
                 return Err(ActorError::Engine(EngineError::Aborted));
             }
-            Ok(Handoff {
+            Ok(Prefilled::Room(Box::new(Handoff {
                 room,
                 prompt_ids: pinned.prompt_ids,
                 first_token: pinned.first_token,
@@ -454,7 +466,7 @@ impl HandoffSide {
                 endpoint,
                 contract: engine.contract().clone(),
                 device,
-            })
+            })))
         }
         .boxed()
     }

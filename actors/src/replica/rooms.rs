@@ -61,6 +61,7 @@ pub(crate) struct RoomTable {
     leases: Leases,
     expired: u64,
     failed: u64,
+    local: u64,
 }
 
 /// An abort that found no room to close: when it lapses, and its place on the abort clock.
@@ -72,7 +73,15 @@ struct AbortMark {
 
 impl RoomTable {
     pub(crate) fn new(leases: Leases) -> Self {
-        Self { rooms: HashMap::new(), aborted: HashMap::new(), aborts: 0, leases, expired: 0, failed: 0 }
+        Self {
+            rooms: HashMap::new(),
+            aborted: HashMap::new(),
+            aborts: 0,
+            leases,
+            expired: 0,
+            failed: 0,
+            local: 0,
+        }
     }
 
     /// The abort clock now. A prefill or an import notes it when it starts (in the order the
@@ -172,6 +181,11 @@ impl RoomTable {
         self.failed += 1;
     }
 
+    /// Counts a prompt left to the decode replica.
+    pub(crate) fn local(&mut self) {
+        self.local += 1;
+    }
+
     /// Rooms open now.
     #[cfg(test)]
     pub(crate) fn active(&self) -> usize {
@@ -190,6 +204,7 @@ impl RoomTable {
             active_rooms: self.rooms.len() as u64,
             expired_leases: self.expired,
             failed: self.failed,
+            local_prefills: self.local,
             ..HandoffStats::default()
         }
     }

@@ -9,7 +9,7 @@
 use crate::cluster::Cluster;
 use crate::error::ActorError;
 use crate::replica::ReplicaMsg;
-use crate::replica::handoff::Handoff;
+use crate::replica::handoff::{Handoff, Prefilled};
 use crate::wire::{Wire, call};
 use ractor::ActorRef;
 use std::time::Duration;
@@ -29,7 +29,8 @@ pub(super) type Party = (String, ActorRef<ReplicaMsg>);
 
 impl Cluster {
     /// The prefill leg: the prefill replica computes the prompt (one token, the request's
-    /// sampling) and publishes its KV in a room. A caller that goes away mid-way aborts it (the
+    /// sampling) and publishes its KV in a room, or leaves a short prompt to the decode
+    /// replica (`max_local_prefill_tokens`). A caller that goes away mid-way aborts it (the
     /// caller's guard); a lost answer is covered by the room's lease. The request keeps its own
     /// `max_tokens`, which the prefill engine checks against the context before it computes
     /// anything (`Engine::prefill_pinned`): a request that cannot fit is refused at once,
@@ -38,7 +39,7 @@ impl Cluster {
         &self,
         (prefill_uid, prefill): &Party,
         request: &GenerateRequest,
-    ) -> Result<Handoff, ActorError> {
+    ) -> Result<Prefilled, ActorError> {
         let first = request.clone();
         let what = format!("prefill replica `{prefill_uid}`");
         call(prefill, &what, self.inner.options.prefill_timeout, |reply| ReplicaMsg::Prefill {
@@ -77,13 +78,13 @@ pub(super) async fn decode_leg(
     prefill: Party,
     (decode_uid, decode): Party,
     request: GenerateRequest,
-    handoff: Handoff,
+    handoff: Box<Handoff>,
 ) -> Result<(), ActorError> {
     let room = handoff.room;
     let what = format!("decode replica `{decode_uid}`");
     let started = call(&decode, &what, times.start, |reply| ReplicaMsg::GenerateImported {
         request: Wire::ok(request),
-        handoff: Wire::ok(Box::new(handoff)),
+        handoff: Wire::ok(handoff),
         reply,
     })
     .await;

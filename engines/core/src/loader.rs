@@ -37,6 +37,14 @@ pub trait EngineLoader: Send + Sync {
         true
     }
 
+    /// Whether a decode replica of this engine can also compute a prompt itself, so that a P/D
+    /// model may leave its short prompts to the decode replica (`max_local_prefill_tokens`)
+    /// instead of handing their KV over. SGLang's decode mode cannot: it takes every prompt's
+    /// KV from a prefill server.
+    fn decode_computes_prompts(&self) -> bool {
+        true
+    }
+
     /// Checks that the model exists for this engine (a registry name, or a path), without
     /// reading weights: [`EngineError::UnknownModel`] names the known ones.
     fn check_model(&self, model: &ModelSource) -> Result<(), EngineError>;

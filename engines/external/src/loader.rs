@@ -189,6 +189,12 @@ impl EngineLoader for ServerLoader {
         true
     }
 
+    fn decode_computes_prompts(&self) -> bool {
+        // A vLLM decode server (`kv_consumer`) computes a request that names no room like an
+        // ordinary one; SGLang's decode mode waits for a prefill server's KV for every request.
+        self.flavor != Flavor::Sglang
+    }
+
     fn check_model(&self, model: &ModelSource) -> Result<(), EngineError> {
         let gguf = |s: &str| {
             let s = s.trim().to_ascii_lowercase();

@@ -39,6 +39,7 @@ pub struct MockLoader {
     models: Vec<String>,
     gpu_only: bool,
     no_pd: bool,
+    imports_only: bool,
 }
 
 impl Default for MockLoader {
@@ -50,7 +51,7 @@ impl Default for MockLoader {
 impl MockLoader {
     /// A mock engine registered as `name`, knowing every model name.
     pub fn named(name: &str) -> Self {
-        Self { name: name.to_owned(), models: Vec::new(), gpu_only: false, no_pd: false }
+        Self { name: name.to_owned(), models: Vec::new(), gpu_only: false, no_pd: false, imports_only: false }
     }
 
     /// Stands in for an engine that serves ordinary replicas only (no prefill/decode roles).
@@ -63,6 +64,13 @@ impl MockLoader {
     /// must place it on one.
     pub fn gpu_only(mut self) -> Self {
         self.gpu_only = true;
+        self
+    }
+
+    /// Stands in for an engine whose decode replicas only continue handed-off prompts (as
+    /// SGLang's decode mode does): they cannot compute a prompt themselves.
+    pub fn decode_imports_only(mut self) -> Self {
+        self.imports_only = true;
         self
     }
 
@@ -84,6 +92,10 @@ impl EngineLoader for MockLoader {
 
     fn serves_pd(&self) -> bool {
         !self.no_pd
+    }
+
+    fn decode_computes_prompts(&self) -> bool {
+        !self.imports_only
     }
 
     fn check_model(&self, model: &ModelSource) -> Result<(), EngineError> {

@@ -109,6 +109,12 @@ const HANDOFF_FAMILIES: &[Family<HandoffStats>] = &[
         "Rooms freed by an expired lease.",
     ),
     (
+        "xinf_handoff_local_prefills_total",
+        "counter",
+        |h| Some(h.local_prefills),
+        "P/D prompts short enough for the decode replica to compute (max_local_prefill_tokens).",
+    ),
+    (
         "xinf_handoff_snapshot_hits_total",
         "counter",
         |h| Some(h.snapshot_hits),

@@ -83,6 +83,53 @@ fn xavier_cache_bytes_sizes_the_prefill_snapshot_cache() {
     assert_eq!(spec.handoff().snapshot_cache_bytes, Some(1 << 20));
 }
 
+#[test]
+fn max_local_prefill_tokens_needs_pd_roles_and_decode_replicas_that_compute_prompts() {
+    let e = validate_err(json!({"model_name": "smollm2-instruct", "max_local_prefill_tokens": 256}), true);
+    assert_rule(
+        &e,
+        LaunchRule::InvalidField,
+        "max_local_prefill_tokens requires prefill and decode replica roles",
+    );
+    assert_eq!(e.launch_field(), Some("max_local_prefill_tokens"));
+    let pd = |v: Value| {
+        json!({"model_name": "smollm2-instruct", "max_local_prefill_tokens": v,
+               "replica_config": [{"role": "prefill"}, {"role": "decode"}]})
+    };
+    for bad in [json!(-1), json!("256"), json!(1.5), json!(true), json!((1u64 << 24) + 1)] {
+        let e = validate_err(pd(bad.clone()), true);
+        assert_rule(
+            &e,
+            LaunchRule::InvalidField,
+            "max_local_prefill_tokens must be an integer from 0 to 16777216",
+        );
+    }
+    let spec = validate(&parse(pd(json!(256))), true, &engines()).expect("valid");
+    assert_eq!(spec.handoff().local_prefill_tokens, 256);
+    let spec = validate(&parse(pd(Value::Null)), true, &engines()).expect("valid");
+    assert_eq!(spec.handoff().local_prefill_tokens, 0);
+
+    // A decode engine that only continues handed-off prompts (SGLang's decode mode) is named.
+    let engines = Engines::new(vec![
+        std::sync::Arc::new(xinf_engine_mock::MockLoader::named("native")),
+        std::sync::Arc::new(xinf_engine_mock::MockLoader::named("sglang").decode_imports_only()),
+    ]);
+    let launch = |decode_engine: &str, n: u64| {
+        parse(json!({"model_name": "smollm2-instruct", "max_local_prefill_tokens": n,
+            "replica_config": [{"role": "prefill", "model_engine": "sglang"},
+                               {"role": "decode", "model_engine": decode_engine}]}))
+    };
+    let e = validate(&launch("sglang", 64), true, &engines).expect_err("refused");
+    assert_rule(
+        &e,
+        LaunchRule::InvalidField,
+        "replica_config[1] runs sglang, whose decode replicas only continue prompts a prefill replica hands them",
+    );
+    // An SGLang prefill replica is fine, and 0 leaves every prompt to the prefill side.
+    assert!(validate(&launch("native", 64), true, &engines).is_ok());
+    assert!(validate(&launch("sglang", 0), true, &engines).is_ok());
+}
+
 // ---- the split and the types ----
 
 #[test]

@@ -33,6 +33,7 @@ fn times(unclaimed_ms: u64, idle_ms: u64) -> HandoffTimes {
         transfer: Duration::from_secs(10),
         policy: TransportPolicy::Tcp,
         snapshot_budget: 0,
+        local_prefill_tokens: 0,
     }
 }
 
@@ -64,7 +65,7 @@ async fn leases_free_abandoned_rooms_and_late_fetches_fail_clearly() {
     let decode = HandoffSide::new(engine.clone(), false, ip, times(300, 300)).await.expect("decode side");
 
     // Unclaimed: published, never fetched.
-    let h = prefill.prefill(request("unclaimed")).await.expect("prefill");
+    let h = prefill.prefill(request("unclaimed")).await.expect("prefill").room();
     assert_eq!(h.pages, 2);
     assert_eq!(prefill.stats().active_rooms, 1);
     // The engine publishes its figures after each step.
@@ -85,7 +86,7 @@ async fn leases_free_abandoned_rooms_and_late_fetches_fail_clearly() {
     assert_eq!(decode.stats().failed, 1);
 
     // Claimed, then idle: a fetch renews the lease, silence ends it.
-    let h = prefill.prefill(request("idle")).await.expect("prefill");
+    let h = prefill.prefill(request("idle")).await.expect("prefill").room();
     let kv = decode.fetch(&h).await.expect("fetch");
     assert_eq!(kv.pages.len(), 2 * engine.contract().page_bytes());
     let s = decode.stats();
@@ -96,7 +97,7 @@ async fn leases_free_abandoned_rooms_and_late_fetches_fail_clearly() {
     unpinned(&engine).await;
 
     // Released by the decode side: the lease never fires, a second release finds nothing.
-    let h = prefill.prefill(request("released")).await.expect("prefill");
+    let h = prefill.prefill(request("released")).await.expect("prefill").room();
     decode.fetch(&h).await.expect("fetch");
     assert!(prefill.release(h.room));
     assert!(!prefill.release(h.room));
@@ -116,7 +117,7 @@ async fn leases_free_abandoned_rooms_and_late_fetches_fail_clearly() {
     // An abort taken before a prefill began ended an earlier attempt under that id (the
     // client's retry comes after it): the prefill publishes.
     prefill.abort("retried");
-    let h = prefill.prefill(request("retried")).await.expect("the retry's prefill");
+    let h = prefill.prefill(request("retried")).await.expect("the retry's prefill").room();
     assert_eq!(prefill.stats().active_rooms, 1);
     assert!(prefill.release(h.room));
     unpinned(&engine).await;
@@ -146,9 +147,41 @@ async fn a_prefill_with_the_snapshot_cache_tokenizes_its_prompt_once() {
         prompt: Prompt::Text("the cat sat on the mat. ".repeat(12)),
         sampling: SamplingParams::greedy(1),
     };
-    let h = prefill.prefill(request).await.expect("prefill");
+    let h = prefill.prefill(request).await.expect("prefill").room();
     assert_eq!(h.prompt_ids.len(), 24 * 12);
     assert_eq!(mock.texts_tokenized(), 1);
+    assert!(prefill.release(h.room));
+}
+
+/// With `max_local_prefill_tokens`, a prompt of at most that many tokens is left to the decode
+/// replica (nothing computed, pinned or published here; counted), and a longer one is handed
+/// off as before, its text tokenized once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_prompt_is_left_to_the_decode_replica_and_a_longer_one_handed_off() {
+    let mock = mock();
+    let engine: Arc<dyn Engine> = Arc::new(mock.clone());
+    let local = HandoffTimes { local_prefill_tokens: 64, ..times(30_000, 30_000) };
+    let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let prefill = HandoffSide::new(engine.clone(), true, ip, local).await.expect("prefill side");
+    let text = |id: &str, words: usize| GenerateRequest {
+        request_id: id.into(),
+        // The mock engine's tokenizer takes a byte a token.
+        prompt: Prompt::Text("x".repeat(words)),
+        sampling: SamplingParams::greedy(1),
+    };
+
+    for (id, n) in [("short", 1), ("edge", 64)] {
+        let answer = prefill.prefill(text(id, n)).await.expect("prefill");
+        assert_eq!(answer, Prefilled::Local, "{n} tokens");
+    }
+    let s = prefill.stats();
+    assert_eq!((s.local_prefills, s.active_rooms, engine.stats().prompt_tokens), (2, 0, 0), "{s:?}");
+
+    let h = prefill.prefill(text("long", 65)).await.expect("prefill").room();
+    assert_eq!(h.prompt_ids.len(), 65);
+    assert_eq!(mock.texts_tokenized(), 3, "each prompt tokenized once");
+    let s = prefill.stats();
+    assert_eq!((s.local_prefills, s.active_rooms), (2, 1), "{s:?}");
     assert!(prefill.release(h.room));
 }
 
@@ -170,7 +203,7 @@ async fn snapshot_pages_are_reused_by_a_later_prompt_with_the_same_prefix() {
     let mut b = a[..150].to_vec();
     b.extend((0..60).map(|i| 3000 + i * 11));
 
-    let h = prefill.prefill(tokens_request("a", a)).await.expect("prefill a");
+    let h = prefill.prefill(tokens_request("a", a)).await.expect("prefill a").room();
     decode.fetch(&h).await.expect("fetch a");
     assert!(prefill.release(h.room));
     let s = prefill.stats();
@@ -178,14 +211,14 @@ async fn snapshot_pages_are_reused_by_a_later_prompt_with_the_same_prefix() {
     assert_eq!((s.snapshot_pages, s.snapshot_bytes, s.snapshot_hits), (3, 3 * page as u64, 0), "{s:?}");
 
     let before = engine.stats().prompt_tokens;
-    let h = prefill.prefill(tokens_request("b", b.clone())).await.expect("prefill b");
+    let h = prefill.prefill(tokens_request("b", b.clone())).await.expect("prefill b").room();
     // b shares a's first 150 tokens: two whole pages.
     assert_eq!(prefill.stats().snapshot_hits, 2);
     assert_eq!(engine.stats().prompt_tokens - before, 210 - 128, "only the rest was computed");
     let reused = decode.fetch(&h).await.expect("fetch b");
     assert!(prefill.release(h.room));
 
-    let h = plain.prefill(tokens_request("b-plain", b)).await.expect("plain prefill");
+    let h = plain.prefill(tokens_request("b-plain", b)).await.expect("plain prefill").room();
     let computed = decode.fetch(&h).await.expect("fetch plain");
     assert!(plain.release(h.room));
     assert_eq!(reused.first_token, computed.first_token);
@@ -198,13 +231,13 @@ async fn snapshot_pages_are_reused_by_a_later_prompt_with_the_same_prefix() {
     let tight = HandoffTimes { snapshot_budget: page, ..times(30_000, 30_000) };
     let small = HandoffSide::new(engine.clone(), true, ip, tight).await.expect("small side");
     let c: Vec<u32> = (0..130).map(|i| 900 + i).collect();
-    let h = small.prefill(tokens_request("c", c.clone())).await.expect("prefill c");
+    let h = small.prefill(tokens_request("c", c.clone())).await.expect("prefill c").room();
     decode.fetch(&h).await.expect("fetch c");
     assert!(small.release(h.room));
     let s = small.stats();
     assert_eq!((s.snapshot_pages, s.snapshot_evictions), (1, 1), "{s:?}");
     // The cache now holds page 1 alone, which is no prefix: the prompt is computed in full.
-    let h = small.prefill(tokens_request("c2", c)).await.expect("prefill c again");
+    let h = small.prefill(tokens_request("c2", c)).await.expect("prefill c again").room();
     assert_eq!(small.stats().snapshot_hits, 0);
     decode.fetch(&h).await.expect("fetch c again");
     assert!(small.release(h.room));
