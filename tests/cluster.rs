@@ -5,6 +5,7 @@
 mod cancel;
 mod chat;
 mod corpus;
+mod fallback;
 mod faults;
 mod garbage;
 mod limits;

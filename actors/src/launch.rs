@@ -33,6 +33,7 @@ mod tests;
 mod validate;
 
 pub(crate) use gpu::GpuTenant;
+pub use keywords::LAUNCH_KEYWORDS;
 pub(crate) use placement::{ClusterView, Placement, WorkerSlot, place};
 pub use request::{
     DeviceConfig, GpuCount, GpuIdx, LaunchRequest, ModelSize, RESERVED_ENGINE_CONFIG_KEYS, ReplicaConfig,

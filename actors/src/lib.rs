@@ -91,8 +91,8 @@ pub use chat::ChatDefaults;
 pub use cluster::{Cluster, ClusterOptions, WorkerNode};
 pub use error::{ActorError, LaunchRule};
 pub use launch::{
-    DeviceConfig, GpuCount, GpuIdx, LaunchRequest, MAX_SCALE, ModelSize, RESERVED_ENGINE_CONFIG_KEYS,
-    ReplicaConfig, Role, ScaleRequest, scale_refused_key,
+    DeviceConfig, GpuCount, GpuIdx, LAUNCH_KEYWORDS, LaunchRequest, MAX_SCALE, ModelSize,
+    RESERVED_ENGINE_CONFIG_KEYS, ReplicaConfig, Role, ScaleRequest, scale_refused_key,
 };
 pub use limit::RequestLimitStats;
 pub use view::{

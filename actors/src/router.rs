@@ -69,6 +69,8 @@ pub(crate) enum RouterMsg {
 /// What the router starts with.
 pub(crate) struct RouterArgs {
     pub(crate) replicas: Vec<(String, Role, ActorRef<ReplicaMsg>)>,
+    /// `prefill_fallback` ([`RouterPolicy::new`]).
+    pub(crate) prefill_fallback: bool,
 }
 
 /// The router actor of one model.
@@ -92,12 +94,7 @@ impl RouterState {
     /// keeps what kills it when one of them is lost.
     fn route(&mut self, request_id: &str, model_uid: &str) -> Result<Routed, ActorError> {
         let request_id = request_id.to_owned();
-        let picked = if self.policy.is_pd() {
-            self.policy.begin_pd(&request_id).map(|(p, d)| (Some(p), d))
-        } else {
-            self.policy.begin(&request_id, Role::Hybrid).map(|r| (None, r))
-        };
-        match picked {
+        match self.policy.begin_request(&request_id) {
             Err(RouteError::Duplicate) => Err(ActorError::DuplicateRequest(request_id.clone())),
             Err(RouteError::NoReplica(role)) => Err(ActorError::NoReplica {
                 model_uid: model_uid.to_owned(),
@@ -149,7 +146,7 @@ impl Actor for Router {
         _myself: ActorRef<Self::Msg>,
         args: RouterArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let mut policy = RouterPolicy::default();
+        let mut policy = RouterPolicy::new(args.prefill_fallback);
         let mut refs = HashMap::new();
         for (uid, role, actor) in args.replicas {
             policy.add(&uid, role);

@@ -53,6 +53,9 @@ pub(crate) struct ModelFront {
     pub(crate) chat: crate::ChatDefaults,
     /// `request_limits`: the most requests served at once.
     pub(crate) request_limit: Option<u32>,
+    /// `prefill_fallback`: while a P/D model has no prefill replica to route to, its decode
+    /// replicas compute whole requests.
+    pub(crate) prefill_fallback: bool,
 }
 
 /// A model's handoff settings from its launch, carried to every replica.

@@ -104,6 +104,10 @@ pub struct ModelInfo {
     pub status: ModelStatus,
     /// Whether its replicas have prefill/decode roles.
     pub pd: bool,
+    /// P/D: while no prefill replica is alive, its decode replicas compute whole requests
+    /// (`prefill_fallback`), and the model is degraded rather than unavailable.
+    #[serde(default)]
+    pub prefill_fallback: bool,
     /// Its replicas.
     pub replicas: Vec<ReplicaInfo>,
     /// When its launch began, in seconds since the Unix epoch.

@@ -290,8 +290,16 @@ impl LaunchSource {
         let native = |engine: Option<&str>| engine.is_none_or(|e| e.eq_ignore_ascii_case("native"));
         let all_native = native(self.model_engine.as_deref())
             && replica_config.iter().flatten().all(|r| native(r.model_engine.as_deref()));
-        let (options, renamed) = engine_options(&self.engine_option, all_native, cat)?;
+        let (mut options, renamed) = engine_options(&self.engine_option, all_native, cat)?;
         alias_hints(&renamed, cat);
+        // Launch keywords given as options (`--max_local_prefill_tokens 256`) are the launch's,
+        // not the engine's.
+        let mut extra = self.launch_keys();
+        for key in xinf_actors::LAUNCH_KEYWORDS {
+            if let Some(value) = options.remove(*key) {
+                extra.entry(*key).or_insert(value);
+            }
+        }
         let request = LaunchRequest {
             model_uid: self.model_uid.clone(),
             model_name,
@@ -307,7 +315,7 @@ impl LaunchSource {
             model_path: self.model_path.clone(),
             replica_config,
             engine_config: (!options.is_empty()).then_some(options),
-            extra: self.launch_keys(),
+            extra,
             ..LaunchRequest::default()
         };
         request.check(&crate::engines()).map_err(|e| e.to_string())?;

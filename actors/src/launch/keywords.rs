@@ -73,6 +73,21 @@ impl<T> Keyword<T> {
     }
 }
 
+/// The names of the launch keywords: the top-level keys of a launch request that are not engine
+/// options (a client that gathers options from flags puts these at the top level).
+pub const LAUNCH_KEYWORDS: &[&str] = &[
+    "enable_xavier",
+    "transfer_backend_type",
+    "vllm_transfer_backend_type",
+    "xavier_cache_bytes",
+    "xavier_gpu_cache_bytes",
+    "reasoning_content",
+    "enable_thinking",
+    "request_limits",
+    "max_local_prefill_tokens",
+    "prefill_fallback",
+];
+
 /// The launch keywords of a request. Strict types: a boolean given as a number, a negative or
 /// fractional byte count, a backend that is not a name, is refused.
 #[derive(Debug, Default, Deserialize)]
@@ -96,6 +111,8 @@ pub(super) struct LaunchKeywords {
     request_limits: Keyword<u64>,
     /// P/D: prompts of at most this many tokens are computed by the decode replica itself.
     max_local_prefill_tokens: Keyword<u64>,
+    /// P/D: while no prefill replica serves, decode replicas compute whole requests.
+    prefill_fallback: Keyword<bool>,
 }
 
 /// A request's extra keys, split in one pass: the fields of [`LaunchKeywords`] are taken out
@@ -200,30 +217,36 @@ const MAX_LOCAL_PREFILL_TOKENS: u64 = 1 << 24;
 
 impl LaunchKeywords {
     /// `max_local_prefill_tokens` (0 when absent): allowed in a P/D launch whose decode
-    /// replicas all run an engine that can compute a prompt itself.
-    /// `decoders`: each decode replica's index and engine.
-    pub(super) fn local_prefill_tokens<'a>(
+    /// replicas all run an engine that can compute a prompt itself. `decoders`: each decode
+    /// replica's index and engine.
+    pub(super) fn local_prefill_tokens(
         &self,
         pd: bool,
-        mut decoders: impl Iterator<Item = (usize, &'a str)>,
+        decoders: &[(usize, &str)],
         engines: &Engines,
     ) -> Result<u32, ActorError> {
         let Some(n) = self.local_prefill_limit()? else { return Ok(0) };
-        let refused =
-            |why: String| Err(invalid(LaunchRule::InvalidField, why).at("max_local_prefill_tokens"));
-        if !pd {
-            return refused("max_local_prefill_tokens requires prefill and decode replica roles".into());
-        }
-        let imports_only = |engine: &str| engines.get(engine).is_some_and(|l| !l.decode_computes_prompts());
-        if n > 0
-            && let Some((i, engine)) = decoders.find(|(_, engine)| imports_only(engine))
-        {
-            return refused(format!(
-                "max_local_prefill_tokens needs decode replicas that can compute a prompt; replica_config[{i}] \
-                 runs {engine}, whose decode replicas only continue prompts a prefill replica hands them"
-            ));
-        }
+        decoders_compute("max_local_prefill_tokens", pd, n > 0, decoders, engines)?;
         Ok(n)
+    }
+
+    /// `prefill_fallback` (false when absent), allowed as `max_local_prefill_tokens` is.
+    pub(super) fn prefill_fallback(
+        &self,
+        pd: bool,
+        decoders: &[(usize, &str)],
+        engines: &Engines,
+    ) -> Result<bool, ActorError> {
+        let on = match self.prefill_fallback.get() {
+            Ok(None) => return Ok(false),
+            Ok(Some(on)) => *on,
+            Err(_) => {
+                return Err(invalid(LaunchRule::InvalidField, "prefill_fallback must be a boolean")
+                    .at("prefill_fallback"));
+            }
+        };
+        decoders_compute("prefill_fallback", pd, on, decoders, engines)?;
+        Ok(on)
     }
 
     /// `max_local_prefill_tokens`, when given: an integer from 0 (every prompt handed off) to
@@ -238,6 +261,29 @@ impl LaunchKeywords {
             )
             .at("max_local_prefill_tokens")),
         }
+    }
+}
+
+/// A P/D launch key `key` that has decode replicas compute prompts: refused without P/D roles,
+/// and, when `on`, with a decode replica whose engine cannot compute a prompt (it is named).
+fn decoders_compute(
+    key: &str,
+    pd: bool,
+    on: bool,
+    decoders: &[(usize, &str)],
+    engines: &Engines,
+) -> Result<(), ActorError> {
+    let refused = |why: String| Err(invalid(LaunchRule::InvalidField, why).at(key));
+    if !pd {
+        return refused(format!("{key} requires prefill and decode replica roles"));
+    }
+    let imports_only = |engine: &str| engines.get(engine).is_some_and(|l| !l.decode_computes_prompts());
+    match decoders.iter().find(|(_, engine)| imports_only(engine)) {
+        Some((i, engine)) if on => refused(format!(
+            "{key} needs decode replicas that can compute a prompt; replica_config[{i}] runs {engine}, \
+             whose decode replicas only continue prompts a prefill replica hands them"
+        )),
+        _ => Ok(()),
     }
 }
 

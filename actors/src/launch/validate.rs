@@ -72,17 +72,24 @@ pub(crate) fn validate(
     let (transfer, snapshot_cache_bytes) = check_transfers(&keywords, pd, replica_count)?;
     let (base, base_checked) = engine_options(req, engine_kwargs, launch_engine)?;
     let source = check_model(req, launch_engine)?;
-    let front =
-        ModelFront { chat: keywords.chat(&req.model_name)?, request_limit: keywords.request_limit()? };
 
     let replicas = if drafts.is_empty() {
         legacy_drafts(req, replica_count, launch_engine, &base_checked)
     } else {
         entry_drafts(drafts, engines, launch_engine, &base, &base_checked)?
     };
-    let decoders = replicas.iter().enumerate().filter(|(_, d)| d.role == Role::Decode);
-    let local_prefill_tokens =
-        keywords.local_prefill_tokens(pd, decoders.map(|(i, d)| (i, d.engine.as_str())), engines)?;
+    let decoders: Vec<(usize, &str)> = replicas
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| d.role == Role::Decode)
+        .map(|(i, d)| (i, &*d.engine))
+        .collect();
+    let local_prefill_tokens = keywords.local_prefill_tokens(pd, &decoders, engines)?;
+    let front = ModelFront {
+        chat: keywords.chat(&req.model_name)?,
+        request_limit: keywords.request_limit()?,
+        prefill_fallback: keywords.prefill_fallback(pd, &decoders, engines)?,
+    };
     // Kept as sent, for the replicas to carry (a restarted supervisor rebuilds the model from it).
     let launch = serde_json::to_string(req)
         .map_err(|e| ActorError::Internal(format!("the launch request does not serialize: {e}")))?;

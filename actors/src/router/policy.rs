@@ -58,9 +58,33 @@ pub(crate) struct RouterPolicy {
     draining: BTreeSet<String>,
     /// Running requests and the replicas they use (one, or a prefill and a decode replica).
     running: HashMap<String, Vec<String>>,
+    /// P/D: with no prefill replica in rotation, a decode replica computes the whole request.
+    prefill_fallback: bool,
 }
 
 impl RouterPolicy {
+    /// A policy whose P/D requests go to a decode replica alone while no prefill replica is in
+    /// rotation (`prefill_fallback`), or wait for one.
+    pub(crate) fn new(prefill_fallback: bool) -> Self {
+        Self { prefill_fallback, ..Self::default() }
+    }
+
+    /// Picks the replicas of a new request and records it as running: the next replica of the
+    /// ordinary rotation, or the next prefill and decode replicas. With `prefill_fallback` and
+    /// no prefill replica in rotation, the next decode replica alone, which computes the whole
+    /// request.
+    pub(crate) fn begin_request(&mut self, request_id: &str) -> Result<(Option<String>, String), RouteError> {
+        if !self.is_pd() {
+            return self.begin(request_id, Role::Hybrid).map(|r| (None, r));
+        }
+        match self.begin_pd(request_id) {
+            Err(RouteError::NoReplica(Role::Prefill)) if self.prefill_fallback => {
+                self.begin(request_id, Role::Decode).map(|d| (None, d))
+            }
+            picked => picked.map(|(p, d)| (Some(p), d)),
+        }
+    }
+
     /// Adds an alive replica to its role's rotation.
     pub(crate) fn add(&mut self, replica_uid: &str, role: Role) {
         self.draining.remove(replica_uid);

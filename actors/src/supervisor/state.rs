@@ -304,6 +304,7 @@ impl SupervisorState {
                 model_name: model_name.to_owned(),
                 status: ModelStatus::Launching,
                 pd: spec.pd,
+                prefill_fallback: spec.front.prefill_fallback,
                 replicas,
                 created: now_secs(),
                 source: spec.source.clone(),
@@ -530,16 +531,19 @@ fn loading(p: &Placement) -> ReplicaInfo {
 }
 
 /// A serving model is ready with every replica alive, degraded when some were lost or drain,
-/// and unavailable when a role it needs (hybrid, or prefill and decode) has no alive replica.
+/// and unavailable when a role it needs (hybrid, or prefill and decode) has no alive replica;
+/// with `prefill_fallback`, alive decode replicas stand in for the prefill ones.
 fn settle(model: &mut ModelInfo) {
     if !model.status.launched() {
         return;
     }
     let alive = |role| model.replicas.iter().any(|r| r.role == role && r.status == ReplicaStatus::Alive);
+    let served =
+        |role| alive(role) || (role == Role::Prefill && model.prefill_fallback && alive(Role::Decode));
     // A P/D model needs both roles, even when it knows no replica of one (a restarted
     // supervisor that heard from one worker only).
-    let pd_short = model.pd && !(alive(Role::Prefill) && alive(Role::Decode));
-    model.status = if pd_short || model.replicas.iter().any(|r| !alive(r.role)) {
+    let pd_short = model.pd && !(served(Role::Prefill) && served(Role::Decode));
+    model.status = if pd_short || model.replicas.iter().any(|r| !served(r.role)) {
         ModelStatus::Unavailable
     } else if model.replicas.iter().any(|r| matches!(r.status, ReplicaStatus::Dead | ReplicaStatus::Draining))
     {

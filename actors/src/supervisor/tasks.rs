@@ -149,7 +149,8 @@ where
         return Err(e);
     }
     let router = Router { model_uid: uid.to_owned(), call_timeout: ctx.times.call };
-    match Actor::spawn_linked(Some(ctx.ns.router_name(uid)), router, RouterArgs { replicas }, sup).await {
+    let args = RouterArgs { replicas, prefill_fallback: front.prefill_fallback };
+    match Actor::spawn_linked(Some(ctx.ns.router_name(uid)), router, args, sup).await {
         Ok((router, _)) => {
             let limit = front.request_limit.map(crate::limit::RequestLimit::new);
             ctx.models.insert(uid, ModelActors { router, tracker, chat: front.chat, limit });

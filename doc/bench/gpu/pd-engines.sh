@@ -28,6 +28,8 @@
 # SHARED_PREFIX=N makes every prompt begin with the same N tokens (`xinf bench
 # --shared-prefix-tokens`), a shared system prompt.
 # MPS=1 runs xinf with --mps (the servers on the GPU under NVIDIA's Multi-Process Service).
+# LOCAL_PREFILL=N launches the P/D models with `max_local_prefill_tokens: N` (prompts of at most N
+# tokens computed by the decode replica, without a handoff).
 # `pd-engines.sh add` launches MODELS into the running xinf, e.g. an `svb` (any suffix after the
 # two engine letters) with another SGLANG_PYTHONPATH, to compare two connector builds in one run.
 set -u
@@ -62,7 +64,7 @@ launch_one() {  # uid: vo/so/no ordinary, else prefill engine + decode engine
     if [ "$d" = o ]; then
         body="{\"model_uid\":\"$uid\",\"model_name\":\"$NAME\",\"model_path\":\"$M\",\"model_engine\":\"$(engine $p)\",\"gpu_idx\":[0],\"engine_config\":$($(engine $p))}"
     else
-        body="{\"model_uid\":\"$uid\",\"model_name\":\"$NAME\",\"model_path\":\"$M\",\"model_engine\":\"$(engine $p)\",\"replica_config\":[
+        body="{\"model_uid\":\"$uid\",\"model_name\":\"$NAME\",\"model_path\":\"$M\",\"model_engine\":\"$(engine $p)\",${LOCAL_PREFILL:+\"max_local_prefill_tokens\":$LOCAL_PREFILL,}\"replica_config\":[
           {\"role\":\"prefill\",\"model_engine\":\"$(engine $p)\",\"devices\":[{\"worker_ip\":\"127.0.0.1\",\"gpu_idx\":[0]}],\"engine_config\":$($(engine $p))},
           {\"role\":\"decode\",\"model_engine\":\"$(engine $d)\",\"devices\":[{\"worker_ip\":\"127.0.0.1\",\"gpu_idx\":[0]}],\"engine_config\":$($(engine $d))}]}"
     fi

@@ -154,6 +154,33 @@ fn launch_keys_go_to_the_top_of_the_body_in_either_spelling() {
     assert!(launch_args(&["xinf", "launch", "-n", "qwen3", "--request-limits", "many"]).is_err());
 }
 
+/// Launch keywords that have no flag of their own (P/D ones), given as options, are the
+/// launch's: at the top of the body, not in `engine_config`.
+#[test]
+fn launch_keywords_given_as_options_go_to_the_top_of_the_body() {
+    let en = Catalog::new("en");
+    let line = [
+        "xinf",
+        "launch",
+        "-n",
+        "smollm2-instruct",
+        "--replica-config",
+        r#"[{"role":"prefill"},{"role":"decode"}]"#,
+        "--max_local_prefill_tokens",
+        "256",
+        "--engine-option",
+        "prefill_fallback=true",
+        "--kv_cache_tokens",
+        "4096",
+    ];
+    let args = launch_args(&line);
+    let Ok(args) = args else { panic!("{args:?}") };
+    let body = args.source.request(&en).and_then(|r| serde_json::to_value(&r).map_err(|e| e.to_string()));
+    let Ok(body) = body else { panic!("{body:?}") };
+    assert_eq!((&body["max_local_prefill_tokens"], &body["prefill_fallback"]), (&json!(256), &json!(true)));
+    assert_eq!(body["engine_config"], json!({"kv_cache_tokens": 4096}), "{body}");
+}
+
 #[test]
 fn a_launch_without_waiting_says_it_is_loading() {
     for lang in xinf_i18n::languages() {

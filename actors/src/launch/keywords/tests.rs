@@ -130,7 +130,49 @@ fn max_local_prefill_tokens_needs_pd_roles_and_decode_replicas_that_compute_prom
     assert!(validate(&launch("sglang", 0), true, &engines).is_ok());
 }
 
+#[test]
+fn prefill_fallback_is_a_boolean_for_pd_launches_whose_decode_replicas_compute_prompts() {
+    let pd = |v: Value| {
+        json!({"model_name": "smollm2-instruct", "prefill_fallback": v,
+               "replica_config": [{"role": "prefill"}, {"role": "decode"}]})
+    };
+    let on = validate(&parse(pd(json!(true))), true, &engines()).expect("valid");
+    assert!(on.front.prefill_fallback);
+    for off in [json!(false), Value::Null] {
+        assert!(!validate(&parse(pd(off)), true, &engines()).expect("valid").front.prefill_fallback);
+    }
+    for bad in [json!(1), json!("true")] {
+        let e = validate_err(pd(bad), true);
+        assert_rule(&e, LaunchRule::InvalidField, "prefill_fallback must be a boolean");
+    }
+    let e = validate_err(json!({"model_name": "smollm2-instruct", "prefill_fallback": true}), true);
+    assert_rule(&e, LaunchRule::InvalidField, "prefill_fallback requires prefill and decode replica roles");
+    let engines = Engines::new(vec![
+        std::sync::Arc::new(xinf_engine_mock::MockLoader::named("native")),
+        std::sync::Arc::new(xinf_engine_mock::MockLoader::named("sglang").decode_imports_only()),
+    ]);
+    let launch = parse(json!({"model_name": "smollm2-instruct", "prefill_fallback": true,
+        "replica_config": [{"role": "prefill"}, {"role": "decode", "model_engine": "sglang"}]}));
+    let e = validate(&launch, true, &engines).expect_err("refused");
+    assert_rule(
+        &e,
+        LaunchRule::InvalidField,
+        "prefill_fallback needs decode replicas that can compute a prompt; replica_config[1] runs sglang",
+    );
+}
+
 // ---- the split and the types ----
+
+#[test]
+fn the_list_of_launch_keywords_is_the_structs() {
+    let extra: Map<String, Value> = LAUNCH_KEYWORDS.iter().map(|k| ((*k).to_owned(), Value::Null)).collect();
+    let (_, engine) = LaunchKeywords::take(&extra).expect("split");
+    assert!(engine.is_empty(), "not launch keywords: {engine:?}");
+    let (_, engine) =
+        LaunchKeywords::take(&json!({"not_a_keyword": 1}).as_object().cloned().unwrap_or_default())
+            .expect("split");
+    assert_eq!(engine.len(), 1);
+}
 
 #[test]
 fn launch_keywords_are_taken_out_of_the_engine_keywords() {

@@ -132,3 +132,31 @@ fn a_draining_replica_is_held_until_its_last_request_ends() {
     assert_eq!(p.remove("d1"), ["r1"], "a lost draining replica takes its requests down");
     assert_eq!((p.draining().count(), p.drop_drained().len()), (0, 0));
 }
+
+#[test]
+fn with_prefill_fallback_a_decode_replica_takes_whole_requests_while_no_prefill_one_serves() {
+    let pd = [("p", Role::Prefill), ("d", Role::Decode)];
+    for fallback in [false, true] {
+        let mut p = RouterPolicy::new(fallback);
+        for (uid, role) in pd {
+            p.add(uid, role);
+        }
+        assert_eq!(p.begin_request("1"), Ok((Some("p".into()), "d".into())), "both roles serve");
+        assert_eq!(p.remove("p"), ["1"]);
+        let alone = if fallback { Ok((None, "d".into())) } else { Err(RouteError::NoReplica(Role::Prefill)) };
+        assert_eq!(p.begin_request("2"), alone, "fallback {fallback}");
+        // The prefill replica's replacement joins: P/D again.
+        p.add("p2", Role::Prefill);
+        assert_eq!(p.begin_request("3"), Ok((Some("p2".into()), "d".into())));
+        // No decode replica: nothing serves, and the error names the decode role.
+        p.remove("p2");
+        p.remove("d");
+        assert_eq!(
+            p.begin_request("4"),
+            Err(RouteError::NoReplica(if fallback { Role::Decode } else { Role::Prefill }))
+        );
+    }
+    let mut hybrid = RouterPolicy::new(true);
+    hybrid.add("h", Role::Hybrid);
+    assert_eq!(hybrid.begin_request("1"), Ok((None, "h".into())));
+}

@@ -164,6 +164,7 @@ impl SupervisorState {
             model_name: model_name.to_owned(),
             status: ModelStatus::Launching,
             pd: spec.pd,
+            prefill_fallback: spec.front.prefill_fallback,
             replicas: replicas.iter().map(|r| held_info(r, worker_id)).collect(),
             created: super::now_secs(),
             source: spec.source.clone(),

@@ -448,7 +448,7 @@ fn workers_list_their_gpus_and_what_runs_on_them() {
 #[test]
 fn a_pd_model_without_a_role_is_unavailable() {
     let t0 = Instant::now();
-    let mut s = cpu_workers(&["a:1", "b:1", "c:1"], t0);
+    let mut s = cpu_workers(&["a:1", "b:1", "c:1", "d:1", "e:1"], t0);
     launched(
         &mut s,
         json!({"model_name": "smollm2-instruct", "model_uid": "pd", "replica_config": [
@@ -465,4 +465,18 @@ fn a_pd_model_without_a_role_is_unavailable() {
     s.lose_worker("c:1");
     assert_eq!(s.model("pd").map(|m| m.status), Some(ModelStatus::Unavailable));
     assert!(s.model("pd").is_some_and(|m| !m.status.serves()));
+
+    // With prefill_fallback, the decode replica stands in for lost prefill replicas (degraded),
+    // not for a lost decode replica.
+    launched(
+        &mut s,
+        json!({"model_name": "smollm2-instruct", "model_uid": "fb", "prefill_fallback": true, "replica_config": [
+            {"role": "prefill", "devices": [{"worker_ip": "d:1", "n_gpu": 0}]},
+            {"role": "decode", "devices": [{"worker_ip": "e:1", "n_gpu": 0}]}]}),
+    );
+    assert!(s.model("fb").is_some_and(|m| m.prefill_fallback && m.status == ModelStatus::Ready));
+    s.lose_worker("d:1");
+    assert_eq!(s.model("fb").map(|m| m.status), Some(ModelStatus::Degraded));
+    s.lose_worker("e:1");
+    assert_eq!(s.model("fb").map(|m| m.status), Some(ModelStatus::Unavailable));
 }
