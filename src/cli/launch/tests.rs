@@ -126,9 +126,20 @@ fn the_launch_body_carries_the_extra_options() {
     assert!(args.is_ok_and(|a| a.source.request(&en).is_err()));
 }
 
+/// The launch request body a command line sends.
+fn body_of(line: &[&str]) -> Value {
+    let args = launch_args(line);
+    let Ok(args) = args else { panic!("{args:?}") };
+    let body = args
+        .source
+        .request(&Catalog::new("en"))
+        .and_then(|r| serde_json::to_value(&r).map_err(|e| e.to_string()));
+    let Ok(body) = body else { panic!("{body:?}") };
+    body
+}
+
 #[test]
 fn launch_keys_go_to_the_top_of_the_body_in_either_spelling() {
-    let en = Catalog::new("en");
     let line = [
         "xinf",
         "launch",
@@ -140,10 +151,7 @@ fn launch_keys_go_to_the_top_of_the_body_in_either_spelling() {
         "--request_limits",
         "8",
     ];
-    let args = launch_args(&line);
-    let Ok(args) = args else { panic!("{args:?}") };
-    let body = args.source.request(&en).and_then(|r| serde_json::to_value(&r).map_err(|e| e.to_string()));
-    let Ok(body) = body else { panic!("{body:?}") };
+    let body = body_of(&line);
     assert_eq!(
         (&body["reasoning_content"], &body["enable_thinking"], &body["request_limits"]),
         (&json!(true), &json!(false), &json!(8))
@@ -158,7 +166,6 @@ fn launch_keys_go_to_the_top_of_the_body_in_either_spelling() {
 /// launch's: at the top of the body, not in `engine_config`.
 #[test]
 fn launch_keywords_given_as_options_go_to_the_top_of_the_body() {
-    let en = Catalog::new("en");
     let line = [
         "xinf",
         "launch",
@@ -173,10 +180,7 @@ fn launch_keywords_given_as_options_go_to_the_top_of_the_body() {
         "--kv_cache_tokens",
         "4096",
     ];
-    let args = launch_args(&line);
-    let Ok(args) = args else { panic!("{args:?}") };
-    let body = args.source.request(&en).and_then(|r| serde_json::to_value(&r).map_err(|e| e.to_string()));
-    let Ok(body) = body else { panic!("{body:?}") };
+    let body = body_of(&line);
     assert_eq!((&body["max_local_prefill_tokens"], &body["prefill_fallback"]), (&json!(256), &json!(true)));
     assert_eq!(body["engine_config"], json!({"kv_cache_tokens": 4096}), "{body}");
 }
