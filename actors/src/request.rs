@@ -119,12 +119,18 @@ impl Cluster {
         };
         let decode: handoff::Party = (routed.replica_uid.clone(), routed.replica.clone());
         let (prefill, times) = (routed.prefill.clone(), self.decode_times());
+        let fallback = actors.prefill_fallback;
         let start = async move {
             let Some(prefill) = prefill else { return whole(decode, request, t).await };
-            let mut handoff = match self.prefill_leg(&prefill, &request).await? {
-                Prefilled::Room(handoff) => handoff,
+            let mut handoff = match self.prefill_leg(&prefill, &request).await {
+                Ok(Prefilled::Room(handoff)) => handoff,
                 // A short prompt: the decode replica computes it, as an ordinary replica would.
-                Prefilled::Local => return whole(decode, request, t).await,
+                Ok(Prefilled::Local) => return whole(decode, request, t).await,
+                Err(e) if fallback && handoff::prefill_side_failed(&e) => {
+                    tracing::warn!(request_id = %request.request_id, prefill = %prefill.0, error = %e, "the prefill leg failed; the decode replica computes the request");
+                    return whole(decode, request, t).await;
+                }
+                Err(e) => return Err(e),
             };
             if !handoff::shows_first(&request.sampling, handoff.first_text.as_deref()) {
                 handoff.first_text = None;

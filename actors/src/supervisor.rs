@@ -43,6 +43,9 @@ pub(crate) struct ModelActors {
     pub(crate) chat: crate::ChatDefaults,
     /// The launch's `request_limits`, counted for every request.
     pub(crate) limit: Option<std::sync::Arc<crate::limit::RequestLimit>>,
+    /// The launch's `prefill_fallback`: a P/D request whose prefill replica fails runs whole
+    /// on its decode replica.
+    pub(crate) prefill_fallback: bool,
 }
 
 /// Serving models' local actors, shared by the supervisor and the [`crate::Cluster`] handle

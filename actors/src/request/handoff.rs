@@ -13,7 +13,7 @@ use crate::replica::handoff::{Handoff, Prefilled};
 use crate::wire::{Wire, call};
 use ractor::ActorRef;
 use std::time::Duration;
-use xinf_engine::{GenerateRequest, SamplingParams};
+use xinf_engine::{ErrorClass, GenerateRequest, SamplingParams};
 
 /// Time limits of a decode leg.
 #[derive(Debug, Clone, Copy)]
@@ -54,6 +54,14 @@ impl Cluster {
         let o = &self.inner.options;
         DecodeTimes { start: o.transfer_timeout + o.call_timeout, release: o.call_timeout }
     }
+}
+
+/// Whether a prefill leg's error is the prefill side's (its engine failed, is unreachable,
+/// overloaded or timed out), not the request's: with `prefill_fallback`, the decode replica then
+/// computes the request instead. A request the prefill engine refuses as invalid would be
+/// refused by the decode engine too, and an aborted one is over.
+pub(super) fn prefill_side_failed(e: &ActorError) -> bool {
+    matches!(e.class(), ErrorClass::Unavailable | ErrorClass::Internal | ErrorClass::Overloaded)
 }
 
 /// Whether the prefill's first token is shown before the decode leg: its engine gave the text

@@ -153,7 +153,9 @@ where
     match Actor::spawn_linked(Some(ctx.ns.router_name(uid)), router, args, sup).await {
         Ok((router, _)) => {
             let limit = front.request_limit.map(crate::limit::RequestLimit::new);
-            ctx.models.insert(uid, ModelActors { router, tracker, chat: front.chat, limit });
+            let prefill_fallback = front.prefill_fallback;
+            ctx.models
+                .insert(uid, ModelActors { router, tracker, chat: front.chat, limit, prefill_fallback });
             Ok(())
         }
         Err(e) => {

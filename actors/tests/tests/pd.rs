@@ -1,5 +1,5 @@
-//! P/D starts: a decode engine that fetches its own KV, and the prefill's first token shown
-//! before the decode leg.
+//! P/D starts: a decode engine that fetches its own KV, the prefill's first token shown before
+//! the decode leg, and a failed prefill leg with and without `prefill_fallback`.
 
 use super::*;
 
@@ -74,5 +74,41 @@ async fn the_prefill_s_first_token_is_shown_before_the_decode_leg() {
         stats.iter().all(|s| s.running == 0 && s.handoff.active_rooms == 0 && s.pinned_blocks == 0)
     })
     .await;
+    cluster.shutdown().await;
+}
+
+/// A prefill replica whose engine fails every request: the request fails, unless the model was
+/// launched with `prefill_fallback`, whose decode replica then computes it whole, giving the
+/// ordinary replica's output. An invalid request is still refused as invalid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_prefill_fallback_a_failed_prefill_leg_runs_on_the_decode_replica() {
+    let cluster = Cluster::start_local_with(options()).await.expect("start");
+    let ordinary = cluster.launch(launch_request(json!({"model_uid": "ordinary"}))).await.expect("ordinary");
+    let launch = |uid: &str, fallback: bool| {
+        launch_request(json!({"model_uid": uid, "prefill_fallback": fallback, "replica_config": [
+            {"role": "prefill", "engine_config": {"fail_at_admission": true}},
+            {"role": "decode"},
+        ]}))
+    };
+    let strict = cluster.launch(launch("strict", false)).await.expect("strict");
+    let kept = cluster.launch(launch("kept", true)).await.expect("kept");
+
+    let e = cluster.generate(&strict, request("", "Hello there", 8)).await.map(|_| ()).expect_err("failed");
+    assert!(e.to_string().contains("injected fault"), "{e}");
+    let (want, _, e) =
+        collect(cluster.generate(&ordinary, request("", "Hello there", 8)).await.expect("ordinary")).await;
+    assert!(e.is_none(), "{e:?}");
+    let (got, _, e) =
+        collect(cluster.generate(&kept, request("", "Hello there", 8)).await.expect("kept")).await;
+    assert!(e.is_none(), "{e:?}");
+    assert_eq!(got, want);
+    let stats = cluster.stats(&kept).await.expect("stats");
+    let served: Vec<(xinf_actors::Role, u64)> = stats.iter().map(|s| (s.role, s.requests_served)).collect();
+    assert!(served.contains(&(xinf_actors::Role::Decode, 1)), "{served:?}");
+
+    let mut bad = request("", "Hello there", 8);
+    bad.sampling.temperature = -1.0;
+    let e = cluster.generate(&kept, bad).await.map(|_| ()).expect_err("invalid");
+    assert_eq!(e.class(), xinf_engine::ErrorClass::InvalidInput, "{e}");
     cluster.shutdown().await;
 }
