@@ -368,6 +368,9 @@ fn start(state: &mut ReplicaState, request: GenerateRequest) -> Result<(), Actor
         return Err(ActorError::Engine(EngineError::DuplicateRequest(id)));
     }
     let stream = state.engine.submit(request)?;
+    if state.role == Role::Decode {
+        state.handoff.computed_own_prompt();
+    }
     let to = Drain { requests: &state.requests, served: &state.served, serving: &state.serving, received };
     drain(to, &id, stream);
     Ok(())

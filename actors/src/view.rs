@@ -318,6 +318,10 @@ pub struct HandoffStats {
     /// counted by the prefill replica that left them.
     #[serde(default)]
     pub local_prefills: u64,
+    /// Prompts a decode replica computed itself, without a handoff: the short ones left to it
+    /// and, with `prefill_fallback`, whole requests (counted by the decode replica).
+    #[serde(default)]
+    pub decode_prompts: u64,
     /// Prompt pages reused from a snapshot cache instead of computed (counted by the prefill
     /// replica that reused them).
     pub snapshot_hits: u64,
@@ -350,6 +354,7 @@ impl HandoffStats {
         self.failed += o.failed;
         self.expired_leases += o.expired_leases;
         self.local_prefills += o.local_prefills;
+        self.decode_prompts += o.decode_prompts;
         self.snapshot_hits += o.snapshot_hits;
         self.snapshot_remote_hits += o.snapshot_remote_hits;
         self.snapshot_pages += o.snapshot_pages;

@@ -46,6 +46,8 @@ fn a_model_with_prefill_fallback_serves_through_its_decode_replica_while_no_pref
     let after = served(addr, "pd");
     assert_eq!(after, [("pd-d".to_owned(), before[0].1 + 2)], "{before:?} → {after:?}");
     assert_eq!(pages_moved(addr), moved, "no handoff while no prefill replica is alive");
+    let stats = http::get(addr, "/v1/models/pd/stats").json();
+    assert_eq!(stats["handoff"]["decode_prompts"], 2, "{stats}");
 
     // Back under its id, the worker gets a replacement prefill replica: handoffs again.
     let (_p, _) = worker_with_env(&cluster, SECRET, &[("XINF_WORKER_ID", "prefill-box")]);

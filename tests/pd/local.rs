@@ -39,6 +39,7 @@ fn short_prompts_are_computed_by_the_decode_replica() {
     let h = &s["handoff"];
     let local_prompts = short.len() as u64 + 1;
     assert_eq!(h["local_prefills"], local_prompts, "{s}");
+    assert_eq!(h["decode_prompts"], local_prompts, "{s}");
     assert_eq!(h["pages_transferred"], pages(&long, true), "{s}");
     assert_eq!(h["in_process_transfers"], long.len() as u64, "{s}");
     assert_eq!(

@@ -533,6 +533,12 @@ impl HandoffSide {
         receive::fetch(self.engine.clone(), self.received.clone(), self.times, handoff.clone()).boxed()
     }
 
+    /// Counts a prompt this decode replica computed itself: a short one left to it, or a whole
+    /// request while the model had no prefill replica to use.
+    pub(crate) fn computed_own_prompt(&self) {
+        self.received.own_prompts.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Counts a failed import.
     pub(crate) fn failed(&self) {
         self.received.failed.fetch_add(1, Ordering::Relaxed);
@@ -553,6 +559,7 @@ impl HandoffSide {
         s.gpu_bytes_transferred = r.gpu_bytes.load(Ordering::Relaxed);
         s.gpu_fallbacks = r.gpu_fallbacks.load(Ordering::Relaxed);
         s.failed += r.failed.load(Ordering::Relaxed);
+        s.decode_prompts = r.own_prompts.load(Ordering::Relaxed);
         s.latency = *lock(&r.latency);
         if let Some(snap) = &self.snapshots {
             s.snapshot_hits = snap.hits.load(Ordering::Relaxed);

@@ -105,6 +105,8 @@ async fn with_prefill_fallback_a_failed_prefill_leg_runs_on_the_decode_replica()
     let stats = cluster.stats(&kept).await.expect("stats");
     let served: Vec<(xinf_actors::Role, u64)> = stats.iter().map(|s| (s.role, s.requests_served)).collect();
     assert!(served.contains(&(xinf_actors::Role::Decode, 1)), "{served:?}");
+    let computed: u64 = stats.iter().map(|s| s.handoff.decode_prompts).sum();
+    assert_eq!(computed, 1, "{stats:?}");
 
     let mut bad = request("", "Hello there", 8);
     bad.sampling.temperature = -1.0;

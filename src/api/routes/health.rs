@@ -115,6 +115,12 @@ const HANDOFF_FAMILIES: &[Family<HandoffStats>] = &[
         "P/D prompts short enough for the decode replica to compute (max_local_prefill_tokens).",
     ),
     (
+        "xinf_handoff_decode_prompts_total",
+        "counter",
+        |h| Some(h.decode_prompts),
+        "Prompts decode replicas computed themselves (short ones, and whole requests under prefill_fallback).",
+    ),
+    (
         "xinf_handoff_snapshot_hits_total",
         "counter",
         |h| Some(h.snapshot_hits),

@@ -27,6 +27,8 @@ pub(super) struct Received {
     pub(super) gpu_bytes: AtomicU64,
     pub(super) gpu_fallbacks: AtomicU64,
     pub(super) failed: AtomicU64,
+    /// Prompts this decode replica computed itself (no handoff).
+    pub(super) own_prompts: AtomicU64,
     pub(super) latency: Mutex<LatencyHistogram>,
 }
 
