@@ -39,6 +39,7 @@ fn the_web_ui_launches_chats_and_terminates_in_chromium() {
     for step in [
         "models listed",
         "refusal shown by field",
+        "launch key refusal shown",
         "prefill/decode launch",
         "chat answered",
         "handoff counters",

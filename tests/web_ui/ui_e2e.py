@@ -1,5 +1,6 @@
 """xinf's Web UI in headless Chromium (Selenium): the running models, a P/D launch through the
-form (a refused option shown at the replica's field first), a streamed chat answer, the
+form (a refused option shown at the replica's field first, then a refused launch key at the
+launch keys' field; the launch keys reach the model), a streamed chat answer, the
 handoff counters moving, a replica added and removed, terminate; then the page in a Japanese
 browser. Prints `ok <step>`
 per step; screenshots into OUT_DIR.
@@ -7,8 +8,10 @@ per step; screenshots into OUT_DIR.
 Usage: ui_e2e.py URL OUT_DIR PRELOADED_UID
 """
 
+import json
 import sys
 import time
+import urllib.request
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
@@ -83,8 +86,22 @@ def main():
         print("ok refusal shown by field")
 
         config.clear()
+        # A launch key of the "more launch keys" object, refused by name, is marked there.
+        keys = d.find_element(By.ID, "f-launch_keys")
+        keys.send_keys('{"max_local_prefill_tokens": -1}')
+        d.find_element(By.ID, "launch-button").click()
+        wait(d, "the refusal at the launch keys",
+             lambda: "invalid" in keys.get_attribute("class") and d.find_elements(By.CSS_SELECTOR, ".field-error"))
+        error = d.find_element(By.ID, "launch-error").text
+        assert "max_local_prefill_tokens" in error, error
+        print("ok launch key refusal shown")
+
+        keys.clear()
+        keys.send_keys('{"request_limits": 8, "prefill_fallback": true}')
         d.find_element(By.ID, "launch-button").click()
         wait(d, "the launch", lambda: "Launched webpd" in d.find_element(By.ID, "launch-status").text, 300)
+        limit = json.load(urllib.request.urlopen(URL + "/v1/models/webpd/stats"))["request_limit"]
+        assert limit["limit"] == 8, limit
         d.save_screenshot(f"{OUT}/launch.png")
         print("ok prefill/decode launch")
 

@@ -202,6 +202,9 @@ function clearErrors() {
   $("#launch-error").textContent = "";
 }
 
+// The keys of the "more launch keys" object of the last launch.
+let launchKeyNames = new Set();
+
 // Marks the input the server's `param` names: `model_uid`, `replica`, `engine_config…`,
 // `replica_config[i].field…` (or `replica_config` as a whole).
 function markField(param, message) {
@@ -213,7 +216,9 @@ function markField(param, message) {
     if (row) target = row.querySelector(`[name="${m[2] === "devices" ? "gpu_idx" : (m[2] || "role")}"]`) || row.querySelector("select");
     else target = $("#f-replica");
   } else {
-    target = document.getElementById("f-" + param.split(".")[0]);
+    const key = param.split(".")[0];
+    // A key of the "more launch keys" object is marked there.
+    target = document.getElementById("f-" + key) || (launchKeyNames.has(key) ? $("#f-launch_keys") : null);
   }
   if (target) {
     target.classList.add("invalid");
@@ -230,6 +235,22 @@ async function launch(ev) {
   const body = { replica };
   for (const n of ["model_name", "model_engine", "model_format", "model_size_in_billions", "quantization", "model_uid"]) {
     if (field(n)) body[n] = field(n);
+  }
+  // Any other top-level key of the launch request (request_limits, max_local_prefill_tokens,
+  // prefill_fallback, ...); the form's own fields win.
+  launchKeyNames = new Set();
+  if (field("launch_keys")) {
+    let keys = null;
+    try { keys = JSON.parse(field("launch_keys")); } catch (e) {
+      markField("launch_keys", t("ui-not-json", "not JSON: {reason}", { reason: e.message }));
+      return;
+    }
+    if (!keys || typeof keys !== "object" || Array.isArray(keys)) {
+      markField("launch_keys", t("ui-not-object", "not a JSON object"));
+      return;
+    }
+    launchKeyNames = new Set(Object.keys(keys));
+    for (const [k, v] of Object.entries(keys)) if (!(k in body) && k !== "replica_config") body[k] = v;
   }
   const configs = [];
   let anySet = false;
