@@ -546,7 +546,9 @@ fn settle(model: &mut ModelInfo) {
     model.status = if pd_short || model.replicas.iter().any(|r| !served(r.role)) {
         ModelStatus::Unavailable
     } else if model.replicas.iter().any(|r| matches!(r.status, ReplicaStatus::Dead | ReplicaStatus::Draining))
+        || (model.pd && !alive(Role::Prefill))
     {
+        // Or decode replicas stand in for the prefill ones (`prefill_fallback`).
         ModelStatus::Degraded
     } else {
         ModelStatus::Ready

@@ -53,6 +53,25 @@ fn a_restarted_supervisor_rebuilds_a_model_from_what_its_workers_report() {
     assert_eq!(plan.placements[0].worker_id, "b:1");
 }
 
+/// With `prefill_fallback`, a model rebuilt from its decode worker's report alone serves,
+/// degraded: its decode replica stands in for the prefill one nobody reported yet.
+#[test]
+fn a_model_with_prefill_fallback_rebuilt_from_its_decode_replica_is_degraded() {
+    let t0 = Instant::now();
+    let mut before = cpu_workers(&["a:1", "b:1"], t0);
+    let mut v = pd_launch();
+    v["prefill_fallback"] = json!(true);
+    let (uid, placed) = launched(&mut before, v.clone());
+    let on_b = held(&uid, &v, &[&placed[1]]);
+    let mut s = cpu_workers(&["a:1", "b:1"], t0);
+    let specs = s.reconcile("b:1", &on_b).unknown_models["pd"].clone();
+    let req: LaunchRequest = serde_json::from_str(&specs[0].launch).expect("the launch travels");
+    let sp = validate(&req, false, &crate::testing::engines()).expect("valid again");
+    s.begin_adopt("pd", &req.model_name, sp, "b:1", &specs).expect("adopting");
+    assert!(s.finish_adopt("pd", &["pd-d".into()], true).is_empty());
+    assert_eq!(status(&s, "pd"), (ModelStatus::Degraded, vec![("pd-d".into(), ReplicaStatus::Alive)]));
+}
+
 #[test]
 fn a_failed_adoption_is_forgotten_and_tried_again() {
     let t0 = Instant::now();
