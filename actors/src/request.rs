@@ -16,7 +16,9 @@ use crate::wire::{Wire, call, call_local};
 use futures::StreamExt;
 use guard::RequestGuard;
 use pull::PullSettings;
+use ractor::ActorRef;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use xinf_engine::{GenerateRequest, TokenEvent, TokenStream};
 
 /// How far a request got when its caller gets its stream.
@@ -39,6 +41,14 @@ async fn whole(
     call(&replica, &what, t, |reply| ReplicaMsg::Generate { request: Wire::ok(request), reply }).await?;
     Ok(Started::Now { lead: None })
 }
+
+/// Where a P/D request's start is, for a prefill replica lost meanwhile (`prefill_fallback`):
+/// computing the prompt (the request then runs whole on its decode replica), ...
+const IN_PREFILL: u8 = 0;
+/// ... its KV being fetched from there (which cannot complete), ...
+const FETCHING: u8 = 1;
+/// ... or already whole on its decode replica (nothing to do).
+const WHOLE: u8 = 2;
 
 /// A request id for a request that came without one.
 fn new_request_id() -> String {
@@ -118,49 +128,43 @@ impl Cluster {
             timeout: t,
         };
         let decode: handoff::Party = (routed.replica_uid.clone(), routed.replica.clone());
-        let (prefill, times) = (routed.prefill.clone(), self.decode_times());
-        let fallback = actors.prefill_fallback;
-        let start = async move {
-            let Some(prefill) = prefill else { return whole(decode, request, t).await };
-            let mut handoff = match self.prefill_leg(&prefill, &request).await {
-                Ok(Prefilled::Room(handoff)) => handoff,
-                // A short prompt: the decode replica computes it, as an ordinary replica would.
-                Ok(Prefilled::Local) => return whole(decode, request, t).await,
-                Err(e) if fallback && handoff::prefill_side_failed(&e) => {
-                    tracing::warn!(request_id = %request.request_id, prefill = %prefill.0, error = %e, "the prefill leg failed; the decode replica computes the request");
-                    return whole(decode, request, t).await;
-                }
-                Err(e) => return Err(e),
-            };
-            if !handoff::shows_first(&request.sampling, handoff.first_text.as_deref()) {
-                handoff.first_text = None;
-            }
-            // The prefill side computed the prompt: its report goes out here, and the decode
-            // side, which imports the prompt's KV, is not asked for one.
-            let lead = handoff.prompt.take().map(TokenEvent::Prompt);
-            let mut request = request;
-            request.sampling.prompt_logprobs = None;
-            request.sampling.echo = false;
-            let first = handoff.first_text.clone().map(|text| TokenEvent::Delta {
-                token_id: handoff.first_token,
-                text,
-                logprobs: handoff.first_logprobs.clone(),
-            });
-            let leg = handoff::decode_leg(times, prefill, decode, request, handoff);
-            match first {
-                Some(first) => Ok(Started::Later {
-                    first: lead.into_iter().chain([first]).collect(),
-                    leg: Box::pin(leg),
-                }),
-                None => leg.await.map(|()| Started::Now { lead }),
-            }
+        // With `prefill_fallback`, the request runs whole on its decode replica if its prefill
+        // replica is lost during the prefill.
+        let spare = routed.prefill_lost.take().map(|rx| (rx, request.clone(), decode.clone()));
+        let phase = Arc::new(AtomicU8::new(IN_PREFILL));
+        let fallback = (actors.prefill_fallback, actors.router.clone());
+        let start = self.legs(routed.prefill.clone(), decode, request, fallback, phase.clone());
+        tokio::pin!(start);
+        let (mut spare_rx, mut spare) = match spare {
+            Some((rx, request, decode)) => (Some(rx), Some((request, decode))),
+            None => (None, None),
         };
         // A replica lost while the request starts ends it at once (a frozen worker would
         // otherwise hold it until a call's time limit); the guard cleans up.
-        let started = tokio::select! {
-            biased;
-            reason = &mut routed.lost => return Err(pull::lost(reason).into()),
-            started = start => started,
+        let started = loop {
+            tokio::select! {
+                biased;
+                reason = &mut routed.lost => return Err(pull::lost(reason).into()),
+                lost = async { spare_rx.as_mut().expect("polled only while set").await }, if spare_rx.is_some() => {
+                    spare_rx = None;
+                    let Some((request, decode)) = spare.take().filter(|_| lost.is_ok()) else { continue };
+                    let prefill_uid = routed.prefill.as_ref().map(|(uid, _)| uid.clone()).unwrap_or_default();
+                    match phase.load(Ordering::Acquire) {
+                        IN_PREFILL => {
+                            tracing::warn!(%request_id, prefill = %prefill_uid, "the prefill replica was lost; the decode replica computes the request");
+                            break whole(decode, request, t).await;
+                        }
+                        FETCHING => {
+                            // Its KV was being fetched from there: that cannot complete.
+                            let why = format!("prefill replica `{prefill_uid}` was lost while its KV was fetched");
+                            return Err(ActorError::Engine(xinf_engine::EngineError::ReplicaLost(why)));
+                        }
+                        // Already whole on the decode replica.
+                        _ => continue,
+                    }
+                }
+                started = &mut start => break started,
+            }
         };
         let settings = PullSettings { long_poll: self.inner.options.long_poll, call: t };
         let lead = match started {
@@ -173,6 +177,64 @@ impl Cluster {
         guard.disarm();
         let lead = pull::started(&actors.router, &request_id, routed.prefill.is_some(), lead)?;
         Ok(pull::open(routed, actors.router, settings, lead))
+    }
+
+    /// Starts a routed request: whole on its replica, or (P/D) its prefill leg, then its decode
+    /// leg (or, for a short prompt or under `prefill_fallback`, whole on the decode replica).
+    /// `phase` follows it ([`IN_PREFILL`], [`FETCHING`], [`WHOLE`]); `fallback`: the model's
+    /// `prefill_fallback` and its router.
+    async fn legs(
+        &self,
+        prefill: Option<handoff::Party>,
+        decode: handoff::Party,
+        request: GenerateRequest,
+        (fallback, router): (bool, ActorRef<RouterMsg>),
+        phase: Arc<AtomicU8>,
+    ) -> Result<Started, ActorError> {
+        let (t, times) = (self.timeout(), self.decode_times());
+        let Some(prefill) = prefill else { return whole(decode, request, t).await };
+        let mut handoff = match self.prefill_leg(&prefill, &request).await {
+            Ok(Prefilled::Room(handoff)) => {
+                phase.store(FETCHING, Ordering::Release);
+                handoff
+            }
+            // A short prompt: the decode replica computes it, as an ordinary replica would.
+            Ok(Prefilled::Local) => {
+                phase.store(WHOLE, Ordering::Release);
+                handoff::prefill_over(&router, &request.request_id);
+                return whole(decode, request, t).await;
+            }
+            Err(e) if fallback && handoff::prefill_side_failed(&e) => {
+                phase.store(WHOLE, Ordering::Release);
+                tracing::warn!(request_id = %request.request_id, prefill = %prefill.0, error = %e, "the prefill leg failed; the decode replica computes the request");
+                // The prefill replica's loss, which its failure may herald, must not end
+                // the request now.
+                handoff::prefill_over(&router, &request.request_id);
+                return whole(decode, request, t).await;
+            }
+            Err(e) => return Err(e),
+        };
+        if !handoff::shows_first(&request.sampling, handoff.first_text.as_deref()) {
+            handoff.first_text = None;
+        }
+        // The prefill side computed the prompt: its report goes out here, and the decode
+        // side, which imports the prompt's KV, is not asked for one.
+        let lead = handoff.prompt.take().map(TokenEvent::Prompt);
+        let mut request = request;
+        request.sampling.prompt_logprobs = None;
+        request.sampling.echo = false;
+        let first = handoff.first_text.clone().map(|text| TokenEvent::Delta {
+            token_id: handoff.first_token,
+            text,
+            logprobs: handoff.first_logprobs.clone(),
+        });
+        let leg = handoff::decode_leg(times, prefill, decode, request, handoff);
+        match first {
+            Some(first) => {
+                Ok(Started::Later { first: lead.into_iter().chain([first]).collect(), leg: Box::pin(leg) })
+            }
+            None => leg.await.map(|()| Started::Now { lead }),
+        }
     }
 
     /// Aborts a request on every replica of the model; `true` when one was running it.

@@ -27,6 +27,9 @@ pub(crate) struct Routed {
     /// Resolves with a reason when the replica is lost or the model terminated: the request
     /// cannot complete and its stream must end with an error at once.
     pub(crate) lost: oneshot::Receiver<String>,
+    /// With `prefill_fallback`: resolves when the prefill replica is lost during the prefill;
+    /// the request then runs whole on its decode replica.
+    pub(crate) prefill_lost: Option<oneshot::Receiver<()>>,
 }
 
 /// How long an aborted request id stays refused.
@@ -84,6 +87,8 @@ pub(crate) struct RouterState {
     policy: RouterPolicy,
     refs: HashMap<String, ActorRef<ReplicaMsg>>,
     kills: HashMap<String, oneshot::Sender<String>>,
+    /// What tells a request in its prefill that its prefill replica is lost (`prefill_fallback`).
+    spares: HashMap<String, oneshot::Sender<()>>,
     /// Request ids aborted recently, until when: a request that arrives after its own abort
     /// (the abort overtook it) is refused, as Xinference's `block_duration` does.
     blocked: HashMap<String, std::time::Instant>,
@@ -109,7 +114,19 @@ impl RouterState {
                     (Some(replica), Ok(prefill)) => {
                         let (kill, lost) = oneshot::channel();
                         self.kills.insert(request_id.clone(), kill);
-                        Ok(Routed { request_id: request_id.clone(), replica_uid, replica, prefill, lost })
+                        let prefill_lost = (prefill.is_some() && self.policy.falls_back()).then(|| {
+                            let (spare, prefill_lost) = oneshot::channel();
+                            self.spares.insert(request_id.clone(), spare);
+                            prefill_lost
+                        });
+                        Ok(Routed {
+                            request_id: request_id.clone(),
+                            replica_uid,
+                            replica,
+                            prefill,
+                            lost,
+                            prefill_lost,
+                        })
                     }
                     (None, _) | (_, Err(_)) => {
                         self.policy.finish(&request_id);
@@ -152,7 +169,13 @@ impl Actor for Router {
             policy.add(&uid, role);
             refs.insert(uid, actor);
         }
-        Ok(RouterState { policy, refs, kills: HashMap::new(), blocked: HashMap::new() })
+        Ok(RouterState {
+            policy,
+            refs,
+            kills: HashMap::new(),
+            spares: HashMap::new(),
+            blocked: HashMap::new(),
+        })
     }
 
     async fn post_stop(
@@ -189,15 +212,18 @@ impl Actor for Router {
                     // The caller gave up: the request will never run.
                     state.policy.finish(&request_id);
                     state.kills.remove(&request_id);
+                    state.spares.remove(&request_id);
                 }
             }
             RouterMsg::Finished { request_id } => {
                 state.policy.finish(&request_id);
                 state.kills.remove(&request_id);
+                state.spares.remove(&request_id);
                 state.drop_drained(&self.model_uid);
             }
             RouterMsg::PrefillDone { request_id } => {
                 state.policy.prefill_done(&request_id);
+                state.spares.remove(&request_id);
                 state.drop_drained(&self.model_uid);
             }
             RouterMsg::Abort { request_id, reply } => {
@@ -208,6 +234,12 @@ impl Actor for Router {
             }
             RouterMsg::RemoveReplica { replica_uid, reason } => {
                 state.refs.remove(&replica_uid);
+                // Requests in their prefill there run whole on their decode replica instead.
+                for id in state.policy.spare_prefills_on(&replica_uid) {
+                    if let Some(spare) = state.spares.remove(&id) {
+                        let _ = spare.send(());
+                    }
+                }
                 for id in state.policy.remove(&replica_uid) {
                     state.kill(&id, &reason);
                 }

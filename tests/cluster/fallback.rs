@@ -1,5 +1,6 @@
 //! `prefill_fallback`: a P/D model whose prefill worker is killed keeps serving, its decode
-//! replica computing whole requests, and hands prompts off again once a prefill replica is back.
+//! replica computing whole requests (the one whose prefill was on the lost worker too), and
+//! hands prompts off again once a prefill replica is back.
 
 use super::garbage::answer;
 use super::{SECRET, served, supervisor, worker_with_env};
@@ -21,7 +22,7 @@ fn pages_moved(addr: std::net::SocketAddr) -> u64 {
 #[test]
 fn a_model_with_prefill_fallback_serves_through_its_decode_replica_while_no_prefill_one_is_alive() {
     let _ = crate::util::smollm2();
-    let (_sup, addr, cluster) = supervisor();
+    let (sup, addr, cluster) = supervisor();
     let (mut p, prefill) = worker_with_env(&cluster, SECRET, &[("XINF_WORKER_ID", "prefill-box")]);
     let (_d, decode) = worker_with_env(&cluster, SECRET, &[("XINF_WORKER_ID", "decode-box")]);
     let body = json!({"model_name": "smollm2-instruct", "model_uid": "pd", "prefill_fallback": true, "replica_config": [
@@ -33,9 +34,17 @@ fn a_model_with_prefill_fallback_serves_through_its_decode_replica_while_no_pref
     let moved = pages_moved(addr);
     assert!(moved > 0, "the first answer went through a handoff");
 
-    // The prefill worker is killed: the model is degraded, not unavailable, and its decode
-    // replica answers alone, as before, without a handoff.
+    // The prefill worker freezes with a request's prefill on it, then is killed: that request
+    // runs whole on the decode replica and answers as before.
+    p.signal("-STOP");
+    let during = std::thread::spawn(move || answer(addr));
+    std::thread::sleep(Duration::from_millis(500));
     p.kill();
+    assert_eq!(during.join().expect("the request's thread"), want, "the request whose prefill was lost");
+    // Whichever came first, the prefill leg's failure or the news of the replica's loss.
+    assert!(sup.log().contains("the decode replica computes the request"), "{}", sup.log());
+    // The model is degraded, not unavailable, and its decode replica answers alone, as before,
+    // without a handoff.
     poll(Duration::from_secs(5), "the model to be degraded", || status(addr) == "degraded");
     let before = served(addr, "pd");
     assert_eq!(answer(addr), want, "the decode replica computes the prompt itself");
@@ -47,7 +56,7 @@ fn a_model_with_prefill_fallback_serves_through_its_decode_replica_while_no_pref
     assert_eq!(after, [("pd-d".to_owned(), before[0].1 + 2)], "{before:?} → {after:?}");
     assert_eq!(pages_moved(addr), moved, "no handoff while no prefill replica is alive");
     let stats = http::get(addr, "/v1/models/pd/stats").json();
-    assert_eq!(stats["handoff"]["decode_prompts"], 2, "{stats}");
+    assert_eq!(stats["handoff"]["decode_prompts"], 3, "{stats}");
 
     // Back under its id, the worker gets a replacement prefill replica: handoffs again.
     let (_p, _) = worker_with_env(&cluster, SECRET, &[("XINF_WORKER_ID", "prefill-box")]);

@@ -264,8 +264,8 @@ impl LaunchKeywords {
     }
 }
 
-/// A P/D launch key `key` that has decode replicas compute prompts: refused without P/D roles,
-/// and, when `on`, with a decode replica whose engine cannot compute a prompt (it is named).
+/// A P/D launch key `key` that has decode replicas compute prompts: when `on`, refused without
+/// P/D roles, and with a decode replica whose engine cannot compute a prompt (it is named).
 fn decoders_compute(
     key: &str,
     pd: bool,
@@ -274,7 +274,8 @@ fn decoders_compute(
     engines: &Engines,
 ) -> Result<(), ActorError> {
     let refused = |why: String| Err(invalid(LaunchRule::InvalidField, why).at(key));
-    if !pd {
+    // Off (0, false) is as good as absent.
+    if !pd && on {
         return refused(format!("{key} requires prefill and decode replica roles"));
     }
     let imports_only = |engine: &str| engines.get(engine).is_some_and(|l| !l.decode_computes_prompts());

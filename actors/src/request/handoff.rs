@@ -10,6 +10,7 @@ use crate::cluster::Cluster;
 use crate::error::ActorError;
 use crate::replica::ReplicaMsg;
 use crate::replica::handoff::{Handoff, Prefilled};
+use crate::router::RouterMsg;
 use crate::wire::{Wire, call};
 use ractor::ActorRef;
 use std::time::Duration;
@@ -62,6 +63,14 @@ impl Cluster {
 /// refused by the decode engine too, and an aborted one is over.
 pub(super) fn prefill_side_failed(e: &ActorError) -> bool {
     matches!(e.class(), ErrorClass::Unavailable | ErrorClass::Internal | ErrorClass::Overloaded)
+}
+
+/// Tells the router that a request no longer depends on its prefill replica (it runs whole on
+/// its decode replica), so that replica's loss does not end it.
+pub(super) fn prefill_over(router: &ActorRef<RouterMsg>, request_id: &str) {
+    if router.cast(RouterMsg::PrefillDone { request_id: request_id.to_owned() }).is_err() {
+        tracing::debug!("the router is gone");
+    }
 }
 
 /// Whether the prefill's first token is shown before the decode leg: its engine gave the text

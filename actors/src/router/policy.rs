@@ -85,6 +85,11 @@ impl RouterPolicy {
         }
     }
 
+    /// Whether `prefill_fallback` is on.
+    pub(crate) fn falls_back(&self) -> bool {
+        self.prefill_fallback
+    }
+
     /// Adds an alive replica to its role's rotation.
     pub(crate) fn add(&mut self, replica_uid: &str, role: Role) {
         self.draining.remove(replica_uid);
@@ -172,6 +177,25 @@ impl RouterPolicy {
         {
             used.remove(0);
         }
+    }
+
+    /// With `prefill_fallback`, the requests still in their prefill on `replica_uid`, which is
+    /// lost: each is taken off it (as if its prefill were done) and returned, to run whole on its
+    /// decode replica instead of failing. Without it, none.
+    pub(crate) fn spare_prefills_on(&mut self, replica_uid: &str) -> Vec<String> {
+        if !self.prefill_fallback {
+            return Vec::new();
+        }
+        let ids: Vec<String> = self
+            .running
+            .iter()
+            .filter(|(_, used)| used.len() == 2 && used[0] == replica_uid)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &ids {
+            self.prefill_done(id);
+        }
+        ids
     }
 
     /// A request ended; returns the replicas it used, if it was running.

@@ -147,6 +147,12 @@ fn prefill_fallback_is_a_boolean_for_pd_launches_whose_decode_replicas_compute_p
     }
     let e = validate_err(json!({"model_name": "smollm2-instruct", "prefill_fallback": true}), true);
     assert_rule(&e, LaunchRule::InvalidField, "prefill_fallback requires prefill and decode replica roles");
+    // Off is as good as absent, P/D or not.
+    for off in [json!({"prefill_fallback": false}), json!({"max_local_prefill_tokens": 0})] {
+        let mut launch = json!({"model_name": "smollm2-instruct"});
+        launch.as_object_mut().expect("an object").extend(off.as_object().cloned().unwrap_or_default());
+        assert!(validate(&parse(launch), true, &engines()).is_ok(), "{off}");
+    }
     let engines = Engines::new(vec![
         std::sync::Arc::new(xinf_engine_mock::MockLoader::named("native")),
         std::sync::Arc::new(xinf_engine_mock::MockLoader::named("sglang").decode_imports_only()),

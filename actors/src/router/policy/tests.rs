@@ -160,3 +160,26 @@ fn with_prefill_fallback_a_decode_replica_takes_whole_requests_while_no_prefill_
     hybrid.add("h", Role::Hybrid);
     assert_eq!(hybrid.begin_request("1"), Ok((None, "h".into())));
 }
+
+#[test]
+fn with_prefill_fallback_a_lost_prefill_replica_spares_the_requests_in_their_prefill() {
+    for fallback in [false, true] {
+        let mut p = RouterPolicy::new(fallback);
+        p.add("p", Role::Prefill);
+        p.add("d", Role::Decode);
+        assert!(p.begin_request("in-prefill").is_ok());
+        assert!(p.begin_request("decoding").is_ok());
+        p.prefill_done("decoding");
+        let spared = p.spare_prefills_on("p");
+        let killed = p.remove("p");
+        if fallback {
+            assert_eq!((spared, killed), (vec!["in-prefill".to_owned()], vec![]));
+            // It now runs on the decode replica alone, whose loss still ends it.
+            let mut ended = p.remove("d");
+            ended.sort();
+            assert_eq!(ended, ["decoding", "in-prefill"]);
+        } else {
+            assert_eq!((spared, killed), (vec![], vec!["in-prefill".to_owned()]));
+        }
+    }
+}
