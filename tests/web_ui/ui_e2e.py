@@ -53,6 +53,15 @@ def row(d, uid):
     return rows[0] if rows else None
 
 
+def refused_at(d, field, key, what):
+    """Launches, and waits for the refusal naming `key` to be marked at `field`."""
+    d.find_element(By.ID, "launch-button").click()
+    wait(d, f"the refusal at {what}",
+         lambda: "invalid" in field.get_attribute("class") and d.find_elements(By.CSS_SELECTOR, ".field-error"))
+    error = d.find_element(By.ID, "launch-error").text
+    assert key in error, error
+
+
 def main():
     d = browser()
     try:
@@ -77,11 +86,7 @@ def main():
         Select(rows[1].find_element(By.NAME, "role")).select_by_value("decode")
         config = rows[1].find_element(By.NAME, "engine_config")
         config.send_keys('{"kv_cache_tokens": "lots"}')
-        d.find_element(By.ID, "launch-button").click()
-        wait(d, "the refusal at the decode replica's engine config",
-             lambda: "invalid" in config.get_attribute("class") and d.find_elements(By.CSS_SELECTOR, ".field-error"))
-        error = d.find_element(By.ID, "launch-error").text
-        assert "kv_cache_tokens" in error, error
+        refused_at(d, config, "kv_cache_tokens", "the decode replica's engine config")
         d.save_screenshot(f"{OUT}/launch-refused.png")
         print("ok refusal shown by field")
 
@@ -89,11 +94,7 @@ def main():
         # A launch key of the "more launch keys" object, refused by name, is marked there.
         keys = d.find_element(By.ID, "f-launch_keys")
         keys.send_keys('{"max_local_prefill_tokens": -1}')
-        d.find_element(By.ID, "launch-button").click()
-        wait(d, "the refusal at the launch keys",
-             lambda: "invalid" in keys.get_attribute("class") and d.find_elements(By.CSS_SELECTOR, ".field-error"))
-        error = d.find_element(By.ID, "launch-error").text
-        assert "max_local_prefill_tokens" in error, error
+        refused_at(d, keys, "max_local_prefill_tokens", "the launch keys")
         print("ok launch key refusal shown")
 
         keys.clear()
