@@ -130,22 +130,24 @@ impl Cluster {
         let decode: handoff::Party = (routed.replica_uid.clone(), routed.replica.clone());
         // With `prefill_fallback`, the request runs whole on its decode replica if its prefill
         // replica is lost during the prefill.
-        let spare = routed.prefill_lost.take().map(|rx| (rx, request.clone(), decode.clone()));
+        let mut spare_rx = routed.prefill_lost.take();
+        let mut spare = spare_rx.is_some().then(|| (request.clone(), decode.clone()));
         let phase = Arc::new(AtomicU8::new(IN_PREFILL));
         let fallback = (actors.prefill_fallback, actors.router.clone());
         let start = self.legs(routed.prefill.clone(), decode, request, fallback, phase.clone());
         tokio::pin!(start);
-        let (mut spare_rx, mut spare) = match spare {
-            Some((rx, request, decode)) => (Some(rx), Some((request, decode))),
-            None => (None, None),
-        };
         // A replica lost while the request starts ends it at once (a frozen worker would
         // otherwise hold it until a call's time limit); the guard cleans up.
         let started = loop {
             tokio::select! {
                 biased;
                 reason = &mut routed.lost => return Err(pull::lost(reason).into()),
-                lost = async { spare_rx.as_mut().expect("polled only while set").await }, if spare_rx.is_some() => {
+                lost = async {
+                    match spare_rx.as_mut() {
+                        Some(rx) => rx.await,
+                        None => std::future::pending().await,
+                    }
+                }, if spare_rx.is_some() => {
                     spare_rx = None;
                     let Some((request, decode)) = spare.take().filter(|_| lost.is_ok()) else { continue };
                     let prefill_uid = routed.prefill.as_ref().map(|(uid, _)| uid.clone()).unwrap_or_default();
