@@ -338,6 +338,12 @@ pub struct HandoffStats {
 }
 
 impl HandoffStats {
+    /// The counters alone: the gauges (rooms and snapshot pages held now) at zero, for the
+    /// counts of a replica that no longer answers.
+    pub fn counters(&self) -> Self {
+        Self { active_rooms: 0, snapshot_pages: 0, snapshot_bytes: 0, ..*self }
+    }
+
     /// Field-wise sum, for a model's total over its replicas.
     pub fn add(&mut self, o: &Self) {
         self.active_rooms += o.active_rooms;

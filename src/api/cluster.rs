@@ -2,7 +2,9 @@
 
 use crate::api::ModelStats;
 use crate::api::service::{ModelInfo, ModelService, ServiceError, ServiceFuture, WeightsInfo, first_seen};
+use crate::api::totals::Totals;
 use futures::FutureExt;
+use std::sync::Arc;
 use xinf_actors::{ActorError, Cluster, LaunchRequest, ReplicaStatus, WorkerStatus};
 use xinf_engine::{GenerateRequest, TokenStream};
 
@@ -11,12 +13,14 @@ use xinf_engine::{GenerateRequest, TokenStream};
 #[derive(Debug, Clone)]
 pub struct ClusterService {
     cluster: Cluster,
+    /// The models' counters, kept from replicas that no longer answer.
+    totals: Arc<Totals>,
 }
 
 impl ClusterService {
     /// Serves the models of `cluster`.
     pub fn new(cluster: Cluster) -> Self {
-        Self { cluster }
+        Self { cluster, totals: Arc::default() }
     }
 
     /// The cluster behind the service.
@@ -82,11 +86,13 @@ impl ModelService for ClusterService {
         async move { service(c.abort(&uid, &rid).await) }.boxed()
     }
 
-    /// The sum over alive replicas, and each replica.
+    /// The sum over the replicas that answer, and each replica; counters also count the
+    /// replicas that answered before (see [`Totals`]).
     fn stats(&self, uid: &str) -> ServiceFuture<ModelStats> {
-        let (c, uid) = (self.cluster.clone(), uid.to_owned());
+        let (c, uid, totals) = (self.cluster.clone(), uid.to_owned(), self.totals.clone());
         async move {
             let mut stats = service(c.stats(&uid).await).map(ModelStats::from_replicas)?;
+            totals.settle(&uid, &mut stats);
             stats.request_limit = service(c.request_limit(&uid).await)?;
             Ok(stats)
         }
@@ -94,17 +100,25 @@ impl ModelService for ClusterService {
     }
 
     fn launch(&self, request: LaunchRequest, wait_ready: bool) -> ServiceFuture<String> {
-        let c = self.cluster.clone();
+        let (c, totals) = (self.cluster.clone(), self.totals.clone());
         async move {
             let r = if wait_ready { c.launch(request).await } else { c.launch_detached(request).await };
-            service(r)
+            let uid = service(r)?;
+            // A uid used before (by a model terminated elsewhere) counts from zero.
+            totals.forget(&uid);
+            Ok(uid)
         }
         .boxed()
     }
 
     fn terminate(&self, uid: &str) -> ServiceFuture<()> {
-        let (c, uid) = (self.cluster.clone(), uid.to_owned());
-        async move { service(c.terminate(&uid).await) }.boxed()
+        let (c, uid, totals) = (self.cluster.clone(), uid.to_owned(), self.totals.clone());
+        async move {
+            service(c.terminate(&uid).await)?;
+            totals.forget(&uid);
+            Ok(())
+        }
+        .boxed()
     }
 
     fn workers(&self) -> ServiceFuture<Vec<WorkerStatus>> {

@@ -62,6 +62,7 @@ mod service;
 mod sse;
 mod stats;
 mod tools;
+mod totals;
 
 pub use cluster::ClusterService;
 pub(crate) use routes::registrations_json;

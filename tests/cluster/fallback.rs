@@ -14,6 +14,13 @@ fn status(addr: std::net::SocketAddr) -> String {
     res.json()["xinf"]["status"].as_str().unwrap_or_default().to_owned()
 }
 
+/// A replica's prompt tokens, as the model's stats list it.
+fn prompt_tokens(stats: &serde_json::Value, replica_uid: &str) -> u64 {
+    let replicas = stats["replicas"].as_array().cloned().unwrap_or_default();
+    let replica = replicas.iter().find(|r| r["replica_uid"] == replica_uid);
+    replica.and_then(|r| r["prompt_tokens"].as_u64()).unwrap_or_default()
+}
+
 fn pages_moved(addr: std::net::SocketAddr) -> u64 {
     let res = http::get(addr, "/v1/models/pd/stats");
     res.json()["handoff"]["pages_transferred"].as_u64().unwrap_or_default()
@@ -33,6 +40,8 @@ fn a_model_with_prefill_fallback_serves_through_its_decode_replica_while_no_pref
     let want = answer(addr);
     let moved = pages_moved(addr);
     assert!(moved > 0, "the first answer went through a handoff");
+    let prefill_prompts = prompt_tokens(&http::get(addr, "/v1/models/pd/stats").json(), "pd-p");
+    assert!(prefill_prompts > 0);
 
     // The prefill worker freezes with a request's prefill on it, then is killed: that request
     // runs whole on the decode replica and answers as before.
@@ -57,6 +66,10 @@ fn a_model_with_prefill_fallback_serves_through_its_decode_replica_while_no_pref
     assert_eq!(pages_moved(addr), moved, "no handoff while no prefill replica is alive");
     let stats = http::get(addr, "/v1/models/pd/stats").json();
     assert_eq!(stats["handoff"]["decode_prompts"], 3, "{stats}");
+    // The prompt tokens the lost prefill replica computed stay in the model's total: its
+    // counters never fall.
+    let decode_prompts = prompt_tokens(&stats, "pd-d");
+    assert_eq!(stats["prompt_tokens"], prefill_prompts + decode_prompts, "{stats}");
 
     // Back under its id, the worker gets a replacement prefill replica: handoffs again.
     let (_p, _) = worker_with_env(&cluster, SECRET, &[("XINF_WORKER_ID", "prefill-box")]);
