@@ -108,6 +108,10 @@ pub struct ModelInfo {
     /// (`prefill_fallback`), and the model is degraded rather than unavailable.
     #[serde(default)]
     pub prefill_fallback: bool,
+    /// P/D: a prompt of at most this many tokens is computed by its decode replica, without a
+    /// handoff (`max_local_prefill_tokens`; 0: every prompt is handed off).
+    #[serde(default)]
+    pub max_local_prefill_tokens: u32,
     /// Its replicas.
     pub replicas: Vec<ReplicaInfo>,
     /// When its launch began, in seconds since the Unix epoch.

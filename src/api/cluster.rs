@@ -1,7 +1,9 @@
 //! [`ClusterService`]: the REST layer over an actor cluster (`xinf local`, `xinf supervisor`).
 
 use crate::api::ModelStats;
-use crate::api::service::{ModelInfo, ModelService, ServiceError, ServiceFuture, WeightsInfo, first_seen};
+use crate::api::service::{
+    ModelInfo, ModelService, PdOptions, ServiceError, ServiceFuture, WeightsInfo, first_seen,
+};
 use crate::api::totals::Totals;
 use futures::FutureExt;
 use std::sync::Arc;
@@ -48,6 +50,10 @@ fn info(m: xinf_actors::ModelInfo) -> ModelInfo {
         context_length: None,
         created: m.created,
         weights: WeightsInfo::of(&m.source),
+        pd: PdOptions {
+            prefill_fallback: m.prefill_fallback,
+            max_local_prefill_tokens: m.max_local_prefill_tokens,
+        },
     }
 }
 

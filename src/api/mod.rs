@@ -68,7 +68,9 @@ pub use cluster::ClusterService;
 pub(crate) use routes::registrations_json;
 pub(crate) use service::first_seen;
 pub(crate) use service::status_name;
-pub use service::{LocalService, ModelInfo, ModelService, ServiceError, ServiceFuture, WeightsInfo};
+pub use service::{
+    LocalService, ModelInfo, ModelService, PdOptions, ServiceError, ServiceFuture, WeightsInfo,
+};
 pub use stats::ModelStats;
 
 use actix_web::{App, HttpServer, web};

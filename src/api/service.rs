@@ -82,6 +82,25 @@ pub struct ModelInfo {
     /// the format of a `model_path`.
     #[serde(default, flatten)]
     pub weights: WeightsInfo,
+    /// The P/D launch keys that change how its requests are routed, where given.
+    #[serde(default, flatten)]
+    pub pd: PdOptions,
+}
+
+/// A P/D model's launch keys that change how its requests are routed, shown in its description
+/// where set (absent: the default, off).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PdOptions {
+    /// Decode replicas compute whole requests while no prefill replica serves.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prefill_fallback: bool,
+    /// Prompts of at most this many tokens are computed by the decode replica.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_local_prefill_tokens: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// `items` without repeats, each where it first appears (a model's replicas' engines or
@@ -351,6 +370,7 @@ impl LocalService {
             context_length: Some(engine.contract().context_length),
             created: now_secs(),
             weights: WeightsInfo::default(),
+            pd: PdOptions::default(),
         };
         self.models.write().unwrap_or_else(|p| p.into_inner()).insert(uid, LocalModel { info, engine, chat });
     }
@@ -431,6 +451,7 @@ mod tests {
             context_length: None,
             created: 0,
             weights: WeightsInfo::default(),
+            pd: PdOptions::default(),
         };
         let names = [
             (ModelStatus::Launching, "loading"),

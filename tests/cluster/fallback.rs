@@ -37,6 +37,7 @@ fn a_model_with_prefill_fallback_serves_through_its_decode_replica_while_no_pref
         {"role": "decode", "replica_uid": "pd-d", "devices": [{"worker_ip": decode, "n_gpu": 0}]}]});
     let res = http::post(addr, "/v1/models", &body);
     assert_eq!(res.status, 200, "{}", res.text());
+    assert_eq!(http::get(addr, "/v1/models/pd").json()["xinf"]["prefill_fallback"], true);
     let want = answer(addr);
     let moved = pages_moved(addr);
     assert!(moved > 0, "the first answer went through a handoff");

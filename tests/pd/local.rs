@@ -23,6 +23,12 @@ fn short_prompts_are_computed_by_the_decode_replica() {
         json!({"model_name": "smollm2-instruct", "model_uid": "pd", "replica_config": replicas,
                "max_local_prefill_tokens": 64}),
     );
+    // The model's description shows the key; an ordinary model's has neither P/D key.
+    let described = http::get(addr, "/v1/models/pd").json();
+    assert_eq!(described["xinf"]["max_local_prefill_tokens"], 64, "{described}");
+    assert_eq!(described["xinf"].get("prefill_fallback"), None, "{described}");
+    let hybrid = http::get(addr, "/v1/models/hybrid").json();
+    assert_eq!(hybrid["xinf"].get("max_local_prefill_tokens"), None, "{hybrid}");
 
     let (short, long) = ([1, 2, 63, 64], [65, 130]);
     for (i, &n) in short.iter().chain(&long).enumerate() {

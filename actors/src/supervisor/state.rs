@@ -305,6 +305,7 @@ impl SupervisorState {
                 status: ModelStatus::Launching,
                 pd: spec.pd,
                 prefill_fallback: spec.front.prefill_fallback,
+                max_local_prefill_tokens: spec.handoff().local_prefill_tokens,
                 replicas,
                 created: now_secs(),
                 source: spec.source.clone(),

@@ -165,6 +165,7 @@ impl SupervisorState {
             status: ModelStatus::Launching,
             pd: spec.pd,
             prefill_fallback: spec.front.prefill_fallback,
+            max_local_prefill_tokens: spec.handoff().local_prefill_tokens,
             replicas: replicas.iter().map(|r| held_info(r, worker_id)).collect(),
             created: super::now_secs(),
             source: spec.source.clone(),
