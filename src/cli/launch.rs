@@ -188,6 +188,10 @@ pub(crate) fn engine_options(
             }
             None => key,
         };
+        // Two values for one key: the command line is ambiguous, so neither is picked.
+        if out.contains_key(&key) {
+            return Err(cat.text("cli-option-twice", &[("key", &key)]));
+        }
         out.insert(key, value);
     }
     Ok((out, renamed))
@@ -297,7 +301,10 @@ impl LaunchSource {
         let mut extra = self.launch_keys();
         for key in xinf_actors::LAUNCH_KEYWORDS {
             if let Some(value) = options.remove(*key) {
-                extra.entry(*key).or_insert(value);
+                if extra.contains_key(*key) {
+                    return Err(cat.text("cli-option-twice", &[("key", key)]));
+                }
+                extra.insert((*key).to_owned(), value);
             }
         }
         let request = LaunchRequest {

@@ -168,6 +168,7 @@ cli-stream-unfinished = { $endpoint } ist nicht erreichbar: der Stream endete vo
 cli-launch-accepted = Start von `{ $uid }` angenommen; das Modell wird geladen (siehe `xinf list`)
 cli-model-context = Kontextlänge: { $tokens } Token
 cli-engine-option-alias = Die Engine-Option `{ $given }` heißt in xinf `{ $key }`; gesendet als `{ $key }`
+cli-option-twice = `{ $key }` ist zweimal angegeben; bitte nur einmal angeben
 cli-list-col-context = KONTEXT
 cli-list-col-formats = FORMATE
 cli-list-col-sizes = GRÖSSEN

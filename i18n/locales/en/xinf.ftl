@@ -168,6 +168,7 @@ cli-stream-unfinished = cannot reach { $endpoint }: the stream ended before [DON
 cli-launch-accepted = Launch of `{ $uid }` accepted; the model is loading (see `xinf list`)
 cli-model-context = Context length: { $tokens } tokens
 cli-engine-option-alias = Engine option `{ $given }` is xinf's `{ $key }`; sent as `{ $key }`
+cli-option-twice = `{ $key }` is given twice; give it once
 cli-list-col-context = CONTEXT
 cli-list-col-formats = FORMATS
 cli-list-col-sizes = SIZES

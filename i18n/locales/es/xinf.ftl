@@ -168,6 +168,7 @@ cli-stream-unfinished = no se puede conectar con { $endpoint }: el flujo termin�
 cli-launch-accepted = Lanzamiento de `{ $uid }` aceptado; el modelo se está cargando (consulte `xinf list`)
 cli-model-context = Longitud de contexto: { $tokens } tokens
 cli-engine-option-alias = La opción de motor `{ $given }` se llama `{ $key }` en xinf; se envía como `{ $key }`
+cli-option-twice = `{ $key }` se da dos veces; dalo una sola vez
 cli-list-col-context = CONTEXTO
 cli-list-col-formats = FORMATOS
 cli-list-col-sizes = TAMAÑOS

@@ -168,6 +168,7 @@ cli-stream-unfinished = impossible de joindre { $endpoint } : le flux s'est term
 cli-launch-accepted = Lancement de `{ $uid }` accepté ; le modèle est en cours de chargement (voir `xinf list`)
 cli-model-context = Longueur de contexte : { $tokens } jetons
 cli-engine-option-alias = L'option de moteur `{ $given }` s'appelle `{ $key }` dans xinf ; envoyée comme `{ $key }`
+cli-option-twice = `{ $key }` est donné deux fois ; donnez-le une seule fois
 cli-list-col-context = CONTEXTE
 cli-list-col-formats = FORMATS
 cli-list-col-sizes = TAILLES

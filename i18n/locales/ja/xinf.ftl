@@ -168,6 +168,7 @@ cli-stream-unfinished = { $endpoint } に接続できません：ストリーム
 cli-launch-accepted = `{ $uid }` の起動を受け付けました。モデルを読み込んでいます（`xinf list` で確認できます）
 cli-model-context = コンテキスト長：{ $tokens } トークン
 cli-engine-option-alias = エンジンオプション `{ $given }` は xinf では `{ $key }` です。`{ $key }` として送信します
+cli-option-twice = `{ $key }` が 2 回指定されています。1 回だけ指定してください
 cli-list-col-context = コンテキスト長
 cli-list-col-formats = 形式
 cli-list-col-sizes = サイズ

@@ -168,6 +168,7 @@ cli-stream-unfinished = { $endpoint }에 연결할 수 없습니다: [DONE] 전�
 cli-launch-accepted = `{ $uid }` 실행 요청이 접수되었습니다. 모델을 불러오는 중입니다(`xinf list`로 확인하세요)
 cli-model-context = 컨텍스트 길이: { $tokens }토큰
 cli-engine-option-alias = 엔진 옵션 `{ $given }`은(는) xinf에서 `{ $key }`입니다. `{ $key }`(으)로 보냅니다
+cli-option-twice = `{ $key }`이(가) 두 번 지정되었습니다. 한 번만 지정하세요
 cli-list-col-context = 컨텍스트
 cli-list-col-formats = 형식
 cli-list-col-sizes = 크기

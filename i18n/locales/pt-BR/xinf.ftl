@@ -168,6 +168,7 @@ cli-stream-unfinished = não foi possível conectar a { $endpoint }: o stream te
 cli-launch-accepted = Inicialização de `{ $uid }` aceita; o modelo está sendo carregado (veja `xinf list`)
 cli-model-context = Comprimento de contexto: { $tokens } tokens
 cli-engine-option-alias = A opção de engine `{ $given }` se chama `{ $key }` no xinf; enviada como `{ $key }`
+cli-option-twice = `{ $key }` foi dado duas vezes; dê apenas uma vez
 cli-list-col-context = CONTEXTO
 cli-list-col-formats = FORMATOS
 cli-list-col-sizes = TAMANHOS

@@ -168,6 +168,7 @@ cli-stream-unfinished = не удаётся подключиться к { $endpo
 cli-launch-accepted = Запуск `{ $uid }` принят; модель загружается (см. `xinf list`)
 cli-model-context = Длина контекста: { $tokens } токенов
 cli-engine-option-alias = Параметр движка `{ $given }` в xinf называется `{ $key }`; отправлен как `{ $key }`
+cli-option-twice = `{ $key }` задан дважды; задайте его один раз
 cli-list-col-context = КОНТЕКСТ
 cli-list-col-formats = ФОРМАТЫ
 cli-list-col-sizes = РАЗМЕРЫ

@@ -168,6 +168,7 @@ cli-stream-unfinished = 无法连接 { $endpoint }：流在 [DONE] 之前结束
 cli-launch-accepted = 已接受 `{ $uid }` 的启动请求，模型正在加载（可用 `xinf list` 查看）
 cli-model-context = 上下文长度：{ $tokens } 个 token
 cli-engine-option-alias = 引擎选项 `{ $given }` 在 xinf 中名为 `{ $key }`，已按 `{ $key }` 发送
+cli-option-twice = `{ $key }` 指定了两次；请只指定一次
 cli-list-col-context = 上下文长度
 cli-list-col-formats = 格式
 cli-list-col-sizes = 规模

@@ -168,6 +168,7 @@ cli-stream-unfinished = 無法連線至 { $endpoint }：串流在 [DONE] 之前�
 cli-launch-accepted = 已接受 `{ $uid }` 的啟動請求，模型正在載入（可用 `xinf list` 查看）
 cli-model-context = 上下文長度：{ $tokens } 個 token
 cli-engine-option-alias = 引擎選項 `{ $given }` 在 xinf 中名為 `{ $key }`，已按 `{ $key }` 傳送
+cli-option-twice = `{ $key }` 指定了兩次；請只指定一次
 cli-list-col-context = 上下文長度
 cli-list-col-formats = 格式
 cli-list-col-sizes = 規模

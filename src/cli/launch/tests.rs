@@ -186,6 +186,33 @@ fn launch_keywords_given_as_options_go_to_the_top_of_the_body() {
 }
 
 #[test]
+fn a_key_given_twice_is_refused_naming_it() {
+    let en = Catalog::new("en");
+    let twice = |line: &[&str]| {
+        let args = launch_args(line);
+        let Ok(args) = args else { panic!("{args:?}") };
+        args.source.request(&en).err().unwrap_or_default()
+    };
+    let base = [
+        "xinf",
+        "launch",
+        "-n",
+        "smollm2-instruct",
+        "--replica-config",
+        r#"[{"role":"prefill"},{"role":"decode"}]"#,
+    ];
+    let line =
+        [&base[..], &["--engine-option", "max_local_prefill_tokens=100", "--max_local_prefill_tokens", "50"]];
+    assert_eq!(twice(&line.concat()), "`max_local_prefill_tokens` is given twice; give it once");
+    // Under another engine's name too (`max_model_len` is the native engine's `context_length`).
+    let line = [&base[..], &["--max_model_len", "4096", "--context_length", "2048"]];
+    assert_eq!(twice(&line.concat()), "`context_length` is given twice; give it once");
+    // A launch key's own flag and the same key as an option.
+    let line = [&base[..], &["--request-limits", "8", "--engine-option", "request_limits=9"]];
+    assert_eq!(twice(&line.concat()), "`request_limits` is given twice; give it once");
+}
+
+#[test]
 fn a_launch_without_waiting_says_it_is_loading() {
     for lang in xinf_i18n::languages() {
         let cat = Catalog::new(lang);
