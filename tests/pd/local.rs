@@ -36,6 +36,15 @@ fn short_prompts_are_computed_by_the_decode_replica() {
         let want = complete(addr, "hybrid", &ids, false);
         assert_eq!(complete(addr, "pd", &ids, i % 2 == 1), want, "{n}-token prompt");
     }
+    // A prompt with a token id out of the vocabulary is refused as invalid, short or long: the
+    // client's mistake, not a failed handoff.
+    for n in [2, 100] {
+        let mut ids = prompt(n);
+        ids[n / 2] = 1 << 30;
+        let body = json!({"model": "pd", "prompt": ids, "max_tokens": 2});
+        let res = http::post(addr, "/v1/completions", &body);
+        assert_eq!(res.status, 400, "{n} tokens: {}", res.text());
+    }
     // A chat request's prompt is counted after its template.
     let chat = json!({"model": "pd", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3});
     let res = http::post(addr, "/v1/chat/completions", &chat);

@@ -407,7 +407,7 @@ impl HandoffSide {
                 ActorError::Internal("a prefill was sent to a replica that does not serve pages".into())
             })?;
             if leaves_to_decode(engine.as_ref(), &mut request, times.local_prefill_tokens)
-                .inspect_err(|_| lock(&rooms).fail())?
+                .inspect_err(|e| lock(&rooms).fail_on(e))?
             {
                 lock(&rooms).local();
                 return Ok(Prefilled::Local);
@@ -440,7 +440,7 @@ impl HandoffSide {
             let pinned = match computed {
                 Ok(p) => p,
                 Err(e) => {
-                    lock(&rooms).fail();
+                    lock(&rooms).fail_on(&e);
                     return Err(e.into());
                 }
             };

@@ -16,6 +16,7 @@ use crate::view::HandoffStats;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use xinf_engine::{EngineError, ErrorClass};
 
 #[cfg(test)]
 mod tests;
@@ -179,6 +180,15 @@ impl RoomTable {
     /// Counts a failed handoff.
     pub(crate) fn fail(&mut self) {
         self.failed += 1;
+    }
+
+    /// Counts a prefill's error as a failed handoff when it is the prefill side's fault (its
+    /// engine failed, is out of reach or overloaded); a prompt the engine refuses as invalid,
+    /// or a request cancelled, is no handoff that failed.
+    pub(crate) fn fail_on(&mut self, e: &EngineError) {
+        if matches!(e.class(), ErrorClass::Unavailable | ErrorClass::Internal | ErrorClass::Overloaded) {
+            self.fail();
+        }
     }
 
     /// Counts a prompt left to the decode replica.
