@@ -162,17 +162,21 @@ fn launch_keys_go_to_the_top_of_the_body_in_either_spelling() {
     assert!(launch_args(&["xinf", "launch", "-n", "qwen3", "--request-limits", "many"]).is_err());
 }
 
+/// The start of a P/D launch's command line.
+const PD_LAUNCH: [&str; 6] = [
+    "xinf",
+    "launch",
+    "-n",
+    "smollm2-instruct",
+    "--replica-config",
+    r#"[{"role":"prefill"},{"role":"decode"}]"#,
+];
+
 /// Launch keywords that have no flag of their own (P/D ones), given as options, are the
 /// launch's: at the top of the body, not in `engine_config`.
 #[test]
 fn launch_keywords_given_as_options_go_to_the_top_of_the_body() {
-    let line = [
-        "xinf",
-        "launch",
-        "-n",
-        "smollm2-instruct",
-        "--replica-config",
-        r#"[{"role":"prefill"},{"role":"decode"}]"#,
+    let options = [
         "--max_local_prefill_tokens",
         "256",
         "--engine-option",
@@ -180,7 +184,7 @@ fn launch_keywords_given_as_options_go_to_the_top_of_the_body() {
         "--kv_cache_tokens",
         "4096",
     ];
-    let body = body_of(&line);
+    let body = body_of(&[&PD_LAUNCH[..], &options].concat());
     assert_eq!((&body["max_local_prefill_tokens"], &body["prefill_fallback"]), (&json!(256), &json!(true)));
     assert_eq!(body["engine_config"], json!({"kv_cache_tokens": 4096}), "{body}");
 }
@@ -193,22 +197,16 @@ fn a_key_given_twice_is_refused_naming_it() {
         let Ok(args) = args else { panic!("{args:?}") };
         args.source.request(&en).err().unwrap_or_default()
     };
-    let base = [
-        "xinf",
-        "launch",
-        "-n",
-        "smollm2-instruct",
-        "--replica-config",
-        r#"[{"role":"prefill"},{"role":"decode"}]"#,
+    let line = [
+        &PD_LAUNCH[..],
+        &["--engine-option", "max_local_prefill_tokens=100", "--max_local_prefill_tokens", "50"],
     ];
-    let line =
-        [&base[..], &["--engine-option", "max_local_prefill_tokens=100", "--max_local_prefill_tokens", "50"]];
     assert_eq!(twice(&line.concat()), "`max_local_prefill_tokens` is given twice; give it once");
     // Under another engine's name too (`max_model_len` is the native engine's `context_length`).
-    let line = [&base[..], &["--max_model_len", "4096", "--context_length", "2048"]];
+    let line = [&PD_LAUNCH[..], &["--max_model_len", "4096", "--context_length", "2048"]];
     assert_eq!(twice(&line.concat()), "`context_length` is given twice; give it once");
     // A launch key's own flag and the same key as an option.
-    let line = [&base[..], &["--request-limits", "8", "--engine-option", "request_limits=9"]];
+    let line = [&PD_LAUNCH[..], &["--request-limits", "8", "--engine-option", "request_limits=9"]];
     assert_eq!(twice(&line.concat()), "`request_limits` is given twice; give it once");
 }
 
