@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+mod guard;
 #[cfg(test)]
 mod tests;
 
@@ -174,12 +175,25 @@ pub(crate) fn free_port(ip: IpAddr) -> Result<u16, ActorError> {
 }
 
 /// Starts a `NodeServer` listening on `ip:port` only, with the secret as its cookie. Nodes
-/// connect to the supervisor only (no transitive mesh): the control plane is a star.
+/// connect to the supervisor only (no transitive mesh): the control plane is a star. An
+/// incoming connection that has not authenticated within [`guard::HANDSHAKE_TIMEOUT`] is
+/// closed.
 pub(crate) async fn start_node(
     name: &str,
     ip: IpAddr,
     port: u16,
     secret: &str,
+) -> Result<ActorRef<NodeServerMessage>, ActorError> {
+    start_guarded_node(name, ip, port, secret, guard::HANDSHAKE_TIMEOUT).await
+}
+
+/// [`start_node`], with the time a peer has to authenticate.
+async fn start_guarded_node(
+    name: &str,
+    ip: IpAddr,
+    port: u16,
+    secret: &str,
+    handshake: Duration,
 ) -> Result<ActorRef<NodeServerMessage>, ActorError> {
     let server = NodeServer::new(
         port,
@@ -193,6 +207,12 @@ pub(crate) async fn start_node(
     let (node, _) = Actor::spawn(None, server, ())
         .await
         .map_err(|e| ActorError::Node(format!("listening on {}: {e}", SocketAddr::new(ip, port))))?;
+    let guard = Box::new(guard::HandshakeGuard::new(handshake));
+    node.cast(NodeServerMessage::SubscribeToEvents {
+        id: "xinf-handshake-guard".into(),
+        subscription: guard,
+    })
+    .map_err(|e| ActorError::Node(format!("the node server is gone: {e}")))?;
     Ok(node)
 }
 

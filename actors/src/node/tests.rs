@@ -1,6 +1,7 @@
 //! Addresses, secrets and names; joining a node: late peers, silent ones, and why a join fails.
 
 use super::*;
+use std::time::Instant;
 
 #[test]
 fn wildcard_hosts_are_refused() {
@@ -129,4 +130,68 @@ async fn join_failures_name_their_cause() {
     assert!(e.to_string().contains("the cluster secrets differ"), "{e}");
     other.stop(None);
     client.stop(None);
+}
+
+/// Whether the peer closed `stream` within 5 s (end of stream, or reset).
+async fn closed_by_peer(stream: &mut tokio::net::TcpStream) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 4096];
+    let read = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => continue,
+            }
+        }
+    });
+    read.await.is_ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_do_not_authenticate_in_time_are_closed_and_nodes_that_do_stay() {
+    use tokio::io::AsyncWriteExt;
+    let ip = IpAddr::from([127, 0, 0, 1]);
+    let port = free_port(ip).expect("port");
+    let handshake = Duration::from_millis(500);
+    let server = start_guarded_node("guarded", ip, port, "guard-secret-1", handshake).await.expect("node");
+    // One silent connection; one that sends a frame's length and half of it.
+    let mut silent = tokio::net::TcpStream::connect((ip, port)).await.expect("connect");
+    let mut partial = tokio::net::TcpStream::connect((ip, port)).await.expect("connect");
+    partial.write_all(&[0, 0, 0, 0, 0, 0, 1, 0, 7, 7, 7]).await.expect("write");
+    // A node with the secret joins and stays past the deadline.
+    let (client, _) = test_node("guarded-worker", "guard-secret-1").await;
+    connect(&client, &format!("127.0.0.1:{port}"), Duration::from_secs(2)).await.expect("join");
+    let opened = Instant::now();
+    assert!(closed_by_peer(&mut silent).await, "the silent connection is closed");
+    assert!(closed_by_peer(&mut partial).await, "the half-sent frame's connection is closed");
+    assert!(opened.elapsed() < Duration::from_secs(3), "closed by the deadline: {:?}", opened.elapsed());
+    tokio::time::sleep(handshake).await;
+    assert!(has_outbound_session(&client).await, "the authenticated node is still connected");
+    client.stop(None);
+    server.stop(None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_host_cannot_hold_more_than_its_share_of_handshakes() {
+    let ip = IpAddr::from([127, 0, 0, 1]);
+    let port = free_port(ip).expect("port");
+    // A deadline far off: what closes connections here is the cap.
+    let server = start_guarded_node("capped", ip, port, "guard-secret-2", Duration::from_secs(60))
+        .await
+        .expect("node");
+    let mut held = Vec::new();
+    for _ in 0..24 {
+        held.push(tokio::net::TcpStream::connect((ip, port)).await.expect("connect"));
+    }
+    let mut closed = 0;
+    for stream in &mut held {
+        let mut buf = [0u8; 1];
+        let read =
+            tokio::time::timeout(Duration::from_millis(300), tokio::io::AsyncReadExt::read(stream, &mut buf));
+        if matches!(read.await, Ok(Ok(0) | Err(_))) {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 24 - 16, "16 handshakes from one host are held, the rest closed at once");
+    server.stop(None);
 }
