@@ -37,7 +37,7 @@ struct Pending {
 }
 
 impl Pending {
-    fn from_host(&self, host: Option<IpAddr>) -> usize {
+    fn pending_from(&self, host: Option<IpAddr>) -> usize {
         self.sessions.values().filter(|h| **h == host).count()
     }
 
@@ -87,7 +87,7 @@ impl ractor_cluster::NodeEventSubscription for HandshakeGuard {
             let mut p = self.lock();
             if p.sessions.len() >= MAX_PENDING {
                 Some("too many handshakes in progress")
-            } else if p.from_host(host) >= MAX_PENDING_PER_HOST {
+            } else if p.pending_from(host) >= MAX_PENDING_PER_HOST {
                 Some("too many handshakes in progress from its host")
             } else {
                 p.sessions.insert(id, host);
