@@ -1,6 +1,7 @@
 //! Turning typed errors into localized text.
 
 use crate::api::ServiceError;
+use crate::api::shown::clip;
 use xinf_actors::ActorError;
 use xinf_engine::EngineError;
 use xinf_i18n::Catalog;
@@ -41,8 +42,8 @@ pub fn engine_error_text(cat: &Catalog, e: &EngineError) -> String {
 /// The localized text of a model service error.
 pub fn service_error_text(cat: &Catalog, e: &ServiceError) -> String {
     match e {
-        ServiceError::NotFound(uid) => cat.text("api-model-not-found", &[("model", uid)]),
-        ServiceError::NotReady(uid) => cat.text("api-model-not-ready", &[("model", uid)]),
+        ServiceError::NotFound(uid) => cat.text("api-model-not-found", &[("model", &clip(uid))]),
+        ServiceError::NotReady(uid) => cat.text("api-model-not-ready", &[("model", &clip(uid))]),
         ServiceError::Engine(e) => engine_error_text(cat, e),
         ServiceError::Unavailable(detail) => cat.text("api-unavailable", &[("detail", detail)]),
         // The launch rules keep the reference implementation's exact English texts.

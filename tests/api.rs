@@ -296,6 +296,14 @@ fn bad_requests_are_refused_naming_the_field() {
     let res = http::post(a, "/v1/chat/completions", &merged(chat(json!({})), json!({"model": "nope-model"})));
     assert_error(&res, 404, Some("model"), "nope-model");
     assert_eq!(res.json()["error"]["code"], "model_not_found");
+    // A huge unknown name is shown back clipped, not whole (twice).
+    let huge = "n".repeat(100_000);
+    let res = http::post(a, "/v1/chat/completions", &merged(chat(json!({})), json!({"model": huge})));
+    assert_error(&res, 404, Some("model"), &format!("{}…", "n".repeat(256)));
+    assert!(res.body.len() < 4096, "{} bytes", res.body.len());
+    let res = http::get(a, &format!("/v1/models/{}", "m".repeat(60_000)));
+    assert_eq!(res.status, 404);
+    assert!(res.body.len() < 4096, "{} bytes", res.body.len());
     let res =
         http::post(a, "/v1/completions", &merged(completion(json!({})), json!({"model": "nope-model"})));
     assert_error(&res, 404, Some("model"), "nope-model");

@@ -24,6 +24,7 @@
 
 use crate::api::ServiceError;
 use crate::api::openai::{ErrorBody, ErrorDetail};
+use crate::api::shown::clip;
 use crate::service_error_text;
 use actix_web::http::StatusCode;
 use actix_web::http::header;
@@ -191,10 +192,10 @@ impl Problem {
             Self::BodyStalled { secs } => cat.text("api-body-stalled", &[("secs", &secs.to_string())]),
             Self::Unauthorized => cat.text("api-unauthorized", &[]),
             Self::RouteNotFound { method, path } => {
-                cat.text("api-route-not-found", &[("method", method), ("path", path)])
+                cat.text("api-route-not-found", &[("method", &clip(method)), ("path", &clip(path))])
             }
             Self::MethodNotAllowed { method, path } => {
-                cat.text("api-method-not-allowed", &[("method", method), ("path", path)])
+                cat.text("api-method-not-allowed", &[("method", &clip(method)), ("path", &clip(path))])
             }
             Self::AtParam { problem, .. } => problem.text(cat),
         }

@@ -59,6 +59,7 @@ mod retries;
 mod routes;
 mod sampling;
 mod service;
+pub(crate) mod shown;
 mod sse;
 mod stats;
 mod tools;

@@ -17,6 +17,7 @@ use crate::api::openai::{
     StreamOptions, TextChoice, UsageOut,
 };
 use crate::api::sampling::WithSampling;
+use crate::api::shown::Logged;
 use crate::api::sse::{self, Flavor, ResponseMeta};
 use crate::api::{AppState, ServiceError};
 use actix_web::http::header;
@@ -258,7 +259,7 @@ async fn generate(state: &AppState, req: &HttpRequest, mut job: Generation) -> R
         job.requests.first().ok_or_else(|| Problem::field("prompt", "api-prompt-empty", "invalid_value"))?;
     let meta = ResponseMeta { id: first.request_id.clone(), model: job.model.clone(), created: now() };
     // The request span is born here; the service call runs inside it.
-    let span = tracing::info_span!(target: "xinf::api", "request", request_id = %meta.id, model = %job.model);
+    let span = tracing::info_span!(target: "xinf::api", "request", request_id = %meta.id, model = %Logged(&job.model));
     tracing::debug!(parent: &span, stream = job.stream, "generate");
     let asked_logprobs = first.sampling.logprobs.is_some();
     let per_prompt = job.choices;

@@ -4,6 +4,7 @@
 use super::{localized, parse_json, read_body};
 use crate::api::error::{ApiError, Problem};
 use crate::api::openai::{ModelList, ModelObject};
+use crate::api::shown::Logged;
 use crate::api::{AppState, ServiceError};
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Serialize;
@@ -68,7 +69,7 @@ pub(crate) async fn launch(
         }
         // Model files that do not load are the fault of the field that named them.
         let model_field = if request.model_path.is_some() { "model_path" } else { "model_name" };
-        tracing::info!(target: "xinf::api", model_name = %name, wait_ready = wait, "launch");
+        tracing::info!(target: "xinf::api", model_name = %Logged(&name), wait_ready = wait, "launch");
         let uid = state.service.launch(request, wait).await.map_err(|e| match e {
             ServiceError::Engine(EngineError::Model(_)) => Problem::at_param(e, model_field),
             other => other.into(),
@@ -100,7 +101,7 @@ pub(crate) async fn scale(
             ));
         }
         let request: xinf_actors::ScaleRequest = parse_json(&body)?;
-        tracing::info!(target: "xinf::api", model = %uid, ?request, "scale");
+        tracing::info!(target: "xinf::api", model = %Logged(&uid), ?request, "scale");
         let added = state.service.scale(&uid, request).await?;
         Ok(HttpResponse::Ok().json(serde_json::json!({ "model_uid": uid.as_str(), "replicas": added })))
     }
@@ -155,7 +156,7 @@ pub(crate) async fn remove_replica(
     let (uid, replica_uid) = path.into_inner();
     let result = async {
         let drain = drain_timeout(&req)?;
-        tracing::info!(target: "xinf::api", model = %uid, replica = %replica_uid, ?drain, "remove replica");
+        tracing::info!(target: "xinf::api", model = %Logged(&uid), replica = %Logged(&replica_uid), ?drain, "remove replica");
         state.service.remove_replica(&uid, &replica_uid, drain).await.map_err(|e| match e {
             ServiceError::Cluster(
                 xinf_actors::ActorError::ReplicaNotFound { .. }
@@ -179,7 +180,7 @@ pub(crate) async fn terminate(
 ) -> Result<HttpResponse, ApiError> {
     let result = state.service.terminate(&uid).await.map_err(Problem::from);
     localized(&req, result).map(|()| {
-        tracing::info!(target: "xinf::api", model = %uid, "terminated");
+        tracing::info!(target: "xinf::api", model = %Logged(&uid), "terminated");
         HttpResponse::Ok().json(serde_json::json!({ "id": uid.as_str(), "object": "model", "deleted": true }))
     })
 }
@@ -238,7 +239,7 @@ pub(crate) async fn abort(
     let (uid, rid) = path.into_inner();
     let result = abort_choices(&state, &uid, &rid).await.map_err(Problem::from);
     localized(&req, result).map(|done| {
-        tracing::debug!(target: "xinf::api", model = %uid, request_id = %rid, done, "abort");
+        tracing::debug!(target: "xinf::api", model = %Logged(&uid), request_id = %Logged(&rid), done, "abort");
         HttpResponse::Ok().json(serde_json::json!({ "msg": if done { "DONE" } else { "NOT_FOUND" } }))
     })
 }

@@ -5,6 +5,7 @@
 
 use super::localized;
 use crate::api::error::{ApiError, Problem};
+use crate::api::shown::Logged;
 use crate::api::{AppState, ServiceError};
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::{Map, Value, json};
@@ -63,7 +64,7 @@ pub(crate) async fn cancel(
     }
     .await;
     localized(&req, result).map(|()| {
-        tracing::info!(target: "xinf::api", model = %uid, "launch cancelled");
+        tracing::info!(target: "xinf::api", model = %Logged(&uid), "launch cancelled");
         HttpResponse::Ok().json(Value::Null)
     })
 }
