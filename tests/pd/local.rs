@@ -45,6 +45,15 @@ fn short_prompts_are_computed_by_the_decode_replica() {
         let res = http::post(addr, "/v1/completions", &body);
         assert_eq!(res.status, 400, "{n} tokens: {}", res.text());
     }
+    // A short prompt whose request no engine takes is refused before it is left to the decode
+    // replica, and not counted as left.
+    let refused = [json!({"max_tokens": 100_000}), json!({"max_tokens": 2, "logit_bias": {"1073741824": 1}})];
+    for extra in refused {
+        let mut body = json!({"model": "pd", "prompt": prompt(2)});
+        body.as_object_mut().map(|b| b.extend(extra.as_object().cloned().unwrap_or_default()));
+        let res = http::post(addr, "/v1/completions", &body);
+        assert_eq!(res.status, 400, "{body}: {}", res.text());
+    }
     // A chat request's prompt is counted after its template.
     let chat = json!({"model": "pd", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3});
     let res = http::post(addr, "/v1/chat/completions", &chat);

@@ -5,7 +5,7 @@
 
 use super::Handoff;
 use serde::{Deserialize, Serialize};
-use xinf_engine::{Engine, EngineError, GenerateRequest, Prompt};
+use xinf_engine::{Engine, EngineError, GenerateRequest, ModelContract, Prompt};
 
 /// What a prefill replica answers a prefill with.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -43,10 +43,35 @@ pub(super) fn leaves_to_decode(
     }
     let ids = engine.prompt_token_ids(&request.prompt)?;
     if ids.len() <= limit {
+        admissible(engine.contract(), request, ids.len())?;
         return Ok(true);
     }
     if request.sampling.prompt_logprobs.is_none() {
         request.prompt = Prompt::Tokens(ids);
     }
     Ok(false)
+}
+
+/// Refuses here, as the decode replica would, a short prompt's request that no engine of the
+/// model takes (bad sampling values, a `logit_bias` token outside the vocabulary, prompt plus
+/// `max_tokens` beyond the model's context), so that a prompt counted as left to the decode
+/// replica is one it computes. Both replicas share the model's contract (checked at launch).
+fn admissible(
+    contract: &ModelContract,
+    request: &GenerateRequest,
+    prompt_len: usize,
+) -> Result<(), EngineError> {
+    request.sampling.validate()?;
+    request.sampling.check_bias_tokens(contract.vocab_size)?;
+    let context = contract.context_length;
+    let room = context.saturating_sub(prompt_len);
+    match request.sampling.max_tokens {
+        Some(m) if m <= room => Ok(()),
+        None if room > 0 => Ok(()),
+        m => Err(EngineError::ContextLength {
+            prompt_tokens: prompt_len,
+            max_tokens: m.unwrap_or(1),
+            context_length: context,
+        }),
+    }
 }
