@@ -50,7 +50,9 @@ fn short_prompts_are_computed_by_the_decode_replica() {
     let refused = [json!({"max_tokens": 100_000}), json!({"max_tokens": 2, "logit_bias": {"1073741824": 1}})];
     for extra in refused {
         let mut body = json!({"model": "pd", "prompt": prompt(2)});
-        body.as_object_mut().map(|b| b.extend(extra.as_object().cloned().unwrap_or_default()));
+        if let Some(b) = body.as_object_mut() {
+            b.extend(extra.as_object().cloned().unwrap_or_default());
+        }
         let res = http::post(addr, "/v1/completions", &body);
         assert_eq!(res.status, 400, "{body}: {}", res.text());
     }
