@@ -410,8 +410,10 @@ pub(crate) fn model_ability(family: Option<&xinf_models::ModelFamily>) -> &'stat
 }
 
 impl From<crate::api::ModelInfo> for ModelObject {
-    fn from(info: crate::api::ModelInfo) -> Self {
+    fn from(mut info: crate::api::ModelInfo) -> Self {
         let family = xinf_models::find_family(&info.model_name);
+        // One figure in both places: the model's own, else its family's.
+        info.context_length = info.context_length.or(family.map(|f| f.context_length as usize));
         Self {
             id: info.uid.clone(),
             object: "model",
@@ -421,7 +423,7 @@ impl From<crate::api::ModelInfo> for ModelObject {
             model_name: info.model_name.clone(),
             model_ability: model_ability(family),
             model_description: family.map_or("", |f| f.description),
-            context_length: info.context_length.or(family.map(|f| f.context_length as usize)),
+            context_length: info.context_length,
             replica: info.replicas,
             xinf: info,
         }

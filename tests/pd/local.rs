@@ -27,6 +27,8 @@ fn short_prompts_are_computed_by_the_decode_replica() {
     let described = http::get(addr, "/v1/models/pd").json();
     assert_eq!(described["xinf"]["max_local_prefill_tokens"], 64, "{described}");
     assert_eq!(described["xinf"].get("prefill_fallback"), None, "{described}");
+    assert!(described["context_length"].as_u64().is_some_and(|n| n > 0), "{described}");
+    assert_eq!(described["xinf"]["context_length"], described["context_length"], "{described}");
     let hybrid = http::get(addr, "/v1/models/hybrid").json();
     assert_eq!(hybrid["xinf"].get("max_local_prefill_tokens"), None, "{hybrid}");
 
