@@ -4,7 +4,7 @@
 //! pipes get no escape codes.
 
 use std::io::IsTerminal;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tracing::subscriber::Interest;
 use tracing::{Metadata, Subscriber};
@@ -42,11 +42,17 @@ impl Format {
 const PER_CONNECTION: [&str; 2] = ["actix_http::h1::dispatcher", "ractor_cluster"];
 const PER_MINUTE: u32 = 10;
 
-/// Counts the lines of the [`PER_CONNECTION`] targets in the current minute.
+/// Counts the lines of the [`PER_CONNECTION`] targets in the current minute, and those not
+/// written, which [`report_unwritten`] tells in a line of its own. Clones share their counts.
+#[derive(Debug, Default, Clone)]
+struct Sampler(Arc<Mutex<Counts>>);
+
 #[derive(Debug, Default)]
-struct Sampler {
+struct Counts {
     /// When the minute began (`None` before the first line), and each target's lines in it.
-    minute: Mutex<(Option<Instant>, [u32; PER_CONNECTION.len()])>,
+    minute: (Option<Instant>, [u32; PER_CONNECTION.len()]),
+    /// Each target's lines not written since the last report.
+    unwritten: [u64; PER_CONNECTION.len()],
 }
 
 /// The index in [`PER_CONNECTION`] of the target `target` falls under.
@@ -80,13 +86,41 @@ impl Sampler {
         let Some(i) = per_connection(target) else {
             return true;
         };
-        let mut minute = self.minute.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut counts = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
+        let minute = &mut counts.minute;
         if minute.0.is_none_or(|began| now.duration_since(began) >= Duration::from_secs(60)) {
             *minute = (Some(now), [0; PER_CONNECTION.len()]);
         }
         minute.1[i] = minute.1[i].saturating_add(1);
-        minute.1[i] <= PER_MINUTE
+        let written = minute.1[i] <= PER_MINUTE;
+        if !written {
+            counts.unwritten[i] += 1;
+        }
+        written
+    }
+
+    /// Each sampled target with the lines not written since the last call, if any.
+    fn take_unwritten(&self) -> Vec<(&'static str, u64)> {
+        let mut counts = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let taken = std::mem::take(&mut counts.unwritten);
+        PER_CONNECTION.into_iter().zip(taken).filter(|(_, n)| *n > 0).collect()
+    }
+}
+
+/// Every minute, a line for each sampled target that had lines not written, so that a flood
+/// of them shows in the log with its size.
+fn report_unwritten(sampler: Sampler) {
+    let spawned = std::thread::Builder::new().name("xinf-log-sampler".into()).spawn(move || {
+        loop {
+            std::thread::sleep(Duration::from_secs(60));
+            for (target, n) in sampler.take_unwritten() {
+                tracing::warn!(target: "xinf::log", unwritten = n, "{target}: {n} lines not written in the last minute (at most {PER_MINUTE} a minute are)");
+            }
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::warn!(target: "xinf::log", "cannot count the log lines not written: {e}");
     }
 }
 
@@ -101,9 +135,14 @@ pub(crate) fn init() {
     let raw = std::env::var("XINF_LOG_FORMAT").unwrap_or_default();
     let format = Format::parse(&raw);
     let ansi = std::io::stderr().is_terminal();
-    let installed = subscriber(format.unwrap_or(Format::Text), ansi, filter, std::io::stderr).try_init();
-    if installed.is_ok() && format.is_none() {
-        tracing::warn!(value = %raw, "XINF_LOG_FORMAT is neither `text` nor `json`; writing text");
+    let sampler = Sampler::default();
+    let installed =
+        subscriber(format.unwrap_or(Format::Text), ansi, filter, sampler.clone(), std::io::stderr).try_init();
+    if installed.is_ok() {
+        report_unwritten(sampler);
+        if format.is_none() {
+            tracing::warn!(value = %raw, "XINF_LOG_FORMAT is neither `text` nor `json`; writing text");
+        }
     }
 }
 
@@ -112,12 +151,13 @@ fn subscriber<W>(
     format: Format,
     ansi: bool,
     filter: EnvFilter,
+    sampler: Sampler,
     writer: W,
 ) -> Box<dyn Subscriber + Send + Sync>
 where
     W: for<'a> MakeWriter<'a> + Send + Sync + 'static,
 {
-    let filter = filter.and(Sampler::default());
+    let filter = filter.and(sampler);
     let layer = tracing_subscriber::fmt::layer().with_writer(writer).with_ansi(ansi);
     match format {
         Format::Text => Box::new(tracing_subscriber::registry().with(layer.with_filter(filter))),
@@ -147,10 +187,16 @@ mod tests {
         }
     }
 
+    fn text_of(buffer: &Buffer) -> String {
+        let bytes = buffer.0.lock().map(|b| b.clone()).unwrap_or_default();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
     fn capture(format: Format, ansi: bool) -> String {
         let buffer = Buffer::default();
         let writer = buffer.clone();
-        let sub = subscriber(format, ansi, EnvFilter::new("info"), move || writer.clone());
+        let sub =
+            subscriber(format, ansi, EnvFilter::new("info"), Sampler::default(), move || writer.clone());
         tracing::subscriber::with_default(sub, || {
             tracing::info!(model_uid = "m", status = 503, "first \"line\"");
             tracing::warn!("second line");
@@ -190,7 +236,8 @@ mod tests {
         let shown = |spec: Option<&str>| {
             let buffer = Buffer::default();
             let writer = buffer.clone();
-            let sub = subscriber(Format::Text, false, filter(spec), move || writer.clone());
+            let sampler = Sampler::default();
+            let sub = subscriber(Format::Text, false, filter(spec), sampler.clone(), move || writer.clone());
             tracing::subscriber::with_default(sub, || {
                 for _ in 0..25 {
                     tracing::error!(target: "actix_http::h1::dispatcher", "stream error: request parse error");
@@ -199,8 +246,14 @@ mod tests {
                     tracing::info!(target: "xinf::api", "informed");
                 }
             });
-            let bytes = buffer.0.lock().map(|b| b.clone()).unwrap_or_default();
-            String::from_utf8_lossy(&bytes).into_owned()
+            // The lines not written are counted, once.
+            let unwritten = sampler.take_unwritten();
+            if !text_of(&buffer).contains("parse error") {
+                return text_of(&buffer);
+            }
+            assert_eq!(unwritten, [("actix_http::h1::dispatcher", 15), ("ractor_cluster", 15)]);
+            assert_eq!(sampler.take_unwritten(), []);
+            text_of(&buffer)
         };
         for spec in [None, Some("warn"), Some("not a filter ==")] {
             let text = shown(spec);
