@@ -101,6 +101,10 @@ impl Problem {
         if let Some(name) = backticked(&detail, "missing field `") {
             return Self::MissingField(join(&path, name));
         }
+        if let Some(name) = backticked(&detail, "duplicate field `") {
+            let field = if path.ends_with(name) { path.clone() } else { join(&path, name) };
+            return Self::InvalidField { field, detail };
+        }
         let field = if path == "." || path.is_empty() { "body".to_owned() } else { path };
         Self::InvalidField { field, detail }
     }
@@ -382,6 +386,16 @@ mod tests {
         }
         match parse(r#"{"messages": []}"#) {
             Problem::MissingField(f) => assert_eq!(f, "model"),
+            p => panic!("{p:?}"),
+        }
+        match parse(&format!("{{{ok}, \"model\": \"n\"}}")) {
+            Problem::InvalidField { field, detail } => {
+                assert_eq!((field.as_str(), detail.as_str()), ("model", "duplicate field `model`"))
+            }
+            p => panic!("{p:?}"),
+        }
+        match parse(r#"{"model": "m", "messages": [{"role": "user", "content": "hi", "role": "user"}]}"#) {
+            Problem::InvalidField { field, .. } => assert_eq!(field, "messages[0].role"),
             p => panic!("{p:?}"),
         }
         assert!(matches!(parse(r#"{"model": "#), Problem::InvalidJson(_)));
