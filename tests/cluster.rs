@@ -418,6 +418,7 @@ fn local_cluster_manages_models_over_rest() {
     let res = http::post(addr, "/v1/models/first/replicas", &json!({"role": "decode"}));
     assert_eq!(res.status, 400, "{}", res.text());
     assert!(res.text().contains("has no decode replica to copy"), "{}", res.text());
+    assert_eq!(res.json()["error"]["param"], "role", "{}", res.text());
     assert_eq!(http::post(addr, "/v1/models/nope/replicas", &json!({})).status, 404);
     let res = http::post(addr, "/v1/models/first/replicas", &json!({}));
     assert_eq!(res.status, 200, "{}", res.text());

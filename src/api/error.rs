@@ -165,6 +165,10 @@ impl Problem {
             Self::Service(ServiceError::Engine(EngineError::DuplicateRequest(_))) => {
                 Some("request_id".into())
             }
+            // A launch under a uid in use: the uid is the field at fault.
+            Self::Service(ServiceError::Cluster(xinf_actors::ActorError::ModelExists(_))) => {
+                Some("model_uid".into())
+            }
             Self::Service(ServiceError::Cluster(e)) => e.launch_field().map(str::to_owned),
             Self::Service(_) => None,
             Self::UnknownField(f) | Self::MissingField(f) => Some(f.clone()),
@@ -410,6 +414,9 @@ mod tests {
         assert_eq!(body["error"]["param"], "model");
         assert!(body["error"]["message"].as_str().unwrap_or("").contains("nope"), "{body}");
         assert_eq!(body["detail"], body["error"]["message"]);
+        let p = Problem::from(ServiceError::Cluster(xinf_actors::ActorError::ModelExists("m".into())));
+        assert_eq!(p.status(), StatusCode::CONFLICT);
+        assert_eq!(serde_json::to_value(p.body("en")).unwrap_or_default()["error"]["param"], "model_uid");
         let p = Problem::from(EngineError::Overloaded { queued: 3, limit: 3 });
         assert_eq!(p.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(p.retry_after(), Some(1));

@@ -87,6 +87,7 @@ pub(crate) fn scale_spec(
                 roles.join(", ")
             ),
         )
+        .at("role")
     })?;
     if let Some(idx) = &request.gpu_idx {
         let mut seen = idx.clone();

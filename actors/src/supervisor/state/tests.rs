@@ -353,6 +353,11 @@ fn a_scale_up_is_refused_with_the_reason_before_anything_starts() {
     assert!(
         msg(s.begin_scale("pd", &scale(Some(Role::Hybrid), None))).contains("has no hybrid replica to copy")
     );
+    let field = s
+        .begin_scale("pd", &scale(Some(Role::Hybrid), None))
+        .err()
+        .and_then(|e| e.launch_field().map(str::to_owned));
+    assert_eq!(field.as_deref(), Some("role"));
     assert!(
         msg(s.begin_scale("h", &scale(Some(Role::Decode), None))).contains("has no decode replica to copy")
     );
