@@ -290,8 +290,11 @@ fn bad_requests_are_refused_naming_the_field() {
     let trailing = format!("{} trailing", chat(json!({})));
     let res = http::request(a, "POST", "/v1/chat/completions", &[], trailing.as_bytes());
     assert_error(&res, 400, None, "JSON");
-    let res = http::request(a, "POST", "/v1/completions", &[], b"[1, 2]");
-    assert_error(&res, 400, Some("body"), "JSON object");
+    for body in [&b"[1, 2]"[..], b"null", b" 3", b"\"text\"", b"true"] {
+        let res = http::request(a, "POST", "/v1/completions", &[], body);
+        assert_error(&res, 400, Some("body"), "JSON object");
+        assert!(!res.text().contains("Request"), "{}", res.text());
+    }
 
     let res = http::post(a, "/v1/chat/completions", &merged(chat(json!({})), json!({"model": "nope-model"})));
     assert_error(&res, 404, Some("model"), "nope-model");

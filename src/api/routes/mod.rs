@@ -165,11 +165,19 @@ pub(crate) async fn read_body(
 /// Parses a JSON body into a request type; errors name the offending field.
 pub(crate) fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, Problem> {
     // serde would take an array as the fields in order; refuse it plainly instead.
+    let not_object = || Problem::field("body", "api-body-not-object", "invalid_type");
     if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
-        return Err(Problem::field("body", "api-body-not-object", "invalid_type"));
+        return Err(not_object());
     }
     let mut de = serde_json::Deserializer::from_slice(body);
-    let value: T = serde_path_to_error::deserialize(&mut de).map_err(Problem::from_json)?;
+    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        // JSON that is not an object (`null`, `3`, `"text"`): said so, without serde's words
+        // (which name xinf's own types).
+        match serde_json::from_slice::<serde_json::Value>(body) {
+            Ok(v) if !v.is_object() => not_object(),
+            _ => Problem::from_json(e),
+        }
+    })?;
     de.end().map_err(|e| Problem::InvalidJson(e.to_string()))?;
     Ok(value)
 }
