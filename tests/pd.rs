@@ -117,10 +117,12 @@ fn pd_matches_the_ordinary_replica_across_layouts() {
         let s = stats(addr, uid);
         let h = &s["handoff"];
         let recompute = uid.ends_with("recompute");
-        let handoffs = LENGTHS.len() + 2 * logprob_lengths.len() + shaped_lengths.len();
+        // Each shaped length once under a grammar, then once per seed.
+        let shaped = 1 + outputs::SEEDS.len();
+        let handoffs = LENGTHS.len() + 2 * logprob_lengths.len() + shaped * shaped_lengths.len();
         let moved = pages(LENGTHS, recompute)
             + 2 * pages(logprob_lengths, recompute)
-            + pages(shaped_lengths, recompute);
+            + shaped as u64 * pages(shaped_lengths, recompute);
         assert_eq!(h["pages_transferred"], moved, "{uid}: {s}");
         assert_eq!(h["in_process_transfers"], handoffs, "{uid}: {s}");
         assert_eq!(h["tcp_transfers"], 0, "{uid}: {s}");
@@ -142,7 +144,7 @@ fn pd_matches_the_ordinary_replica_across_layouts() {
     assert!(metrics.contains("xinf_handoff_pages_total{model_uid=\"fa-to-pool\""), "{metrics}");
     // Every fetch is in the latency histogram, once, in the +Inf bucket at least.
     let labels = "model_uid=\"fa-to-pool\",model_name=\"smollm2-instruct\"";
-    let n = LENGTHS.len() + 2 * logprob_lengths.len() + shaped_lengths.len();
+    let n = LENGTHS.len() + 2 * logprob_lengths.len() + (1 + outputs::SEEDS.len()) * shaped_lengths.len();
     assert!(metrics.contains(&format!("xinf_handoff_transfer_seconds_count{{{labels}}} {n}")), "{metrics}");
     assert!(
         metrics.contains(&format!("xinf_handoff_transfer_seconds_bucket{{{labels},le=\"+Inf\"}} {n}")),

@@ -1,8 +1,7 @@
 //! What a P/D deployment reports besides text: each token's log-probabilities (the echoed
 //! prompt's and the first token's from the prefill side, the rest from the decode side) and
-//! output under a grammar
-//! (the decode side goes on from the prefill side's first token); both as the ordinary
-//! replica `hybrid` gives them.
+//! output under a grammar or a seed (the decode side goes on from the prefill side's first
+//! token); all as the ordinary replica `hybrid` gives them.
 
 use super::{NEW_TOKENS, prompt};
 use crate::util::http;
@@ -13,6 +12,8 @@ use std::net::SocketAddr;
 pub(crate) const LOGPROB_LENGTHS: &[usize] = &[65, 130];
 /// Prompt lengths asked for an integer under a JSON Schema (one handoff each).
 pub(crate) const SHAPED_LENGTHS: &[usize] = &[65, 130];
+/// Seeds each of [`SHAPED_LENGTHS`] is sampled with (one handoff each).
+pub(crate) const SEEDS: &[u64] = &[7, 8];
 
 /// One token of a completion's `logprobs`: its text, log-probability (none for the echoed
 /// prompt's first token) and alternatives (most likely first).
@@ -74,6 +75,24 @@ pub(crate) fn check(addr: SocketAddr, uids: &[&str]) {
                         "{uid}: {got:?} / {want:?}"
                     );
                 }
+            }
+        }
+    }
+
+    // Seeded sampling: the decode side goes on with the random numbers after the one the
+    // prefill side drew for the first token, so the text is the ordinary replica's.
+    for &n in SHAPED_LENGTHS {
+        let text = |model: &str, seed: u64| {
+            let body = json!({"model": model, "prompt": prompt(n), "max_tokens": 8, "temperature": 1.0,
+                "top_p": 0.95, "seed": seed, "ignore_eos": true});
+            let res = http::post(addr, "/v1/completions", &body);
+            assert_eq!(res.status, 200, "{model}: {}", res.text());
+            res.json()["choices"][0]["text"].as_str().unwrap_or_default().to_owned()
+        };
+        for &seed in SEEDS {
+            let want = text("hybrid", seed);
+            for uid in uids {
+                assert_eq!(text(uid, seed), want, "{uid}, {n} tokens, seed {seed}");
             }
         }
     }

@@ -77,6 +77,15 @@ impl Sampler {
         }
     }
 
+    /// Draws, and drops, the random number of a token sampled elsewhere: the first token a
+    /// prefill replica sampled under the same seed. A seeded request then goes on with the
+    /// numbers an ordinary replica would draw for its later tokens, and answers the same.
+    pub(crate) fn skip_draw(&mut self) {
+        if !self.is_greedy() {
+            let _ = self.rng.random::<f64>();
+        }
+    }
+
     /// Whether sampling reduces to argmax. Like [`SamplingParams::is_greedy`], plus negative or
     /// NaN temperatures, which have no sampling meaning.
     fn is_greedy(&self) -> bool {

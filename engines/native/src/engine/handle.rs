@@ -446,6 +446,7 @@ impl Engine for NativeEngine {
         seq.import = Some(Import { pages: kv.pages, tokens, need: seq.prompt_len });
         if !self.options.recompute_last_token {
             seq.preset = Some((kv.first_token, kv.first_logprobs));
+            seq.sampler.skip_draw();
         } else if seq.prompt_len < 2 {
             return Err(EngineError::invalid(
                 "prompt",

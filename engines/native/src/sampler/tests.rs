@@ -71,6 +71,21 @@ fn greedy_draws_no_random_numbers() {
     }
 }
 
+/// A sampler that skips the first token's draw (sampled elsewhere) goes on as one that drew it.
+#[test]
+fn skipping_a_draw_continues_the_seeded_sequence() {
+    let logits = random_logits(1000, 9, 3.0);
+    let p = SamplingParams { seed: Some(5), ..params(1.0) };
+    let whole = draws(&mut sampler(&p), &logits, 20);
+    let mut rest = sampler(&p);
+    rest.skip_draw();
+    assert_eq!(draws(&mut rest, &logits, 19), whole[1..]);
+    // Greedy settings draw nothing, so nothing is skipped.
+    let mut greedy = sampler(&params(0.0));
+    greedy.skip_draw();
+    assert_eq!(greedy.rng.random::<u64>(), StdRng::seed_from_u64(1234).random::<u64>());
+}
+
 #[test]
 fn same_seed_same_sequence_different_seed_differs() {
     let logits = random_logits(1000, 7, 3.0);
