@@ -97,7 +97,12 @@ pub(crate) fn scale_spec(
             return Err(invalid(LaunchRule::DuplicateGpuIdx, "gpu_idx must list distinct GPU indexes"));
         }
     }
-    let mut next = 0usize;
+    // After the highest number the model's replicas have: a replica that left (lost, replaced,
+    // removed) gave up its number, and a new one under it would blur logs and counters.
+    let prefix = format!("{uid}-");
+    let ours = taken.iter().filter(|(_, model)| model.as_str() == uid);
+    let numbers = ours.filter_map(|(r, _)| r.strip_prefix(&prefix)?.parse::<usize>().ok());
+    let mut next = numbers.max().map_or(0, |n| n + 1);
     let mut fresh_uid = || loop {
         let candidate = format!("{uid}-{next}");
         next += 1;

@@ -33,6 +33,12 @@ fn new_replicas_copy_the_template_and_take_free_uids() {
     let out = scale_spec(&s, "m", &req, &taken).expect("spec");
     let uids: Vec<Option<&str>> = out.replicas.iter().map(|r| r.replica_uid.as_deref()).collect();
     assert_eq!(uids, [Some("m-2"), Some("m-4")]);
+    // A number given up (m-1 lost or removed) is not taken again.
+    let gap: BTreeMap<String, String> =
+        [("m-0", "m"), ("m-2", "m")].into_iter().map(|(a, b)| (a.into(), b.into())).collect();
+    let one = ScaleRequest { role: Some(Role::Decode), ..ScaleRequest::default() };
+    let out = scale_spec(&s, "m", &one, &gap).expect("spec");
+    assert_eq!(out.replicas[0].replica_uid.as_deref(), Some("m-3"));
     assert!(
         out.replicas.iter().all(|r| r.role == Role::Decode && r.engine_config == s.replicas[1].engine_config)
     );
