@@ -415,6 +415,16 @@ fn local_cluster_manages_models_over_rest() {
     assert!(res.text().contains("per-replica engine settings are not accepted"), "{}", res.text());
     let res = http::post(addr, "/v1/models/first/replicas", &json!({"count": "two"}));
     assert_eq!((res.status, res.json()["error"]["param"].clone()), (400, json!("count")), "{}", res.text());
+    for role in [json!(5), json!(true), json!(["decode"])] {
+        let res = http::post(addr, "/v1/models/first/replicas", &json!({"role": role}));
+        assert_eq!(
+            (res.status, res.json()["error"]["param"].clone()),
+            (400, json!("role")),
+            "{}",
+            res.text()
+        );
+        assert_eq!(res.json()["error"]["code"], "invalid_type", "{}", res.text());
+    }
     let res = http::post(addr, "/v1/models/first/replicas", &json!({"role": "decode"}));
     assert_eq!(res.status, 400, "{}", res.text());
     assert!(res.text().contains("has no decode replica to copy"), "{}", res.text());

@@ -87,10 +87,20 @@ impl Problem {
 
     /// Classifies a parse failure of a JSON body into a request type.
     pub(crate) fn from_json(e: serde_path_to_error::Error<serde_json::Error>) -> Self {
+        Self::from_json_of(e, false)
+    }
+
+    /// [`from_json`](Self::from_json) for a body known to be well-formed JSON: a syntax error
+    /// there is a field of a type its parser does not read at all (serde_json says "expected
+    /// value" for a number where an enum's name goes), named as a field of the wrong type.
+    pub(crate) fn from_json_of(e: serde_path_to_error::Error<serde_json::Error>, well_formed: bool) -> Self {
         let path = e.path().to_string();
         let inner = e.into_inner();
         let detail = without_position(&inner.to_string());
         if !inner.is_data() {
+            if well_formed && !(path == "." || path.is_empty()) {
+                return Self::InvalidField { field: path, detail: "invalid type".into() };
+            }
             return Self::InvalidJson(detail);
         }
         if let Some(name) = backticked(&detail, "unknown field `") {

@@ -175,7 +175,8 @@ pub(crate) fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, Problem>
         // (which name xinf's own types).
         match serde_json::from_slice::<serde_json::Value>(body) {
             Ok(v) if !v.is_object() => not_object(),
-            _ => Problem::from_json(e),
+            Ok(_) => Problem::from_json_of(e, true),
+            Err(_) => Problem::from_json(e),
         }
     })?;
     de.end().map_err(|e| Problem::InvalidJson(e.to_string()))?;
