@@ -229,6 +229,22 @@ impl SamplingParams {
         self.temperature == 0.0 || self.top_k == 1
     }
 
+    /// The output tokens a request may generate after a `prompt_len`-token prompt in a context
+    /// of `context` tokens: `max_tokens`, or all the room left when it is unset; a request
+    /// that does not fit is refused with [`EngineError::ContextLength`].
+    pub fn max_tokens_within(&self, prompt_len: usize, context: usize) -> Result<usize, EngineError> {
+        let room = context.saturating_sub(prompt_len);
+        match self.max_tokens {
+            Some(m) if m <= room => Ok(m),
+            None if room > 0 => Ok(room),
+            m => Err(EngineError::ContextLength {
+                prompt_tokens: prompt_len,
+                max_tokens: m.unwrap_or(1),
+                context_length: context,
+            }),
+        }
+    }
+
     /// Checks the tokens of `logit_bias` against a vocabulary of `vocab_size` tokens.
     pub fn check_bias_tokens(&self, vocab_size: usize) -> Result<(), EngineError> {
         match self.logit_bias.iter().find(|&&(id, _)| id as usize >= vocab_size) {

@@ -63,15 +63,5 @@ fn admissible(
 ) -> Result<(), EngineError> {
     request.sampling.validate()?;
     request.sampling.check_bias_tokens(contract.vocab_size)?;
-    let context = contract.context_length;
-    let room = context.saturating_sub(prompt_len);
-    match request.sampling.max_tokens {
-        Some(m) if m <= room => Ok(()),
-        None if room > 0 => Ok(()),
-        m => Err(EngineError::ContextLength {
-            prompt_tokens: prompt_len,
-            max_tokens: m.unwrap_or(1),
-            context_length: context,
-        }),
-    }
+    request.sampling.max_tokens_within(prompt_len, contract.context_length).map(|_| ())
 }

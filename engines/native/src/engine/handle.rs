@@ -180,18 +180,7 @@ impl NativeEngine {
         let constraint =
             request.sampling.structured.as_ref().map(|s| self.constraint(s, after)).transpose()?;
         let prompt = self.prompt_ids(&request.prompt)?;
-        let room = self.max_seq_len.saturating_sub(prompt.len());
-        let max_tokens = match request.sampling.max_tokens {
-            Some(m) if m <= room => m,
-            None if room > 0 => room,
-            m => {
-                return Err(EngineError::ContextLength {
-                    prompt_tokens: prompt.len(),
-                    max_tokens: m.unwrap_or(1),
-                    context_length: self.max_seq_len,
-                });
-            }
-        };
+        let max_tokens = request.sampling.max_tokens_within(prompt.len(), self.max_seq_len)?;
         let mut stop_ids = request.sampling.stop_token_ids.clone();
         if !request.sampling.ignore_eos {
             stop_ids.extend(&self.eos);
